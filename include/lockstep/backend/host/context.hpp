@@ -1,0 +1,58 @@
+#pragma once
+/// @file context.hpp
+/// The execution context of a host replica: its BLAS thread budget. One exists per replica and
+/// is passed to every kernel the replica runs (the CUDA context carries a stream and handles).
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <string>
+#include <thread>
+
+#include <lockstep/core/error.hpp>
+
+namespace lockstep {
+
+namespace backend {
+
+/// Number of hardware threads (at least 1).
+inline int hardware_threads() noexcept {
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+/// Execution context of a host (cpu<I>) replica. Kernels are found by argument-dependent lookup
+/// on the context type, so contexts and their kernels share namespace lockstep::backend.
+class host_context {
+public:
+  /// A context whose GEMMs may use `blas_threads` threads (1 when several replicas share the cores).
+  explicit host_context(int blas_threads = 1) : blas_threads_(blas_threads) {
+    if (blas_threads < 1)
+      throw config_error("lockstep: host_context blas_threads must be >= 1, got " + std::to_string(blas_threads));
+  }
+
+  /// BLAS threads this replica may use.
+  [[nodiscard]] int blas_threads() const noexcept { return blas_threads_; }
+
+  /// Makes the calling thread's BLAS calls use this context's thread budget. OpenBLAS keeps
+  /// one process-wide setting, so replicas that run concurrently must all ask for 1 thread.
+  void activate() const noexcept {
+    if (openblas_get_num_threads() != blas_threads_) openblas_set_num_threads(blas_threads_);
+  }
+
+  /// Waits for queued work: a no-op on the host, where every call is synchronous.
+  void synchronize() const noexcept {}
+
+private:
+  int blas_threads_;
+};
+
+/// The OpenBLAS kernel set in use (for example "Haswell" or "SkylakeX").
+inline std::string blas_core_name() { return openblas_get_corename(); }
+
+}  // namespace backend
+
+using backend::blas_core_name;
+using backend::hardware_threads;
+using backend::host_context;
+
+}  // namespace lockstep

@@ -1,0 +1,105 @@
+#pragma once
+/// @file ops.hpp
+/// The host kernels every layer, loss and optimiser is written in: GEMM through CBLAS and plain
+/// loops the compiler vectorises. The CUDA backend overloads the same names for cuda_context.
+
+#include <cblas.h>
+
+#include <cstddef>
+
+#include <lockstep/backend/host/context.hpp>
+#include <lockstep/config.hpp>
+
+namespace lockstep::backend {
+
+/// Transposition flag of a GEMM operand.
+enum class trans : bool { no = false, yes = true };
+
+namespace detail {
+inline CBLAS_TRANSPOSE cblas_op(trans t) noexcept { return t == trans::yes ? CblasTrans : CblasNoTrans; }
+}  // namespace detail
+
+/// C = alpha * op(A) * op(B) + beta * C, row-major, C is m x n, op(A) m x k, op(B) k x n.
+inline void gemm(const host_context&, trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                 const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+                 std::size_t ldc) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, detail::cblas_op(ta), detail::cblas_op(tb), static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
+              static_cast<int>(ldc));
+}
+
+/// Double-precision GEMM (used by gradient checks), same contract as the float overload.
+inline void gemm(const host_context&, trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k, double alpha,
+                 const double* a, std::size_t lda, const double* b, std::size_t ldb, double beta, double* c,
+                 std::size_t ldc) {
+  if (m == 0 || n == 0) return;
+  cblas_dgemm(CblasRowMajor, detail::cblas_op(ta), detail::cblas_op(tb), static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
+              static_cast<int>(ldc));
+}
+
+/// Calls f(i) for every i in [0, n): the one elementwise primitive (a grid-stride kernel on GPUs).
+template <class F>
+inline void for_each_index(const host_context&, std::size_t n, const F& f) {
+  for (std::size_t i = 0; i < n; ++i) f(i);
+}
+
+/// Sets n elements to v.
+template <class T>
+inline void fill(const host_context&, T* p, std::size_t n, T v) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = v;
+}
+
+/// Copies n elements between two buffers of the same device.
+template <class T>
+inline void copy(const host_context&, T* dst, const T* src, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = src[i];
+}
+
+/// Copies n host elements to this device (a plain copy on the host).
+template <class T>
+inline void copy_from_host(const host_context& c, T* dst, const T* src, std::size_t n) {
+  copy(c, dst, src, n);
+}
+
+/// Copies n elements of this device to host memory (a plain copy on the host).
+template <class T>
+inline void copy_to_host(const host_context& c, T* dst, const T* src, std::size_t n) {
+  copy(c, dst, src, n);
+}
+
+/// Sets every row of the rows x cols matrix y to the vector v.
+template <class T>
+inline void broadcast_rows(const host_context&, T* y, const T* v, std::size_t rows, std::size_t cols) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    T* row = y + r * cols;
+    for (std::size_t c = 0; c < cols; ++c) row[c] = v[c];
+  }
+}
+
+/// out[c] = sum over rows of x[r][c] (bias gradients); the rows are added in order.
+template <class T>
+inline void column_sums(const host_context&, const T* x, std::size_t rows, std::size_t cols, T* out) {
+  for (std::size_t c = 0; c < cols; ++c) out[c] = T(0);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const T* row = x + r * cols;
+    for (std::size_t c = 0; c < cols; ++c) out[c] += row[c];
+  }
+}
+
+/// The sum of n elements, accumulated in double, returned to the host.
+template <class T>
+inline double sum(const host_context&, const T* x, std::size_t n) {
+  double s = 0;
+  for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]);
+  return s;
+}
+
+/// x[i] *= a for n elements.
+template <class T>
+inline void scale(const host_context&, T* x, std::size_t n, T a) {
+  for (std::size_t i = 0; i < n; ++i) x[i] *= a;
+}
+
+}  // namespace lockstep::backend

@@ -1,0 +1,81 @@
+#pragma once
+/// @file batch.hpp
+/// The contract between the input pipeline and the strategy: a global batch, its shards, and a
+/// distributed batch (one shard per replica).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace lockstep::data {
+
+/// A global batch as one pipeline produces it: row-major features, optional labels or targets, and
+/// the dataset index of every row.
+struct batch {
+  std::vector<float> features;        ///< rows() * width values, row-major
+  std::vector<std::int32_t> labels;   ///< one class label per row (empty for unlabelled data)
+  std::vector<float> targets;         ///< rows() * target_width regression targets (may be empty)
+  std::vector<std::uint64_t> indices; ///< dataset index of each row (exactly-once bookkeeping)
+  std::size_t width = 0;              ///< features per row
+  std::size_t target_width = 0;       ///< targets per row (0 when there are none)
+
+  /// Number of rows (samples) in the batch.
+  [[nodiscard]] std::size_t rows() const noexcept { return indices.size(); }
+};
+
+/// One replica's contiguous part of a global batch: non-owning views plus where the rows sit.
+/// An empty shard (size == 0) is valid: its replica still takes part in every collective.
+struct shard {
+  const float* features = nullptr;        ///< size * width values
+  const std::int32_t* labels = nullptr;   ///< size labels, or nullptr when unlabelled
+  const float* targets = nullptr;         ///< size * target_width values, or nullptr
+  const std::uint64_t* indices = nullptr; ///< size dataset indices
+  std::size_t size = 0;                   ///< rows in this shard
+  std::size_t width = 0;                  ///< features per row
+  std::size_t target_width = 0;           ///< targets per row
+  std::size_t offset = 0;                 ///< position of the first row in the global batch
+  std::size_t global_size = 0;            ///< rows in the whole global batch
+
+  /// The dataset indices of this shard's rows.
+  [[nodiscard]] std::span<const std::uint64_t> index_span() const noexcept { return {indices, size}; }
+};
+
+/// A global batch cut into one shard per replica (sizes differ by at most one), sharing ownership
+/// of the batch so the shards stay valid while any replica uses them.
+struct distributed_batch {
+  std::shared_ptr<const batch> global;  ///< the whole batch the shards point into
+  std::vector<shard> shards;            ///< shard r goes to replica r
+
+  /// Rows in the global batch.
+  [[nodiscard]] std::size_t global_size() const noexcept { return global ? global->rows() : 0; }
+};
+
+/// Cuts a global batch into n contiguous shards whose sizes differ by at most one (the first
+/// `rows % n` shards get one extra row). Requires n >= 1.
+inline std::vector<shard> split(const batch& b, std::size_t n) {
+  std::vector<shard> out(n);
+  const std::size_t rows = b.rows(), base = rows / n, extra = rows % n;
+  std::size_t offset = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    const std::size_t size = base + (r < extra ? 1 : 0);
+    shard& s = out[r];
+    s.features = b.features.data() + offset * b.width;
+    s.labels = b.labels.empty() ? nullptr : b.labels.data() + offset;
+    s.targets = b.targets.empty() ? nullptr : b.targets.data() + offset * b.target_width;
+    s.indices = b.indices.data() + offset;
+    s.size = size;
+    s.width = b.width;
+    s.target_width = b.target_width;
+    s.offset = offset;
+    s.global_size = rows;
+    offset += size;
+  }
+  return out;
+}
+
+/// The whole batch as a single shard (what one-device training consumes).
+inline shard whole(const batch& b) { return split(b, 1).front(); }
+
+}  // namespace lockstep::data

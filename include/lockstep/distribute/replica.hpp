@@ -1,0 +1,194 @@
+#pragma once
+/// @file replica.hpp
+/// `replica<Net, D, T>`: everything one device needs for training — its context, its model
+/// instance, its optimiser state and the scratch of its loss — allocated on first use and reused,
+/// so a steady-state step allocates nothing. A strategy owns one per device; single-device
+/// training can use one directly.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include <lockstep/backend/context.hpp>
+#include <lockstep/backend/host/ops.hpp>
+#include <lockstep/core/error.hpp>
+#include <lockstep/data/batch.hpp>
+#include <lockstep/layers/model.hpp>
+#include <lockstep/losses/loss.hpp>
+#include <lockstep/memory/buffer.hpp>
+#include <lockstep/optimizers/optimizer.hpp>
+
+namespace lockstep {
+
+/// One device's training state.
+template <class Net, class D = cpu<0>, class T = float>
+class replica {
+public:
+  using model_type = lockstep::model<Net, T, D>;         ///< the model instance type
+  using context_type = context_t<D>;            ///< the device's execution context
+  using value_type = T;                         ///< parameter type
+  using device_type = D;                        ///< the device
+
+  /// A replica with parameters initialised from `s`.
+  replica(context_type ctx, lockstep::seed s) : ctx_(std::move(ctx)), model_(ctx_, s) {}
+
+  /// Grows every buffer for shards of up to `rows` rows, so later steps allocate nothing.
+  void reserve(std::size_t rows) {
+    model_.reserve(rows);
+    if (rows <= capacity_) return;
+    dout_.reserve_discard(rows * model_type::output_size);
+    scratch_.reserve_discard(rows * max_loss_scratch_per_row);
+    if constexpr (!direct_input) {
+      input_.reserve_discard(rows * model_type::input_size);
+      targets_.reserve_discard(rows * model_type::output_size);
+      labels_.reserve_discard(rows);
+    }
+    capacity_ = rows;
+  }
+
+  /// Forward and backward on one shard: leaves the gradient of the shard's loss SUM in
+  /// gradients() (zero for an empty shard) and returns the loss sum and count.
+  /// `on_layer_done(layer, offset, count)` runs as each top-level layer's gradients become final.
+  template <class Loss, class Hook = no_layer_hook>
+  loss_sum forward_backward(const Loss& loss, const data::shard& s, const pass_info& info, const Hook& on_layer_done = {}) {
+    check_width(s);
+    reserve(s.size);
+    pass_info i = info;
+    i.sample_offset = s.offset;
+    i.training = true;
+    const T* x = stage(s);
+    const T* out = model_.forward(ctx_, x, s.size, i);
+    check_loss<Loss>();
+    const loss_sum l = loss.evaluate(ctx_, out, s.size, model_type::output_size, targets_of(s), dout_.data(),
+                                     scratch_.data());
+    model_.backward(ctx_, dout_.data(), on_layer_done);
+    return l;
+  }
+
+  /// Evaluation forward on one shard; returns the output (rows x output_size, on the device).
+  const T* predict(const data::shard& s, const pass_info& info) {
+    check_width(s);
+    reserve(s.size);
+    pass_info i = info;
+    i.sample_offset = s.offset;
+    i.training = false;
+    return model_.forward(ctx_, stage(s), s.size, i);
+  }
+
+  /// Loss sum (no gradient) of one shard in evaluation mode.
+  template <class Loss>
+  loss_sum evaluate(const Loss& loss, const data::shard& s, const pass_info& info) {
+    const T* out = predict(s, info);
+    check_loss<Loss>();
+    return loss.evaluate(ctx_, out, s.size, model_type::output_size, targets_of(s), static_cast<T*>(nullptr),
+                         scratch_.data());
+  }
+
+  /// Applies the optimiser to the (already aggregated) gradient sums. The state is created
+  /// (zeroed) on the first call and must keep its size: one optimiser kind per replica.
+  template <class Optimizer>
+  void apply(const Optimizer& opt, const update_info& u) {
+    static_assert(optimizer<Optimizer>, "lockstep::replica::apply: the argument must satisfy lockstep::optimizer");
+    const std::size_t need = opt.state_size(model_type::param_count);
+    if (state_.size() != need) {
+      if (state_initialised_)
+        throw config_error("lockstep: the optimiser state has " + std::to_string(state_.size()) +
+                           " elements but this optimiser needs " + std::to_string(need) +
+                           "; use one optimiser configuration per model");
+      state_ = buffer<T, D>(need);
+      fill(ctx_, state_.data(), need, T(0));
+    }
+    state_initialised_ = true;
+    opt.update(ctx_, model_.parameters().data(), model_.gradients().data(), state_.data(), model_type::param_count, u);
+  }
+
+  /// The model instance.
+  [[nodiscard]] model_type& model() noexcept { return model_; }
+  /// The model instance.
+  [[nodiscard]] const model_type& model() const noexcept { return model_; }
+  /// The flat optimiser state.
+  [[nodiscard]] buffer<T, D>& optimizer_state() noexcept { return state_; }
+  /// The device's execution context.
+  [[nodiscard]] context_type& context() noexcept { return ctx_; }
+
+  /// Sizes the optimiser state for `opt` and zeroes it (what apply does on first use).
+  template <class Optimizer>
+  void reset_optimizer_state(const Optimizer& opt) {
+    state_ = buffer<T, D>(opt.state_size(model_type::param_count));
+    fill(ctx_, state_.data(), state_.size(), T(0));
+    state_initialised_ = true;
+  }
+
+private:
+  /// Loss scratch reserved per row; a loss that needs more is a compile error.
+  static constexpr std::size_t max_loss_scratch_per_row = 4;
+  template <class Loss>
+  static constexpr void check_loss() {
+    static_assert(loss<Loss>, "lockstep::replica: the loss must satisfy lockstep::loss (opt in with loss_tag)");
+    static_assert(Loss::scratch_per_row <= max_loss_scratch_per_row,
+                  "lockstep::replica: this loss asks for more scratch per row than a replica reserves");
+  }
+
+  static constexpr bool direct_input = is_cpu_v<D> && std::is_same_v<T, float>;
+
+  static void check_width(const data::shard& s) {
+    if (s.size > 0 && s.width != model_type::input_size)
+      throw shape_error("lockstep: the batch has " + std::to_string(s.width) + " features per row but the model's input is " +
+                        std::to_string(model_type::input_size));
+  }
+
+  // The shard's features as T on the device: used in place on the host, converted or copied otherwise.
+  const T* stage(const data::shard& s) {
+    if constexpr (direct_input) {
+      return s.features;
+    } else {
+      const std::size_t n = s.size * s.width;
+      if constexpr (is_cpu_v<D>) {
+        for (std::size_t k = 0; k < n; ++k) input_[k] = static_cast<T>(s.features[k]);
+      } else {
+        copy_from_host(ctx_, input_.data(), s.features, n);
+      }
+      return input_.data();
+    }
+  }
+
+  targets<T> targets_of(const data::shard& s) {
+    if (s.targets && s.size > 0 && s.target_width != model_type::output_size)
+      throw shape_error("lockstep: targets have width " + std::to_string(s.target_width) + " but the model outputs " +
+                        std::to_string(model_type::output_size));
+    if constexpr (direct_input) {
+      return {s.labels, s.targets, s.target_width};
+    } else {
+      targets<T> t{nullptr, nullptr, s.target_width};
+      if (s.labels) {
+        copy_from_host(ctx_, labels_.data(), s.labels, s.size);
+        t.labels = labels_.data();
+      }
+      if (s.targets) {
+        const std::size_t n = s.size * s.target_width;
+        if constexpr (is_cpu_v<D>) {
+          for (std::size_t k = 0; k < n; ++k) targets_[k] = static_cast<T>(s.targets[k]);
+        } else {
+          static_assert(std::is_same_v<T, float>, "lockstep: GPU replicas train in float");
+          copy_from_host(ctx_, targets_.data(), s.targets, n);
+        }
+        t.values = targets_.data();
+      }
+      return t;
+    }
+  }
+
+  context_type ctx_;
+  model_type model_;
+  buffer<T, D> state_;
+  buffer<T, D> dout_;
+  buffer<T, D> scratch_;
+  buffer<T, D> input_;
+  buffer<T, D> targets_;
+  buffer<std::int32_t, D> labels_;
+  std::size_t capacity_ = 0;
+  bool state_initialised_ = false;
+};
+
+}  // namespace lockstep

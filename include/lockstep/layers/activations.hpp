@@ -1,0 +1,130 @@
+#pragma once
+/// @file activations.hpp
+/// Elementwise activation layers: `relu`, `leaky_relu<Slope>`, `gelu`, `tanh`, `sigmoid`, and
+/// `activation<Fn>` to define more. Each is a pair of scalar functions run by the backend's
+/// elementwise primitive, so one definition serves host and GPU.
+
+#include <cmath>
+#include <cstddef>
+
+#include <lockstep/backend/host/ops.hpp>
+#include <lockstep/config.hpp>
+#include <lockstep/layers/layer.hpp>
+
+namespace lockstep {
+
+namespace detail {
+/// y[i] = Fn::f(x[i]).
+template <class Fn, class T>
+struct activation_forward_op {
+  const T* x;  ///< input
+  T* y;        ///< output
+  /// Computes element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const { y[i] = Fn::f(x[i]); }
+};
+/// dx[i] = dy[i] * Fn::df(x[i], y[i]).
+template <class Fn, class T>
+struct activation_backward_op {
+  const T* x;   ///< forward input
+  const T* y;   ///< forward output
+  const T* dy;  ///< output gradient
+  T* dx;        ///< input gradient
+  /// Computes element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const { dx[i] = dy[i] * Fn::df(x[i], y[i]); }
+};
+}  // namespace detail
+
+/// An elementwise activation layer from a functor type Fn with static `f(x)` and `df(x, y)`
+/// (the derivative, given the input x and output y). Accepts any width and keeps it.
+template <class Fn>
+struct activation {
+  using layer_concept = layer_tag;                ///< opts in to the layer concept
+  static constexpr std::size_t expected_input = 0;  ///< any width
+  using function = Fn;                              ///< the scalar function pair
+
+  /// The activation bound to width I.
+  template <std::size_t I>
+  struct bind {
+    static constexpr std::size_t input_size = I;            ///< features in
+    static constexpr std::size_t output_size = I;           ///< features out
+    static constexpr std::size_t param_count = 0;           ///< no parameters
+    static constexpr std::size_t workspace_per_sample = 0;  ///< no scratch
+
+    /// Nothing to initialise.
+    template <class T>
+    static void init(T*, const counter_rng&) {}
+
+    /// y = f(x) elementwise.
+    template <class T, class Ctx>
+    static void forward(Ctx& ctx, const T*, const T* x, T* y, T*, std::size_t batch, const pass_info&) {
+      for_each_index(ctx, batch * I, detail::activation_forward_op<Fn, T>{x, y});
+    }
+
+    /// dx = dy * f'(x) elementwise (skipped when dx is null).
+    template <class T, class Ctx>
+    static void backward(Ctx& ctx, const T*, const T* x, const T* y, const T* dy, T* dx, T*, T*, std::size_t batch,
+                         const pass_info&) {
+      if (dx) for_each_index(ctx, batch * I, detail::activation_backward_op<Fn, T>{x, y, dy, dx});
+    }
+  };
+};
+
+/// max(0, x).
+struct relu_fn {
+  /// The function.
+  template <class T> LOCKSTEP_HD static T f(T x) { return x > T(0) ? x : T(0); }
+  /// Its derivative from input and output (0 at x = 0).
+  template <class T> LOCKSTEP_HD static T df(T x, T) { return x > T(0) ? T(1) : T(0); }
+};
+
+/// x for x > 0, Slope * x otherwise.
+template <double Slope>
+struct leaky_relu_fn {
+  /// The function.
+  template <class T> LOCKSTEP_HD static T f(T x) { return x > T(0) ? x : static_cast<T>(Slope) * x; }
+  /// Its derivative from input and output.
+  template <class T> LOCKSTEP_HD static T df(T x, T) { return x > T(0) ? T(1) : static_cast<T>(Slope); }
+};
+
+/// The exact GELU: x * Phi(x), Phi the standard normal CDF.
+struct gelu_fn {
+  /// The function.
+  template <class T> LOCKSTEP_HD static T f(T x) {
+    return T(0.5) * x * (T(1) + std::erf(x * static_cast<T>(0.70710678118654752440)));
+  }
+  /// Its derivative: Phi(x) + x * phi(x).
+  template <class T> LOCKSTEP_HD static T df(T x, T) {
+    const T cdf = T(0.5) * (T(1) + std::erf(x * static_cast<T>(0.70710678118654752440)));
+    const T pdf = static_cast<T>(0.39894228040143267794) * std::exp(T(-0.5) * x * x);
+    return cdf + x * pdf;
+  }
+};
+
+/// Hyperbolic tangent.
+struct tanh_fn {
+  /// The function.
+  template <class T> LOCKSTEP_HD static T f(T x) { return std::tanh(x); }
+  /// Its derivative from the output: 1 - y^2.
+  template <class T> LOCKSTEP_HD static T df(T, T y) { return T(1) - y * y; }
+};
+
+/// The logistic function 1 / (1 + e^-x).
+struct sigmoid_fn {
+  /// The function (stable for large |x|).
+  template <class T> LOCKSTEP_HD static T f(T x) {
+    if (x >= T(0)) return T(1) / (T(1) + std::exp(-x));
+    const T e = std::exp(x);
+    return e / (T(1) + e);
+  }
+  /// Its derivative from the output: y (1 - y).
+  template <class T> LOCKSTEP_HD static T df(T, T y) { return y * (T(1) - y); }
+};
+
+using relu = activation<relu_fn>;                    ///< rectified linear unit layer
+template <double Slope = 0.01>
+using leaky_relu = activation<leaky_relu_fn<Slope>>;  ///< leaky ReLU layer with the given negative slope
+using gelu = activation<gelu_fn>;                    ///< exact GELU layer
+using tanh = activation<tanh_fn>;                    ///< hyperbolic tangent layer
+using sigmoid = activation<sigmoid_fn>;              ///< logistic sigmoid layer
+
+}  // namespace lockstep

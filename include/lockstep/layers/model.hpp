@@ -1,0 +1,125 @@
+#pragma once
+/// @file model.hpp
+/// `model<Net, T, Device>`: one replica's instance of a network type. It owns the flat parameter
+/// buffer, the flat gradient buffer of the same layout, and the activation workspace (grown to
+/// the largest batch seen, then reused: a steady-state step allocates nothing).
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <lockstep/backend/context.hpp>
+#include <lockstep/backend/host/ops.hpp>
+#include <lockstep/core/device.hpp>
+#include <lockstep/core/error.hpp>
+#include <lockstep/core/random.hpp>
+#include <lockstep/layers/layer.hpp>
+#include <lockstep/layers/sequential.hpp>
+#include <lockstep/memory/buffer.hpp>
+
+namespace lockstep {
+
+/// Train or evaluation mode of a forward pass.
+enum class mode { train, eval };
+
+/// The no-op backward hook: called after each top-level layer's gradients are final.
+struct no_layer_hook {
+  /// Does nothing.
+  void operator()(std::size_t, std::size_t, std::size_t) const noexcept {}
+};
+
+/// One instance of network Net with parameters of type T on device D.
+/// @tparam Net a layer whose first layer fixes the input width (usually a sequential)
+/// @tparam T   parameter and activation type (float for training, double for gradient checks)
+/// @tparam D   the device the buffers live on
+template <class Net, class T = float, class D = cpu<0>>
+class model {
+  static_assert(layer<Net>, "lockstep::model: Net must be a layer (for example a lockstep::sequential)");
+  static_assert(Net::expected_input > 0,
+                "lockstep::model: the network's first layer must fix the input width (start with a dense)");
+
+public:
+  using network = Net;                                      ///< the unbound network type
+  using bound = bind_t<Net, Net::expected_input>;           ///< the network bound to its input width
+  using value_type = T;                                     ///< parameter type
+  using device_type = D;                                    ///< where the buffers live
+  using context_type = context_t<D>;                        ///< the context kernels run with
+  static constexpr std::size_t input_size = bound::input_size;    ///< features per input row
+  static constexpr std::size_t output_size = bound::output_size;  ///< outputs per row
+  static constexpr std::size_t param_count = bound::param_count;  ///< length of the flat buffers
+
+  /// A host model initialised from `s`.
+  explicit model(lockstep::seed s = {}) requires is_cpu_v<D> : params_(param_count), grads_(param_count) {
+    context_type ctx;
+    init(ctx, s);
+  }
+
+  /// A model on D initialised from `s` (initialised on the host, then copied with `ctx`).
+  model(context_type& ctx, lockstep::seed s) : params_(param_count), grads_(param_count) { init(ctx, s); }
+
+  /// Re-initialises every parameter from seed `s`: the values depend only on (s, layer, element).
+  void init(context_type& ctx, lockstep::seed s) {
+    std::vector<T> host(param_count);
+    bound::init(host.data(), counter_rng(s.value, layer_rng_stream(0, rng_purpose::init)));
+    copy_from_host(ctx, params_.data(), host.data(), param_count);
+    fill(ctx, grads_.data(), param_count, T(0));
+  }
+
+  /// Grows the workspace for batches of up to `rows` rows (forward does this on demand).
+  void reserve(std::size_t rows) {
+    if (rows <= capacity_) return;
+    workspace_.reserve_discard(rows * bound::workspace_per_sample);
+    output_.reserve_discard(rows * output_size);
+    capacity_ = rows;
+  }
+
+  /// Runs the network on `rows` rows of x (rows x input_size, on D) and returns the output
+  /// (rows x output_size, on D, valid until the next forward). `x` must stay valid until backward.
+  const T* forward(context_type& ctx, const T* x, std::size_t rows, const pass_info& info) {
+    reserve(rows);
+    bound::forward(ctx, params_.data(), x, output_.data(), workspace_.data(), rows, info);
+    last_x_ = x;
+    last_rows_ = rows;
+    last_info_ = info;
+    return output_.data();
+  }
+
+  /// Back-propagates dy (rows x output_size, the gradient of the loss SUM) through the last
+  /// forward and OVERWRITES the gradient buffer. The first layer computes no input gradient.
+  /// `on_layer_done(layer, offset, count)` runs as each top-level layer's gradients become final.
+  template <class Hook = no_layer_hook>
+  void backward(context_type& ctx, const T* dy, const Hook& on_layer_done = {}) {
+    if constexpr (requires { bound::layer_count; })
+      bound::backward(ctx, params_.data(), last_x_, output_.data(), dy, static_cast<T*>(nullptr), grads_.data(),
+                      workspace_.data(), last_rows_, last_info_, on_layer_done);
+    else {
+      bound::backward(ctx, params_.data(), last_x_, output_.data(), dy, static_cast<T*>(nullptr), grads_.data(),
+                      workspace_.data(), last_rows_, last_info_);
+      on_layer_done(std::size_t{0}, std::size_t{0}, param_count);
+    }
+  }
+
+  /// The flat parameter buffer.
+  [[nodiscard]] buffer<T, D>& parameters() noexcept { return params_; }
+  /// The flat parameter buffer.
+  [[nodiscard]] const buffer<T, D>& parameters() const noexcept { return params_; }
+  /// The flat gradient buffer (same layout as the parameters).
+  [[nodiscard]] buffer<T, D>& gradients() noexcept { return grads_; }
+  /// The flat gradient buffer (same layout as the parameters).
+  [[nodiscard]] const buffer<T, D>& gradients() const noexcept { return grads_; }
+  /// Largest batch the workspace holds without growing.
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+
+private:
+  buffer<T, D> params_;
+  buffer<T, D> grads_;
+  buffer<T, D> workspace_;
+  buffer<T, D> output_;
+  std::size_t capacity_ = 0;
+  const T* last_x_ = nullptr;
+  std::size_t last_rows_ = 0;
+  pass_info last_info_{};
+};
+
+}  // namespace lockstep

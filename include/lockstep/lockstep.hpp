@@ -1,0 +1,15 @@
+#pragma once
+/// @file lockstep.hpp
+/// The umbrella header: everything a host program needs. CUDA parts come from
+/// <lockstep/backend/cuda.hpp> when building with LOCKSTEP_HAS_CUDA.
+#include <lockstep/backend/host.hpp>
+#include <lockstep/config.hpp>
+#include <lockstep/core/device.hpp>
+#include <lockstep/core/error.hpp>
+#include <lockstep/core/random.hpp>
+#include <lockstep/distribute/replica.hpp>
+#include <lockstep/layers.hpp>
+#include <lockstep/losses.hpp>
+#include <lockstep/memory/buffer.hpp>
+#include <lockstep/optimizers.hpp>
+#include <lockstep/version.hpp>

@@ -1,0 +1,101 @@
+#pragma once
+/// @file buffer.hpp
+/// `buffer<T, Device>`: an owning, aligned, move-only array on a device, and the trivially
+/// copyable views that kernels and reducers take.
+
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <type_traits>
+#include <utility>
+
+#include <lockstep/core/device.hpp>
+#include <lockstep/memory/resource.hpp>
+
+namespace lockstep {
+
+/// A non-owning, trivially copyable view of `size` elements of T on some device.
+template <class T>
+struct array_view {
+  T* data = nullptr;      ///< first element (device or host pointer)
+  std::size_t size = 0;   ///< element count
+};
+
+/// A non-owning row-major matrix view: rows x cols elements with a row stride (ld).
+template <class T>
+struct matrix_view {
+  T* data = nullptr;      ///< first element
+  std::size_t rows = 0;   ///< row count
+  std::size_t cols = 0;   ///< column count
+  std::size_t ld = 0;     ///< distance between rows, in elements (>= cols)
+};
+
+/// An owning array of `size()` trivially copyable T on device D: aligned, move-only, never
+/// value-initialised (first touch is the caller's job: fill or copy into it).
+template <class T, class D>
+class buffer {
+  static_assert(std::is_trivially_copyable_v<T>, "lockstep::buffer holds trivially copyable elements");
+
+public:
+  using value_type = T;   ///< element type
+  using device_type = D;  ///< device the elements live on
+
+  /// An empty buffer.
+  buffer() noexcept = default;
+  /// A buffer of n uninitialised elements.
+  explicit buffer(std::size_t n) : data_(static_cast<T*>(memory_resource<D>::allocate(n * sizeof(T)))), size_(n) {}
+  buffer(const buffer&) = delete;
+  buffer& operator=(const buffer&) = delete;
+  /// Takes the other buffer's memory; the other becomes empty.
+  buffer(buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  /// Frees this buffer's memory and takes the other's.
+  buffer& operator=(buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  ~buffer() { release(); }
+
+  /// Pointer to the first element (nullptr when empty).
+  [[nodiscard]] T* data() noexcept { return data_; }
+  /// Pointer to the first element (nullptr when empty).
+  [[nodiscard]] const T* data() const noexcept { return data_; }
+  /// Element count.
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// True when the buffer holds no elements.
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  /// A view of the elements.
+  [[nodiscard]] array_view<T> view() noexcept { return {data_, size_}; }
+  /// A read-only view of the elements.
+  [[nodiscard]] array_view<const T> view() const noexcept { return {data_, size_}; }
+
+  /// The elements as a span (host buffers only).
+  [[nodiscard]] std::span<T> span() noexcept requires is_cpu_v<D> { return {data_, size_}; }
+  /// The elements as a read-only span (host buffers only).
+  [[nodiscard]] std::span<const T> span() const noexcept requires is_cpu_v<D> { return {data_, size_}; }
+  /// Element i (host buffers only; no bounds check).
+  [[nodiscard]] T& operator[](std::size_t i) noexcept requires is_cpu_v<D> { return data_[i]; }
+  /// Element i (host buffers only; no bounds check).
+  [[nodiscard]] const T& operator[](std::size_t i) const noexcept requires is_cpu_v<D> { return data_[i]; }
+
+  /// Makes room for at least n elements, discarding the contents when it must grow; never shrinks,
+  /// so a steady state that asks for the same size allocates nothing.
+  void reserve_discard(std::size_t n) {
+    if (n > size_) *this = buffer(n);
+  }
+
+private:
+  void release() noexcept {
+    memory_resource<D>::deallocate(data_, size_ * sizeof(T));
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace lockstep

@@ -1,0 +1,85 @@
+#pragma once
+/// @file adam.hpp
+/// Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay).
+
+#include <cmath>
+#include <cstddef>
+
+#include <lockstep/backend/host/ops.hpp>
+#include <lockstep/config.hpp>
+#include <lockstep/optimizers/optimizer.hpp>
+
+namespace lockstep {
+
+namespace detail {
+/// One Adam / AdamW element update; m and v are the first and second moment estimates.
+template <class T>
+struct adam_op {
+  T* p;         ///< parameters
+  const T* g;   ///< gradient sums
+  T* m;         ///< first moments
+  T* v;         ///< second moments
+  T lr, beta1, beta2, eps, l2, decoupled, scale, c1, c2;  ///< hyper-parameters, bias corrections
+  /// Updates element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const T gi = g[i] * scale + l2 * p[i];
+    const T mi = beta1 * m[i] + (T(1) - beta1) * gi;
+    const T vi = beta2 * v[i] + (T(1) - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] -= lr * (decoupled * p[i] + (mi / c1) / (std::sqrt(vi / c2) + eps));
+  }
+};
+
+template <class T, class Ctx>
+void adam_update(Ctx& ctx, T* p, const T* g, T* state, std::size_t n, const update_info& u, float beta1, float beta2,
+                 float eps, float l2, float decoupled) {
+  const double c1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(u.step));
+  const double c2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(u.step));
+  for_each_index(ctx, n,
+                 adam_op<T>{p, g, state, state + n, static_cast<T>(u.lr), static_cast<T>(beta1),
+                            static_cast<T>(beta2), static_cast<T>(eps), static_cast<T>(l2), static_cast<T>(decoupled),
+                            static_cast<T>(u.grad_scale), static_cast<T>(c1), static_cast<T>(c2)});
+}
+}  // namespace detail
+
+/// Adam: m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2, p -= lr * m^ / (sqrt(v^) + eps), with bias
+/// corrections m^ = m / (1 - b1^t), v^ = v / (1 - b2^t); weight_decay adds an L2 term to g.
+struct adam {
+  using optimizer_concept = optimizer_tag;  ///< opts in to the optimizer concept
+  float lr = 1e-3f;           ///< learning rate
+  float beta1 = 0.9f;         ///< first-moment decay
+  float beta2 = 0.999f;       ///< second-moment decay
+  float eps = 1e-8f;          ///< denominator guard
+  float weight_decay = 0.0f;  ///< L2 penalty added to the gradient
+
+  /// Two moments per parameter.
+  [[nodiscard]] std::size_t state_size(std::size_t n) const noexcept { return 2 * n; }
+
+  /// Applies update number u.step (1-based) to n parameters.
+  template <class T, class Ctx>
+  void update(Ctx& ctx, T* p, const T* g, T* state, std::size_t n, const update_info& u) const {
+    detail::adam_update(ctx, p, g, state, n, u, beta1, beta2, eps, weight_decay, 0.0f);
+  }
+};
+
+/// AdamW: Adam with decoupled weight decay, p -= lr * (weight_decay * p + m^ / (sqrt(v^) + eps)).
+struct adamw {
+  using optimizer_concept = optimizer_tag;  ///< opts in to the optimizer concept
+  float lr = 1e-3f;            ///< learning rate
+  float beta1 = 0.9f;          ///< first-moment decay
+  float beta2 = 0.999f;        ///< second-moment decay
+  float eps = 1e-8f;           ///< denominator guard
+  float weight_decay = 0.01f;  ///< decoupled decay rate
+
+  /// Two moments per parameter.
+  [[nodiscard]] std::size_t state_size(std::size_t n) const noexcept { return 2 * n; }
+
+  /// Applies update number u.step (1-based) to n parameters.
+  template <class T, class Ctx>
+  void update(Ctx& ctx, T* p, const T* g, T* state, std::size_t n, const update_info& u) const {
+    detail::adam_update(ctx, p, g, state, n, u, beta1, beta2, eps, 0.0f, weight_decay);
+  }
+};
+
+}  // namespace lockstep

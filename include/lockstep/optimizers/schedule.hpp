@@ -1,0 +1,57 @@
+#pragma once
+/// @file schedule.hpp
+/// Learning-rate schedules: pure functions of (base lr, step), so resuming at a step resumes the
+/// schedule exactly. Steps count from 0.
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <lockstep/core/error.hpp>
+
+namespace lockstep {
+
+/// The base learning rate at every step.
+struct constant_schedule {
+  /// The rate at `step`.
+  [[nodiscard]] float operator()(float base, std::uint64_t) const noexcept { return base; }
+};
+
+/// Multiplies the rate by `factor` every `every` steps.
+struct step_schedule {
+  std::uint64_t every = 1000;  ///< steps between decays
+  float factor = 0.1f;         ///< multiplier per decay
+  /// The rate at `step`.
+  [[nodiscard]] float operator()(float base, std::uint64_t step) const {
+    if (every == 0) throw config_error("lockstep::step_schedule: `every` must be > 0");
+    return base * std::pow(factor, static_cast<float>(step / every));
+  }
+};
+
+/// Cosine decay from the base rate to `min_lr` over `total` steps, then `min_lr`.
+struct cosine_schedule {
+  std::uint64_t total = 1000;  ///< steps of the decay
+  float min_lr = 0.0f;         ///< floor
+  /// The rate at `step`.
+  [[nodiscard]] float operator()(float base, std::uint64_t step) const {
+    if (total == 0) throw config_error("lockstep::cosine_schedule: `total` must be > 0");
+    if (step >= total) return min_lr;
+    const double t = static_cast<double>(step) / static_cast<double>(total);
+    return static_cast<float>(min_lr + 0.5 * (base - min_lr) * (1.0 + std::cos(3.14159265358979323846 * t)));
+  }
+};
+
+/// Linear warm-up from base / (warmup + 1) to the base rate over `steps` steps, then `after`
+/// (counted from the end of the warm-up).
+template <class After = constant_schedule>
+struct warmup_schedule {
+  std::uint64_t steps = 100;  ///< warm-up length
+  After after{};              ///< schedule after the warm-up
+  /// The rate at `step`.
+  [[nodiscard]] float operator()(float base, std::uint64_t step) const {
+    if (step < steps) return base * static_cast<float>(step + 1) / static_cast<float>(steps + 1);
+    return after(base, step - steps);
+  }
+};
+
+}  // namespace lockstep

@@ -1,0 +1,58 @@
+#pragma once
+/// @file sgd.hpp
+/// Stochastic gradient descent with optional momentum, Nesterov momentum and L2 weight decay
+/// (PyTorch's formulation: the decay is added to the gradient).
+
+#include <cstddef>
+
+#include <lockstep/backend/host/ops.hpp>
+#include <lockstep/config.hpp>
+#include <lockstep/optimizers/optimizer.hpp>
+
+namespace lockstep {
+
+namespace detail {
+/// One SGD element update.
+template <class T>
+struct sgd_op {
+  T* p;            ///< parameters
+  const T* g;      ///< gradient sums
+  T* v;            ///< momentum buffer (null without momentum)
+  T lr, momentum, decay, scale;  ///< hyper-parameters and the gradient scale
+  bool nesterov;   ///< Nesterov momentum
+  /// Updates element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    T d = g[i] * scale + decay * p[i];
+    if (v) {
+      const T vi = momentum * v[i] + d;
+      v[i] = vi;
+      d = nesterov ? d + momentum * vi : vi;
+    }
+    p[i] -= lr * d;
+  }
+};
+}  // namespace detail
+
+/// SGD: d = g + weight_decay * p; with momentum v = momentum * v + d and d = v (or d + momentum * v
+/// for Nesterov); p -= lr * d.
+struct sgd {
+  using optimizer_concept = optimizer_tag;  ///< opts in to the optimizer concept
+  float lr = 0.01f;           ///< learning rate
+  float momentum = 0.0f;      ///< momentum factor (0: plain SGD)
+  bool nesterov = false;      ///< Nesterov momentum (needs momentum > 0)
+  float weight_decay = 0.0f;  ///< L2 penalty added to the gradient
+
+  /// State elements for n parameters: a momentum buffer when momentum is used.
+  [[nodiscard]] std::size_t state_size(std::size_t n) const noexcept { return momentum != 0.0f ? n : 0; }
+
+  /// Applies one update to n parameters (state must hold state_size(n) zero-initialised elements).
+  template <class T, class Ctx>
+  void update(Ctx& ctx, T* p, const T* g, T* state, std::size_t n, const update_info& u) const {
+    for_each_index(ctx, n,
+                   detail::sgd_op<T>{p, g, momentum != 0.0f ? state : nullptr, static_cast<T>(u.lr),
+                                     static_cast<T>(momentum), static_cast<T>(weight_decay),
+                                     static_cast<T>(u.grad_scale), nesterov});
+  }
+};
+
+}  // namespace lockstep
