@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what lockstep needs, builds the examples, and runs the main job: data-parallel training
+# of an MLP on Fashion-MNIST with 2 CPU replicas. Extra arguments go to the example
+# (try --help).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/deps.sh
+lockstep_install_deps
+
+build=${LOCKSTEP_BUILD_DIR:-build-demo}
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=OFF \
+  -DLOCKSTEP_BUILD_TESTS=OFF -DLOCKSTEP_BUILD_BENCHMARKS=OFF
+cmake --build "$build" -j "$(nproc)" --target fashion_mnist
+exec "$build/examples/fashion_mnist" "$@"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages lockstep's build, tests and examples need, only those missing.
+# Sourced by scripts/test.sh and scripts/demo.sh; runs as root (or through sudo) on Debian 12.
+lockstep_packages=(cmake g++ make libopenblas-dev doctest-dev libfmt-dev libcli11-dev zlib1g-dev
+                   dataset-fashion-mnist)
+
+lockstep_install_deps() {
+  local missing=() p
+  for p in "${lockstep_packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$p")
+    fi
+  done
+  if ((${#missing[@]} == 0)); then
+    return 0
+  fi
+  echo "lockstep: installing missing packages: ${missing[*]}"
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
