@@ -1,0 +1,348 @@
+#pragma once
+/// @file stages.hpp
+/// The synchronous pipeline stages: map, filter, shuffle, batch, repeat, take, skip, cache.
+/// Each is a closure: `dataset | stage` gives a new dataset, `stage | stage` a new closure.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <lockstep/core/error.hpp>
+#include <lockstep/data/batch.hpp>
+#include <lockstep/data/batch_pool.hpp>
+#include <lockstep/data/dataset.hpp>
+#include <lockstep/data/detail/random.hpp>
+#include <lockstep/data/generator.hpp>
+#include <lockstep/data/sample.hpp>
+
+namespace lockstep::data {
+
+namespace detail {
+
+template <class T, class R, class F>
+generator<R> map_gen(generator<T> up, F f) {
+  for (auto&& x : up) co_yield static_cast<R>(std::invoke(f, std::move(x)));
+}
+
+template <class T, class P>
+generator<T> filter_gen(generator<T> up, P pred) {
+  for (auto&& x : up)
+    if (std::invoke(pred, std::as_const(x))) co_yield std::move(x);
+}
+
+template <class T>
+generator<T> take_gen(generator<T> up, std::uint64_t n) {
+  if (n == 0) co_return;
+  std::uint64_t i = 0;
+  for (auto&& x : up) {
+    co_yield std::move(x);
+    if (++i == n) co_return;  // never pull one element more than needed
+  }
+}
+
+template <class T>
+generator<T> skip_gen(generator<T> up, std::uint64_t n) {
+  std::uint64_t i = 0;
+  for (auto&& x : up) {
+    if (i < n) {
+      ++i;
+      continue;
+    }
+    co_yield std::move(x);
+  }
+}
+
+template <class T>
+generator<T> repeat_gen(dataset<T> up, std::optional<std::uint64_t> times, std::uint64_t epoch) {
+  for (std::uint64_t r = 0; !times || r < *times; ++r) {
+    const std::uint64_t inner = times ? epoch * *times + r : (epoch << 32) + r;
+    bool any = false;
+    for (auto&& x : up.epoch(inner)) {
+      any = true;
+      co_yield std::move(x);
+    }
+    if (!any) co_return;  // an empty dataset repeated forever is empty, not an endless loop
+  }
+}
+
+/// Free list of vectors (keeps the shuffle buffer's memory from one epoch to the next).
+template <class T>
+class vector_pool {
+public:
+  std::vector<T> acquire() {
+    std::lock_guard lock(mutex_);
+    if (free_.empty()) return {};
+    std::vector<T> v = std::move(free_.back());
+    free_.pop_back();
+    return v;
+  }
+  void release(std::vector<T>&& v) noexcept {
+    v.clear();
+    std::lock_guard lock(mutex_);
+    if (free_.size() < 2) {
+      try {
+        free_.push_back(std::move(v));
+      } catch (...) {
+      }
+    }
+  }
+
+private:
+  std::mutex mutex_;
+  std::vector<std::vector<T>> free_;
+};
+
+template <class T>
+struct pooled_vector {
+  std::shared_ptr<vector_pool<T>> pool;
+  std::vector<T> v;
+  explicit pooled_vector(std::shared_ptr<vector_pool<T>> p) : pool(std::move(p)), v(pool->acquire()) {}
+  pooled_vector(const pooled_vector&) = delete;
+  pooled_vector& operator=(const pooled_vector&) = delete;
+  ~pooled_vector() { pool->release(std::move(v)); }
+};
+
+template <class T>
+generator<T> shuffle_gen(generator<T> up, std::size_t buffer_size, std::uint64_t seed, std::uint64_t epoch,
+                         std::shared_ptr<vector_pool<T>> pool) {
+  stream_rng rng(seed, epoch);
+  pooled_vector<T> holder(std::move(pool));
+  std::vector<T>& buf = holder.v;
+  for (auto&& x : up) {
+    if (buf.size() < buffer_size) {
+      buf.push_back(std::move(x));
+      continue;
+    }
+    // Buffer full: emit a uniformly chosen element and put the new one in its place.
+    T& slot = buf[rng.below(buffer_size)];
+    T out = std::move(slot);
+    slot = std::move(x);
+    co_yield std::move(out);
+  }
+  while (!buf.empty()) {  // drain in random order
+    T& slot = buf[rng.below(buf.size())];
+    T out = std::move(slot);
+    slot = std::move(buf.back());
+    buf.pop_back();
+    co_yield std::move(out);
+  }
+}
+
+template <class S>
+generator<pooled_batch> batch_gen(generator<S> up, std::size_t size, bool drop_remainder,
+                                  std::shared_ptr<batch_pool> pool) {
+  pooled_batch b;
+  std::size_t rows = 0, width = 0, twidth = 0;
+  bool labelled = false;
+  for (auto&& s : up) {
+    if (rows == 0) {
+      b = pooled_batch(pool->acquire(), pool);
+      width = feature_width(s);
+      twidth = target_width(s);
+      labelled = s.label != no_label;
+      b.width = width;
+      b.target_width = twidth;
+      b.features.resize(size * width);
+      b.targets.resize(size * twidth);
+      b.labels.resize(labelled ? size : 0);
+      b.indices.resize(size);
+    } else if (feature_width(s) != width || target_width(s) != twidth) {
+      throw shape_error("lockstep::data::batched: sample " + std::to_string(s.index) + " has " +
+                        std::to_string(feature_width(s)) + " features and " + std::to_string(target_width(s)) +
+                        " targets, the batch has " + std::to_string(width) + " and " + std::to_string(twidth));
+    } else if ((s.label != no_label) != labelled) {
+      throw data_error("lockstep::data::batched: sample " + std::to_string(s.index) +
+                       (labelled ? " has no label in a labelled batch" : " has a label in an unlabelled batch"));
+    }
+    copy_features(s, b.features.data() + rows * width);
+    if (twidth) copy_targets(s, b.targets.data() + rows * twidth);
+    if (labelled) b.labels[rows] = s.label;
+    b.indices[rows] = s.index;
+    if (++rows == size) {
+      rows = 0;
+      co_yield pooled_batch(std::move(b));
+    }
+  }
+  if (rows > 0 && !drop_remainder) {
+    b.features.resize(rows * width);
+    b.targets.resize(rows * twidth);
+    b.labels.resize(labelled ? rows : 0);
+    b.indices.resize(rows);
+    co_yield pooled_batch(std::move(b));
+  }
+}
+
+template <class T>
+struct cache_state {
+  dataset<T> upstream;
+  std::mutex mutex;
+  std::shared_ptr<const std::vector<T>> values;
+};
+
+template <class T>
+generator<T> cache_gen(std::shared_ptr<cache_state<T>> state, std::uint64_t epoch) {
+  std::shared_ptr<const std::vector<T>> values;
+  {
+    std::lock_guard lock(state->mutex);
+    values = state->values;
+  }
+  if (values) {
+    for (const T& v : *values) co_yield v;
+    co_return;
+  }
+  auto fill = std::make_shared<std::vector<T>>();
+  for (auto&& x : state->upstream.epoch(epoch)) {
+    fill->push_back(x);
+    co_yield std::move(x);
+  }
+  std::lock_guard lock(state->mutex);  // only a pass that ran to the end fills the cache
+  if (!state->values) state->values = std::move(fill);
+}
+
+}  // namespace detail
+
+/// Stage: applies f to every element (f may return another type). @tparam F callable T -> U.
+template <class F>
+struct map_closure : closure<map_closure<F>> {
+  F f;  ///< the transform
+  /// Applies the stage to a dataset.
+  template <class T>
+    requires std::invocable<const F&, T&&>
+  auto operator()(dataset<T> d) const {
+    using R = std::remove_cvref_t<std::invoke_result_t<const F&, T&&>>;
+    return dataset<R>{[d = std::move(d), f = f](std::uint64_t e) { return detail::map_gen<T, R, F>(d.epoch(e), f); }};
+  }
+};
+/// Transforms every element with f (e.g. `map(scale(1.0f / 255))`).
+template <class F>
+map_closure<std::decay_t<F>> map(F&& f) {
+  return {{}, std::forward<F>(f)};
+}
+
+/// Stage: keeps the elements for which the predicate is true.
+template <class P>
+struct filter_closure : closure<filter_closure<P>> {
+  P pred;  ///< the predicate
+  /// Applies the stage to a dataset.
+  template <class T>
+    requires std::predicate<const P&, const T&>
+  dataset<T> operator()(dataset<T> d) const {
+    return dataset<T>{[d = std::move(d), p = pred](std::uint64_t e) { return detail::filter_gen<T, P>(d.epoch(e), p); }};
+  }
+};
+/// Keeps the elements x with pred(x) true.
+template <class P>
+filter_closure<std::decay_t<P>> filter(P&& pred) {
+  return {{}, std::forward<P>(pred)};
+}
+
+/// Stage: tf.data shuffle with a bounded buffer (see shuffle()).
+struct shuffle_closure : closure<shuffle_closure> {
+  std::size_t buffer_size = 1;  ///< elements held in the buffer
+  std::uint64_t seed = 0;       ///< the seed; the epoch is mixed in
+  /// Applies the stage to a dataset.
+  template <class T>
+  dataset<T> operator()(dataset<T> d) const {
+    auto pool = std::make_shared<detail::vector_pool<T>>();
+    return dataset<T>{[d = std::move(d), n = buffer_size, s = seed, pool](std::uint64_t e) {
+      return detail::shuffle_gen<T>(d.epoch(e), n, s, e, pool);
+    }};
+  }
+};
+/// Shuffles with a buffer of `buffer_size` elements (tf.data semantics): the buffer is filled with
+/// the first elements; each output is a uniformly chosen buffer element, replaced by the next
+/// input; at the end the buffer drains in random order. buffer_size 1 is the identity; a buffer at
+/// least as large as the dataset gives a uniform permutation; in general the element at input
+/// position i comes out at position >= i - (buffer_size - 1). The order depends only on
+/// (seed, epoch). @throws config_error when buffer_size is 0.
+inline shuffle_closure shuffle(std::size_t buffer_size, std::uint64_t seed) {
+  if (buffer_size == 0) throw config_error("lockstep::data::shuffle: buffer_size must be >= 1");
+  return {{}, buffer_size, seed};
+}
+
+/// Stage: groups consecutive samples into a `batch` (see batched()).
+struct batch_closure : closure<batch_closure> {
+  std::size_t size = 1;         ///< rows per batch
+  bool drop_remainder = false;  ///< drop a last, smaller batch
+  /// Applies the stage to a dataset of batchable samples.
+  template <batchable S>
+  dataset<pooled_batch> operator()(dataset<S> d) const {
+    auto pool = std::make_shared<batch_pool>();
+    return dataset<pooled_batch>{[d = std::move(d), n = size, drop = drop_remainder, pool](std::uint64_t e) {
+      return detail::batch_gen<S>(d.epoch(e), n, drop, pool);
+    }};
+  }
+};
+/// Groups `size` consecutive samples into one `batch` (yielded as `pooled_batch`, a batch whose
+/// buffers are recycled when it is destroyed). The last batch is smaller unless drop_remainder.
+/// `indices` holds each row's dataset index. @throws config_error when size is 0.
+/// (Named `batched`, not `batch`: a function `batch` would hide the type `lockstep::data::batch`.)
+inline batch_closure batched(std::size_t size, bool drop_remainder = false) {
+  if (size == 0) throw config_error("lockstep::data::batched: size must be >= 1");
+  return {{}, size, drop_remainder};
+}
+
+/// Stage: concatenates several epochs of the upstream (see repeat()).
+struct repeat_closure : closure<repeat_closure> {
+  std::optional<std::uint64_t> times;  ///< repetitions, or forever
+  /// Applies the stage to a dataset.
+  template <class T>
+  dataset<T> operator()(dataset<T> d) const {
+    return dataset<T>{[d = std::move(d), k = times](std::uint64_t e) { return detail::repeat_gen<T>(d, k, e); }};
+  }
+};
+/// Repeats the upstream `times` times: epoch e of the result is upstream epochs e*times ..
+/// e*times + times-1 in a row (so a shuffle before repeat reshuffles every repetition).
+inline repeat_closure repeat(std::uint64_t times) { return {{}, times}; }
+/// Repeats forever: epoch e is upstream epochs (e << 32) + 0, 1, 2, ... (stops if one is empty).
+inline repeat_closure repeat() { return {{}, std::nullopt}; }
+
+/// Stage: the first n elements.
+struct take_closure : closure<take_closure> {
+  std::uint64_t count = 0;  ///< elements kept
+  /// Applies the stage to a dataset.
+  template <class T>
+  dataset<T> operator()(dataset<T> d) const {
+    return dataset<T>{[d = std::move(d), n = count](std::uint64_t e) { return detail::take_gen<T>(d.epoch(e), n); }};
+  }
+};
+/// Keeps the first n elements (and pulls no more than n from upstream).
+inline take_closure take(std::uint64_t n) { return {{}, n}; }
+
+/// Stage: all but the first n elements.
+struct skip_closure : closure<skip_closure> {
+  std::uint64_t count = 0;  ///< elements dropped
+  /// Applies the stage to a dataset.
+  template <class T>
+  dataset<T> operator()(dataset<T> d) const {
+    return dataset<T>{[d = std::move(d), n = count](std::uint64_t e) { return detail::skip_gen<T>(d.epoch(e), n); }};
+  }
+};
+/// Drops the first n elements.
+inline skip_closure skip(std::uint64_t n) { return {{}, n}; }
+
+/// Stage: remembers the first complete pass and replays it (see cache()).
+struct cache_closure : closure<cache_closure> {
+  /// Applies the stage to a dataset.
+  template <std::copy_constructible T>
+  dataset<T> operator()(dataset<T> d) const {
+    auto state = std::make_shared<detail::cache_state<T>>();
+    state->upstream = std::move(d);
+    return dataset<T>{[state](std::uint64_t e) { return detail::cache_gen<T>(state, e); }};
+  }
+};
+/// Caches the elements of the first pass that runs to its end; later epochs replay them in the
+/// same order (put shuffle after cache to reshuffle each epoch). A pass abandoned early caches
+/// nothing. Copies of one dataset share the cache.
+inline cache_closure cache() { return {}; }
+
+}  // namespace lockstep::data
