@@ -32,12 +32,21 @@ concept device = requires {
   { D::ordinal } -> std::convertible_to<std::size_t>;
 };
 
+namespace detail {
+/// True when D is a device of kind K (false, not an error, for a type that is no device).
+template <class D, device_kind K>
+constexpr bool is_device_kind() noexcept {
+  if constexpr (device<D>) return D::kind == K;
+  else return false;
+}
+}  // namespace detail
+
 /// True when D is a host device.
 template <class D>
-inline constexpr bool is_cpu_v = device<D> && D::kind == device_kind::cpu;
+inline constexpr bool is_cpu_v = detail::is_device_kind<D, device_kind::cpu>();
 
 /// True when D is a CUDA device.
 template <class D>
-inline constexpr bool is_gpu_v = device<D> && D::kind == device_kind::gpu;
+inline constexpr bool is_gpu_v = detail::is_device_kind<D, device_kind::gpu>();
 
 }  // namespace lockstep

@@ -1,0 +1,65 @@
+# Builds and runs the consumer project in tests/build/consumer against lockstep.
+#   cmake -DMODE=install|subdirectory -DLOCKSTEP_SOURCE_DIR=... -DCONSUMER_DIR=... -DWORK_DIR=...
+#         [-DGENERATOR=...] [-DCXX_COMPILER=...] [-DLOCKSTEP_CUDA=AUTO|ON|OFF] -P check_consumer.cmake
+# MODE=install: configures lockstep with its tests, examples and benchmarks off, installs it into
+# WORK_DIR/prefix, and builds the consumer with find_package(lockstep).
+# MODE=subdirectory: builds the consumer with add_subdirectory(<lockstep source>).
+cmake_minimum_required(VERSION 3.25)
+foreach(_var MODE LOCKSTEP_SOURCE_DIR CONSUMER_DIR WORK_DIR)
+  if(NOT DEFINED ${_var})
+    message(FATAL_ERROR "check_consumer.cmake: -D${_var}=... is required")
+  endif()
+endforeach()
+if(NOT MODE MATCHES "^(install|subdirectory)$")
+  message(FATAL_ERROR "check_consumer.cmake: MODE must be install or subdirectory, got '${MODE}'")
+endif()
+if(NOT DEFINED LOCKSTEP_CUDA OR LOCKSTEP_CUDA STREQUAL "")
+  set(LOCKSTEP_CUDA AUTO)
+endif()
+
+set(_common -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=${LOCKSTEP_CUDA})
+if(GENERATOR)
+  list(APPEND _common -G ${GENERATOR})
+endif()
+if(CXX_COMPILER)
+  list(APPEND _common -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
+endif()
+
+function(run_step what)
+  message(STATUS "${what}: ${ARGN}")
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+  if(NOT _rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${_rc}):\n${_out}")
+  endif()
+  message(STATUS "${_out}")
+endfunction()
+
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+
+if(MODE STREQUAL "install")
+  set(_prefix ${WORK_DIR}/prefix)
+  run_step("configure lockstep" ${CMAKE_COMMAND} -S ${LOCKSTEP_SOURCE_DIR} -B ${WORK_DIR}/lockstep ${_common}
+           -DLOCKSTEP_BUILD_TESTS=OFF -DLOCKSTEP_BUILD_EXAMPLES=OFF -DLOCKSTEP_BUILD_BENCHMARKS=OFF
+           -DCMAKE_INSTALL_PREFIX=${_prefix})
+  run_step("build lockstep" ${CMAKE_COMMAND} --build ${WORK_DIR}/lockstep)
+  run_step("install lockstep" ${CMAKE_COMMAND} --install ${WORK_DIR}/lockstep --prefix ${_prefix})
+  foreach(_file include/lockstep/lockstep.hpp share/cmake/lockstep/lockstepConfig.cmake
+                share/cmake/lockstep/lockstepConfigVersion.cmake share/cmake/lockstep/lockstepTargets.cmake)
+    if(NOT EXISTS ${_prefix}/${_file})
+      message(FATAL_ERROR "install did not produce ${_prefix}/${_file}")
+    endif()
+  endforeach()
+  set(_consumer_options -DCMAKE_PREFIX_PATH=${_prefix})
+else()
+  set(_consumer_options -DLOCKSTEP_CONSUMER_SOURCE=${LOCKSTEP_SOURCE_DIR})
+endif()
+
+run_step("configure consumer" ${CMAKE_COMMAND} -S ${CONSUMER_DIR} -B ${WORK_DIR}/consumer ${_common}
+         ${_consumer_options})
+run_step("build consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/consumer)
+find_program(_consumer_exe NAMES consumer PATHS ${WORK_DIR}/consumer ${WORK_DIR}/consumer/Release NO_DEFAULT_PATH)
+if(NOT _consumer_exe)
+  message(FATAL_ERROR "the consumer executable was not built in ${WORK_DIR}/consumer")
+endif()
+run_step("run consumer" ${_consumer_exe})

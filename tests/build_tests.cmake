@@ -1,0 +1,53 @@
+# Build checks, included by tests/CMakeLists.txt:
+#  - every public header compiles on its own (one generated translation unit per header);
+#  - the installed package works with find_package(lockstep) in a separate project;
+#  - the source tree works with add_subdirectory in a separate project.
+# All carry the CTest label `build`.
+
+# --- every public header alone ------------------------------------------------------------------
+# Headers under detail/ are private; .cuh files, backend/cuda/ and headers that include CUDA
+# headers need nvcc and are checked by the CUDA build.
+set(_lockstep_include_dir ${PROJECT_SOURCE_DIR}/include)
+file(GLOB_RECURSE _lockstep_headers CONFIGURE_DEPENDS RELATIVE ${_lockstep_include_dir}
+     ${_lockstep_include_dir}/lockstep/*.hpp)
+set(_lockstep_header_tus)
+foreach(_header IN LISTS _lockstep_headers)
+  if(_header MATCHES "(^|/)detail/" OR _header MATCHES "^lockstep/backend/cuda(/|\\.hpp$)")
+    continue()
+  endif()
+  file(STRINGS ${_lockstep_include_dir}/${_header} _cuda_includes
+       REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](cuda|cublas|nccl|cub/|thrust/|lockstep/backend/cuda)")
+  if(_cuda_includes)
+    continue()
+  endif()
+  string(REGEX REPLACE "[/.]" "_" _tu_name "${_header}")
+  set(_tu ${CMAKE_CURRENT_BINARY_DIR}/header_check/${_tu_name}.cpp)
+  # Included twice: the second inclusion checks the include guard. Rewritten only when changed.
+  file(CONFIGURE OUTPUT ${_tu}
+       CONTENT "// Generated: checks that <${_header}> compiles on its own.\n#include <${_header}>\n#include <${_header}>\n"
+       @ONLY)
+  list(APPEND _lockstep_header_tus ${_tu})
+endforeach()
+
+add_library(lockstep_header_check OBJECT ${_lockstep_header_tus})
+target_link_libraries(lockstep_header_check PRIVATE lockstep::lockstep lockstep_warnings)
+add_test(NAME build/headers_compile_alone
+         COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target lockstep_header_check)
+set_tests_properties(build/headers_compile_alone PROPERTIES LABELS "build" TIMEOUT 900)
+
+# --- consumers: find_package after install, and add_subdirectory -------------------------------
+set(_consumer_args
+    -DLOCKSTEP_SOURCE_DIR=${PROJECT_SOURCE_DIR}
+    -DCONSUMER_DIR=${CMAKE_CURRENT_SOURCE_DIR}/build/consumer
+    -DGENERATOR=${CMAKE_GENERATOR}
+    -DCXX_COMPILER=${CMAKE_CXX_COMPILER}
+    -DLOCKSTEP_CUDA=${LOCKSTEP_CUDA})
+add_test(NAME build/install_and_find_package
+         COMMAND ${CMAKE_COMMAND} ${_consumer_args} -DMODE=install
+                 -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/consumer_install
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/build/check_consumer.cmake)
+add_test(NAME build/add_subdirectory
+         COMMAND ${CMAKE_COMMAND} ${_consumer_args} -DMODE=subdirectory
+                 -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/consumer_subdirectory
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/build/check_consumer.cmake)
+set_tests_properties(build/install_and_find_package build/add_subdirectory PROPERTIES LABELS "build" TIMEOUT 900)

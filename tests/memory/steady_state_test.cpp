@@ -1,0 +1,158 @@
+// A steady-state training step allocates nothing: this binary replaces the global allocation
+// functions with counting ones and measures a window of training steps after a warm-up.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include <lockstep/lockstep.hpp>
+
+namespace {
+std::atomic<std::size_t> allocation_count{0};
+thread_local bool counting = false;
+
+void* counted_allocate(std::size_t n, std::size_t align) {
+  if (counting) allocation_count.fetch_add(1, std::memory_order_relaxed);
+  if (n == 0) n = 1;
+  void* p = nullptr;
+  if (align <= alignof(std::max_align_t)) {
+    p = std::malloc(n);
+  } else {
+    const std::size_t rounded = (n + align - 1) / align * align;
+    p = std::aligned_alloc(align, rounded);
+  }
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+/// Counts the allocations made by the calling thread while it lives.
+class allocation_window {
+public:
+  allocation_window() {
+    allocation_count.store(0);
+    counting = true;
+  }
+  ~allocation_window() { counting = false; }
+  allocation_window(const allocation_window&) = delete;
+  allocation_window& operator=(const allocation_window&) = delete;
+  std::size_t count() const { return allocation_count.load(); }
+};
+}  // namespace
+
+void* operator new(std::size_t n) { return counted_allocate(n, alignof(std::max_align_t)); }
+void* operator new[](std::size_t n) { return counted_allocate(n, alignof(std::max_align_t)); }
+void* operator new(std::size_t n, std::align_val_t a) { return counted_allocate(n, static_cast<std::size_t>(a)); }
+void* operator new[](std::size_t n, std::align_val_t a) { return counted_allocate(n, static_cast<std::size_t>(a)); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+namespace ls = lockstep;
+
+namespace {
+ls::data::batch make_batch(std::size_t rows, std::size_t width, std::size_t classes, std::uint64_t seed) {
+  ls::data::batch b;
+  b.width = width;
+  b.features.resize(rows * width);
+  b.labels.resize(rows);
+  b.indices.resize(rows);
+  const ls::counter_rng rng(seed, 1);
+  for (std::size_t i = 0; i < rows * width; ++i) b.features[i] = rng.uniform(i) * 2 - 1;
+  for (std::size_t r = 0; r < rows; ++r) {
+    b.labels[r] = static_cast<std::int32_t>(rng.u32(1'000'000 + r) % classes);
+    b.indices[r] = r;
+  }
+  return b;
+}
+
+ls::data::batch make_regression_batch(std::size_t rows, std::size_t width, std::size_t outputs) {
+  ls::data::batch b;
+  b.width = width;
+  b.target_width = outputs;
+  b.features.resize(rows * width);
+  b.targets.resize(rows * outputs);
+  b.indices.resize(rows);
+  const ls::counter_rng rng(3, 3);
+  for (std::size_t i = 0; i < b.features.size(); ++i) b.features[i] = rng.uniform(i);
+  for (std::size_t i = 0; i < b.targets.size(); ++i) b.targets[i] = rng.uniform(100000 + i);
+  for (std::size_t r = 0; r < rows; ++r) b.indices[r] = r;
+  return b;
+}
+}  // namespace
+
+TEST_CASE("the counting allocator sees allocations in its window") {
+  allocation_window w;
+  std::vector<int>* v = new std::vector<int>(10);
+  delete v;
+  CHECK(w.count() == 2);
+}
+
+TEST_CASE_TEMPLATE("a steady-state replica step allocates nothing", T, float, double) {
+  using net = ls::sequential<ls::dense<12, 16>, ls::relu, ls::dropout<0.25>, ls::dense<16, 8>, ls::gelu,
+                             ls::sequential<ls::dense<8, 5>, ls::tanh>, ls::dense<5, 4>>;
+  ls::replica<net, ls::cpu<0>, T> rep(ls::host_context{1}, ls::seed{9});
+  const ls::data::batch big = make_batch(33, 12, 4, 1);
+  const ls::data::batch small = make_batch(20, 12, 4, 2);
+  const auto shards = ls::data::split(big, 2);
+  // shards are made before the window: data::whole and data::split return vectors
+  const ls::data::shard big_all = ls::data::whole(big), small_all = ls::data::whole(small);
+  const ls::adam opt{.lr = 1e-3f};
+  const ls::softmax_cross_entropy loss;
+
+  auto step = [&](const ls::data::shard& s, std::uint64_t k) {
+    ls::pass_info info;
+    info.seed = 5;
+    info.step = k;
+    const ls::loss_sum l = rep.forward_backward(loss, s, info);
+    rep.apply(opt, ls::update_info{opt.lr, k + 1, 1.0 / double(s.global_size)});
+    return l;
+  };
+  // warm-up at the largest shard: buffers and optimiser state are created here
+  step(big_all, 0);
+
+  std::size_t allocations = 0;
+  double loss_total = 0;
+  {
+    allocation_window w;
+    for (std::uint64_t k = 1; k <= 6; ++k) {
+      loss_total += step(big_all, k).sum;
+      loss_total += step(shards[k % 2], k).sum;  // smaller shards reuse the same buffers
+      loss_total += step(small_all, k).sum;
+      (void)rep.predict(small_all, ls::pass_info{});
+      loss_total += rep.evaluate(loss, big_all, ls::pass_info{}).sum;
+    }
+    allocations = w.count();
+  }
+  CHECK(allocations == 0);
+  CHECK(std::isfinite(loss_total));
+}
+
+TEST_CASE("a steady-state mse step with sgd momentum allocates nothing") {
+  using net = ls::sequential<ls::dense<6, 9>, ls::sigmoid, ls::dense<9, 3>>;
+  ls::replica<net> rep(ls::host_context{1}, ls::seed{1});
+  const ls::data::batch b = make_regression_batch(17, 6, 3);
+  const ls::sgd opt{.lr = 0.05f, .momentum = 0.9f, .nesterov = true, .weight_decay = 1e-4f};
+  const ls::mse loss;
+  rep.reserve(17);
+  const ls::data::shard all = ls::data::whole(b);
+  auto step = [&](std::uint64_t k) {
+    (void)rep.forward_backward(loss, all, ls::pass_info{true, 1, k, 0, 0});
+    rep.apply(opt, ls::update_info{opt.lr, k + 1, 1.0 / 17});
+  };
+  step(0);
+  std::size_t allocations = 0;
+  {
+    allocation_window w;
+    for (std::uint64_t k = 1; k < 8; ++k) step(k);
+    allocations = w.count();
+  }
+  CHECK(allocations == 0);
+}
