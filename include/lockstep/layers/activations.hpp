@@ -22,7 +22,7 @@ struct activation_forward_op {
   /// Computes element i.
   LOCKSTEP_HD void operator()(std::size_t i) const { y[i] = Fn::f(x[i]); }
 };
-/// dx[i] = dy[i] * Fn::df(x[i], y[i]).
+/// dx[i] = Fn::grad(x[i], y[i], dy[i]) when Fn defines it, dy[i] * Fn::df(x[i], y[i]) otherwise.
 template <class Fn, class T>
 struct activation_backward_op {
   const T* x;   ///< forward input
@@ -30,12 +30,19 @@ struct activation_backward_op {
   const T* dy;  ///< output gradient
   T* dx;        ///< input gradient
   /// Computes element i.
-  LOCKSTEP_HD void operator()(std::size_t i) const { dx[i] = dy[i] * Fn::df(x[i], y[i]); }
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    if constexpr (requires { Fn::grad(x[i], y[i], dy[i]); })
+      dx[i] = Fn::grad(x[i], y[i], dy[i]);
+    else
+      dx[i] = dy[i] * Fn::df(x[i], y[i]);
+  }
 };
 }  // namespace detail
 
 /// An elementwise activation layer from a functor type Fn with static `f(x)` and `df(x, y)`
-/// (the derivative, given the input x and output y). Accepts any width and keeps it.
+/// (the derivative, given the input x and output y). Fn may also define `grad(x, y, dy)`, the
+/// input gradient dy * f'(x) written as a select or fused expression that vectorises; backward
+/// then uses it instead of the product. Accepts any width and keeps it.
 template <class Fn>
 struct activation {
   using layer_concept = layer_tag;                ///< opts in to the layer concept
@@ -75,6 +82,8 @@ struct relu_fn {
   template <class T> LOCKSTEP_HD static T f(T x) { return x > T(0) ? x : T(0); }
   /// Its derivative from input and output (0 at x = 0).
   template <class T> LOCKSTEP_HD static T df(T x, T) { return x > T(0) ? T(1) : T(0); }
+  /// The input gradient dy * df(x) as a select (dy where x > 0, else 0), which vectorises.
+  template <class T> LOCKSTEP_HD static T grad(T x, T, T dy) { return x > T(0) ? dy : T(0); }
 };
 
 /// x for x > 0, Slope * x otherwise.

@@ -40,9 +40,11 @@ inline void gemm(const host_context&, trans ta, trans tb, std::size_t m, std::si
 }
 
 /// Calls f(i) for every i in [0, n): the one elementwise primitive (a grid-stride kernel on GPUs).
+/// The functor is copied first, so its pointers live in registers and the loop can vectorise.
 template <class F>
 inline void for_each_index(const host_context&, std::size_t n, const F& f) {
-  for (std::size_t i = 0; i < n; ++i) f(i);
+  const F local = f;
+  for (std::size_t i = 0; i < n; ++i) local(i);
 }
 
 /// Sets n elements to v.

@@ -1,0 +1,214 @@
+// bench_step: one single-device training step (forward, backward, SGD update) on one CPU
+// replica with one BLAS thread, against the GEMM-only ceiling measured in the same run.
+//
+// Three networks (ReLU between dense layers, softmax cross-entropy, plain SGD):
+//   S = 784-128-10 batch 64, M = 784-512-512-10 batch 256, L = 1024-4096-4096-1024 batch 512.
+// For each, the GEMMs the step performs (forward x W per layer, backward dW = x^T dy per layer,
+// dx = dy W^T for every layer but the first) are timed on their own with cblas_sgemm at exactly the
+// same shapes, transpositions and beta, and the sum of their times gives the ceiling: the samples/s
+// the step would reach if it did nothing but its GEMMs at the measured speeds. Prints once
+// `openblas_core=<name>` and per config
+//   config=<c> samples_per_s=<n> gflops=<n> fraction_of_sgemm_peak=<f> gemm_ceiling_samples_per_s=<n>
+//   config=<c> ratio_to_gemm_ceiling=<x> step_ms=<t> gemm_ms=<t> sgemm_gflops=<n>
+// gflops is the step's GEMM flops over the step time; fraction_of_sgemm_peak is that rate over the
+// measured SGEMM rate (= GEMM time / step time = ratio_to_gemm_ceiling). Times are the calling
+// thread's CPU time; the step and every GEMM shape are timed in many short interleaved repeats and
+// each keeps its best one, so other processes on the machine bias neither side.
+// Options: --config S|M|L (repeatable; default all), --repeats N, --verbose (per-GEMM rates).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <cblas.h>
+#include <time.h>
+
+#include <fmt/core.h>
+
+#include <lockstep/lockstep.hpp>
+
+namespace {
+
+namespace ls = lockstep;
+// CPU time of the calling thread: the step and its GEMMs run on this one thread (one BLAS
+// thread), and unlike wall time it does not count the slices other processes take from the core.
+struct clock_type {
+  using time_point = double;
+  static double now() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+};
+
+double seconds_since(double start) { return clock_type::now() - start; }
+
+// One GEMM call of the step: row-major C (m x n) = op(A) op(B) (+ C when beta is 1).
+struct gemm_shape {
+  const char* what;
+  bool ta, tb;
+  std::size_t m, n, k;
+  float beta;
+  [[nodiscard]] double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }
+};
+
+// Operands of one GEMM shape, allocated and touched once.
+struct gemm_operands {
+  gemm_shape s;
+  std::vector<float> a, b, c;
+  explicit gemm_operands(const gemm_shape& shape)
+      : s(shape), a(shape.m * shape.k, 0.01f), b(shape.k * shape.n, 0.02f), c(shape.m * shape.n, 0.0f) {}
+  void run() {
+    const int lda = static_cast<int>(s.ta ? s.m : s.k), ldb = static_cast<int>(s.tb ? s.k : s.n);
+    cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans, static_cast<int>(s.m),
+                static_cast<int>(s.n), static_cast<int>(s.k), 1.0f, a.data(), lda, b.data(), ldb, s.beta, c.data(),
+                static_cast<int>(s.n));
+  }
+};
+
+// The GEMMs of one step of a dense stack with widths w[0..L] at `batch` rows, in the order the
+// step runs them.
+std::vector<gemm_shape> step_gemms(const std::vector<std::size_t>& w, std::size_t batch) {
+  std::vector<gemm_shape> g;
+  for (std::size_t l = 0; l + 1 < w.size(); ++l) g.push_back({"fwd x.W", false, false, batch, w[l + 1], w[l], 1.0f});
+  for (std::size_t l = w.size() - 1; l-- > 0;) {
+    g.push_back({"bwd dW=xT.dy", true, false, w[l], w[l + 1], batch, 0.0f});
+    if (l > 0) g.push_back({"bwd dx=dy.WT", false, true, batch, w[l], w[l + 1], 0.0f});
+  }
+  return g;
+}
+
+struct result {
+  double step_s = 1e30;  // best time per step
+  double gemm_s = 1e30;  // best summed GEMM time per step
+};
+
+template <class Net>
+result measure(const std::vector<std::size_t>& widths, std::size_t batch, int steps_per_repeat, int repeats,
+               bool verbose) {
+  ls::replica<Net> rep(ls::host_context(1), ls::seed{42});
+  rep.context().activate();
+  const std::size_t in = widths.front(), classes = widths.back();
+
+  ls::data::batch b;
+  b.width = in;
+  b.features.resize(batch * in);
+  b.labels.resize(batch);
+  b.indices.resize(batch);
+  ls::counter_rng rng(7, 0);
+  for (std::size_t i = 0; i < b.features.size(); ++i) b.features[i] = rng.uniform(i);
+  for (std::size_t r = 0; r < batch; ++r) {
+    b.labels[r] = static_cast<std::int32_t>(rng.u32(b.features.size() + r) % classes);
+    b.indices[r] = r;
+  }
+  const ls::data::shard sh = ls::data::whole(b);
+  rep.reserve(batch);
+
+  const ls::sgd opt{.lr = 1e-4f};
+  const ls::softmax_cross_entropy loss;
+  std::uint64_t step = 0;
+  double sink = 0;
+  auto one_step = [&] {
+    ++step;
+    const ls::pass_info info{.training = true, .seed = 42, .step = step};
+    sink += rep.forward_backward(loss, sh, info).sum;
+    rep.apply(opt, ls::update_info{.lr = opt.lr, .step = step, .grad_scale = 1.0 / static_cast<double>(batch)});
+  };
+
+  std::vector<gemm_operands> ops;
+  for (const auto& s : step_gemms(widths, batch)) ops.emplace_back(s);
+  std::vector<double> best_gemm(ops.size(), 1e30);
+
+  // Warm up both (first touch, OpenBLAS buffers, caches).
+  one_step();
+  one_step();
+  for (auto& o : ops) o.run();
+
+  // Short repeats, the step and each GEMM shape interleaved; each keeps its best repeat (the
+  // minimum filters out other processes' cache and memory traffic). A shape's repeat runs it
+  // steps_per_repeat times back to back, as a GEMM benchmark does.
+  result r;
+  for (int rp = 0; rp < repeats; ++rp) {
+    double t0 = clock_type::now();
+    for (int i = 0; i < steps_per_repeat; ++i) one_step();
+    r.step_s = std::min(r.step_s, seconds_since(t0) / steps_per_repeat);
+    for (std::size_t g = 0; g < ops.size(); ++g) {
+      t0 = clock_type::now();
+      for (int i = 0; i < steps_per_repeat; ++i) ops[g].run();
+      best_gemm[g] = std::min(best_gemm[g], seconds_since(t0) / steps_per_repeat);
+    }
+  }
+  r.gemm_s = 0;
+  for (double t : best_gemm) r.gemm_s += t;
+  if (verbose)
+    for (std::size_t g = 0; g < ops.size(); ++g)
+      fmt::print("  gemm {:<13} m={:<5} n={:<5} k={:<5} beta={} time_us={:.1f} gflops={:.1f}\n", ops[g].s.what,
+                 ops[g].s.m, ops[g].s.n, ops[g].s.k, ops[g].s.beta, best_gemm[g] * 1e6,
+                 ops[g].s.flops() / best_gemm[g] / 1e9);
+  if (sink != sink) fmt::print("loss diverged\n");
+  return r;
+}
+
+template <class Net>
+void run_config(const char* name, const std::vector<std::size_t>& widths, std::size_t batch, int steps_per_repeat,
+                int repeats, bool verbose) {
+  const result r = measure<Net>(widths, batch, steps_per_repeat, repeats, verbose);
+  double flops = 0;
+  for (const auto& s : step_gemms(widths, batch)) flops += s.flops();
+  const double samples = static_cast<double>(batch);
+  const double ratio = r.gemm_s / r.step_s;
+  fmt::print("config={} samples_per_s={:.0f} gflops={:.2f} fraction_of_sgemm_peak={:.3f} gemm_ceiling_samples_per_s={:.0f}\n",
+             name, samples / r.step_s, flops / r.step_s / 1e9, ratio, samples / r.gemm_s);
+  fmt::print("config={} ratio_to_gemm_ceiling={:.3f} step_ms={:.3f} gemm_ms={:.3f} sgemm_gflops={:.2f}\n", name, ratio,
+             r.step_s * 1e3, r.gemm_s * 1e3, flops / r.gemm_s / 1e9);
+  std::fflush(stdout);
+}
+
+using net_s = ls::sequential<ls::dense<784, 128>, ls::relu, ls::dense<128, 10>>;
+using net_m = ls::sequential<ls::dense<784, 512>, ls::relu, ls::dense<512, 512>, ls::relu, ls::dense<512, 10>>;
+using net_l = ls::sequential<ls::dense<1024, 4096>, ls::relu, ls::dense<4096, 4096>, ls::relu, ls::dense<4096, 1024>>;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string configs;
+  int repeats = 0;
+  bool verbose = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--config" && i + 1 < argc) {
+      configs += argv[++i];
+    } else if (arg == "--repeats" && i + 1 < argc) {
+      repeats = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--verbose") {
+      verbose = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--config S|M|L]... [--repeats N] [--verbose]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (configs.empty()) configs = "SML";
+  try {
+    openblas_set_num_threads(1);
+    fmt::print("openblas_core={} blas_threads={}\n", ls::blas_core_name(), openblas_get_num_threads());
+    // Repeats are short (S: 20 steps of ~26 MFLOP, M: one step of ~0.82 GFLOP, L: one step of
+    // ~73 GFLOP) and many, so the best ones fall between other processes' time slices; the whole
+    // run takes about 30 s on one core.
+    for (char c : configs) {
+      if (c == 'S') run_config<net_s>("S", {784, 128, 10}, 64, 20, repeats ? repeats : 200, verbose);
+      else if (c == 'M') run_config<net_m>("M", {784, 512, 512, 10}, 256, 1, repeats ? repeats : 150, verbose);
+      else if (c == 'L') run_config<net_l>("L", {1024, 4096, 4096, 1024}, 512, 1, repeats ? repeats : 8, verbose);
+      else throw std::runtime_error(std::string("unknown config ") + c);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_step: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
