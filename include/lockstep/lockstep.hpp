@@ -7,6 +7,7 @@
 #include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/core/random.hpp>
+#include <lockstep/distribute.hpp>
 #include <lockstep/distribute/replica.hpp>
 #include <lockstep/layers.hpp>
 #include <lockstep/losses.hpp>

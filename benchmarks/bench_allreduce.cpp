@@ -1,0 +1,63 @@
+// Host all-reduce bandwidth: 1, 16 and 64 MiB for 2 and 4 replicas on the strategy's persistent
+// workers, against memcpy of the same bytes on pre-touched buffers in the same run.
+// busbw = algbw * 2 (n - 1) / n (the nccl-tests convention).
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include <lockstep/distribute.hpp>
+
+namespace ls = lockstep;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double memcpy_gbps(std::size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  double best = 1e30;
+  for (int rep = 0; rep < 10; ++rep) {
+    const auto t0 = clock_type::now();
+    std::memcpy(b.data(), a.data(), bytes);
+    best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count());
+  }
+  return static_cast<double>(bytes) / best / 1e9 + 0 * b[bytes / 2];
+}
+
+template <class S>
+void bench(std::size_t bytes) {
+  S s;
+  constexpr std::size_t n = S::replica_count;
+  const std::size_t count = bytes / sizeof(float);
+  std::vector<std::vector<float>> data(n);
+  s.run_each([&](std::size_t r) { data[r].assign(count, static_cast<float>(r)); });  // first touch on the worker
+  const int reps = bytes >= (std::size_t{16} << 20) ? 10 : 50;
+  std::vector<double> times(n);
+  double best = 1e30;
+  for (int rep = 0; rep < reps; ++rep) {
+    const auto t0 = clock_type::now();
+    s.run_each([&](std::size_t r) {
+      ls::host_context ctx;
+      s.all_reduce(r, ctx, data[r].data(), count);
+    });
+    best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count());
+  }
+  const double algbw = static_cast<double>(bytes) / best / 1e9;
+  const double busbw = algbw * 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
+  fmt::print("replicas={} allreduce_bytes={} algbw_gb_per_s={:.2f} busbw_gb_per_s={:.2f} memcpy_gb_per_s={:.2f}\n", n,
+             bytes, algbw, busbw, memcpy_gbps(bytes));
+}
+
+}  // namespace
+
+int main() {
+  for (std::size_t mib : {1u, 16u, 64u}) {
+    bench<ls::mirrored<ls::cpu<0>, ls::cpu<1>>>(mib << 20);
+    bench<ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>, ls::cpu<3>>>(mib << 20);
+  }
+}

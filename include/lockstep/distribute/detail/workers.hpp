@@ -1,0 +1,127 @@
+#pragma once
+/// @file workers.hpp
+/// Internal: the persistent worker threads of a strategy, one per replica. A job is a function
+/// of the replica index; run() hands it to every worker, waits for all of them, and rethrows the
+/// first real failure (a replica released by an abort reports collective_aborted, which is only
+/// rethrown when nothing else failed). A failing worker calls the abort callback at once so that
+/// replicas blocked in a collective are released.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include <lockstep/distribute/detail/host_comm.hpp>
+#include <lockstep/distribute/detail/wake.hpp>
+
+namespace lockstep::detail {
+
+/// N persistent worker threads (none when N == 1: the single replica runs on the caller's thread).
+class worker_pool {
+public:
+  /// Callback run (on the failing thread) when a job throws: releases the other replicas.
+  using abort_fn = void (*)(void*) noexcept;
+
+  /// Starts `n` workers (when n > 1); `on_abort(ctx)` releases blocked collectives.
+  worker_pool(std::size_t n, abort_fn on_abort, void* ctx)
+      : n_(n), on_abort_(on_abort), abort_ctx_(ctx), errors_(n), stamps_(n),
+        hub_(n < std::max(1u, std::thread::hardware_concurrency()) ? 1024u : 0u) {
+    if (n_ > 1) {
+      threads_.reserve(n_);
+      for (std::size_t r = 0; r < n_; ++r) threads_.emplace_back([this, r] { loop(r); });
+    }
+  }
+  worker_pool(const worker_pool&) = delete;
+  worker_pool& operator=(const worker_pool&) = delete;
+  /// Stops and joins every worker.
+  ~worker_pool() {
+    stop_.store(true, std::memory_order_release);
+    hub_.notify();
+    for (auto& t : threads_) t.join();
+  }
+
+  /// Number of replicas.
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+
+  /// Runs f(r) for every replica r on its worker and waits for all; rethrows the first failure.
+  template <class F>
+  void run(F& f) {
+    if (n_ == 1) {
+      f(std::size_t{0});
+      return;
+    }
+    job_fn_ = [](void* obj, std::size_t r) { (*static_cast<F*>(obj))(r); };
+    job_obj_ = static_cast<void*>(std::addressof(f));
+    for (auto& e : errors_) e = nullptr;
+    next_stamp_.store(0, std::memory_order_relaxed);
+    remaining_.store(n_, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    hub_.notify();
+    hub_.wait([&] { return remaining_.load(std::memory_order_acquire) == 0; });
+    rethrow_first();
+  }
+
+private:
+  void loop(std::size_t r) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      hub_.wait([&] {
+        return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+      });
+      if (stop_.load(std::memory_order_acquire)) return;
+      seen = generation_.load(std::memory_order_acquire);
+      try {
+        job_fn_(job_obj_, r);
+      } catch (...) {
+        errors_[r] = std::current_exception();
+        stamps_[r] = next_stamp_.fetch_add(1, std::memory_order_relaxed);
+        on_abort_(abort_ctx_);
+      }
+      if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) hub_.notify();
+    }
+  }
+
+  void rethrow_first() {
+    std::exception_ptr first, first_aborted;
+    std::uint64_t best = ~std::uint64_t{0}, best_aborted = ~std::uint64_t{0};
+    for (std::size_t r = 0; r < n_; ++r) {
+      if (!errors_[r]) continue;
+      bool aborted = false;
+      try {
+        std::rethrow_exception(errors_[r]);
+      } catch (const collective_aborted&) {
+        aborted = true;
+      } catch (...) {
+      }
+      if (aborted ? stamps_[r] < best_aborted : stamps_[r] < best) {
+        (aborted ? first_aborted : first) = errors_[r];
+        (aborted ? best_aborted : best) = stamps_[r];
+      }
+    }
+    if (!first) first = first_aborted;
+    if (first) {
+      for (auto& e : errors_) e = nullptr;
+      std::rethrow_exception(first);
+    }
+  }
+
+  std::size_t n_;
+  abort_fn on_abort_;
+  void* abort_ctx_;
+  std::vector<std::exception_ptr> errors_;
+  std::vector<std::uint64_t> stamps_;
+  std::atomic<std::uint64_t> next_stamp_{0};
+  void (*job_fn_)(void*, std::size_t) = nullptr;
+  void* job_obj_ = nullptr;
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<std::size_t> remaining_{0};
+  std::atomic<bool> stop_{false};
+  wake_hub hub_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace lockstep::detail

@@ -1,0 +1,108 @@
+#pragma once
+/// @file replicated.hpp
+/// `replicated<Net, D, T>`: the N replicas of one model that a strategy trains in lockstep, with
+/// the step counter, the seed, the gradient bucket layout, and host access to parameters and
+/// optimiser state (for checkpoints). Made by `strategy.template replicate<Net>(seed)`.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <lockstep/backend/host/ops.hpp>
+#include <lockstep/core/error.hpp>
+#include <lockstep/core/random.hpp>
+#include <lockstep/distribute/buckets.hpp>
+#include <lockstep/distribute/replica.hpp>
+
+namespace lockstep {
+
+/// The replicas of one model, identical after every step.
+/// @tparam Net the network type
+/// @tparam D   the device type every replica shares (the context holds the ordinal)
+/// @tparam T   parameter type
+template <class Net, class D = cpu<0>, class T = float>
+class replicated {
+public:
+  using replica_type = lockstep::replica<Net, D, T>;          ///< one replica
+  using model_type = typename replica_type::model_type;       ///< one replica's model
+  using context_type = typename replica_type::context_type;   ///< a replica's context
+  using value_type = T;                                       ///< parameter type
+  using layout_type = bucket_layout<detail::layer_table<typename model_type::bound>::count>;  ///< bucket table
+  static constexpr std::size_t param_count = model_type::param_count;  ///< parameters per replica
+
+  /// Replicas with the given contexts, all initialised from `s` (a strategy then broadcasts replica 0).
+  replicated(std::vector<context_type> contexts, lockstep::seed s, std::size_t bucket_bytes)
+      : seed_(s), layout_(plan_buckets<typename model_type::bound, T>(bucket_bytes)) {
+    if (contexts.empty()) throw config_error("lockstep::replicated: needs at least one replica");
+    replicas_.reserve(contexts.size());
+    for (auto& c : contexts) replicas_.push_back(std::make_unique<replica_type>(std::move(c), s));
+  }
+
+  /// Number of replicas.
+  [[nodiscard]] std::size_t size() const noexcept { return replicas_.size(); }
+  /// Replica r (run-time index).
+  [[nodiscard]] replica_type& replica(std::size_t r) { return *replicas_.at(r); }
+  /// Replica r (run-time index).
+  [[nodiscard]] const replica_type& replica(std::size_t r) const { return *replicas_.at(r); }
+
+  /// Number of updates done so far.
+  [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
+  /// Sets the update counter (when resuming from a checkpoint).
+  void set_step(std::uint64_t s) noexcept { step_ = s; }
+  /// The seed the replicas were initialised from; it also keys dropout.
+  [[nodiscard]] lockstep::seed seed() const noexcept { return seed_; }
+  /// The gradient buckets (reverse layer order).
+  [[nodiscard]] const layout_type& buckets() const noexcept { return layout_; }
+
+  /// Copies replica 0's parameters to host memory (`out` holds param_count elements).
+  void parameters_to_host(std::span<T> out) const {
+    check_length(out.size(), param_count, "parameters_to_host");
+    auto& r = *replicas_.front();
+    copy_to_host(const_cast<context_type&>(const_cast<replica_type&>(r).context()), out.data(),
+                 r.model().parameters().data(), param_count);
+  }
+  /// Replica 0's parameters as a host vector.
+  [[nodiscard]] std::vector<T> parameters_to_host() const {
+    std::vector<T> v(param_count);
+    parameters_to_host(std::span<T>(v));
+    return v;
+  }
+  /// Loads the same parameters into every replica.
+  void load_parameters(std::span<const T> in) {
+    check_length(in.size(), param_count, "load_parameters");
+    for (auto& r : replicas_) copy_from_host(r->context(), r->model().parameters().data(), in.data(), param_count);
+  }
+
+  /// Replica 0's optimiser state as a host vector (empty before the first update).
+  [[nodiscard]] std::vector<T> optimizer_state_to_host() const {
+    auto& r = const_cast<replica_type&>(*replicas_.front());
+    std::vector<T> v(r.optimizer_state().size());
+    if (!v.empty()) copy_to_host(r.context(), v.data(), r.optimizer_state().data(), v.size());
+    return v;
+  }
+  /// Loads the same optimiser state into every replica (the next update continues from it).
+  void load_optimizer_state(std::span<const T> in) {
+    for (auto& r : replicas_) {
+      auto& st = r->optimizer_state();
+      if (st.size() != in.size()) st = buffer<T, D>(in.size());
+      if (!in.empty()) copy_from_host(r->context(), st.data(), in.data(), in.size());
+    }
+  }
+
+private:
+  static void check_length(std::size_t got, std::size_t want, const char* what) {
+    if (got != want)
+      throw shape_error(std::string("lockstep::replicated::") + what + ": the span has " + std::to_string(got) +
+                        " elements but the model has " + std::to_string(want));
+  }
+
+  std::vector<std::unique_ptr<replica_type>> replicas_;
+  lockstep::seed seed_;
+  layout_type layout_;
+  std::uint64_t step_ = 0;
+};
+
+}  // namespace lockstep

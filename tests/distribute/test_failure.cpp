@@ -1,0 +1,148 @@
+// Failure behaviour: an exception in one replica reaches the caller quickly, the other replicas
+// are released from their collectives, a stalled replica trips the timeout with a message naming
+// it, the strategy works again afterwards (a failed step changes nothing), and no thread leaks.
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "distribute/common.hpp"
+
+using namespace dist_test;
+namespace ls = lockstep;
+
+namespace {
+
+std::size_t thread_count() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+using three = ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>>;
+
+// Trains 6 steps; at step `fail_step` replica `bad` gets a shard of the wrong width, so it throws
+// before its first collective while the others wait in one. Returns the final parameters.
+std::vector<float> train_with_failure(three& s, std::size_t bad, std::size_t fail_step) {
+  auto m = s.replicate<mlp>(ls::seed{5});
+  const ls::sgd opt{.lr = 0.05f, .momentum = 0.9f};
+  for (std::size_t i = 0; i < 6; ++i) {
+    auto d = distributed(make_batch(30, i), 3);
+    if (i == fail_step) {
+      const auto before = m.parameters_to_host();
+      d.shards[bad].width = 783;
+      const auto t0 = std::chrono::steady_clock::now();
+      CHECK_THROWS_AS(ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, d), ls::shape_error);
+      CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+      // The failed step changed nothing, and the replicas still agree.
+      CHECK(m.step() == i);
+      CHECK(m.parameters_to_host() == before);
+      for (std::size_t r = 1; r < 3; ++r)
+        CHECK(std::equal(before.begin(), before.end(), m.replica(r).model().parameters().data()));
+      continue;
+    }
+    ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, d);
+  }
+  return m.parameters_to_host();
+}
+
+}  // namespace
+
+TEST_CASE("an exception in one replica's step reaches the caller; the strategy works again" * doctest::timeout(5)) {
+  three s;
+  const auto reference = train_with_failure(s, 0, 99);  // no failure; skips nothing
+  for (std::size_t bad : {0u, 2u}) {
+    CAPTURE(bad);
+    three fresh;
+    const auto got = train_with_failure(fresh, bad, 3);
+    // Same as training without batch 3: compare with a run that skips it.
+    three ref_s;
+    auto m = ref_s.replicate<mlp>(ls::seed{5});
+    for (std::size_t i = 0; i < 6; ++i)
+      if (i != 3) ls::train_step(ref_s, m, ls::sgd{.lr = 0.05f, .momentum = 0.9f}, ls::softmax_cross_entropy{}, distributed(make_batch(30, i), 3));
+    CHECK(got == m.parameters_to_host());
+    CHECK(got != reference);
+  }
+}
+
+TEST_CASE("an exception thrown by run's function is rethrown with its type" * doctest::timeout(5)) {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>, ls::cpu<3>> s;
+  const auto d = distributed(make_batch(8, 0), 4);
+  for (std::size_t bad = 0; bad < 4; ++bad) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(s.run(
+                             [&](std::size_t r, const ls::data::shard&) {
+                               if (r == bad) throw std::invalid_argument("injected in replica " + std::to_string(r));
+                               ls::host_context ctx;
+                               float v = 1;
+                               s.all_reduce(r, ctx, &v, 1);  // the others block here until released
+                             },
+                             d),
+                         ("injected in replica " + std::to_string(bad)).c_str(), std::invalid_argument);
+    // Afterwards collectives work again.
+    const auto ok = s.run(
+        [&](std::size_t r, const ls::data::shard&) {
+          ls::host_context ctx;
+          float v = static_cast<float>(r);
+          s.all_reduce(r, ctx, &v, 1);
+          return v;
+        },
+        d);
+    for (float v : ok) CHECK(v == 6.0f);
+  }
+}
+
+TEST_CASE("a stalled replica trips the timeout, which names it" * doctest::timeout(5)) {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>> s(ls::strategy_options{.timeout = std::chrono::milliseconds(200)});
+  const auto d = distributed(make_batch(6, 0), 3);
+  std::string message;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    s.run(
+        [&](std::size_t r, const ls::data::shard&) {
+          if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(800));
+          ls::host_context ctx;
+          float v = 1;
+          s.all_reduce(r, ctx, &v, 1);
+        },
+        d);
+  } catch (const ls::timeout_error& e) {
+    message = e.what();
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+  CAPTURE(message);
+  CHECK(message.find("replica(s) 1 did not arrive") != std::string::npos);
+  CHECK(message.find("bucket 255") != std::string::npos);
+  // Usable again.
+  const auto v = s.run([](std::size_t r, const ls::data::shard&) { return r; }, d);
+  CHECK(s.reduce(ls::reduce_op::sum, v) == 3);
+}
+
+TEST_CASE("no thread leaks: workers are persistent and joined with the strategy" * doctest::timeout(5)) {
+  const std::size_t base = thread_count();
+  {
+    ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>, ls::cpu<3>> s;
+    CHECK(thread_count() == base + 4);
+    auto m = s.replicate<mlp>(ls::seed{1});
+    for (std::size_t i = 0; i < 3; ++i) {
+      auto d = distributed(make_batch(9, i), 4);
+      if (i == 1) d.shards[2].width = 1;
+      if (i == 1)
+        CHECK_THROWS_AS(ls::train_step(s, m, ls::adam{}, ls::softmax_cross_entropy{}, d), ls::shape_error);
+      else
+        ls::train_step(s, m, ls::adam{}, ls::softmax_cross_entropy{}, d);
+      CHECK(thread_count() == base + 4);
+    }
+    CHECK(m.step() == 2);
+  }
+  CHECK(thread_count() == base);
+  {
+    ls::one_device<ls::cpu<0>> one;  // the single replica runs on the caller's thread
+    CHECK(thread_count() == base);
+  }
+}

@@ -1,0 +1,131 @@
+// Compile-time rules of strategies: the concepts, device-set validity (duplicate cpu ordinals),
+// default reducer selection, and the constexpr gradient bucket layout.
+
+#include <doctest/doctest.h>
+
+#include "distribute/common.hpp"
+
+namespace ls = lockstep;
+
+// A user-defined reducer outside the library's namespace satisfies the concept.
+namespace user {
+struct null_reducer {
+  using reducer_concept = ls::reducer_tag;
+  template <class... Ds>
+  static constexpr bool supports = true;
+  explicit null_reducer(const ls::reducer_config&) {}
+  std::size_t workspace_bytes(std::size_t) const { return 0; }
+  void bind(std::size_t, void*, std::size_t) {}
+  template <class C, class T>
+  void start(std::size_t, C&, T*, std::size_t, std::size_t) {}
+  template <class C>
+  void wait(std::size_t, C&, std::size_t) {}
+  template <class C, class T>
+  void broadcast(std::size_t, C&, T*, std::size_t, std::size_t) {}
+  void abort() noexcept {}
+  void reset() noexcept {}
+};
+}  // namespace user
+
+static_assert(ls::strategy<ls::mirrored<ls::cpu<0>, ls::cpu<1>>>);
+static_assert(ls::strategy<ls::one_device<ls::cpu<0>>>);
+static_assert(ls::strategy<ls::basic_mirrored<user::null_reducer, ls::determinism::run_to_run, ls::cpu<0>, ls::cpu<1>>>);
+static_assert(!ls::strategy<int>);
+static_assert(ls::reducer<ls::host_allreduce>);
+static_assert(ls::reducer<ls::reduce_to_one_device<ls::cpu<1>>>);
+static_assert(ls::reducer<ls::single_device_reducer>);
+static_assert(ls::reducer<user::null_reducer>);
+static_assert(!ls::reducer<int>);
+
+// Duplicate cpu ordinals are rejected; duplicate gpu ordinals are a valid set (a reducer must handle them).
+static_assert(ls::valid_device_set_v<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>>);
+static_assert(!ls::valid_device_set_v<ls::cpu<0>, ls::cpu<0>>);
+static_assert(!ls::valid_device_set_v<ls::cpu<1>, ls::cpu<2>, ls::cpu<1>>);
+static_assert(!ls::distinct_cpu_ordinals_v<ls::cpu<3>, ls::cpu<3>>);
+static_assert(ls::valid_device_set_v<ls::gpu<0>, ls::gpu<0>>);
+static_assert(!ls::valid_device_set_v<ls::cpu<0>, ls::gpu<1>>);
+static_assert(!ls::valid_device_set_v<>);
+static_assert(!ls::valid_device_set_v<int>);
+// The host reducers have no path for gpu devices.
+static_assert(!ls::host_allreduce::supports<ls::gpu<0>, ls::gpu<1>>);
+static_assert(!ls::reduce_to_one_device<ls::cpu<2>>::supports<ls::cpu<0>, ls::cpu<1>>);
+static_assert(ls::reduce_to_one_device<ls::cpu<1>>::supports<ls::cpu<0>, ls::cpu<1>>);
+
+// Default reducers from the device set.
+static_assert(std::is_same_v<ls::select_reducer_t<ls::cpu<0>, ls::cpu<1>>, ls::host_allreduce>);
+static_assert(std::is_same_v<ls::select_reducer_t<ls::cpu<0>>, ls::single_device_reducer>);
+static_assert(ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>>::replica_count == 3);
+
+// Buckets: reverse layer order, whole layers, boundaries from the constexpr layer offsets.
+using net = ls::sequential<ls::dense<4, 8>, ls::relu, ls::dense<8, 3>, ls::tanh, ls::dense<3, 2>>;
+using bound = ls::model<net>::bound;
+constexpr auto per_layer = ls::plan_buckets<bound>(0);
+static_assert(per_layer.size == 3);
+static_assert(per_layer.buckets[0].first_layer == 4 && per_layer.buckets[0].count == 3 * 2 + 2);
+static_assert(per_layer.buckets[1].first_layer == 2 && per_layer.buckets[1].last_layer == 3);
+static_assert(per_layer.buckets[1].offset == bound::param_offsets[2] && per_layer.buckets[1].count == 8 * 3 + 3);
+static_assert(per_layer.buckets[2].first_layer == 0 && per_layer.buckets[2].offset == 0);
+static_assert(per_layer.completes[4] == 1 && per_layer.completes[2] == 2 && per_layer.completes[0] == 3);
+static_assert(per_layer.completes[1] == 0 && per_layer.completes[3] == 0);
+constexpr auto one = ls::plan_buckets<bound>(1u << 20);
+static_assert(one.size == 1 && one.buckets[0].count == bound::param_count && one.buckets[0].last_layer == 4);
+// (8*3+3 + 3*2+2) * 4 bytes = 140 bytes: a 100-byte bucket closes after layers 4..2.
+constexpr auto two = ls::plan_buckets<bound>(100);
+static_assert(two.size == 2 && two.buckets[0].first_layer == 2 && two.buckets[1].first_layer == 0);
+
+TEST_CASE("bucket layouts cover every gradient exactly once") {
+  for (std::size_t bytes : {0u, 1u, 100u, 200u, 1000u, 1u << 20}) {
+    const auto l = ls::plan_buckets<bound>(bytes);
+    std::size_t next = bound::param_count;
+    for (std::size_t b = 0; b < l.size; ++b) {
+      CHECK(l.buckets[b].offset + l.buckets[b].count == next);
+      next = l.buckets[b].offset;
+    }
+    CHECK(next == 0);
+  }
+}
+
+TEST_CASE("a distributed batch with the wrong shard count is refused") {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  const auto b = dist_test::make_batch(4, 0);
+  CHECK_THROWS_AS(s.run([](std::size_t, const ls::data::shard&) { return 0; }, dist_test::distributed(b, 3)),
+                  ls::config_error);
+}
+
+TEST_CASE("distribute cuts a range of global batches into one shard per replica") {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>> s;
+  std::vector<ls::data::batch> batches{dist_test::make_batch(7, 0), dist_test::make_batch(2, 1)};
+  std::size_t seen = 0, rows = 0;
+  for (auto&& d : s.distribute(batches)) {
+    REQUIRE(d.shards.size() == 3);
+    for (const auto& sh : d.shards) rows += sh.size;
+    ++seen;
+  }
+  CHECK(seen == 2);
+  CHECK(rows == 9);
+}
+
+TEST_CASE("replicate makes identical replicas and checkpoints round-trip") {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>> s;
+  auto m = s.replicate<dist_test::mlp>(ls::seed{9});
+  CHECK(m.size() == 3);
+  CHECK(m.step() == 0);
+  const auto p = m.parameters_to_host();
+  for (std::size_t r = 1; r < 3; ++r) CHECK(std::equal(p.begin(), p.end(), m.replica(r).model().parameters().data()));
+  const auto b = dist_test::make_batch(12, 0);
+  ls::train_step(s, m, ls::adam{}, ls::softmax_cross_entropy{}, dist_test::distributed(b, 3));
+  CHECK(m.step() == 1);
+  const auto p1 = m.parameters_to_host();
+  const auto st = m.optimizer_state_to_host();
+  CHECK(st.size() == 2 * m.param_count);
+  // Continue two ways: directly, and from a fresh model loaded with the checkpointed state.
+  ls::train_step(s, m, ls::adam{}, ls::softmax_cross_entropy{}, dist_test::distributed(b, 3));
+  auto m2 = s.replicate<dist_test::mlp>(ls::seed{9});
+  m2.load_parameters(p1);
+  m2.load_optimizer_state(st);
+  m2.set_step(1);
+  ls::train_step(s, m2, ls::adam{}, ls::softmax_cross_entropy{}, dist_test::distributed(b, 3));
+  CHECK(m.parameters_to_host() == m2.parameters_to_host());
+  std::vector<float> wrong(3);
+  CHECK_THROWS_AS(m.load_parameters(wrong), ls::shape_error);
+}
