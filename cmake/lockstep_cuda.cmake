@@ -24,3 +24,30 @@ if(LOCKSTEP_HAS_CUDA AND NOT TARGET lockstep::cuda)
     target_compile_definitions(lockstep_nccl INTERFACE LOCKSTEP_HAS_NCCL=1)
   endif()
 endif()
+
+# Flags every CUDA translation unit that uses lockstep needs: C++20 (passed directly, since
+# CMake 3.25 does not know nvcc 13's C++20 dialect), constexpr functions and lambdas in device code.
+if(TARGET lockstep_cuda)
+  target_compile_options(lockstep_cuda INTERFACE
+    $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr --extended-lambda>)
+endif()
+
+# lockstep_enable_cuda_language(): enables the CUDA language for the directory that calls it (only
+# the GPU tests, benchmarks and examples need it). Uses /usr/local/cuda/bin/nvcc or the toolkit's
+# nvcc when none is on PATH, and builds for compute capabilities 80 and 90 unless
+# CMAKE_CUDA_ARCHITECTURES says otherwise ("native" needs a GPU at configure time).
+macro(lockstep_enable_cuda_language)
+  if(NOT CMAKE_CUDA_COMPILER)
+    find_program(_lockstep_nvcc nvcc HINTS ${CUDAToolkit_BIN_DIR} /usr/local/cuda/bin)
+    if(_lockstep_nvcc)
+      set(CMAKE_CUDA_COMPILER ${_lockstep_nvcc})
+    endif()
+  endif()
+  if(NOT CMAKE_CUDA_HOST_COMPILER AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER})
+  endif()
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
+    set(CMAKE_CUDA_ARCHITECTURES 80 90)
+  endif()
+  enable_language(CUDA)
+endmacro()

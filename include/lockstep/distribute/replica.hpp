@@ -31,15 +31,16 @@ public:
   using device_type = D;                        ///< the device
 
   /// A replica with parameters initialised from `s`.
-  replica(context_type ctx, lockstep::seed s) : ctx_(std::move(ctx)), model_(ctx_, s) {}
+  replica(context_type ctx, lockstep::seed s) : ctx_(std::move(ctx)), model_(on_device(ctx_), s) {}
 
   /// Grows every buffer for shards of up to `rows` rows, so later steps allocate nothing.
   void reserve(std::size_t rows) {
+    on_device(ctx_);
     model_.reserve(rows);
     if (rows <= capacity_) return;
     dout_.reserve_discard(rows * model_type::output_size);
     scratch_.reserve_discard(rows * max_loss_scratch_per_row);
-    if constexpr (!direct_input) {
+    if constexpr (is_cpu_v<D> && !direct_input) {  // GPU replicas stage through their context
       input_.reserve_discard(rows * model_type::input_size);
       targets_.reserve_discard(rows * model_type::output_size);
       labels_.reserve_discard(rows);
@@ -92,6 +93,7 @@ public:
     static_assert(optimizer<Optimizer>, "lockstep::replica::apply: the argument must satisfy lockstep::optimizer");
     const std::size_t need = opt.state_size(model_type::param_count);
     if (state_.size() != need) {
+      on_device(ctx_);
       if (state_initialised_)
         throw config_error("lockstep: the optimiser state has " + std::to_string(state_.size()) +
                            " elements but this optimiser needs " + std::to_string(need) +
@@ -115,6 +117,7 @@ public:
   /// Sizes the optimiser state for `opt` and zeroes it (what apply does on first use).
   template <class Optimizer>
   void reset_optimizer_state(const Optimizer& opt) {
+    on_device(ctx_);
     state_ = buffer<T, D>(opt.state_size(model_type::param_count));
     fill(ctx_, state_.data(), state_.size(), T(0));
     state_initialised_ = true;
@@ -132,6 +135,12 @@ private:
 
   static constexpr bool direct_input = is_cpu_v<D> && std::is_same_v<T, float>;
 
+  // Device buffers are allocated on the calling thread's current device: make it this replica's.
+  static context_type& on_device(context_type& c) {
+    if constexpr (!is_cpu_v<D>) c.activate();
+    return c;
+  }
+
   static void check_width(const data::shard& s) {
     if (s.size > 0 && s.width != model_type::input_size)
       throw shape_error("lockstep: the batch has " + std::to_string(s.width) + " features per row but the model's input is " +
@@ -146,10 +155,16 @@ private:
       const std::size_t n = s.size * s.width;
       if constexpr (is_cpu_v<D>) {
         for (std::size_t k = 0; k < n; ++k) input_[k] = static_cast<T>(s.features[k]);
+        return input_.data();
       } else {
-        copy_from_host(ctx_, input_.data(), s.features, n);
+        // Features, labels and targets go through the context's pinned double buffer in one
+        // asynchronous copy that overlaps the device work still queued from the previous shard.
+        static_assert(std::is_same_v<T, float>, "lockstep: GPU replicas train in float");
+        const auto st = ctx_.stage_shard(s.features, n, s.labels, s.size, s.targets, s.size * s.target_width);
+        staged_labels_ = st.labels;
+        staged_targets_ = st.targets;
+        return st.features;
       }
-      return input_.data();
     }
   }
 
@@ -159,6 +174,8 @@ private:
                         std::to_string(model_type::output_size));
     if constexpr (direct_input) {
       return {s.labels, s.targets, s.target_width};
+    } else if constexpr (!is_cpu_v<D>) {
+      return {staged_labels_, staged_targets_, s.target_width};  // staged with the features
     } else {
       targets<T> t{nullptr, nullptr, s.target_width};
       if (s.labels) {
@@ -187,6 +204,8 @@ private:
   buffer<T, D> input_;
   buffer<T, D> targets_;
   buffer<std::int32_t, D> labels_;
+  const std::int32_t* staged_labels_ = nullptr;  // GPU: the current shard's labels on the device
+  const T* staged_targets_ = nullptr;             // GPU: the current shard's targets on the device
   std::size_t capacity_ = 0;
   bool state_initialised_ = false;
 };

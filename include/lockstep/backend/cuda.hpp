@@ -1,0 +1,17 @@
+#pragma once
+/// @file cuda.hpp
+/// The CUDA backend for programs compiled with nvcc: `cuda_context`, device memory for gpu<I>,
+/// the kernels every layer, loss and optimiser runs on gpu<I>, and the GPU reducers. Include it
+/// (with <lockstep/lockstep.hpp>) in a .cu translation unit and link lockstep::cuda
+/// (and lockstep::nccl for several GPUs).
+
+#if !defined(__CUDACC__)
+#error "<lockstep/backend/cuda.hpp> contains CUDA kernels: compile this file with nvcc (a .cu file or LANGUAGE CUDA)"
+#endif
+
+#include <lockstep/backend/cuda/context.hpp>
+#include <lockstep/backend/cuda/device.hpp>
+#include <lockstep/backend/cuda/error.hpp>
+#include <lockstep/backend/cuda/ops.cuh>
+#include <lockstep/backend/cuda/strategies.hpp>
+#include <lockstep/distribute/reducers/cuda_reducers.cuh>

@@ -1,0 +1,312 @@
+#pragma once
+/// @file context.hpp
+/// `cuda_context`: the execution context of a GPU replica — its device ordinal, a compute stream,
+/// a communication stream (collectives), a copy stream (input staging), a cuBLAS handle, the
+/// events that order them, reduction scratch and the double-buffered pinned input staging area.
+/// Also specialises `context_of<gpu<I>>` and `memory_resource<gpu<I>>`. Host code only: this
+/// header compiles with g++ (the kernels are in ops.cuh).
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <lockstep/backend/context.hpp>
+#include <lockstep/backend/cuda/device.hpp>
+#include <lockstep/backend/cuda/error.hpp>
+#include <lockstep/core/device.hpp>
+#include <lockstep/core/error.hpp>
+#include <lockstep/memory/resource.hpp>
+
+namespace lockstep {
+
+namespace backend {
+
+/// Options of a cuda_context.
+struct cuda_options {
+  /// Let cuBLAS use TF32 tensor cores for FP32 GEMMs (faster, about 10 mantissa bits; off by default).
+  bool tf32 = false;
+};
+
+/// Device pointers of one staged shard (null where the shard had no such part).
+struct staged_shard {
+  const float* features = nullptr;        ///< rows x width features on the device
+  const std::int32_t* labels = nullptr;   ///< labels on the device
+  const float* targets = nullptr;         ///< regression targets on the device
+};
+
+namespace detail {
+
+/// Owned device memory of the current device, in bytes (move-only).
+class device_bytes {
+public:
+  device_bytes() noexcept = default;
+  /// Allocates n bytes on the current device.
+  explicit device_bytes(std::size_t n) : size_(n) {
+    if (n > 0) LOCKSTEP_CUDA_CHECK(cudaMalloc(&p_, n));
+  }
+  device_bytes(const device_bytes&) = delete;
+  device_bytes& operator=(const device_bytes&) = delete;
+  device_bytes(device_bytes&& o) noexcept : p_(std::exchange(o.p_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  device_bytes& operator=(device_bytes&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p_ = std::exchange(o.p_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  ~device_bytes() { reset(); }
+  /// The memory.
+  [[nodiscard]] void* get() const noexcept { return p_; }
+  /// Its size in bytes.
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+private:
+  void reset() noexcept {
+    if (p_) (void)cudaFree(p_);
+    p_ = nullptr;
+    size_ = 0;
+  }
+  void* p_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+/// One half of the double-buffered input staging area.
+struct staging_slot {
+  pinned_buffer<unsigned char> host;  ///< page-locked source of the copy
+  device_bytes device;                ///< where the shard lands
+  cuda_event copied;                  ///< recorded on the copy stream after the copy
+  cuda_event released;                ///< recorded on the compute stream when the next shard is staged
+  bool copied_recorded = false;       ///< `copied` holds a record
+  bool released_recorded = false;     ///< `released` holds a record
+};
+
+/// Rounds n up to a multiple of 256 bytes (the alignment of cudaMalloc).
+constexpr std::size_t align256(std::size_t n) noexcept { return (n + 255) / 256 * 256; }
+
+/// Everything a cuda_context owns; created with its device current, destroyed the same way.
+struct cuda_context_state {
+  int ordinal;
+  cuda_options options;
+  cuda_stream compute;
+  cuda_stream comm;
+  cuda_stream copy;
+  cuda_event compute_mark;
+  cuda_event comm_mark;
+  cublasHandle_t blas = nullptr;
+  device_bytes scratch;
+  pinned_buffer<double> result{1};
+  staging_slot slots[2];
+  int next_slot = 0;
+
+  cuda_context_state(int dev, cuda_options opts) : ordinal(dev), options(opts) {
+    LOCKSTEP_CUBLAS_CHECK(cublasCreate(&blas));
+    try {
+      LOCKSTEP_CUBLAS_CHECK(cublasSetStream(blas, compute.get()));
+      LOCKSTEP_CUBLAS_CHECK(
+          cublasSetMathMode(blas, opts.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    } catch (...) {
+      (void)cublasDestroy(blas);
+      throw;
+    }
+  }
+  cuda_context_state(const cuda_context_state&) = delete;
+  cuda_context_state& operator=(const cuda_context_state&) = delete;
+  ~cuda_context_state() {
+    (void)cudaStreamSynchronize(compute.get());
+    (void)cudaStreamSynchronize(comm.get());
+    (void)cudaStreamSynchronize(copy.get());
+    (void)cublasDestroy(blas);
+  }
+};
+
+/// Destroys a context state with its device current.
+struct cuda_context_deleter {
+  void operator()(cuda_context_state* s) const noexcept {
+    int previous = -1;
+    const bool switched = cudaGetDevice(&previous) == cudaSuccess && previous != s->ordinal &&
+                          cudaSetDevice(s->ordinal) == cudaSuccess;
+    delete s;
+    if (switched) (void)cudaSetDevice(previous);
+  }
+};
+
+}  // namespace detail
+
+/// Execution context of a GPU replica: device `ordinal()`, its streams, cuBLAS handle and events.
+/// Copies share the same streams and handle (a replica stores its context by value). Every kernel
+/// of the replica is queued on `compute_stream()`; collectives run on `comm_stream()` and input
+/// copies on `copy_stream()`, ordered against the compute stream with events. Constructing a
+/// context makes its device current on the calling thread, so buffers allocated next land on it.
+class cuda_context {
+public:
+  /// A context on CUDA device `ordinal` (throws device_error when the device is not usable).
+  explicit cuda_context(int ordinal = 0, cuda_options options = {}) {
+    const int n = cuda_device_count();
+    if (ordinal < 0 || ordinal >= n)
+      throw device_error("lockstep: cuda_context: CUDA device " + std::to_string(ordinal) + " does not exist (" +
+                         std::to_string(n) + " device(s) visible" +
+                         (n == 0 ? ", " + cuda_unavailable_reason() : std::string()) + ")");
+    LOCKSTEP_CUDA_CHECK(cudaSetDevice(ordinal));
+    state_ = std::shared_ptr<detail::cuda_context_state>(new detail::cuda_context_state(ordinal, options),
+                                                         detail::cuda_context_deleter{});
+  }
+
+  /// The CUDA device ordinal.
+  [[nodiscard]] int ordinal() const noexcept { return state_->ordinal; }
+  /// The options the context was made with.
+  [[nodiscard]] const cuda_options& options() const noexcept { return state_->options; }
+  /// The stream every kernel of this replica runs on.
+  [[nodiscard]] cudaStream_t compute_stream() const noexcept { return state_->compute.get(); }
+  /// The stream collectives run on.
+  [[nodiscard]] cudaStream_t comm_stream() const noexcept { return state_->comm.get(); }
+  /// The stream input shards are copied on.
+  [[nodiscard]] cudaStream_t copy_stream() const noexcept { return state_->copy.get(); }
+  /// The cuBLAS handle (bound to the compute stream).
+  [[nodiscard]] cublasHandle_t blas_handle() const noexcept { return state_->blas; }
+
+  /// Makes this context's device current on the calling thread (replica threads call it once).
+  void activate() const { LOCKSTEP_CUDA_CHECK(cudaSetDevice(ordinal())); }
+
+  /// Blocks the host until the compute, communication and copy streams are idle.
+  void synchronize() const {
+    device_guard g(ordinal());
+    state_->compute.synchronize();
+    state_->comm.synchronize();
+    state_->copy.synchronize();
+  }
+
+  /// Makes the communication stream wait for everything queued on the compute stream so far.
+  void fork_to_comm() const {
+    device_guard g(ordinal());
+    state_->compute_mark.record(compute_stream());
+    state_->compute_mark.wait_on(comm_stream());
+  }
+
+  /// Makes the compute stream wait for everything queued on the communication stream so far.
+  void join_from_comm() const {
+    device_guard g(ordinal());
+    state_->comm_mark.record(comm_stream());
+    state_->comm_mark.wait_on(compute_stream());
+  }
+
+  /// Device scratch of at least `bytes` bytes, reused across calls (grows, never shrinks; only
+  /// valid for work queued on the compute stream before the next call that grows it).
+  [[nodiscard]] void* scratch(std::size_t bytes) const {
+    if (bytes > state_->scratch.size()) {
+      device_guard g(ordinal());
+      state_->compute.synchronize();  // work in flight may still read the old scratch
+      state_->scratch = detail::device_bytes(std::max<std::size_t>(bytes, 4096));
+    }
+    return state_->scratch.get();
+  }
+
+  /// One page-locked double, where a reduction's result is copied for the host.
+  [[nodiscard]] double* host_result() const noexcept { return state_->result.data(); }
+
+  /// Copies one shard's features, labels and targets (any may be empty) to the device through
+  /// the next of two pinned staging slots: a host copy into pinned memory, then an asynchronous
+  /// copy on the copy stream that the compute stream waits for. The copy of this shard overlaps
+  /// whatever the compute stream still runs from the previous one. The returned pointers stay
+  /// valid until the second stage_shard call after this one.
+  staged_shard stage_shard(const float* features, std::size_t feature_count, const std::int32_t* labels,
+                           std::size_t label_count, const float* targets, std::size_t target_count) const {
+    const std::size_t fb = features ? feature_count * sizeof(float) : 0;
+    const std::size_t lb = labels ? label_count * sizeof(std::int32_t) : 0;
+    const std::size_t tb = targets ? target_count * sizeof(float) : 0;
+    const std::size_t l_off = detail::align256(fb), t_off = l_off + detail::align256(lb);
+    const std::size_t total = t_off + tb;
+    if (total == 0) return {};
+
+    device_guard g(ordinal());
+    auto& st = *state_;
+    const int k = st.next_slot;
+    detail::staging_slot& slot = st.slots[k];
+    detail::staging_slot& other = st.slots[1 - k];
+    st.next_slot = 1 - k;
+    // Everything reading the other slot has been queued: mark when the device is done with it.
+    other.released.record(compute_stream());
+    other.released_recorded = true;
+    // This slot's pinned memory is free once its previous copy finished.
+    if (slot.copied_recorded) slot.copied.synchronize();
+    if (slot.device.size() < total) {
+      if (slot.released_recorded) slot.released.synchronize();
+      slot.host = pinned_buffer<unsigned char>();
+      slot.device = detail::device_bytes();
+      slot.host = pinned_buffer<unsigned char>(total);
+      slot.device = detail::device_bytes(total);
+      slot.released_recorded = false;
+    }
+    unsigned char* h = slot.host.data();
+    if (fb) std::memcpy(h, features, fb);
+    if (lb) std::memcpy(h + l_off, labels, lb);
+    if (tb) std::memcpy(h + t_off, targets, tb);
+    // The device copy may not overwrite data the compute stream still reads from this slot.
+    if (slot.released_recorded) slot.released.wait_on(copy_stream());
+    LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(slot.device.get(), h, total, cudaMemcpyHostToDevice, copy_stream()));
+    slot.copied.record(copy_stream());
+    slot.copied_recorded = true;
+    slot.copied.wait_on(compute_stream());
+
+    auto* d = static_cast<unsigned char*>(slot.device.get());
+    return {fb ? reinterpret_cast<const float*>(d) : nullptr,
+            lb ? reinterpret_cast<const std::int32_t*>(d + l_off) : nullptr,
+            tb ? reinterpret_cast<const float*>(d + t_off) : nullptr};
+  }
+
+private:
+  std::shared_ptr<detail::cuda_context_state> state_;
+};
+
+}  // namespace backend
+
+using backend::cuda_context;
+using backend::cuda_options;
+
+/// gpu<I> replicas run with a cuda_context (its ordinal is chosen at run time, so replicas of one
+/// strategy share one type).
+template <std::size_t I>
+struct context_of<gpu<I>> {
+  using type = backend::cuda_context;  ///< the context type
+};
+
+/// Device memory: cudaMalloc on the calling thread's current device (a cuda_context makes its
+/// device current when constructed and when activated), cudaFree on the device that owns the pointer.
+template <std::size_t I>
+struct memory_resource<gpu<I>> {
+  /// Allocates `bytes` bytes of device memory (nullptr for 0 bytes); throws device_error.
+  static void* allocate(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    const cudaError_t s = cudaMalloc(&p, bytes);
+    if (s != cudaSuccess) {
+      (void)cudaGetLastError();
+      int dev = -1;
+      (void)cudaGetDevice(&dev);
+      throw device_error("lockstep: cudaMalloc of " + std::to_string(bytes) + " bytes on CUDA device " +
+                         std::to_string(dev) + " failed: " + cudaGetErrorName(s) + ": " + cudaGetErrorString(s));
+    }
+    return p;
+  }
+  /// Frees memory from allocate, on its own device.
+  static void deallocate(void* p, std::size_t) noexcept {
+    if (!p) return;
+    cudaPointerAttributes a{};
+    int previous = -1;
+    bool switched = false;
+    if (cudaPointerGetAttributes(&a, p) == cudaSuccess && cudaGetDevice(&previous) == cudaSuccess &&
+        a.device != previous)
+      switched = cudaSetDevice(a.device) == cudaSuccess;
+    (void)cudaFree(p);
+    if (switched) (void)cudaSetDevice(previous);
+  }
+};
+
+}  // namespace lockstep

@@ -1,0 +1,463 @@
+#pragma once
+/// @file cuda_reducers.cuh
+/// Gradient reducers of GPU replicas in one process, and their static selection:
+///  - `same_device_allreduce`: replicas that share one GPU (mirrored<gpu<0>, gpu<0>>). When the
+///    last replica arrives at a bucket, one kernel sums the bucket over the replicas in the fixed
+///    order 0..N-1 (the host reducers' order: run-to-run deterministic) and writes the sum into
+///    every replica's buffer. Replicas order their streams with events; no host synchronisation.
+///  - `nccl_allreduce` (with LOCKSTEP_HAS_NCCL): distinct GPUs. Communicators from
+///    ncclCommInitAll on first use; each bucket is one in-place ncclAllReduce on the replica's
+///    communication stream, started from the backward hook so it overlaps the rest of backward.
+///    A failing replica aborts the communicators (ncclCommAbort) instead of leaving peers hanging.
+/// Both also keep a host-side rendezvous per bucket, so a replica that fails before reaching a
+/// bucket releases the others with collective_aborted (or timeout_error) rather than a hang.
+/// Compile with nvcc.
+
+#if !defined(__CUDACC__)
+#error "lockstep/distribute/reducers/cuda_reducers.cuh holds CUDA kernels: compile with nvcc"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <lockstep/backend/cuda/context.hpp>
+#include <lockstep/backend/cuda/device.hpp>
+#include <lockstep/backend/cuda/error.hpp>
+#include <lockstep/core/device.hpp>
+#include <lockstep/core/error.hpp>
+#include <lockstep/distribute/detail/host_comm.hpp>
+#include <lockstep/distribute/reducer.hpp>
+
+#if defined(LOCKSTEP_HAS_NCCL)
+#include <nccl.h>
+#endif
+
+namespace lockstep {
+
+namespace detail {
+
+/// Most replicas one GPU may hold under same_device_allreduce.
+inline constexpr std::size_t max_replicas_per_gpu = 16;
+
+/// The data pointers of every replica, passed to a kernel by value.
+template <class T>
+struct replica_pointers {
+  T* p[max_replicas_per_gpu];  ///< replica j's data
+};
+
+/// For every element: the sum over replicas 0..n-1 in order, written back to every replica.
+template <class T>
+__global__ void sum_across_replicas_kernel(replica_pointers<T> ptrs, std::size_t n, std::size_t count) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+    T acc = ptrs.p[0][i];
+    for (std::size_t j = 1; j < n; ++j) acc += ptrs.p[j][i];
+    for (std::size_t j = 0; j < n; ++j) ptrs.p[j][i] = acc;
+  }
+}
+
+/// All GPU tags of Ds name the same ordinal.
+template <class D0, class... Ds>
+constexpr bool same_gpu() {
+  return ((static_cast<std::size_t>(Ds::ordinal) == static_cast<std::size_t>(D0::ordinal)) && ...);
+}
+
+/// No two GPU tags of Ds name the same ordinal.
+template <class... Ds>
+constexpr bool distinct_gpus() {
+  constexpr std::array<std::size_t, sizeof...(Ds)> ord{static_cast<std::size_t>(Ds::ordinal)...};
+  for (std::size_t i = 0; i < ord.size(); ++i)
+    for (std::size_t j = i + 1; j < ord.size(); ++j)
+      if (ord[i] == ord[j]) return false;
+  return true;
+}
+
+/// Host-side meeting point of device collectives: collective `id` completes generation g once
+/// every replica has arrived for the g-th time; the last arriver runs the launch action. Waits are
+/// bounded by the timeout and released by abort().
+class device_rendezvous {
+public:
+  /// A meeting point for `replicas` replicas and collective ids 0..ids-1.
+  device_rendezvous(std::size_t replicas, std::chrono::milliseconds timeout, std::size_t ids)
+      : n_(replicas), timeout_(timeout), ids_(ids), arrivals_(ids, 0), completed_(ids, 0),
+        generation_(replicas * ids, 0), ptrs_(replicas * ids, nullptr), counts_(replicas * ids, 0) {
+    if (replicas == 0) throw config_error("lockstep: a reducer needs at least one replica");
+  }
+
+  /// Number of replicas.
+  [[nodiscard]] std::size_t replicas() const noexcept { return n_; }
+  /// Replica j's data at collective id (valid inside the launch action).
+  [[nodiscard]] void* pointer(std::size_t id, std::size_t j) const noexcept { return ptrs_[id * n_ + j]; }
+
+  /// Replica r arrives at collective `id` with `count` elements at `data`; the last arriver runs
+  /// launch() under the lock, which completes the generation.
+  template <class Launch>
+  void arrive(std::size_t r, std::size_t id, void* data, std::size_t count, const Launch& launch) {
+    check_id(id);
+    std::unique_lock<std::mutex> lock(m_);
+    throw_if_aborted(r, id);
+    const std::uint64_t g = ++generation_[id * n_ + r];
+    ptrs_[id * n_ + r] = data;
+    counts_[id * n_ + r] = count;
+    if (++arrivals_[id] == g * n_) {
+      for (std::size_t j = 0; j < n_; ++j)
+        if (counts_[id * n_ + j] != count) {
+          aborted_ = true;
+          cv_.notify_all();
+          throw shape_error("lockstep: replicas disagree on the length of bucket " + std::to_string(id) + ": " +
+                            std::to_string(count) + " on replica " + std::to_string(r) + ", " +
+                            std::to_string(counts_[id * n_ + j]) + " on replica " + std::to_string(j));
+        }
+      try {
+        launch();
+      } catch (...) {
+        aborted_ = true;
+        cv_.notify_all();
+        throw;
+      }
+      completed_[id] = g;
+      cv_.notify_all();
+    }
+  }
+
+  /// Blocks replica r until the collective it last arrived at on `id` has been launched.
+  void await(std::size_t r, std::size_t id) {
+    check_id(id);
+    std::unique_lock<std::mutex> lock(m_);
+    const std::uint64_t g = generation_[id * n_ + r];
+    const bool ok = cv_.wait_for(lock, timeout_, [&] { return aborted_ || completed_[id] >= g; });
+    throw_if_aborted(r, id);
+    if (!ok) {
+      std::string missing;
+      for (std::size_t j = 0; j < n_; ++j)
+        if (generation_[id * n_ + j] < g) missing += (missing.empty() ? "" : ", ") + std::to_string(j);
+      aborted_ = true;
+      cv_.notify_all();
+      throw timeout_error("lockstep: collective timed out: replica " + std::to_string(r) + " waited " +
+                          std::to_string(timeout_.count()) + " ms in bucket " + std::to_string(id) + "; replica(s) " +
+                          missing + " did not arrive (raise strategy_options::timeout if a step legitimately takes longer)");
+    }
+  }
+
+  /// Releases every waiter (they throw collective_aborted); callable from any thread.
+  void abort() noexcept {
+    std::lock_guard<std::mutex> lock(m_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+
+  /// Ready again after a failure; call only while no replica is inside.
+  void reset() noexcept {
+    std::lock_guard<std::mutex> lock(m_);
+    std::fill(arrivals_.begin(), arrivals_.end(), 0);
+    std::fill(completed_.begin(), completed_.end(), 0);
+    std::fill(generation_.begin(), generation_.end(), 0);
+    aborted_ = false;
+  }
+
+private:
+  void check_id(std::size_t id) const {
+    if (id >= ids_)
+      throw config_error("lockstep: bucket id " + std::to_string(id) + " is beyond the reducer's " +
+                         std::to_string(ids_) + " collective ids");
+  }
+  void throw_if_aborted(std::size_t r, std::size_t id) const {
+    if (aborted_)
+      throw collective_aborted("lockstep: replica " + std::to_string(r) + " left bucket " + std::to_string(id) +
+                               " because another replica failed");
+  }
+
+  std::size_t n_;
+  std::chrono::milliseconds timeout_;
+  std::size_t ids_;
+  std::vector<std::uint64_t> arrivals_, completed_, generation_;
+  std::vector<void*> ptrs_;
+  std::vector<std::size_t> counts_;
+  bool aborted_ = false;
+  std::mutex m_;
+  std::condition_variable cv_;
+};
+
+template <class Ctx>
+constexpr void require_cuda_context() {
+  static_assert(std::is_same_v<std::remove_const_t<Ctx>, backend::cuda_context>,
+                "lockstep: this GPU reducer serves gpu<I> replicas (their context is cuda_context)");
+}
+
+}  // namespace detail
+
+/// All-reduce of replicas sharing one GPU: one kernel per bucket sums the replicas' buffers in
+/// order 0..N-1 and writes the sum to all of them (see the file comment).
+class same_device_allreduce {
+public:
+  using reducer_concept = reducer_tag;  ///< opts in to the reducer concept
+  /// Serves gpu<I> sets that all name the same device.
+  template <class... Ds>
+  static constexpr bool supports = sizeof...(Ds) >= 1 && (is_gpu_v<Ds> && ...) && detail::same_gpu<Ds...>();
+
+  /// A reducer for `c.replicas` replicas (at most 16 on one GPU).
+  explicit same_device_allreduce(const reducer_config& c = {})
+      : rv_(c.replicas, c.timeout, c.max_buckets + 1), ids_(c.max_buckets + 1), ready_(c.replicas * ids_),
+        done_(ids_), contexts_(c.replicas, nullptr) {
+    if (c.replicas > detail::max_replicas_per_gpu)
+      throw config_error("lockstep::same_device_allreduce: at most " + std::to_string(detail::max_replicas_per_gpu) +
+                         " replicas may share one GPU, got " + std::to_string(c.replicas));
+  }
+  /// Works in place: no workspace.
+  [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
+  /// Nothing to bind.
+  void bind(std::size_t, void*, std::size_t) noexcept {}
+
+  /// Replica r's `count` gradient sums at `data` (device memory) join bucket `bucket`; the sum
+  /// is launched once every replica has joined. Asynchronous: wait() orders the compute stream after it.
+  template <class Ctx, class T>
+  void start(std::size_t r, Ctx& ctx, T* data, std::size_t count, std::size_t bucket) {
+    detail::require_cuda_context<Ctx>();
+    static_assert(std::is_arithmetic_v<T>, "lockstep::same_device_allreduce sums arithmetic elements");
+    if (bucket + 1 >= ids_) throw config_error("lockstep::same_device_allreduce: bucket id " + std::to_string(bucket) + " out of range");
+    collective(r, ctx, data, count, bucket, [&] { launch_sum<T>(ctx, bucket, count); });
+  }
+
+  /// Makes replica r's compute stream wait for bucket `bucket`'s sum (host waits only for the
+  /// other replicas to have joined the bucket).
+  template <class Ctx>
+  void wait(std::size_t r, Ctx& ctx, std::size_t bucket) {
+    detail::require_cuda_context<Ctx>();
+    rv_.await(r, bucket);
+    backend::device_guard g(ctx.ordinal());
+    done_[bucket]->wait_on(ctx.compute_stream());
+  }
+
+  /// Copies `count` elements of the root replica's `data` to every replica's (synchronous).
+  template <class Ctx, class T>
+  void broadcast(std::size_t r, Ctx& ctx, T* data, std::size_t count, std::size_t root) {
+    detail::require_cuda_context<Ctx>();
+    if (root >= rv_.replicas()) throw config_error("lockstep: broadcast root " + std::to_string(root) + " is not a replica");
+    const std::size_t id = ids_ - 1;
+    collective(r, ctx, data, count, id, [&] {
+      const cudaStream_t s = ctx.comm_stream();
+      for (std::size_t j = 0; j < rv_.replicas(); ++j)
+        if (j != root && count)
+          LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(rv_.pointer(id, j), rv_.pointer(id, root), count * sizeof(T),
+                                              cudaMemcpyDeviceToDevice, s));
+      record_done(ctx, id);
+    });
+    wait(r, ctx, id);
+    backend::device_guard g(ctx.ordinal());
+    LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
+  }
+
+  /// Releases every replica waiting in a collective.
+  void abort() noexcept { rv_.abort(); }
+  /// Ready again after a failure.
+  void reset() noexcept { rv_.reset(); }
+
+private:
+  // Records replica r's "data ready" event on its compute stream, then arrives; the last arriver
+  // makes its communication stream wait for every replica's event and runs `launch`.
+  template <class Launch>
+  void collective(std::size_t r, const backend::cuda_context& ctx, void* data, std::size_t count, std::size_t id,
+                  const Launch& launch) {
+    backend::device_guard g(ctx.ordinal());
+    auto& ev = ready_[r * ids_ + id];
+    if (!ev) ev = std::make_unique<backend::cuda_event>();
+    ev->record(ctx.compute_stream());
+    contexts_[r] = &ctx;
+    rv_.arrive(r, id, data, count, [&] {
+      for (std::size_t j = 0; j < rv_.replicas(); ++j) ready_[j * ids_ + id]->wait_on(ctx.comm_stream());
+      launch();
+    });
+  }
+
+  template <class T>
+  void launch_sum(const backend::cuda_context& ctx, std::size_t bucket, std::size_t count) {
+    const std::size_t n = rv_.replicas();
+    if (count > 0 && n > 1) {
+      detail::replica_pointers<T> ptrs{};
+      for (std::size_t j = 0; j < n; ++j) ptrs.p[j] = static_cast<T*>(rv_.pointer(bucket, j));
+      const std::size_t blocks = std::min<std::size_t>((count + 255) / 256, 4096);
+      detail::sum_across_replicas_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, ctx.comm_stream()>>>(ptrs, n, count);
+      LOCKSTEP_CUDA_CHECK(cudaGetLastError());
+    }
+    record_done(ctx, bucket);
+  }
+
+  void record_done(const backend::cuda_context& ctx, std::size_t id) {
+    auto& d = done_[id];
+    if (!d) d = std::make_unique<backend::cuda_event>();
+    d->record(ctx.comm_stream());
+  }
+
+  detail::device_rendezvous rv_;
+  std::size_t ids_;
+  std::vector<std::unique_ptr<backend::cuda_event>> ready_;
+  std::vector<std::unique_ptr<backend::cuda_event>> done_;
+  std::vector<const backend::cuda_context*> contexts_;
+};
+
+/// Several gpu<I> replicas on the same GPU: the on-device reduction.
+template <class... Devices>
+  requires(sizeof...(Devices) > 1 && (is_gpu_v<Devices> && ...) && detail::same_gpu<Devices...>())
+struct select_reducer<Devices...> {
+  using type = same_device_allreduce;  ///< one kernel per bucket on the shared device
+};
+
+#if defined(LOCKSTEP_HAS_NCCL)
+
+namespace detail {
+
+/// Throws device_error when an NCCL call failed.
+inline void check_nccl(ncclResult_t status, const char* call,
+                       const std::source_location& where = std::source_location::current()) {
+  if (status == ncclSuccess) return;
+  throw device_error(backend::detail::device_failure_message("NCCL", call, ncclGetErrorString(status), where));
+}
+
+/// The NCCL element type of T.
+template <class T>
+constexpr ncclDataType_t nccl_type() {
+  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return ncclInt32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return ncclUint8;
+  else static_assert(always_false<T>, "lockstep::nccl_allreduce: no NCCL type for this element type");
+}
+
+}  // namespace detail
+
+/// Runs an NCCL call and throws lockstep::device_error (call text, file:line, message) on failure.
+#define LOCKSTEP_NCCL_CHECK(call) ::lockstep::detail::check_nccl((call), #call, std::source_location::current())
+
+/// All-reduce between distinct GPUs of one process through NCCL (see the file comment).
+class nccl_allreduce {
+public:
+  using reducer_concept = reducer_tag;  ///< opts in to the reducer concept
+  /// Serves sets of distinct gpu<I>.
+  template <class... Ds>
+  static constexpr bool supports = sizeof...(Ds) >= 1 && (is_gpu_v<Ds> && ...) && detail::distinct_gpus<Ds...>();
+
+  /// A reducer for `c.replicas` replicas (communicators are made on first use).
+  explicit nccl_allreduce(const reducer_config& c = {})
+      : rv_(c.replicas, c.timeout, c.max_buckets + 2), ids_(c.max_buckets + 2), comms_(c.replicas, nullptr),
+        devices_(c.replicas, -1) {}
+  nccl_allreduce(const nccl_allreduce&) = delete;
+  nccl_allreduce& operator=(const nccl_allreduce&) = delete;
+  ~nccl_allreduce() { destroy(); }
+
+  /// NCCL works in place: no workspace.
+  [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
+  /// Nothing to bind.
+  void bind(std::size_t, void*, std::size_t) noexcept {}
+
+  /// Queues replica r's in-place ncclAllReduce (sum) of bucket `bucket` on its communication
+  /// stream, after the compute work queued so far.
+  template <class Ctx, class T>
+  void start(std::size_t r, Ctx& ctx, T* data, std::size_t count, std::size_t bucket) {
+    detail::require_cuda_context<Ctx>();
+    if (bucket + 2 >= ids_) throw config_error("lockstep::nccl_allreduce: bucket id " + std::to_string(bucket) + " out of range");
+    const ncclComm_t comm = communicator(r, ctx);
+    rv_.arrive(r, bucket, data, count, [] {});
+    backend::device_guard g(ctx.ordinal());
+    ctx.fork_to_comm();
+    LOCKSTEP_NCCL_CHECK(ncclAllReduce(data, data, count, detail::nccl_type<T>(), ncclSum, comm, ctx.comm_stream()));
+  }
+
+  /// Waits (host) until every replica has queued the bucket, then orders the compute stream after it.
+  template <class Ctx>
+  void wait(std::size_t r, Ctx& ctx, std::size_t bucket) {
+    detail::require_cuda_context<Ctx>();
+    rv_.await(r, bucket);
+    ctx.join_from_comm();
+  }
+
+  /// ncclBroadcast of `count` elements from replica `root` (synchronous).
+  template <class Ctx, class T>
+  void broadcast(std::size_t r, Ctx& ctx, T* data, std::size_t count, std::size_t root) {
+    detail::require_cuda_context<Ctx>();
+    const ncclComm_t comm = communicator(r, ctx);
+    const std::size_t id = ids_ - 2;
+    rv_.arrive(r, id, data, count, [] {});
+    backend::device_guard g(ctx.ordinal());
+    ctx.fork_to_comm();
+    LOCKSTEP_NCCL_CHECK(ncclBroadcast(data, data, count, detail::nccl_type<T>(), static_cast<int>(root), comm,
+                                      ctx.comm_stream()));
+    rv_.await(r, id);
+    ctx.join_from_comm();
+    LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
+  }
+
+  /// Releases the replicas and aborts the communicators, so no GPU waits for a failed peer.
+  void abort() noexcept {
+    rv_.abort();
+    std::lock_guard<std::mutex> lock(m_);
+    for (auto& c : comms_)
+      if (c) {
+        (void)ncclCommAbort(c);
+        c = nullptr;
+      }
+  }
+  /// Ready again after a failure (communicators are made again on next use).
+  void reset() noexcept {
+    destroy();
+    rv_.reset();
+  }
+
+private:
+  // The communicator of replica r; the first collective makes all of them (ncclCommInitAll, by
+  // the last replica to arrive, with every replica's device ordinal).
+  ncclComm_t communicator(std::size_t r, const backend::cuda_context& ctx) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      if (comms_[r]) return comms_[r];
+    }
+    const std::size_t id = ids_ - 1;
+    devices_[r] = ctx.ordinal();
+    rv_.arrive(r, id, nullptr, 0, [&] {
+      std::lock_guard<std::mutex> lock(m_);
+      std::vector<ncclComm_t> made(comms_.size(), nullptr);
+      LOCKSTEP_NCCL_CHECK(ncclCommInitAll(made.data(), static_cast<int>(made.size()), devices_.data()));
+      comms_ = made;
+    });
+    rv_.await(r, id);
+    std::lock_guard<std::mutex> lock(m_);
+    if (!comms_[r]) throw detail::collective_aborted("lockstep: replica " + std::to_string(r) + ": NCCL was aborted");
+    return comms_[r];
+  }
+
+  void destroy() noexcept {
+    std::lock_guard<std::mutex> lock(m_);
+    for (auto& c : comms_)
+      if (c) {
+        (void)ncclCommDestroy(c);
+        c = nullptr;
+      }
+  }
+
+  detail::device_rendezvous rv_;
+  std::size_t ids_;
+  std::vector<ncclComm_t> comms_;
+  std::vector<int> devices_;
+  std::mutex m_;
+};
+
+/// Several distinct gpu<I>: NCCL all-reduce.
+template <class... Devices>
+  requires(sizeof...(Devices) > 1 && (is_gpu_v<Devices> && ...) && detail::distinct_gpus<Devices...>())
+struct select_reducer<Devices...> {
+  using type = nccl_allreduce;  ///< NCCL between the GPUs
+};
+
+#endif  // LOCKSTEP_HAS_NCCL
+
+}  // namespace lockstep

@@ -1,0 +1,319 @@
+// The CUDA backend against the host backend: GEMM, elementwise ops, reductions, input staging,
+// every layer's forward and backward, the losses and the optimisers. Plain TEST_CASEs only
+// (doctest's TEST_CASE_TEMPLATE misbehaves under nvcc).
+
+#include "gpu_test.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+using namespace lockstep_test;
+using ls::backend::trans;
+
+namespace {
+
+// y[i] = 2 x[i] + i: a user-defined functor run by for_each_index.
+struct affine_index_op {
+  const float* x;
+  float* y;
+  LOCKSTEP_HD void operator()(std::size_t i) const { y[i] = 2.0f * x[i] + static_cast<float>(i); }
+};
+
+// Row-major op(A) op(B) in double, the reference for GEMM.
+std::vector<float> reference_gemm(trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                                  const std::vector<float>& a, std::size_t lda, const std::vector<float>& b,
+                                  std::size_t ldb, float beta, std::vector<float> c, std::size_t ldc) {
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (std::size_t p = 0; p < k; ++p) {
+        const double av = ta == trans::no ? a[i * lda + p] : a[p * lda + i];
+        const double bv = tb == trans::no ? b[p * ldb + j] : b[j * ldb + p];
+        acc += av * bv;
+      }
+      float& e = c[i * ldc + j];
+      e = static_cast<float>(alpha * acc + (beta == 0.0f ? 0.0 : static_cast<double>(beta) * e));
+    }
+  return c;
+}
+
+// Forward and backward of bound layer B = bind_t<Layer, In> on the host and on gpu<0>.
+template <class Layer, std::size_t In>
+void check_layer(const char* name, std::size_t batch, bool training) {
+  using B = ls::bind_t<Layer, In>;
+  constexpr std::size_t out = B::output_size, np = B::param_count, nw = B::workspace_per_sample;
+  CAPTURE(name);
+  CAPTURE(batch);
+  CAPTURE(training);
+  std::vector<float> params(np);
+  B::init(params.data(), ls::counter_rng(7, 3));
+  const auto x = random_vector(batch * In, 1, -2.0f, 2.0f);
+  const auto dy = random_vector(batch * out, 2);
+  const ls::pass_info info{.training = training, .seed = 99, .step = 5, .sample_offset = 11, .layer_stream = 3};
+
+  ls::host_context hc;
+  std::vector<float> y(batch * out), ws(batch * nw), dx(batch * In, 0.0f), dp(np, 0.0f);
+  B::forward(hc, params.data(), x.data(), y.data(), ws.data(), batch, info);
+  B::backward(hc, params.data(), x.data(), y.data(), dy.data(), dx.data(), dp.data(), ws.data(), batch, info);
+
+  ls::cuda_context ctx(0);
+  auto d_params = to_device(ctx, params);
+  auto d_x = to_device(ctx, x);
+  auto d_dy = to_device(ctx, dy);
+  auto d_dx = to_device(ctx, std::vector<float>(batch * In, 0.0f));
+  auto d_dp = to_device(ctx, std::vector<float>(np, 0.0f));
+  ls::buffer<float, ls::gpu<0>> d_y(batch * out), d_ws(batch * nw);
+  B::forward(ctx, d_params.data(), d_x.data(), d_y.data(), d_ws.data(), batch, info);
+  B::backward(ctx, d_params.data(), d_x.data(), d_y.data(), d_dy.data(), d_dx.data(), d_dp.data(), d_ws.data(), batch,
+              info);
+  check_close(to_host(ctx, d_y.data(), y.size()), y, 1e-5, "forward output");
+  check_close(to_host(ctx, d_dx.data(), dx.size()), dx, 1e-5, "input gradient");
+  check_close(to_host(ctx, d_dp.data(), dp.size()), dp, 1e-5, "parameter gradient");
+}
+
+template <class Layer, std::size_t In>
+void check_layer_all_batches(const char* name) {
+  for (std::size_t batch : {0u, 1u, 3u, 37u})
+    for (bool training : {true, false}) check_layer<Layer, In>(name, batch, training);
+}
+
+// Three updates of optimiser `opt` on n parameters, host against device.
+template <class Opt>
+void check_optimizer(const char* name, const Opt& opt, std::size_t n) {
+  CAPTURE(name);
+  CAPTURE(n);
+  auto p = random_vector(n, 10);
+  const auto g = random_vector(n, 11, -5.0f, 5.0f);
+  std::vector<float> state(opt.state_size(n), 0.0f);
+  ls::cuda_context ctx(0);
+  auto d_p = to_device(ctx, p);
+  auto d_g = to_device(ctx, g);
+  auto d_state = to_device(ctx, state);
+  ls::host_context hc;
+  for (std::uint64_t step = 1; step <= 3; ++step) {
+    const ls::update_info u{.lr = 0.05f, .step = step, .grad_scale = 0.25};
+    opt.update(hc, p.data(), g.data(), state.data(), n, u);
+    opt.update(ctx, d_p.data(), d_g.data(), d_state.data(), n, u);
+  }
+  check_close(to_host(ctx, d_p.data(), n), p, 1e-5, "parameters");
+  check_close(to_host(ctx, d_state.data(), state.size()), state, 1e-5, "optimiser state");
+}
+
+}  // namespace
+
+TEST_CASE("cuda: a failed CUDA or cuBLAS call is a device_error naming the call, file:line and message") {
+  try {
+    LOCKSTEP_CUDA_CHECK(cudaErrorInvalidValue);
+    FAIL("no exception");
+  } catch (const ls::device_error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("cudaErrorInvalidValue") != std::string::npos);
+    CHECK(m.find("test_backend.cu:") != std::string::npos);
+    CHECK(m.find("CUDA call") != std::string::npos);
+  }
+  try {
+    LOCKSTEP_CUBLAS_CHECK(CUBLAS_STATUS_INVALID_VALUE);
+    FAIL("no exception");
+  } catch (const ls::device_error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("CUBLAS_STATUS_INVALID_VALUE") != std::string::npos);
+    CHECK(m.find("cuBLAS call") != std::string::npos);
+  }
+}
+
+TEST_CASE("cuda: a context on a device that does not exist is a device_error naming the ordinal") {
+  const int n = ls::backend::cuda_device_count();
+  try {
+    ls::cuda_context ctx(n);
+    FAIL("no exception");
+  } catch (const ls::device_error& e) {
+    CHECK(std::string(e.what()).find("CUDA device " + std::to_string(n)) != std::string::npos);
+  }
+  CHECK_THROWS_AS(ls::cuda_context(-1), ls::device_error);
+}
+
+TEST_CASE("cuda: gemm matches a double reference for every transpose, padded strides and k = 0") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  ls::cuda_context ctx(0);
+  struct shape {
+    std::size_t m, n, k;
+  };
+  for (const shape s : {shape{0, 3, 2}, shape{3, 0, 2}, shape{1, 1, 1}, shape{5, 7, 3}, shape{33, 17, 65},
+                        shape{4, 6, 0}, shape{64, 128, 257}})
+    for (trans ta : {trans::no, trans::yes})
+      for (trans tb : {trans::no, trans::yes})
+        for (float beta : {0.0f, 0.5f}) {
+          CAPTURE(s.m);
+          CAPTURE(s.n);
+          CAPTURE(s.k);
+          CAPTURE(static_cast<int>(ta));
+          CAPTURE(static_cast<int>(tb));
+          CAPTURE(beta);
+          const std::size_t a_rows = ta == trans::no ? s.m : s.k, a_cols = ta == trans::no ? s.k : s.m;
+          const std::size_t b_rows = tb == trans::no ? s.k : s.n, b_cols = tb == trans::no ? s.n : s.k;
+          const std::size_t lda = a_cols + 3, ldb = b_cols + 2, ldc = s.n + 1;
+          const auto a = random_vector(a_rows * lda, 20);
+          const auto b = random_vector(b_rows * ldb, 21);
+          const auto c = random_vector(s.m * ldc, 22);
+          const auto want = reference_gemm(ta, tb, s.m, s.n, s.k, 0.75f, a, lda, b, ldb, beta, c, ldc);
+          auto d_a = to_device(ctx, a);
+          auto d_b = to_device(ctx, b);
+          auto d_c = to_device(ctx, c);
+          gemm(ctx, ta, tb, s.m, s.n, s.k, 0.75f, d_a.data(), lda, d_b.data(), ldb, beta, d_c.data(), ldc);
+          check_close(to_host(ctx, d_c.data(), c.size()), want, 1e-5, "C");
+        }
+}
+
+TEST_CASE("cuda: elementwise ops, broadcast, column sums and sum match the host") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  ls::cuda_context ctx(0);
+  ls::host_context hc;
+  for (std::size_t n : {0u, 1u, 7u, 256u, 257u, 100003u}) {
+    CAPTURE(n);
+    const auto x = random_vector(n, 30);
+    auto d_x = to_device(ctx, x);
+    ls::buffer<float, ls::gpu<0>> d_y(n);
+
+    fill(ctx, d_y.data(), n, 2.5f);
+    CHECK(to_host(ctx, d_y.data(), n) == std::vector<float>(n, 2.5f));
+    copy(ctx, d_y.data(), d_x.data(), n);
+    CHECK(to_host(ctx, d_y.data(), n) == x);
+    scale(ctx, d_y.data(), n, -3.0f);
+    std::vector<float> scaled = x;
+    scale(hc, scaled.data(), n, -3.0f);
+    CHECK(to_host(ctx, d_y.data(), n) == scaled);
+
+    for_each_index(ctx, n, affine_index_op{d_x.data(), d_y.data()});
+    std::vector<float> affine(n);
+    for_each_index(hc, n, affine_index_op{x.data(), affine.data()});
+    CHECK(to_host(ctx, d_y.data(), n) == affine);
+
+    double want = 0;
+    for (float v : x) want += v;
+    const double got = sum(ctx, d_x.data(), n);
+    CHECK(std::abs(got - want) <= 1e-9 * (1.0 + std::abs(want)));
+  }
+  struct shape {
+    std::size_t rows, cols;
+  };
+  for (const shape s : {shape{0, 5}, shape{1, 1}, shape{37, 13}, shape{1000, 3}, shape{3, 4099}}) {
+    CAPTURE(s.rows);
+    CAPTURE(s.cols);
+    const auto m = random_vector(s.rows * s.cols, 31);
+    const auto v = random_vector(s.cols, 32);
+    auto d_m = to_device(ctx, m);
+    auto d_v = to_device(ctx, v);
+    ls::buffer<float, ls::gpu<0>> d_out(s.cols), d_b(s.rows * s.cols);
+    std::vector<float> sums(s.cols), b(s.rows * s.cols);
+    column_sums(hc, m.data(), s.rows, s.cols, sums.data());
+    column_sums(ctx, d_m.data(), s.rows, s.cols, d_out.data());
+    CHECK(to_host(ctx, d_out.data(), s.cols) == sums);  // same order of additions: bitwise equal
+    broadcast_rows(hc, b.data(), v.data(), s.rows, s.cols);
+    broadcast_rows(ctx, d_b.data(), d_v.data(), s.rows, s.cols);
+    CHECK(to_host(ctx, d_b.data(), b.size()) == b);
+  }
+}
+
+TEST_CASE("cuda: staged shards arrive intact and each stays valid until the second stage after it") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  ls::cuda_context ctx(0);
+  auto make = [](std::size_t rows, std::uint64_t stream) {
+    std::vector<std::int32_t> labels(rows);
+    for (std::size_t i = 0; i < rows; ++i) labels[i] = static_cast<std::int32_t>((i * 7 + stream) % 10);
+    return std::tuple{random_vector(rows * 5, stream), labels, random_vector(rows * 2, stream + 100)};
+  };
+  const auto [fa, la, ta] = make(9, 1);
+  const auto [fb, lb, tb] = make(300, 2);  // larger: the second slot grows
+  const auto [fc, lc, tc] = make(4, 3);
+  const auto a = ctx.stage_shard(fa.data(), fa.size(), la.data(), la.size(), ta.data(), ta.size());
+  const auto b = ctx.stage_shard(fb.data(), fb.size(), lb.data(), lb.size(), nullptr, 0);
+  CHECK(b.targets == nullptr);
+  CHECK(to_host(ctx, a.features, fa.size()) == fa);
+  CHECK(to_host(ctx, a.labels, la.size()) == la);
+  CHECK(to_host(ctx, a.targets, ta.size()) == ta);
+  CHECK(to_host(ctx, b.features, fb.size()) == fb);
+  CHECK(to_host(ctx, b.labels, lb.size()) == lb);
+  const auto c = ctx.stage_shard(fc.data(), fc.size(), lc.data(), lc.size(), tc.data(), tc.size());
+  CHECK(to_host(ctx, c.features, fc.size()) == fc);
+  CHECK(to_host(ctx, c.labels, lc.size()) == lc);
+  CHECK(to_host(ctx, c.targets, tc.size()) == tc);
+  CHECK(to_host(ctx, b.features, fb.size()) == fb);
+  const auto empty = ctx.stage_shard(nullptr, 0, nullptr, 0, nullptr, 0);
+  CHECK(empty.features == nullptr);
+  CHECK(empty.labels == nullptr);
+}
+
+TEST_CASE("cuda: every layer's forward and backward match the host within 1e-5") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  check_layer_all_batches<ls::dense<13, 7>, 13>("dense<13, 7>");
+  check_layer_all_batches<ls::dense<1, 1>, 1>("dense<1, 1>");
+  check_layer_all_batches<ls::relu, 11>("relu");
+  check_layer_all_batches<ls::leaky_relu<0.1>, 11>("leaky_relu<0.1>");
+  check_layer_all_batches<ls::gelu, 11>("gelu");
+  check_layer_all_batches<ls::tanh, 11>("tanh");
+  check_layer_all_batches<ls::sigmoid, 11>("sigmoid");
+  check_layer_all_batches<ls::dropout<0.3>, 11>("dropout<0.3>");
+  check_layer_all_batches<ls::dropout<0.0>, 5>("dropout<0.0>");
+  using block = ls::sequential<ls::dense<13, 16>, ls::gelu, ls::dropout<0.5>, ls::dense<16, 5>, ls::tanh>;
+  check_layer_all_batches<block, 13>("sequential<dense, gelu, dropout, dense, tanh>");
+  check_layer_all_batches<ls::sequential<block, ls::sigmoid, ls::dense<5, 3>>, 13>("nested sequential");
+}
+
+TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the device too") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  ls::cuda_context ctx(0);
+  ls::host_context hc;
+  for (std::size_t rows : {0u, 1u, 5u, 129u})
+    for (std::size_t cols : {1u, 10u}) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      const auto z = random_vector(rows * cols, 40, -4.0f, 4.0f);
+      const auto t = random_vector(rows * cols, 41);
+      std::vector<std::int32_t> labels(rows);
+      for (std::size_t r = 0; r < rows; ++r) labels[r] = static_cast<std::int32_t>((r * 3) % cols);
+      auto d_z = to_device(ctx, z);
+      auto d_t = to_device(ctx, t);
+      auto d_labels = to_device(ctx, labels);
+      ls::buffer<float, ls::gpu<0>> d_grad(rows * cols), d_scratch(rows);
+      std::vector<float> grad(rows * cols), scratch(rows);
+
+      const ls::loss_sum hx = ls::softmax_cross_entropy{}.evaluate(hc, z.data(), rows, cols,
+                                                                   ls::targets<float>{labels.data(), nullptr, 0},
+                                                                   grad.data(), scratch.data());
+      const ls::loss_sum dx = ls::softmax_cross_entropy{}.evaluate(
+          ctx, d_z.data(), rows, cols, ls::targets<float>{d_labels.data(), nullptr, 0}, d_grad.data(), d_scratch.data());
+      CHECK(dx.count == hx.count);
+      CHECK(std::abs(dx.sum - hx.sum) <= 1e-5 * (1.0 + std::abs(hx.sum)));
+      check_close(to_host(ctx, d_grad.data(), grad.size()), grad, 1e-5, "softmax cross-entropy gradient");
+
+      const ls::loss_sum hm =
+          ls::mse{}.evaluate(hc, z.data(), rows, cols, ls::targets<float>{nullptr, t.data(), cols}, grad.data(),
+                             scratch.data());
+      const ls::loss_sum dm = ls::mse{}.evaluate(ctx, d_z.data(), rows, cols,
+                                                 ls::targets<float>{nullptr, d_t.data(), cols}, d_grad.data(),
+                                                 d_scratch.data());
+      CHECK(dm.count == hm.count);
+      CHECK(std::abs(dm.sum - hm.sum) <= 1e-5 * (1.0 + std::abs(hm.sum)));
+      check_close(to_host(ctx, d_grad.data(), grad.size()), grad, 1e-5, "mse gradient");
+    }
+  const std::vector<std::int32_t> bad{0, 10, 2};
+  auto d_bad = to_device(ctx, bad);
+  auto d_z = to_device(ctx, random_vector(30, 42));
+  ls::buffer<float, ls::gpu<0>> d_scratch(3);
+  CHECK_THROWS_AS(ls::softmax_cross_entropy{}.evaluate(ctx, d_z.data(), 3, 10,
+                                                        ls::targets<float>{d_bad.data(), nullptr, 0}, static_cast<float*>(nullptr),
+                                                        d_scratch.data()),
+                  ls::data_error);
+}
+
+TEST_CASE("cuda: optimisers match the host within 1e-5") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  for (std::size_t n : {1u, 1000u, 70001u}) {
+    check_optimizer("sgd", ls::sgd{.lr = 0.1f}, n);
+    check_optimizer("sgd momentum", ls::sgd{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f}, n);
+    check_optimizer("sgd nesterov", ls::sgd{.lr = 0.1f, .momentum = 0.9f, .nesterov = true}, n);
+    check_optimizer("adam", ls::adam{.weight_decay = 0.01f}, n);
+    check_optimizer("adamw", ls::adamw{}, n);
+  }
+}

@@ -1,0 +1,140 @@
+// Training on GPUs against training on the host: one_device<gpu<0>>, mirrored<gpu<0>, gpu<0>>
+// (replicas sharing one GPU, the on-device reducer) and, with two GPUs, mirrored<gpu<0>, gpu<1>>
+// (NCCL). Each must follow the host's single-device training on the same global batches.
+
+#include "gpu_test.hpp"
+
+#include <lockstep/distribute/mirrored.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+using namespace lockstep_test;
+
+namespace {
+
+using net = ls::sequential<ls::dense<20, 32>, ls::relu, ls::dropout<0.1>, ls::dense<32, 32>, ls::tanh,
+                           ls::dense<32, 5>>;
+constexpr std::size_t steps = 20;
+
+// Global batch number k: 13 + k % 7 rows (uneven, sometimes not divisible by the replica count).
+std::shared_ptr<const ls::data::batch> make_batch(std::size_t k) {
+  auto b = std::make_shared<ls::data::batch>();
+  const std::size_t rows = 13 + k % 7;
+  b->width = 20;
+  b->features = random_vector(rows * 20, 500 + k, -1.0f, 1.0f);
+  b->labels.resize(rows);
+  b->indices.resize(rows);
+  const ls::counter_rng rng(77, k);
+  for (std::size_t i = 0; i < rows; ++i) {
+    b->labels[i] = static_cast<std::int32_t>(rng.u32(i) % 5);
+    b->indices[i] = k * 100 + i;
+  }
+  return b;
+}
+
+ls::data::distributed_batch distribute(const std::shared_ptr<const ls::data::batch>& b, std::size_t n) {
+  return ls::data::distributed_batch{b, ls::data::split(*b, n)};
+}
+
+struct run_result {
+  std::vector<double> losses;
+  std::vector<float> params;
+};
+
+// Trains `steps` steps of net with strategy S on the fixed batch sequence.
+template <class S>
+run_result train(S& s) {
+  auto m = s.template replicate<net>(ls::seed{3});
+  const ls::sgd opt{.lr = 0.05f, .momentum = 0.9f};
+  run_result out;
+  for (std::size_t k = 0; k < steps; ++k) {
+    const auto st = ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distribute(make_batch(k), s.num_replicas()));
+    out.losses.push_back(st.loss_sum);
+  }
+  out.params = m.parameters_to_host();
+  // Every replica holds the same parameters.
+  for (std::size_t r = 1; r < s.num_replicas(); ++r) {
+    std::vector<float> pr(m.param_count);
+    auto& rep = m.replica(r);
+    copy_to_host(rep.context(), pr.data(), rep.model().parameters().data(), pr.size());
+    CHECK(pr == out.params);
+  }
+  return out;
+}
+
+template <class S>
+void check_against_host(const char* name) {
+  CAPTURE(name);
+  ls::one_device<ls::cpu<0>> host;
+  const run_result want = train(host);
+  S gpu{ls::strategy_options{.bucket_bytes = 1024}};  // several buckets
+  const run_result got = train(gpu);
+  REQUIRE(got.losses.size() == want.losses.size());
+  for (std::size_t k = 0; k < steps; ++k) {
+    CAPTURE(k);
+    CHECK(std::abs(got.losses[k] - want.losses[k]) <= 1e-4 * (1.0 + std::abs(want.losses[k])));
+  }
+  check_close(got.params, want.params, 1e-4, "parameters after 20 steps");
+}
+
+}  // namespace
+
+TEST_CASE("cuda: one_device<gpu<0>> trains like one_device<cpu<0>> over 20 steps") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  check_against_host<ls::one_device<ls::gpu<0>>>("one_device<gpu<0>>");
+}
+
+TEST_CASE("cuda: mirrored<gpu<0>, gpu<0>> (on-device reducer) trains like one host device over 20 steps") {
+  static_assert(std::is_same_v<ls::select_reducer_t<ls::gpu<0>, ls::gpu<0>>, ls::same_device_allreduce>);
+  LOCKSTEP_REQUIRE_GPUS(1);
+  check_against_host<ls::mirrored<ls::gpu<0>, ls::gpu<0>>>("mirrored<gpu<0>, gpu<0>>");
+  check_against_host<ls::mirrored<ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>("mirrored<gpu<0> x 3>");
+}
+
+TEST_CASE("cuda: the on-device reducer sums uneven buckets in replica order and releases peers of a failed replica") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  ls::mirrored<ls::gpu<0>, ls::gpu<0>, ls::gpu<0>> s{ls::strategy_options{.timeout = std::chrono::milliseconds(5000)}};
+  auto m = s.template replicate<net>(ls::seed{1});
+  const auto b = make_batch(0);
+  for (std::size_t count : {0u, 1u, 257u, 10007u}) {
+    CAPTURE(count);
+    std::vector<std::vector<float>> inputs(3);
+    for (std::size_t r = 0; r < 3; ++r) inputs[r] = random_vector(count, 900 + r);
+    std::vector<float> want(count);
+    for (std::size_t i = 0; i < count; ++i) want[i] = (inputs[0][i] + inputs[1][i]) + inputs[2][i];
+    auto results = s.run(
+        [&](std::size_t r, const ls::data::shard&) {
+          auto& ctx = m.replica(r).context();
+          auto d = to_device(ctx, inputs[r]);
+          s.all_reduce(r, ctx, d.data(), count);
+          return to_host(ctx, d.data(), count);
+        },
+        distribute(b, 3));
+    for (const auto& got : results) CHECK(got == want);
+  }
+  // A replica that fails before its collective: the others are released, the caller sees the error.
+  CHECK_THROWS_AS(s.run(
+                      [&](std::size_t r, const ls::data::shard&) {
+                        if (r == 1) throw ls::data_error("injected failure");
+                        auto& ctx = m.replica(r).context();
+                        ls::buffer<float, ls::gpu<0>> d(4);
+                        fill(ctx, d.data(), 4, 1.0f);
+                        s.all_reduce(r, ctx, d.data(), 4);
+                        return 0;
+                      },
+                      distribute(b, 3)),
+                  ls::data_error);
+  // The strategy is usable again afterwards.
+  const auto st = ls::train_step(s, m, ls::sgd{}, ls::softmax_cross_entropy{}, distribute(b, 3));
+  CHECK(st.count == b->rows());
+}
+
+#if defined(LOCKSTEP_HAS_NCCL)
+TEST_CASE("cuda: mirrored<gpu<0>, gpu<1>> (NCCL) trains like one host device over 20 steps") {
+  static_assert(std::is_same_v<ls::select_reducer_t<ls::gpu<0>, ls::gpu<1>>, ls::nccl_allreduce>);
+  LOCKSTEP_REQUIRE_GPUS(2);
+  check_against_host<ls::mirrored<ls::gpu<0>, ls::gpu<1>>>("mirrored<gpu<0>, gpu<1>>");
+}
+#endif
