@@ -9,8 +9,10 @@
 #include <lockstep/core/random.hpp>
 #include <lockstep/distribute.hpp>
 #include <lockstep/distribute/replica.hpp>
+#include <lockstep/io.hpp>
 #include <lockstep/layers.hpp>
 #include <lockstep/losses.hpp>
 #include <lockstep/memory/buffer.hpp>
 #include <lockstep/optimizers.hpp>
+#include <lockstep/train.hpp>
 #include <lockstep/version.hpp>

@@ -1,0 +1,179 @@
+// Trains an MLP on Fashion-MNIST with synchronous data parallelism over several replicas fed by
+// one input pipeline, then prints the exact test accuracy as the last line of stdout.
+//
+//   fashion_mnist [--replicas N] [--device cpu|gpu] [--epochs E] [--batch B] [--lr LR] [--seed S]
+//                 [--model mlp|small] [--checkpoint-dir DIR] [--resume] [--data DIR] [--quiet]
+
+// Output uses <cstdio> rather than {fmt}: {fmt}'s compile-time format checks do not build under nvcc,
+// and this file is also compiled as CUDA when LOCKSTEP_HAS_CUDA is set.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <utility>
+
+#include <lockstep/data.hpp>
+#include <lockstep/lockstep.hpp>
+#ifdef LOCKSTEP_HAS_CUDA
+#include <lockstep/backend/cuda.hpp>
+#endif
+
+namespace ls = lockstep;
+
+namespace {
+
+/// 784-512-256-10 with ReLU and dropout: the default model.
+using mlp = ls::sequential<ls::dense<784, 512>, ls::relu, ls::dropout<0.2>, ls::dense<512, 256>, ls::relu,
+                           ls::dropout<0.2>, ls::dense<256, 10>>;
+/// 784-256-10: a quicker, smaller model.
+using small = ls::sequential<ls::dense<784, 256>, ls::relu, ls::dropout<0.1>, ls::dense<256, 10>>;
+
+constexpr std::size_t max_cpu_replicas = 8;
+#ifdef LOCKSTEP_HAS_NCCL
+constexpr std::size_t max_gpu_replicas = 4;  // distinct GPUs, reduced with NCCL
+#else
+constexpr std::size_t max_gpu_replicas = 1;  // several GPUs need NCCL
+#endif
+
+struct config {
+  std::size_t replicas = 2;
+  std::string device = "cpu";
+  std::uint64_t epochs = 20;
+  std::size_t batch = 128;
+  float lr = 1e-3f;
+  float weight_decay = 0.02f;
+  std::uint64_t seed = 42;
+  std::string model = "mlp";
+  std::string data = "/usr/share/datasets/fashion-mnist";
+  std::string checkpoint_dir;
+  std::string metrics_file;
+  bool resume = false;
+  bool quiet = false;
+};
+
+/// A usage error: reported with the usage text, exit code 2.
+struct usage_error {
+  std::string message;
+};
+
+auto images(const config& c, const char* split) {
+  const auto dir = std::filesystem::path(c.data);
+  return ls::data::idx((dir / (std::string(split) + "-images-idx3-ubyte.gz")).string(),
+                       (dir / (std::string(split) + "-labels-idx1-ubyte.gz")).string());
+}
+
+template <class Net, class Strategy>
+int train(const config& c) {
+  Strategy strategy;
+  auto model = strategy.template replicate<Net>(ls::seed{c.seed});
+
+  const auto train_set = images(c, "train") | ls::data::map(ls::data::scale(1.0f / 255)) |
+                         ls::data::shuffle(60'000, c.seed) | ls::data::batched(c.batch) | ls::data::prefetch(2);
+  const auto test_set = images(c, "t10k") | ls::data::map(ls::data::scale(1.0f / 255)) | ls::data::batched(1000);
+
+  const std::uint64_t steps_per_epoch = (60'000 + c.batch - 1) / c.batch;
+  ls::fit_options o;
+  o.epochs = c.epochs;
+  o.validation = test_set;
+  o.callbacks.push_back(ls::lr_schedule(ls::cosine_schedule{.total = c.epochs * steps_per_epoch, .min_lr = 0.0f}));
+  o.quiet = c.quiet;
+  o.metrics_file = c.metrics_file;
+  o.checkpoint_dir = c.checkpoint_dir;
+  o.resume = c.resume;
+  o.data_seed = c.seed;
+  o.steps_per_epoch = steps_per_epoch;
+  if (!c.quiet)
+    std::fprintf(stderr, "training %s on %zu %s replica(s): %llu epochs, global batch %zu, AdamW lr %g (cosine), seed %llu\n",
+                 c.model.c_str(), c.replicas, c.device.c_str(), static_cast<unsigned long long>(c.epochs), c.batch,
+                 static_cast<double>(c.lr), static_cast<unsigned long long>(c.seed));
+  (void)ls::fit(strategy, model, ls::adamw{.lr = c.lr, .weight_decay = c.weight_decay}, ls::softmax_cross_entropy{},
+                train_set, o);
+  const auto test = ls::evaluate(strategy, model, ls::softmax_cross_entropy{}, test_set);
+  if (!c.quiet)
+    std::fprintf(stderr, "test: loss %.4f, accuracy %.4f, top-5 %.4f over %llu samples\n", test.loss, test.accuracy,
+                 test.top_k_accuracy, static_cast<unsigned long long>(test.samples));
+  std::printf("test_accuracy=%.4f\n", test.accuracy);
+  std::fflush(stdout);
+  return 0;
+}
+
+/// mirrored<D<0>, ..., D<N-1>> for an index sequence 0..N-1.
+template <template <std::size_t> class D, class Seq>
+struct mirrored_over;
+template <template <std::size_t> class D, std::size_t... J>
+struct mirrored_over<D, std::index_sequence<J...>> {
+  using type = ls::mirrored<D<J>...>;
+};
+
+/// Runs train() with the strategy of c.replicas devices of kind D (one instantiation per count).
+template <class Net, template <std::size_t> class D, std::size_t... I>
+int train_on(const config& c, std::index_sequence<I...>) {
+  int rc = -1;
+  (void)((c.replicas == I + 1 &&
+          (rc = train<Net, typename mirrored_over<D, std::make_index_sequence<I + 1>>::type>(c), true)) ||
+         ...);
+  if (rc < 0)
+    throw usage_error{"--replicas " + std::to_string(c.replicas) + " is not supported on " + c.device + " (1.." +
+                      std::to_string(sizeof...(I)) + ")"};
+  return rc;
+}
+
+template <class Net>
+int run(const config& c) {
+  if (c.device == "cpu") return train_on<Net, ls::cpu>(c, std::make_index_sequence<max_cpu_replicas>{});
+#ifdef LOCKSTEP_HAS_CUDA
+  return train_on<Net, ls::gpu>(c, std::make_index_sequence<max_gpu_replicas>{});
+#else
+  std::fprintf(stderr, "error: --device gpu: this build has no CUDA support (configure with -DLOCKSTEP_CUDA=ON and nvcc)\n");
+  return 2;
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  config c;
+  CLI::App app{"Trains an MLP on Fashion-MNIST with lockstep's mirrored strategy; the last stdout line is test_accuracy=..."};
+  app.add_option("--replicas", c.replicas, "number of replicas (cpu: 1..8)")->check(CLI::Range(1, 8));
+  app.add_option("--device", c.device, "device kind of the replicas")->check(CLI::IsMember({"cpu", "gpu"}));
+  app.add_option("--epochs", c.epochs, "epochs to train")->check(CLI::Range(1, 100000));
+  app.add_option("--batch", c.batch, "global batch size (split across the replicas)")->check(CLI::Range(1, 60000));
+  app.add_option("--lr", c.lr, "peak learning rate of AdamW (cosine decay to 0)")->check(CLI::PositiveNumber);
+  app.add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay")->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", c.seed, "seed of initialisation, dropout and shuffling");
+  app.add_option("--model", c.model, "model preset: mlp (784-512-256-10, dropout 0.2) or small (784-256-10)")
+      ->check(CLI::IsMember({"mlp", "small"}));
+  app.add_option("--data", c.data, "directory holding the Fashion-MNIST *-ubyte.gz files");
+  app.add_option("--checkpoint-dir", c.checkpoint_dir, "write a checkpoint after every epoch into this directory");
+  app.add_option("--metrics-file", c.metrics_file, "append one JSON object per epoch to this file");
+  app.add_flag("--resume", c.resume, "continue from the newest checkpoint in --checkpoint-dir");
+  app.add_flag("-q,--quiet", c.quiet, "no progress output (the result line is still printed)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s\n%s", e.what(), app.help().c_str());
+    return 2;
+  }
+  try {
+    if (c.resume && c.checkpoint_dir.empty()) throw usage_error{"--resume needs --checkpoint-dir"};
+    return c.model == "small" ? run<small>(c) : run<mlp>(c);
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "error: %s\n%s", e.message.c_str(), app.help().c_str());
+    return 2;
+  } catch (const ls::data_error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const ls::checkpoint_error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const ls::config_error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

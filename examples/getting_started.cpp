@@ -1,0 +1,26 @@
+// The program of docs/getting-started.md: two CPU replicas, one input pipeline, three epochs.
+#include <cstdio>
+
+#include <lockstep/data.hpp>
+#include <lockstep/lockstep.hpp>
+namespace ls = lockstep;
+
+using mlp = ls::sequential<ls::dense<784, 256>, ls::relu, ls::dropout<0.1>, ls::dense<256, 10>>;
+
+int main() {
+  const std::string dir = "/usr/share/datasets/fashion-mnist/";
+  auto load = [&](const char* split) {
+    return ls::data::idx(dir + split + "-images-idx3-ubyte.gz", dir + split + "-labels-idx1-ubyte.gz") |
+           ls::data::map(ls::data::scale(1.0f / 255));
+  };
+  auto train = load("train") | ls::data::shuffle(60'000, 7) | ls::data::batched(128) | ls::data::prefetch(2);
+  auto test = load("t10k") | ls::data::batched(1000);
+
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> strategy;                  // two replicas in lockstep
+  auto model = strategy.replicate<mlp>(ls::seed{42});
+  auto history = ls::fit(strategy, model, ls::adam{.lr = 1e-3f}, ls::softmax_cross_entropy{}, train,
+                         {.epochs = 3, .validation = test});
+  auto result = ls::evaluate(strategy, model, ls::softmax_cross_entropy{}, test);
+  std::printf("test accuracy %.4f over %llu samples (last train loss %.4f)\n", result.accuracy,
+              static_cast<unsigned long long>(result.samples), history.last().train_loss);
+}

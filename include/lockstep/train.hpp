@@ -1,0 +1,8 @@
+#pragma once
+/// @file train.hpp
+/// The training front end: fit, evaluate, predict, metrics, callbacks and progress.
+
+#include <lockstep/train/callbacks.hpp>
+#include <lockstep/train/fit.hpp>
+#include <lockstep/train/metrics.hpp>
+#include <lockstep/train/progress.hpp>

@@ -1,0 +1,155 @@
+#pragma once
+/// @file callbacks.hpp
+/// What fit reports (epoch_stats, history) and how a caller steers it (callbacks: a user lambda
+/// at epoch end or step end, early stopping, a learning-rate schedule).
+
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <lockstep/core/error.hpp>
+
+namespace lockstep {
+
+/// The results of one epoch of fit.
+struct epoch_stats {
+  std::uint64_t epoch = 0;              ///< 0-based epoch number
+  double train_loss = std::numeric_limits<double>::quiet_NaN();      ///< mean training loss (exact over replicas)
+  double train_accuracy = std::numeric_limits<double>::quiet_NaN();  ///< top-1 accuracy of the training-mode outputs
+  double val_loss = std::numeric_limits<double>::quiet_NaN();        ///< validation loss (NaN without validation data)
+  double val_accuracy = std::numeric_limits<double>::quiet_NaN();    ///< validation top-1 accuracy (NaN without)
+  double samples_per_second = 0;        ///< training throughput of the epoch
+  double seconds = 0;                   ///< wall time of the epoch (training and validation)
+  float lr = 0;                         ///< learning rate of the epoch's last update
+  std::uint64_t steps = 0;              ///< updates in this epoch
+  std::uint64_t samples = 0;            ///< training samples in this epoch
+  std::uint64_t global_step = 0;        ///< updates done at the end of the epoch
+  std::uint64_t val_samples = 0;        ///< validation samples evaluated (each exactly once)
+};
+
+/// Everything fit reports: one entry per epoch run.
+struct history {
+  std::vector<epoch_stats> epochs;  ///< per-epoch results, in order
+  bool stopped_early = false;       ///< a callback asked to stop before the last epoch
+  std::uint64_t resumed_from_step = 0;  ///< step of the checkpoint fit resumed from (0: fresh start)
+
+  /// The last epoch's results. @throws config_error when no epoch ran.
+  [[nodiscard]] const epoch_stats& last() const {
+    if (epochs.empty()) throw config_error("lockstep::history: no epoch has run");
+    return epochs.back();
+  }
+  /// One metric of every epoch, e.g. `h.series(&epoch_stats::val_loss)`.
+  template <class M>
+  [[nodiscard]] std::vector<M> series(M epoch_stats::*field) const {
+    std::vector<M> out;
+    out.reserve(epochs.size());
+    for (const auto& e : epochs) out.push_back(e.*field);
+    return out;
+  }
+};
+
+/// What a callback may read and change while fit runs.
+struct training_control {
+  const history* past = nullptr;  ///< the epochs finished so far
+  std::uint64_t step = 0;         ///< updates done so far
+  std::uint64_t epoch = 0;        ///< the epoch in progress
+  float base_lr = 0;              ///< the optimiser's learning rate as given to fit
+  float lr_factor = 1;            ///< multiplies the base rate before schedules (saved in checkpoints)
+  bool stop = false;              ///< set to end training after the current step or epoch
+};
+
+/// A set of hooks fit calls; empty hooks are skipped. Build them with the functions below or
+/// fill the members directly.
+struct callback {
+  /// Called after each epoch (after validation).
+  std::function<void(const epoch_stats&, training_control&)> epoch_end;
+  /// Called after each update with the update's mean loss.
+  std::function<void(double, training_control&)> step_end;
+  /// Maps (rate, step) to the rate of update `step` (0-based); schedules of several callbacks
+  /// compose in order.
+  std::function<float(float, std::uint64_t)> schedule;
+};
+
+/// A callback running `f(stats)` or `f(stats, control)` after every epoch.
+template <class F>
+  requires std::invocable<F&, const epoch_stats&> || std::invocable<F&, const epoch_stats&, training_control&>
+callback on_epoch_end(F f) {
+  callback c;
+  if constexpr (std::invocable<F&, const epoch_stats&, training_control&>)
+    c.epoch_end = std::move(f);
+  else
+    c.epoch_end = [f = std::move(f)](const epoch_stats& s, training_control&) mutable { f(s); };
+  return c;
+}
+
+/// A callback running `f(loss)` or `f(loss, control)` after every update.
+template <class F>
+  requires std::invocable<F&, double> || std::invocable<F&, double, training_control&>
+callback on_step_end(F f) {
+  callback c;
+  if constexpr (std::invocable<F&, double, training_control&>)
+    c.step_end = std::move(f);
+  else
+    c.step_end = [f = std::move(f)](double l, training_control&) mutable { f(l); };
+  return c;
+}
+
+/// A callback applying a learning-rate schedule (constant_schedule, cosine_schedule, ... or any
+/// `float(float base, uint64 step)`). A schedule is a pure function of the step, so a resumed run
+/// continues it exactly.
+template <class Schedule>
+  requires std::invocable<const Schedule&, float, std::uint64_t>
+callback lr_schedule(Schedule s) {
+  callback c;
+  c.schedule = [s = std::move(s)](float base, std::uint64_t step) { return static_cast<float>(s(base, step)); };
+  return c;
+}
+
+/// The metric early stopping watches.
+enum class monitored { val_loss, val_accuracy, train_loss, train_accuracy };
+
+/// Options of early_stopping.
+struct early_stopping_options {
+  monitored monitor = monitored::val_loss;  ///< the metric (losses are minimised, accuracies maximised)
+  std::uint64_t patience = 3;              ///< epochs without improvement before stopping
+  double min_delta = 0;                    ///< smallest change that counts as an improvement
+};
+
+/// A callback that stops training when the monitored metric has not improved by more than
+/// min_delta for `patience` epochs in a row. A NaN metric never counts as an improvement.
+inline callback early_stopping(early_stopping_options o = {}) {
+  struct state {
+    double best = std::numeric_limits<double>::quiet_NaN();
+    std::uint64_t wait = 0;
+  };
+  auto st = std::make_shared<state>();
+  callback c;
+  c.epoch_end = [o, st](const epoch_stats& s, training_control& ctl) {
+    double v = 0;
+    bool maximise = false;
+    switch (o.monitor) {
+      case monitored::val_loss: v = s.val_loss; break;
+      case monitored::val_accuracy: v = s.val_accuracy; maximise = true; break;
+      case monitored::train_loss: v = s.train_loss; break;
+      case monitored::train_accuracy: v = s.train_accuracy; maximise = true; break;
+    }
+    const bool improved =
+        !std::isnan(v) && (std::isnan(st->best) || (maximise ? v > st->best + o.min_delta : v < st->best - o.min_delta));
+    if (improved) {
+      st->best = v;
+      st->wait = 0;
+    } else if (++st->wait >= o.patience) {
+      ctl.stop = true;
+    }
+  };
+  return c;
+}
+
+}  // namespace lockstep

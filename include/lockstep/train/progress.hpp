@@ -1,0 +1,161 @@
+#pragma once
+/// @file progress.hpp
+/// Progress display for fit: on a terminal a live bar on stderr (epoch, step/steps, samples/s,
+/// loss, ETA) redrawn at most every `interval`; elsewhere one plain line per epoch. Also the
+/// optional JSON-lines metrics file (one object per epoch).
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include <lockstep/core/error.hpp>
+#include <lockstep/train/callbacks.hpp>
+
+namespace lockstep {
+
+/// How fit shows its progress.
+struct progress_options {
+  bool quiet = false;                                  ///< print nothing
+  std::FILE* stream = nullptr;                         ///< where to print (nullptr: stderr)
+  std::optional<bool> live;                            ///< live bar (default: when the stream is a terminal)
+  std::chrono::milliseconds interval{100};             ///< least time between two redraws of the bar
+};
+
+namespace detail {
+inline std::string progress_format(const char* fmt, auto... args) {
+  char buf[512];
+  const int n = std::snprintf(buf, sizeof buf, fmt, args...);
+  return std::string(buf, n < 0 ? 0 : std::min<std::size_t>(static_cast<std::size_t>(n), sizeof buf - 1));
+}
+
+inline std::string metric_or_dash(const char* fmt, double v) {
+  return std::isnan(v) ? std::string("-") : progress_format(fmt, v);
+}
+
+inline std::string json_number(double v) {
+  if (std::isnan(v) || std::isinf(v)) return "null";
+  return progress_format("%.9g", v);
+}
+}  // namespace detail
+
+/// The one-line summary of an epoch, as printed by the plain display.
+inline std::string epoch_line(const epoch_stats& s, std::uint64_t epochs) {
+  std::string line = detail::progress_format("epoch %llu/%llu: loss %s acc %s", static_cast<unsigned long long>(s.epoch + 1),
+                                    static_cast<unsigned long long>(epochs),
+                                    detail::metric_or_dash("%.4f", s.train_loss).c_str(),
+                                    detail::metric_or_dash("%.4f", s.train_accuracy).c_str());
+  if (!std::isnan(s.val_loss) || !std::isnan(s.val_accuracy))
+    line += " | val_loss " + detail::metric_or_dash("%.4f", s.val_loss) + " val_acc " +
+            detail::metric_or_dash("%.4f", s.val_accuracy);
+  line += detail::progress_format(" | %.0f samples/s | lr %.3g | %.1f s", s.samples_per_second, static_cast<double>(s.lr),
+                         s.seconds);
+  return line;
+}
+
+/// The display fit drives: begin_epoch, step (often), end_epoch.
+class progress {
+public:
+  /// A display for a run of `epochs` epochs.
+  explicit progress(progress_options o, std::uint64_t epochs)
+      : o_(o), out_(o.stream ? o.stream : stderr), epochs_(epochs) {
+    live_ = o_.live ? *o_.live : ::isatty(::fileno(out_)) != 0;
+  }
+
+  /// True when the live bar is in use.
+  [[nodiscard]] bool live() const noexcept { return live_ && !o_.quiet; }
+
+  /// Starts epoch `epoch`; `steps` is the expected number of steps (0 when unknown).
+  void begin_epoch(std::uint64_t epoch, std::uint64_t steps) {
+    epoch_ = epoch;
+    steps_ = steps;
+    start_ = std::chrono::steady_clock::now();
+    last_draw_ = start_ - o_.interval;
+    drawn_ = false;
+  }
+
+  /// Reports that `step` steps and `samples` samples of the epoch are done, mean loss `loss`.
+  void step(std::uint64_t step, std::uint64_t samples, double loss) {
+    if (!live()) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_draw_ < o_.interval && !(steps_ && step == steps_)) return;
+    last_draw_ = now;
+    const double t = std::chrono::duration<double>(now - start_).count();
+    const double rate = t > 0 ? static_cast<double>(samples) / t : 0;
+    std::string bar;
+    if (steps_) {
+      constexpr int width = 24;
+      const int filled = static_cast<int>(static_cast<double>(width) * static_cast<double>(std::min(step, steps_)) /
+                                          static_cast<double>(steps_));
+      bar = "[" + std::string(static_cast<std::size_t>(filled), '=') +
+            std::string(static_cast<std::size_t>(width - filled), ' ') + "] ";
+    }
+    std::string eta = "?";
+    if (steps_ && step > 0 && step <= steps_)
+      eta = detail::progress_format("%.0fs", t / static_cast<double>(step) * static_cast<double>(steps_ - step));
+    const std::string total = steps_ ? std::to_string(steps_) : std::string("?");
+    std::fprintf(out_, "\r\033[Kepoch %llu/%llu %s%llu/%s | %.0f samples/s | loss %.4f | ETA %s",
+                 static_cast<unsigned long long>(epoch_ + 1), static_cast<unsigned long long>(epochs_), bar.c_str(),
+                 static_cast<unsigned long long>(step), total.c_str(), rate, loss, eta.c_str());
+    std::fflush(out_);
+    drawn_ = true;
+  }
+
+  /// Ends the epoch: replaces the bar (or prints a line) with the epoch's summary.
+  void end_epoch(const epoch_stats& s) {
+    if (o_.quiet) return;
+    if (live() && drawn_) std::fputs("\r\033[K", out_);
+    std::fprintf(out_, "%s\n", epoch_line(s, epochs_).c_str());
+    std::fflush(out_);
+  }
+
+private:
+  progress_options o_;
+  std::FILE* out_;
+  std::uint64_t epochs_;
+  bool live_ = false;
+  std::uint64_t epoch_ = 0;
+  std::uint64_t steps_ = 0;
+  std::chrono::steady_clock::time_point start_{}, last_draw_{};
+  bool drawn_ = false;
+};
+
+/// The JSON object (one line, no newline) describing an epoch, as written to a metrics file.
+inline std::string epoch_json(const epoch_stats& s) {
+  using detail::json_number;
+  return "{\"epoch\":" + std::to_string(s.epoch) + ",\"step\":" + std::to_string(s.global_step) +
+         ",\"train_loss\":" + json_number(s.train_loss) + ",\"train_accuracy\":" + json_number(s.train_accuracy) +
+         ",\"val_loss\":" + json_number(s.val_loss) + ",\"val_accuracy\":" + json_number(s.val_accuracy) +
+         ",\"samples_per_second\":" + json_number(s.samples_per_second) + ",\"seconds\":" + json_number(s.seconds) +
+         ",\"lr\":" + json_number(static_cast<double>(s.lr)) + ",\"steps\":" + std::to_string(s.steps) +
+         ",\"samples\":" + std::to_string(s.samples) + ",\"val_samples\":" + std::to_string(s.val_samples) + "}";
+}
+
+/// A JSON-lines file receiving one object per epoch (flushed after each line).
+class metrics_log {
+public:
+  /// Opens (appends to) `path`. @throws config_error when it cannot be opened.
+  explicit metrics_log(const std::string& path) : f_(std::fopen(path.c_str(), "a")), path_(path) {
+    if (!f_) throw config_error("lockstep: metrics_file '" + path + "' cannot be opened for writing");
+  }
+  metrics_log(const metrics_log&) = delete;
+  metrics_log& operator=(const metrics_log&) = delete;
+  ~metrics_log() { std::fclose(f_); }
+
+  /// Appends the line of one epoch. @throws config_error when the write fails.
+  void write(const epoch_stats& s) {
+    const std::string line = epoch_json(s) + "\n";
+    if (std::fputs(line.c_str(), f_) < 0 || std::fflush(f_) != 0)
+      throw config_error("lockstep: cannot write to metrics_file '" + path_ + "'");
+  }
+
+private:
+  std::FILE* f_;
+  std::string path_;
+};
+
+}  // namespace lockstep

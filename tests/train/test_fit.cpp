@@ -1,0 +1,189 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "train/helpers.hpp"
+
+using namespace train_test;
+namespace fs = std::filesystem;
+
+namespace {
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("lockstep_train_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d;
+}
+}  // namespace
+
+TEST_CASE("fit: history holds one exact entry per epoch") {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  auto m = s.replicate<net>(ls::seed{1});
+  const std::size_t n = 103, bs = 16, val = 37;
+  const auto dir = temp_dir("hist");
+  fs::create_directories(dir);
+  const auto h = ls::fit(s, m, ls::adam{.lr = 1e-2f}, ls::softmax_cross_entropy{}, pipeline(n, bs),
+                         {.epochs = 4, .validation = eval_pipeline(val, 10), .quiet = true,
+                          .metrics_file = (dir / "m.jsonl").string()});
+  REQUIRE(h.epochs.size() == 4);
+  CHECK(!h.stopped_early);
+  for (std::size_t e = 0; e < 4; ++e) {
+    const auto& st = h.epochs[e];
+    CAPTURE(e);
+    CHECK(st.epoch == e);
+    CHECK(st.samples == n);
+    CHECK(st.steps == (n + bs - 1) / bs);
+    CHECK(st.global_step == (e + 1) * st.steps);
+    CHECK(st.val_samples == val);
+    CHECK(st.train_accuracy >= 0.0);
+    CHECK(st.train_accuracy <= 1.0);
+    CHECK(st.val_accuracy >= 0.0);
+    CHECK(st.samples_per_second > 0);
+    CHECK(st.lr == doctest::Approx(1e-2f));
+  }
+  CHECK(h.epochs.back().train_loss < h.epochs.front().train_loss);
+  CHECK(h.last().val_accuracy > 0.6);  // three well separated clusters
+  CHECK(m.step() == h.last().global_step);
+  // the validation numbers are those of evaluate() on the final model
+  const auto ev = ls::evaluate(s, m, ls::softmax_cross_entropy{}, eval_pipeline(val, 10));
+  CHECK(ev.accuracy == h.last().val_accuracy);
+  // one JSON object per epoch
+  std::ifstream in(dir / "m.jsonl");
+  std::string line;
+  std::size_t lines = 0;
+  while (std::getline(in, line)) {
+    CHECK(line.front() == '{');
+    CHECK(line.back() == '}');
+    CHECK(line.find("\"epoch\":" + std::to_string(lines)) != std::string::npos);
+    CHECK(line.find("\"val_accuracy\":") != std::string::npos);
+    ++lines;
+  }
+  CHECK(lines == 4);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("fit: train loss and accuracy are exact over replicas") {
+  // with a zero learning rate the model never changes, so the epoch's train metrics must equal
+  // the sums over the whole epoch (dropout makes them differ from evaluation, so compare runs)
+  ls::mirrored<ls::cpu<0>> one;
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>> three;
+  auto m1 = one.replicate<net>(ls::seed{4});
+  auto m3 = three.replicate<net>(ls::seed{4});
+  const auto h1 = ls::fit(one, m1, ls::sgd{.lr = 0.0f}, ls::softmax_cross_entropy{}, pipeline(50, 7), {.epochs = 2, .quiet = true});
+  const auto h3 = ls::fit(three, m3, ls::sgd{.lr = 0.0f}, ls::softmax_cross_entropy{}, pipeline(50, 7), {.epochs = 2, .quiet = true});
+  for (std::size_t e = 0; e < 2; ++e) {
+    CHECK(h1.epochs[e].train_accuracy == h3.epochs[e].train_accuracy);
+    CHECK(h1.epochs[e].train_loss == doctest::Approx(h3.epochs[e].train_loss).epsilon(1e-6));
+    CHECK(h3.epochs[e].samples == 50);
+  }
+}
+
+TEST_CASE("fit: a learning-rate schedule callback sets the rate of every step") {
+  const ls::step_schedule sched{.every = 3, .factor = 0.5f};
+  const float base = 0.05f;
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  auto a = s.replicate<net>(ls::seed{2});
+  std::vector<double> step_losses;
+  const auto h = ls::fit(s, a, ls::sgd{.lr = base}, ls::softmax_cross_entropy{}, pipeline(40, 8),
+                         {.epochs = 3,
+                          .callbacks = {ls::lr_schedule(sched), ls::on_step_end([&](double l) { step_losses.push_back(l); })},
+                          .quiet = true});
+  REQUIRE(h.epochs.size() == 3);
+  CHECK(step_losses.size() == 15);
+  for (const auto& e : h.epochs) CHECK(e.lr == sched(base, e.global_step - 1));
+
+  // the same steps by hand with the scheduled rates give bitwise the same parameters
+  auto b = s.replicate<net>(ls::seed{2});
+  const auto data = pipeline(40, 8);
+  for (std::uint64_t e = 0; e < 3; ++e)
+    for (auto& db : ls::data::distribute(data.epoch(e), s.num_replicas()))
+      (void)ls::train_step(s, b, ls::sgd{.lr = sched(base, b.step())}, ls::softmax_cross_entropy{}, db);
+  CHECK(b.step() == a.step());
+  CHECK(params_of(a) == params_of(b));
+}
+
+TEST_CASE("fit: early stopping ends training after `patience` epochs without improvement") {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  for (std::uint64_t patience : {1u, 2u, 4u}) {
+    CAPTURE(patience);
+    auto m = s.replicate<net>(ls::seed{5});
+    // lr = 0: the validation loss never improves after the first epoch
+    const auto h = ls::fit(s, m, ls::sgd{.lr = 0.0f}, ls::softmax_cross_entropy{}, pipeline(30, 10),
+                           {.epochs = 20,
+                            .validation = eval_pipeline(20, 10),
+                            .callbacks = {ls::early_stopping({.monitor = ls::monitored::val_loss, .patience = patience})},
+                            .quiet = true});
+    CHECK(h.epochs.size() == patience + 1);
+    CHECK(h.stopped_early);
+  }
+  // a user lambda can stop too, and improving training does not stop early
+  auto m = s.replicate<net>(ls::seed{5});
+  std::size_t calls = 0;
+  const auto h = ls::fit(s, m, ls::adam{.lr = 1e-2f}, ls::softmax_cross_entropy{}, pipeline(60, 10),
+                         {.epochs = 10,
+                          .callbacks = {ls::on_epoch_end([&](const ls::epoch_stats& st, ls::training_control& c) {
+                            ++calls;
+                            if (st.epoch == 2) c.stop = true;
+                          })},
+                          .quiet = true});
+  CHECK(calls == 3);
+  CHECK(h.epochs.size() == 3);
+  CHECK(h.stopped_early);
+}
+
+TEST_CASE("fit: plain progress prints one line per epoch, quiet prints nothing") {
+  ls::mirrored<ls::cpu<0>> s;
+  auto m = s.replicate<net>(ls::seed{5});
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f);
+  (void)ls::fit(s, m, ls::adam{}, ls::softmax_cross_entropy{}, pipeline(20, 5),
+                {.epochs = 3, .progress = {.stream = f, .live = false}});
+  std::rewind(f);
+  char buf[512];
+  std::size_t lines = 0;
+  while (std::fgets(buf, sizeof buf, f)) {
+    CHECK(std::string(buf).rfind("epoch " + std::to_string(lines + 1) + "/3:", 0) == 0);
+    ++lines;
+  }
+  CHECK(lines == 3);
+  std::fclose(f);
+  f = std::tmpfile();
+  (void)ls::fit(s, m, ls::adam{}, ls::softmax_cross_entropy{}, pipeline(20, 5),
+                {.epochs = 1, .quiet = true, .progress = {.stream = f, .live = true}});
+  CHECK(std::ftell(f) == 0);
+  std::fclose(f);
+}
+
+TEST_CASE("fit: the live bar redraws in place and ends each epoch with its summary line") {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  auto m = s.replicate<net>(ls::seed{5});
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f);
+  (void)ls::fit(s, m, ls::adam{}, ls::softmax_cross_entropy{}, pipeline(40, 5),
+                {.epochs = 2, .progress = {.stream = f, .live = true, .interval = std::chrono::milliseconds(0)}});
+  std::string out;
+  std::rewind(f);
+  for (int ch = std::fgetc(f); ch != EOF; ch = std::fgetc(f)) out.push_back(static_cast<char>(ch));
+  std::fclose(f);
+  CHECK(out.find("\r\033[Kepoch 1/2 1/? |") != std::string::npos);     // first epoch: step count unknown
+  CHECK(out.find("\r\033[Kepoch 2/2 [") != std::string::npos);            // then a bar with 8 steps
+  CHECK(out.find("8/8 |") != std::string::npos);
+  CHECK(out.find("samples/s | loss ") != std::string::npos);
+  CHECK(out.find("ETA ") != std::string::npos);
+  CHECK(out.find("\r\033[Kepoch 1/2: loss ") != std::string::npos);      // summary replaces the bar
+  CHECK(out.find("\r\033[Kepoch 2/2: loss ") != std::string::npos);
+  CHECK(std::count(out.begin(), out.end(), '\n') == 2);
+}
+
+TEST_CASE("fit: resume needs a checkpoint directory") {
+  ls::mirrored<ls::cpu<0>> s;
+  auto m = s.replicate<net>(ls::seed{5});
+  CHECK_THROWS_AS(ls::fit(s, m, ls::adam{}, ls::softmax_cross_entropy{}, pipeline(20, 5), {.resume = true}),
+                  ls::config_error);
+}

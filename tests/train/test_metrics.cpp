@@ -1,0 +1,121 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <set>
+
+#include "train/helpers.hpp"
+
+using namespace train_test;
+
+TEST_CASE("metrics: rank_of ties resolve to the lowest index like argmax") {
+  const float row[] = {0.5f, 2.0f, 2.0f, -1.0f};
+  CHECK(ls::rank_of(row, 4, 1) == 0);
+  CHECK(ls::rank_of(row, 4, 2) == 1);
+  CHECK(ls::rank_of(row, 4, 0) == 2);
+  CHECK(ls::rank_of(row, 4, 3) == 3);
+  ls::metric_sums m;
+  const std::int32_t labels[] = {2};
+  ls::count_predictions(row, 1, 4, labels, 2, m);
+  CHECK(m.correct == 0);
+  CHECK(m.top_k_correct == 1);
+  const std::int32_t bad[] = {4};
+  CHECK_THROWS_AS(ls::count_predictions(row, 1, 4, bad, 2, m), ls::shape_error);
+}
+
+namespace {
+
+// Reference metrics on one model instance, one sample at a time (independent of batching).
+struct reference {
+  double loss = 0;
+  std::uint64_t correct = 0, top2 = 0, n = 0;
+};
+template <class M>
+reference reference_metrics(M& replicated, std::size_t n, std::uint64_t seed) {
+  const auto params = replicated.parameters_to_host();
+  ls::replica<net> r(ls::host_context(1), ls::seed{0});
+  std::copy(params.begin(), params.end(), r.model().parameters().data());
+  const blobs b = make_blobs(n, seed);
+  reference ref;
+  for (std::size_t i = 0; i < n; ++i) {
+    ls::data::shard sh;
+    sh.features = b.features.data() + i * width;
+    sh.labels = b.labels.data() + i;
+    sh.size = 1;
+    sh.width = width;
+    sh.global_size = 1;
+    const float* out = r.predict(sh, {});
+    std::vector<std::size_t> order(classes);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t c) { return out[a] > out[c]; });
+    const auto label = static_cast<std::size_t>(b.labels[i]);
+    ref.correct += order[0] == label;
+    ref.top2 += order[0] == label || order[1] == label;
+    double mx = out[0];
+    for (std::size_t j = 1; j < classes; ++j) mx = std::max(mx, double(out[j]));
+    double z = 0;
+    for (std::size_t j = 0; j < classes; ++j) z += std::exp(double(out[j]) - mx);
+    ref.loss += std::log(z) + mx - double(out[label]);
+    ++ref.n;
+  }
+  return ref;
+}
+
+template <class Strategy>
+void check_exact_evaluation() {
+  Strategy s;
+  auto m = s.template replicate<net>(ls::seed{11});
+  for (std::size_t n : {1u, 2u, 5u, 13u, 31u, 97u}) {
+    for (std::size_t bs : {1u, 3u, 8u, 64u}) {
+      CAPTURE(Strategy::replica_count);
+      CAPTURE(n);
+      CAPTURE(bs);
+      const auto ev = ls::evaluate(s, m, ls::softmax_cross_entropy{}, eval_pipeline(n, bs), {.top_k = 2});
+      const auto ref = reference_metrics(m, n, 2);
+      CHECK(ev.samples == n);  // every sample exactly once: no padding, no drops
+      CHECK(ev.sums.labelled == n);
+      CHECK(ev.sums.correct == ref.correct);
+      CHECK(ev.sums.top_k_correct == ref.top2);
+      CHECK(ev.accuracy == doctest::Approx(double(ref.correct) / double(n)).epsilon(1e-12));
+      CHECK(ev.loss == doctest::Approx(ref.loss / double(n)).epsilon(1e-5));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("evaluate: exact counts, accuracy and top-k for uneven sizes and 1..4 replicas") {
+  check_exact_evaluation<ls::mirrored<ls::cpu<0>>>();
+  check_exact_evaluation<ls::mirrored<ls::cpu<0>, ls::cpu<1>>>();
+  check_exact_evaluation<ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>>>();
+  check_exact_evaluation<ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>, ls::cpu<3>>>();
+}
+
+TEST_CASE("evaluate: an empty dataset counts nothing") {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  auto m = s.replicate<net>(ls::seed{3});
+  const auto ev = ls::evaluate(s, m, ls::softmax_cross_entropy{}, eval_pipeline(0, 4));
+  CHECK(ev.samples == 0);
+  CHECK(std::isnan(ev.accuracy));
+  CHECK_THROWS_AS(ls::evaluate(s, m, ls::softmax_cross_entropy{}, eval_pipeline(3, 4), {.top_k = 0}), ls::config_error);
+}
+
+TEST_CASE("predict: every row once, in pipeline order, same outputs for 1 and 3 replicas") {
+  ls::mirrored<ls::cpu<0>> one;
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>> three;
+  auto m1 = one.replicate<net>(ls::seed{9});
+  auto m3 = three.replicate<net>(ls::seed{9});
+  for (std::size_t n : {1u, 7u, 40u}) {
+    CAPTURE(n);
+    const auto a = ls::predict(one, m1, eval_pipeline(n, 6));
+    const auto b = ls::predict(three, m3, eval_pipeline(n, 6));
+    REQUIRE(a.rows() == n);
+    REQUIRE(b.rows() == n);
+    CHECK(a.width == classes);
+    std::set<std::uint64_t> seen(b.indices.begin(), b.indices.end());
+    CHECK(seen.size() == n);
+    CHECK(a.indices == b.indices);
+    for (std::size_t i = 0; i < a.outputs.size(); ++i) CHECK(a.outputs[i] == doctest::Approx(b.outputs[i]).epsilon(1e-5));
+  }
+}
