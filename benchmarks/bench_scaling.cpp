@@ -1,5 +1,5 @@
 // Data-parallel scaling on the host: config M (784-512-512-10 ReLU MLP) at global batch 256,
-// trained with 1 replica (BLAS on every core) and with 2 CPU replicas (1 BLAS thread each).
+// trained with 1 and with 2 CPU replicas (a cpu<I> replica is one core: 1 BLAS thread each).
 // speedup = samples/s with n replicas over samples/s with 1, measured in the same run.
 
 #include <chrono>

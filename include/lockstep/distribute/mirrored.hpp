@@ -121,11 +121,9 @@ public:
   [[nodiscard]] const strategy_options& options() const noexcept { return options_; }
   /// The reducer (for collectives issued from inside run()).
   [[nodiscard]] Reducer& reducer() noexcept { return reducer_; }
-  /// BLAS threads per replica: all cores for one replica, 1 when replicas share the cores (and
-  /// always 1 under replica_count_invariant, whose GEMMs must not depend on the thread count).
-  [[nodiscard]] static int blas_threads() noexcept {
-    return replica_count == 1 && Determinism == determinism::run_to_run ? hardware_threads() : 1;
-  }
+  /// BLAS threads per host replica (strategy_options::blas_threads; 1 by default, so a cpu<I>
+  /// device is one core and replicas × BLAS threads never exceed the cores).
+  [[nodiscard]] int blas_threads() const noexcept { return options_.blas_threads; }
 
   /// Makes N replicas of Net, initialised from `s` and made identical by a broadcast from replica 0.
   template <class Net, class T = float>
@@ -269,6 +267,19 @@ private:
     if (o.timeout.count() <= 0) throw config_error("lockstep: strategy_options::timeout must be positive");
     if (Determinism == determinism::replica_count_invariant && o.micro_shard_rows == 0)
       throw config_error("lockstep: strategy_options::micro_shard_rows must be >= 1");
+    if (o.blas_threads < 1)
+      throw config_error("lockstep: strategy_options::blas_threads must be >= 1, got " + std::to_string(o.blas_threads));
+    if constexpr ((is_cpu_v<Devices> && ...)) {
+      if (o.blas_threads > 1 &&
+          replica_count * static_cast<std::size_t>(o.blas_threads) > static_cast<std::size_t>(hardware_threads()))
+        throw config_error("lockstep: strategy_options::blas_threads = " + std::to_string(o.blas_threads) + " with " +
+                           std::to_string(replica_count) + " replicas would run " +
+                           std::to_string(replica_count * static_cast<std::size_t>(o.blas_threads)) +
+                           " BLAS threads on " + std::to_string(hardware_threads()) + " cores");
+      if (Determinism == determinism::replica_count_invariant && o.blas_threads != 1)
+        throw config_error("lockstep: strategy_options::blas_threads must be 1 under replica_count_invariant "
+                           "(a GEMM's result must not depend on the thread count)");
+    }
     return o;
   }
 
@@ -325,7 +336,8 @@ private:
       auto hook = [&](std::size_t layer, std::size_t, std::size_t) {
         if (const std::size_t b = layout.completes[layer]) {
           const gradient_bucket& g = layout.buckets[b - 1];
-          ctx.synchronize();
+          // No host wait here: a reducer orders its collective after the compute already queued
+          // on ctx (host work is synchronous; GPU reducers wait on an event of the compute stream).
           reducer_.start(r, ctx, grads + g.offset, g.count, b - 1);
         }
       };
