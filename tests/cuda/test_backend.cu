@@ -275,8 +275,8 @@ TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the d
       auto d_z = to_device(ctx, z);
       auto d_t = to_device(ctx, t);
       auto d_labels = to_device(ctx, labels);
-      ls::buffer<float, ls::gpu<0>> d_grad(rows * cols), d_scratch(rows);
-      std::vector<float> grad(rows * cols), scratch(rows);
+      ls::buffer<float, ls::gpu<0>> d_grad(rows * cols), d_scratch(rows * ls::softmax_cross_entropy::scratch_per_row);
+      std::vector<float> grad(rows * cols), scratch(rows * ls::softmax_cross_entropy::scratch_per_row);
 
       const ls::loss_sum hx = ls::softmax_cross_entropy{}.evaluate(hc, z.data(), rows, cols,
                                                                    ls::targets<float>{labels.data(), nullptr, 0},
@@ -284,6 +284,7 @@ TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the d
       const ls::loss_sum dx = ls::softmax_cross_entropy{}.evaluate(
           ctx, d_z.data(), rows, cols, ls::targets<float>{d_labels.data(), nullptr, 0}, d_grad.data(), d_scratch.data());
       CHECK(dx.count == hx.count);
+      CHECK(dx.correct == hx.correct);
       CHECK(std::abs(dx.sum - hx.sum) <= 1e-5 * (1.0 + std::abs(hx.sum)));
       check_close(to_host(ctx, d_grad.data(), grad.size()), grad, 1e-5, "softmax cross-entropy gradient");
 
@@ -300,7 +301,7 @@ TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the d
   const std::vector<std::int32_t> bad{0, 10, 2};
   auto d_bad = to_device(ctx, bad);
   auto d_z = to_device(ctx, random_vector(30, 42));
-  ls::buffer<float, ls::gpu<0>> d_scratch(3);
+  ls::buffer<float, ls::gpu<0>> d_scratch(3 * ls::softmax_cross_entropy::scratch_per_row);
   CHECK_THROWS_AS(ls::softmax_cross_entropy{}.evaluate(ctx, d_z.data(), 3, 10,
                                                         ls::targets<float>{d_bad.data(), nullptr, 0}, static_cast<float*>(nullptr),
                                                         d_scratch.data()),

@@ -125,7 +125,7 @@ TEST_CASE_TEMPLATE("losses: an empty shard sums to zero over zero samples", L, l
 TEST_CASE("losses: the sum is additive over row splits, so shards can be summed") {
   const ls::host_context ctx;
   problem p(11, 4, 8);
-  std::vector<double> scratch(11);
+  std::vector<double> scratch(11 * ls::softmax_cross_entropy::scratch_per_row);
   for (std::size_t cut : {0u, 1u, 5u, 11u}) {
     CAPTURE(cut);
     auto part = [&](const auto& loss, std::size_t first, std::size_t n) {
@@ -154,7 +154,7 @@ TEST_CASE("softmax_cross_entropy is stable for large logits and in float") {
   const ls::softmax_cross_entropy loss;
   std::vector<float> z = {1000.0f, 0.0f, -1000.0f, 88.0f, 89.0f, 90.0f};
   std::vector<std::int32_t> labels = {0, 1};
-  std::vector<float> grad(6), scratch(2);
+  std::vector<float> grad(6), scratch(2 * ls::softmax_cross_entropy::scratch_per_row);
   const ls::loss_sum l = loss.evaluate(ctx, z.data(), 2, 3, ls::targets<float>{labels.data(), nullptr, 0},
                                        grad.data(), scratch.data());
   // row 0: loss ~ 0; row 1: log(e^-1 + 1 + e^1) - 0 + ... relative to label 1 (89)
@@ -170,7 +170,7 @@ TEST_CASE("softmax_cross_entropy is stable for large logits and in float") {
 TEST_CASE("softmax_cross_entropy: labels outside 0 .. classes-1 raise data_error") {
   const ls::host_context ctx;
   const ls::softmax_cross_entropy loss;
-  std::vector<float> z(3 * 4, 0.5f), grad(12), scratch(3);
+  std::vector<float> z(3 * 4, 0.5f), grad(12), scratch(3 * ls::softmax_cross_entropy::scratch_per_row);
   for (std::int32_t bad : {-1, 4, 1000}) {
     CAPTURE(bad);
     std::vector<std::int32_t> labels = {0, bad, 2};
@@ -247,4 +247,31 @@ TEST_CASE("replica: bad shards raise lockstep errors that name the problem") {
     for (std::size_t i = 0; i < decltype(rep)::model_type::param_count; ++i)
       CHECK(double(rep.model().gradients()[i]) == doctest::Approx(drep.model().gradients()[i]).epsilon(1e-4).scale(1e-3));
   }
+}
+
+TEST_CASE("softmax_cross_entropy counts top-1 hits as the arg-max with ties to the lowest index") {
+  for (std::size_t rows : {0u, 1u, 2u, 7u, 31u}) {
+    for (std::size_t cols : {1u, 2u, 3u, 10u}) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      problem p(rows, cols, 11 + rows * 13 + cols);
+      // Quantise the logits so that ties occur, and make some rows all-equal.
+      for (auto& v : p.z) v = std::round(v);
+      for (std::size_t r = 0; r < rows; r += 5)
+        for (std::size_t c = 0; c < cols; ++c) p.z[r * cols + c] = 1.0;
+      std::size_t expected = 0;
+      for (std::size_t r = 0; r < rows; ++r) {
+        const double* row = p.z.data() + r * cols;
+        const std::size_t arg = static_cast<std::size_t>(std::max_element(row, row + cols) - row);
+        expected += arg == static_cast<std::size_t>(p.labels[r]) ? 1 : 0;
+      }
+      std::vector<double> scratch(rows * ls::softmax_cross_entropy::scratch_per_row + 1);
+      const ls::host_context ctx;
+      const ls::loss_sum l = ls::softmax_cross_entropy{}.evaluate(ctx, p.z.data(), rows, cols, p.targets(),
+                                                                   static_cast<double*>(nullptr), scratch.data());
+      CHECK(l.count == rows);
+      CHECK(l.correct == expected);
+    }
+  }
+  static_assert(ls::counts_correct_v<ls::softmax_cross_entropy> && !ls::counts_correct_v<ls::mse>);
 }

@@ -201,14 +201,15 @@ public:
     return acc;
   }
 
-  /// Combines per-replica loss sums: sums and counts add up (sum), or the mean loss per sample
-  /// (mean: sum / count, count kept); min and max pick the replica with the smallest or largest sum.
+  /// Combines per-replica loss sums: sums, counts and hits add up (sum), or the mean loss per sample
+  /// (mean: sum / count, counts kept); min and max pick the replica with the smallest or largest sum.
   [[nodiscard]] loss_sum reduce(reduce_op op, const std::vector<loss_sum>& values) const {
     loss_sum t;
     std::vector<double> sums;
     for (const auto& v : values) {
       t.sum += v.sum;
       t.count += v.count;
+      t.correct += v.correct;
       sums.push_back(v.sum);
     }
     if (op == reduce_op::mean) t.sum = t.count ? t.sum / static_cast<double>(t.count) : 0.0;

@@ -26,7 +26,12 @@ struct targets {
 struct loss_sum {
   double sum = 0;          ///< sum of per-sample losses
   std::size_t count = 0;   ///< samples summed
+  std::size_t correct = 0; ///< rows whose arg-max output equals the label (losses with counts_correct)
 };
+
+/// True when loss L counts top-1 hits in loss_sum::correct as it evaluates (on any device).
+template <class L>
+inline constexpr bool counts_correct_v = requires { requires L::counts_correct; };
 
 /// A loss: opts in with loss_tag; `evaluate(ctx, out, rows, cols, targets, grad, scratch)` writes the
 /// gradient of the summed loss into grad (when not null) and returns the sum and count.

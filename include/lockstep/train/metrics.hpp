@@ -90,7 +90,8 @@ struct accuracy_counters {
 };
 
 /// Wraps a loss so that each evaluation during training also counts top-1 hits of the
-/// training-mode outputs (host replicas; on other devices it marks the accuracy unavailable).
+/// training-mode outputs: from loss_sum::correct when the loss counts them (on any device),
+/// otherwise by reading host outputs (on other devices the accuracy is then unavailable).
 template <class Loss>
 struct counting_loss {
   using loss_concept = loss_tag;                                    ///< opts in to the loss concept
@@ -102,19 +103,28 @@ struct counting_loss {
   template <class T, class Ctx, class G>
   loss_sum evaluate(Ctx& ctx, const T* out, std::size_t rows, std::size_t cols, const targets<T>& t, G* grad,
                     T* scratch) const {
-    if (t.labels && rows > 0) {
-      if constexpr (std::is_same_v<std::remove_cv_t<Ctx>, backend::host_context>) {
-        std::uint64_t hits = 0;
-        for (std::size_t i = 0; i < rows; ++i)
-          if (t.labels[i] >= 0 && static_cast<std::size_t>(t.labels[i]) < cols)
-            hits += rank_of(out + i * cols, cols, static_cast<std::size_t>(t.labels[i])) == 0 ? 1 : 0;
-        counters->correct.fetch_add(hits, std::memory_order_relaxed);
+    if constexpr (counts_correct_v<Loss>) {
+      const loss_sum l = inner->evaluate(ctx, out, rows, cols, t, grad, scratch);
+      if (t.labels && rows > 0) {
+        counters->correct.fetch_add(l.correct, std::memory_order_relaxed);
         counters->labelled.fetch_add(rows, std::memory_order_relaxed);
-      } else {
-        counters->unavailable.store(true, std::memory_order_relaxed);
       }
+      return l;
+    } else {
+      if (t.labels && rows > 0) {
+        if constexpr (std::is_same_v<std::remove_cv_t<Ctx>, backend::host_context>) {
+          std::uint64_t hits = 0;
+          for (std::size_t i = 0; i < rows; ++i)
+            if (t.labels[i] >= 0 && static_cast<std::size_t>(t.labels[i]) < cols)
+              hits += rank_of(out + i * cols, cols, static_cast<std::size_t>(t.labels[i])) == 0 ? 1 : 0;
+          counters->correct.fetch_add(hits, std::memory_order_relaxed);
+          counters->labelled.fetch_add(rows, std::memory_order_relaxed);
+        } else {
+          counters->unavailable.store(true, std::memory_order_relaxed);
+        }
+      }
+      return inner->evaluate(ctx, out, rows, cols, t, grad, scratch);
     }
-    return inner->evaluate(ctx, out, rows, cols, t, grad, scratch);
   }
 };
 
