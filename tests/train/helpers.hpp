@@ -3,12 +3,23 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <lockstep/data.hpp>
 #include <lockstep/lockstep.hpp>
 
 namespace train_test {
+
+/// A fresh, empty directory for one test (named after the test and this process).
+inline std::filesystem::path temp_dir(const std::string& name) {
+  const auto d = std::filesystem::temp_directory_path() / ("lockstep_train_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  return d;
+}
 
 namespace ls = lockstep;
 

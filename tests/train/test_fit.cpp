@@ -14,14 +14,6 @@
 using namespace train_test;
 namespace fs = std::filesystem;
 
-namespace {
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("lockstep_train_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  return d;
-}
-}  // namespace
-
 TEST_CASE("fit: history holds one exact entry per epoch") {
   ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
   auto m = s.replicate<net>(ls::seed{1});

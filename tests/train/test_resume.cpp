@@ -17,12 +17,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("lockstep_resume_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  return d;
-}
-
 constexpr std::size_t samples = 45, batch = 8;  // 6 steps per epoch, the last one uneven
 const ls::adamw optimizer{.lr = 5e-3f, .weight_decay = 0.01f};
 
