@@ -8,7 +8,8 @@ source scripts/deps.sh
 lockstep_install_deps
 
 build=${LOCKSTEP_BUILD_DIR:-build-demo}
+# Build output goes to stderr, so stdout carries only the program's results.
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=OFF \
-  -DLOCKSTEP_BUILD_TESTS=OFF -DLOCKSTEP_BUILD_BENCHMARKS=OFF
-cmake --build "$build" -j "$(nproc)" --target fashion_mnist
+  -DLOCKSTEP_BUILD_TESTS=OFF -DLOCKSTEP_BUILD_BENCHMARKS=OFF >&2
+cmake --build "$build" -j "$(nproc)" --target fashion_mnist >&2
 exec "$build/examples/fashion_mnist" "$@"

@@ -15,19 +15,32 @@
 namespace lockstep {
 
 namespace detail {
-/// out[i] = in[i] * keep(i) / (1 - rate), where keep(i) draws element (offset * width + i).
+/// out[i] = in[i] * keep(g) / (1 - rate) for the n elements i, where g = first + i is the element's
+/// global index and keep(g) uses word g % 4 of Philox block g / 4 (counter_rng::uniform(g)). One
+/// call handles one Philox block, so each block is generated once for its four elements.
 template <class T>
 struct dropout_op {
   const T* in;               ///< x in forward, dy in backward
   T* out;                    ///< y in forward, dx in backward
   counter_rng rng;           ///< this layer's stream for this step
   std::uint64_t first;       ///< global element index of element 0 (sample_offset * width)
+  std::uint64_t n;           ///< elements
   float rate;                ///< probability of dropping
   T scale;                   ///< 1 / (1 - rate)
-  /// Computes element i.
-  LOCKSTEP_HD void operator()(std::size_t i) const {
-    out[i] = rng.uniform(first + i) >= rate ? in[i] * scale : T(0);
+  /// Handles the elements of Philox block (first / 4 + k).
+  LOCKSTEP_HD void operator()(std::size_t k) const {
+    const std::uint64_t block = first / 4 + k;
+    const philox4x32::block bits = rng.bits(block);
+    for (std::uint64_t w = 0; w < 4; ++w) {
+      const std::uint64_t g = block * 4 + w;
+      if (g < first || g >= first + n) continue;
+      const std::uint64_t i = g - first;
+      const float u = static_cast<float>(bits.v[w] >> 8) * (1.0f / 16777216.0f);
+      out[i] = u >= rate ? in[i] * scale : T(0);
+    }
   }
+  /// Number of Philox blocks the elements span.
+  [[nodiscard]] LOCKSTEP_HD std::uint64_t blocks() const { return n == 0 ? 0 : (first + n - 1) / 4 - first / 4 + 1; }
 };
 }  // namespace detail
 
@@ -73,9 +86,9 @@ struct dropout {
         return;
       }
       const counter_rng rng(info.seed, layer_rng_stream(info.layer_stream, rng_purpose::dropout, info.step));
-      for_each_index(ctx, batch * I,
-                     detail::dropout_op<T>{in, out, rng, info.sample_offset * I, static_cast<float>(Rate),
-                                           static_cast<T>(1.0 / (1.0 - Rate))});
+      const detail::dropout_op<T> op{in,  out, rng, info.sample_offset * I, batch * I, static_cast<float>(Rate),
+                                     static_cast<T>(1.0 / (1.0 - Rate))};
+      for_each_index(ctx, op.blocks(), op);
     }
   };
 };
