@@ -1,11 +1,14 @@
 // Training on GPUs against training on the host: one_device<gpu<0>>, mirrored<gpu<0>, gpu<0>>
-// (replicas sharing one GPU, the on-device reducer) and, with two GPUs, mirrored<gpu<0>, gpu<1>>
-// (NCCL). Each must follow the host's single-device training on the same global batches.
+// (replicas sharing one GPU, the on-device reducer), aggregation on one designated device
+// (reduce_to_one_device<gpu<K>> and reduce_to_one_device<cpu<0>>) and, with two GPUs,
+// mirrored<gpu<0>, gpu<1>> (NCCL) and the aggregating reducers across GPUs. Each must follow the
+// host's single-device training on the same global batches.
 
 #include "gpu_test.hpp"
 
 #include <lockstep/distribute/mirrored.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -79,6 +82,61 @@ void check_against_host(const char* name) {
   check_close(got.params, want.params, 1e-4, "parameters after 20 steps");
 }
 
+// Strategy S (3 replicas) all-reduces lengths 0, 1, 257 and 1801 to exactly (a + b) + c on every
+// replica; a replica that fails before its collective releases the others and the caller sees its
+// error; the strategy trains again afterwards.
+template <class S>
+void check_exact_sums_and_release() {
+  static_assert(S::replica_count == 3);
+  S s{ls::strategy_options{.timeout = std::chrono::milliseconds(5000)}};
+  auto m = s.template replicate<net>(ls::seed{1});
+  const auto b = make_batch(0);
+  for (std::size_t count : {0u, 1u, 257u, 1801u}) {
+    CAPTURE(count);
+    std::vector<std::vector<float>> inputs(3);
+    for (std::size_t r = 0; r < 3; ++r) inputs[r] = random_vector(count, 900 + r);
+    std::vector<float> want(count);
+    for (std::size_t i = 0; i < count; ++i) want[i] = (inputs[0][i] + inputs[1][i]) + inputs[2][i];
+    auto results = s.run(
+        [&](std::size_t r, const ls::data::shard&) {
+          auto& ctx = m.replica(r).context();
+          ctx.activate();
+          auto d = to_device(ctx, inputs[r]);
+          s.all_reduce(r, ctx, d.data(), count);
+          return to_host(ctx, d.data(), count);
+        },
+        distribute(b, 3));
+    for (const auto& got : results) CHECK(got == want);
+  }
+  CHECK_THROWS_AS(s.run(
+                      [&](std::size_t r, const ls::data::shard&) {
+                        if (r == 1) throw ls::data_error("injected failure");
+                        auto& ctx = m.replica(r).context();
+                        ctx.activate();
+                        ls::buffer<float, ls::gpu<0>> d(4);
+                        fill(ctx, d.data(), 4, 1.0f);
+                        s.all_reduce(r, ctx, d.data(), 4);
+                        return 0;
+                      },
+                      distribute(b, 3)),
+                  ls::data_error);
+  const auto st = ls::train_step(s, m, ls::sgd{}, ls::softmax_cross_entropy{}, distribute(b, 3));
+  CHECK(st.count == b->rows());
+}
+
+// A strategy with reducer R over devices Ds (aggregation on one designated device).
+template <class R, class... Ds>
+using aggregating = ls::basic_mirrored<R, ls::determinism::run_to_run, Ds...>;
+using on_gpu0 = ls::reduce_to_one_device<ls::gpu<0>>;
+using on_gpu1 = ls::reduce_to_one_device<ls::gpu<1>>;
+using on_host = ls::reduce_to_one_device<ls::cpu<0>>;
+
+static_assert(ls::reducer<on_gpu0> && ls::reducer<on_host>);
+static_assert(on_gpu0::supports<ls::gpu<0>, ls::gpu<0>> && on_gpu0::supports<ls::gpu<1>, ls::gpu<0>>);
+static_assert(!on_gpu1::supports<ls::gpu<0>, ls::gpu<0>> && !on_gpu0::supports<ls::cpu<0>, ls::cpu<1>>);
+static_assert(on_host::supports<ls::gpu<0>, ls::gpu<0>> && on_host::supports<ls::gpu<0>, ls::gpu<1>>);
+static_assert(on_host::supports<ls::cpu<0>, ls::cpu<1>> && !on_host::supports<ls::cpu<1>, ls::cpu<2>>);
+
 }  // namespace
 
 TEST_CASE("cuda: one_device<gpu<0>> trains like one_device<cpu<0>> over 20 steps") {
@@ -129,6 +187,34 @@ TEST_CASE("cuda: the on-device reducer sums uneven buckets in replica order and 
   // The strategy is usable again afterwards.
   const auto st = ls::train_step(s, m, ls::sgd{}, ls::softmax_cross_entropy{}, distribute(b, 3));
   CHECK(st.count == b->rows());
+}
+
+TEST_CASE("cuda: reduce_to_one_device<gpu<0>> over gpu<0> replicas trains like one host device over 20 steps") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  check_against_host<aggregating<on_gpu0, ls::gpu<0>, ls::gpu<0>>>("reduce_to_one_device<gpu<0>>, gpu<0> x 2");
+  check_against_host<aggregating<on_gpu0, ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>("reduce_to_one_device<gpu<0>>, gpu<0> x 3");
+}
+
+TEST_CASE("cuda: reduce_to_one_device<cpu<0>> over gpu<0> replicas trains like one host device over 20 steps") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  check_against_host<aggregating<on_host, ls::gpu<0>, ls::gpu<0>>>("reduce_to_one_device<cpu<0>>, gpu<0> x 2");
+  check_against_host<aggregating<on_host, ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>("reduce_to_one_device<cpu<0>>, gpu<0> x 3");
+}
+
+TEST_CASE("cuda: reduce_to_one_device on one GPU sums in replica order and releases peers of a failed replica") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  SUBCASE("aggregating on gpu<0>") { check_exact_sums_and_release<aggregating<on_gpu0, ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>(); }
+  SUBCASE("aggregating on the host") { check_exact_sums_and_release<aggregating<on_host, ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>(); }
+}
+
+TEST_CASE("cuda: reduce_to_one_device across two GPUs trains like one host device and sums in replica order") {
+  LOCKSTEP_REQUIRE_GPUS(2);
+  // The root (gpu<1>) is not replica 0; replica 2 shares gpu<0> with replica 0 (both are staged).
+  check_against_host<aggregating<on_gpu1, ls::gpu<0>, ls::gpu<1>>>("reduce_to_one_device<gpu<1>>, gpu<0>, gpu<1>");
+  check_against_host<aggregating<on_gpu1, ls::gpu<0>, ls::gpu<1>, ls::gpu<0>>>("reduce_to_one_device<gpu<1>>, gpu<0>, gpu<1>, gpu<0>");
+  check_against_host<aggregating<on_host, ls::gpu<0>, ls::gpu<1>>>("reduce_to_one_device<cpu<0>>, gpu<0>, gpu<1>");
+  check_exact_sums_and_release<aggregating<on_gpu1, ls::gpu<0>, ls::gpu<1>, ls::gpu<0>>>();
+  check_exact_sums_and_release<aggregating<on_host, ls::gpu<1>, ls::gpu<0>, ls::gpu<1>>>();
 }
 
 #if defined(LOCKSTEP_HAS_NCCL)

@@ -8,12 +8,18 @@
 ///  - `reduce_to_one_device<D>`: the replica on D sums the whole bucket (same order), then every
 ///    other replica copies the result ("aggregate on one device, then broadcast").
 /// Both give bitwise-identical sums, which do not depend on thread timing (run_to_run).
+/// A backend may let `reduce_to_one_device<cpu<I>>` aggregate its own replicas on the host (GPU
+/// replicas through pinned memory: lockstep/distribute/reducers/cuda_reducers.cuh) by
+/// specialising `detail::host_aggregation` for its context type; host builds never see it.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include <lockstep/core/device.hpp>
 #include <lockstep/distribute/detail/host_comm.hpp>
@@ -78,6 +84,29 @@ void reduce_to_root_work(host_comm& c, std::size_t r, std::size_t bucket, std::s
   }
 }
 
+/// Host memory in which a backend stages device data for reduce_to_one_device<cpu<I>>
+/// (type-erased, so host builds need no backend headers).
+class host_staging {
+public:
+  virtual ~host_staging() = default;
+  /// The memory.
+  [[nodiscard]] virtual void* data() noexcept = 0;
+  /// Its size in bytes.
+  [[nodiscard]] virtual std::size_t size() const noexcept = 0;
+};
+
+/// How reduce_to_one_device<cpu<I>> serves replicas whose context is Ctx. This primary template
+/// is host memory (the shared-memory engine); a backend specialises it for its context type with
+/// `enabled = true` and static `start`, `wait` and `broadcast` that stage through host_staging.
+template <class Ctx>
+struct host_aggregation {
+  static constexpr bool enabled = false;  ///< no backend path: the data is host memory
+};
+
+/// Whether replicas on device Dv may aggregate on the host (a backend specialises it to true).
+template <class Dv>
+inline constexpr bool host_aggregation_serves = false;
+
 /// What both host reducers share: the engine, broadcast, abort and reset.
 class host_reducer_base {
 public:
@@ -128,22 +157,50 @@ public:
 
 /// Aggregation on one designated device D: the replica on D sums every bucket (order 0..N-1),
 /// then the others copy the result. Simple, but the aggregating thread does N times the work.
+/// With the CUDA backend, `reduce_to_one_device<cpu<I>>` also serves gpu<I> replicas (the host
+/// sums their buckets in pinned memory) and `reduce_to_one_device<gpu<K>>` is specialised for
+/// GPU replicas (lockstep/distribute/reducers/cuda_reducers.cuh).
 template <class D>
 class reduce_to_one_device : public detail::host_reducer_base {
 public:
   using reducer_concept = reducer_tag;  ///< opts in to the reducer concept
   using aggregation_device = D;         ///< where the sum is formed
-  /// Serves host device sets that contain D.
+  /// Serves host device sets that contain D, and (D a host device) device sets whose backend
+  /// aggregates on the host.
   template <class... Ds>
-  static constexpr bool supports = (is_cpu_v<Ds> && ...) && (std::is_same_v<D, Ds> || ...);
+  static constexpr bool supports = ((is_cpu_v<Ds> && ...) && (std::is_same_v<D, Ds> || ...)) ||
+                                   (is_cpu_v<D> && sizeof...(Ds) >= 1 && (detail::host_aggregation_serves<Ds> && ...));
   /// A reducer aggregating on replica `c.root` (the strategy sets it to D's position).
-  explicit reduce_to_one_device(const reducer_config& c = {}) : host_reducer_base(c, c.root) {}
+  explicit reduce_to_one_device(const reducer_config& c = {}) : host_reducer_base(c, c.root), staging_(c.replicas) {}
   /// Replica `replica` contributes `count` elements at `data` to bucket `bucket` (in-place sum).
   template <class Ctx, class T>
-  void start(std::size_t replica, Ctx&, T* data, std::size_t count, std::size_t bucket) {
+  void start(std::size_t replica, Ctx& ctx, T* data, std::size_t count, std::size_t bucket) {
     static_assert(std::is_arithmetic_v<T>, "lockstep::reduce_to_one_device sums arithmetic elements");
-    comm_.start(replica, bucket, data, count, &detail::reduce_to_root_work<T>);
+    using path = detail::host_aggregation<std::remove_const_t<Ctx>>;
+    if constexpr (path::enabled)
+      path::start(comm_, staging_.at(replica), replica, ctx, data, count, bucket);
+    else
+      comm_.start(replica, bucket, data, count, &detail::reduce_to_root_work<T>);
   }
+  /// Completes the bucket on every replica.
+  template <class Ctx>
+  void wait(std::size_t replica, Ctx& ctx, std::size_t bucket) {
+    comm_.wait(replica, bucket);
+    using path = detail::host_aggregation<std::remove_const_t<Ctx>>;
+    if constexpr (path::enabled) path::wait(ctx);
+  }
+  /// Copies `count` elements of the root's data to every replica (synchronous).
+  template <class Ctx, class T>
+  void broadcast(std::size_t replica, Ctx& ctx, T* data, std::size_t count, std::size_t root) {
+    using path = detail::host_aggregation<std::remove_const_t<Ctx>>;
+    if constexpr (path::enabled)
+      path::broadcast(comm_, staging_.at(replica), replica, ctx, data, count, root);
+    else
+      comm_.broadcast(replica, data, count, sizeof(T), root);
+  }
+
+private:
+  std::vector<std::unique_ptr<detail::host_staging>> staging_;  // per replica; used by backend paths only
 };
 
 /// Several host devices: the shared-memory all-reduce.

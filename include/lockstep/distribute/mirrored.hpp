@@ -134,7 +134,7 @@ public:
     (contexts.push_back(detail::make_context<ctx_t, Devices>(blas_threads())), ...);
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes);
     if (m.buckets().size > max_buckets) throw config_error("lockstep::mirrored: the model has too many buckets");
-    bind_workspaces(m.param_count * sizeof(T));
+    bind_workspaces(m, m.param_count * sizeof(T));
     broadcast(m, 0);
     return m;
   }
@@ -310,11 +310,16 @@ private:
       throw config_error("lockstep::mirrored: the distributed batch has shards but no global batch");
   }
 
-  void bind_workspaces(std::size_t max_bucket_bytes) {
+  template <class Model>
+  void bind_workspaces(Model& m, std::size_t max_bucket_bytes) {
     const std::size_t bytes = reducer_.workspace_bytes(max_bucket_bytes);
     if (bytes > workspace_bytes_) {
       workspaces_.clear();
-      for (std::size_t r = 0; r < replica_count; ++r) workspaces_.emplace_back(bytes);
+      for (std::size_t r = 0; r < replica_count; ++r) {
+        // Device memory lands on the current device: make it replica r's.
+        if constexpr (!is_cpu_v<first_device>) m.replica(r).context().activate();
+        workspaces_.emplace_back(bytes);
+      }
       workspace_bytes_ = bytes;
       auto job = [&](std::size_t r) { reducer_.bind(r, workspaces_[r].data(), bytes); };
       execute(job);
