@@ -110,7 +110,7 @@ public:
         reducer_(reducer_config{replica_count, options_.timeout, max_buckets,
                                 detail::aggregation_root<Reducer, Devices...>()}),
         sync_(replica_count, options_.timeout, 0),
-        pool_(replica_count, &abort_all, this),
+        pool_(replica_count, &abort_all, this, options_.pin_replicas && (is_cpu_v<Devices> && ...)),
         loss_(replica_count) {}
   basic_mirrored(const basic_mirrored&) = delete;
   basic_mirrored& operator=(const basic_mirrored&) = delete;

@@ -15,6 +15,11 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
+
 #include <lockstep/distribute/detail/host_comm.hpp>
 #include <lockstep/distribute/detail/wake.hpp>
 
@@ -27,8 +32,8 @@ public:
   using abort_fn = void (*)(void*) noexcept;
 
   /// Starts `n` workers (when n > 1); `on_abort(ctx)` releases blocked collectives.
-  worker_pool(std::size_t n, abort_fn on_abort, void* ctx)
-      : n_(n), on_abort_(on_abort), abort_ctx_(ctx), errors_(n), stamps_(n),
+  worker_pool(std::size_t n, abort_fn on_abort, void* ctx, bool pin = false)
+      : n_(n), on_abort_(on_abort), abort_ctx_(ctx), errors_(n), stamps_(n), cpus_(pin ? allowed_cpus(n) : std::vector<int>{}),
         hub_(n < std::max(1u, std::thread::hardware_concurrency()) ? 1024u : 0u) {
     if (n_ > 1) {
       threads_.reserve(n_);
@@ -66,7 +71,36 @@ public:
   }
 
 private:
+  // The CPUs this process may run on, when there are at least n of them (none otherwise: then
+  // the workers are not pinned).
+  static std::vector<int> allowed_cpus(std::size_t n) {
+    std::vector<int> cpus;
+#if defined(__linux__)
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) cpus.push_back(c);
+#endif
+    if (cpus.size() < n) cpus.clear();
+    return cpus;
+  }
+
+  // Pins worker r to the r-th allowed CPU (best effort: a refusal leaves it unpinned).
+  void pin(std::size_t r) const noexcept {
+#if defined(__linux__)
+    if (r >= cpus_.size()) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpus_[r], &set);
+    (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+#else
+    (void)r;
+#endif
+  }
+
   void loop(std::size_t r) {
+    pin(r);
     std::uint64_t seen = 0;
     for (;;) {
       hub_.wait([&] {
@@ -114,6 +148,7 @@ private:
   void* abort_ctx_;
   std::vector<std::exception_ptr> errors_;
   std::vector<std::uint64_t> stamps_;
+  std::vector<int> cpus_;
   std::atomic<std::uint64_t> next_stamp_{0};
   void (*job_fn_)(void*, std::size_t) = nullptr;
   void* job_obj_ = nullptr;
