@@ -50,11 +50,16 @@ print_summary() {
 trap print_summary EXIT
 
 # --- environment: what is there and what is missing ---------------------------------------
-missing=()
-for tool in cmake nvcc g++; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
-for hdr in /usr/include/doctest/doctest.h /usr/include/cblas.h /usr/include/fmt/core.h /usr/include/zlib.h; do
-  [ -f "$hdr" ] || missing+=("$hdr")
-done
+# Headers are looked up by the compiler itself (Debian keeps cblas.h in a multiarch folder).
+has_header() { printf '#include <%s>\n' "$1" | g++ -std=c++20 -fsyntax-only -x c++ - >/dev/null 2>&1; }
+find_missing() {
+  missing=()
+  for tool in cmake nvcc g++; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+  if command -v g++ >/dev/null 2>&1; then
+    for hdr in doctest/doctest.h cblas.h fmt/core.h zlib.h; do has_header "$hdr" || missing+=("<$hdr>"); done
+  fi
+}
+find_missing
 if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   echo "== trying to install missing Debian packages (${missing[*]})"
   timeout 180 apt-get install -y --no-install-recommends cmake g++ doctest-dev libopenblas-dev libfmt-dev \
@@ -62,11 +67,7 @@ if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)
     { timeout 60 apt-get update >>"$log_dir/apt.log" 2>&1 &&
       timeout 180 apt-get install -y --no-install-recommends cmake g++ doctest-dev libopenblas-dev libfmt-dev \
         zlib1g-dev libcli11-dev >>"$log_dir/apt.log" 2>&1; } || echo "   apt-get failed (no network?), see $log_dir/apt.log"
-  missing=()
-  for tool in cmake nvcc g++; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
-  for hdr in /usr/include/doctest/doctest.h /usr/include/cblas.h /usr/include/fmt/core.h /usr/include/zlib.h; do
-    [ -f "$hdr" ] || missing+=("$hdr")
-  done
+  find_missing
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   status[environment]="missing: ${missing[*]}"
@@ -97,7 +98,7 @@ if [ "${status[build]:-}" = ok ]; then
   phase tests 180 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120
   log="$log_dir/tests.log"
   passed=$(grep -cE 'Test +#[0-9]+: .* Passed' "$log" || true)
-  skipped=$(grep -cE 'Test +#[0-9]+: .* Skipped' "$log" || true)
+  skipped=$(grep -cE 'Test +#[0-9]+: .*Skipped' "$log" || true)
   tfailed=$(grep -cE 'Test +#[0-9]+: .*(Failed|Exception|Timeout|Not Run)' "$log" || true)
   summary_lines+=("tests passed=$passed failed=$tfailed skipped=$skipped")
   if [ "$skipped" -gt 0 ]; then
