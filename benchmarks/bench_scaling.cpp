@@ -61,9 +61,9 @@ int main() {
   // Alternate short rounds of the two configurations and keep each one's best round, so that
   // a burst of other load on the machine does not favour either side.
   double best_one = 0, best_two = 0;
-  for (int round = 0; round < 12; ++round) {
-    best_one = std::max(best_one, one.measure(15));
-    best_two = std::max(best_two, two.measure(15));
+  for (int round = 0; round < 8; ++round) {
+    best_one = std::max(best_one, one.measure(40));
+    best_two = std::max(best_two, two.measure(40));
   }
   fmt::print("replicas=1 samples_per_s={:.0f} speedup=1.00\n", best_one);
   fmt::print("replicas=2 samples_per_s={:.0f} speedup={:.2f}\n", best_two, best_two / best_one);
