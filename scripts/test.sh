@@ -18,7 +18,10 @@ fi
 
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_WERROR=ON -DLOCKSTEP_CUDA="$cuda"
 cmake --build "$build" -j "$jobs"
-ctest --test-dir "$build" --output-on-failure --timeout 600
+ctest_log="$build/ctest-summary.log"
+ctest --test-dir "$build" --output-on-failure --timeout 600 | tee "$ctest_log"
+total=$(sed -n 's/.* tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2/p' "$ctest_log" | tail -n 1)
+skipped=$(grep -cE 'Test +#[0-9]+: .*Skipped' "$ctest_log" || true)
 
 # The pipeline's stages use threads (prefetch, parallel_map): run their tests under TSan too.
 tsan="${build}-tsan"
@@ -28,4 +31,5 @@ cmake -S . -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_WERROR=ON -DL
 cmake --build "$tsan" -j "$jobs" --target test_data
 echo "lockstep: running the pipeline tests under ThreadSanitizer"
 TSAN_OPTIONS="halt_on_error=1" "$tsan/tests/test_data"
-echo "lockstep: all tests passed"
+echo "lockstep: all tests passed (GPU tests skip themselves where no GPU is usable)"
+echo "lockstep: $((total - skipped)) passed, 0 failed, ${skipped} skipped"
