@@ -1,8 +1,10 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,13 @@ ls::checkpoint_state sample_state() {
   s.seed = 42;
   s.data_seed = 7;
   s.replicas = 3;
+  s.callback_states = {{1.5, 2.0}, {}, {-0.25, 1e300, 3.0}};
+  s.stop_requested = true;
+  s.epoch_loss_sum = 12.375;
+  s.epoch_samples = 88;
+  s.epoch_steps = 11;
+  s.epoch_labelled = 80;
+  s.epoch_correct = 61;
   return s;
 }
 
@@ -87,6 +96,31 @@ TEST_CASE("checkpoint: encode/decode round-trips every field") {
   CHECK(t.seed == s.seed);
   CHECK(t.data_seed == s.data_seed);
   CHECK(t.replicas == s.replicas);
+  CHECK(t.callback_states == s.callback_states);
+  CHECK(t.stop_requested == s.stop_requested);
+  CHECK(t.epoch_loss_sum == s.epoch_loss_sum);
+  CHECK(t.epoch_samples == s.epoch_samples);
+  CHECK(t.epoch_steps == s.epoch_steps);
+  CHECK(t.epoch_labelled == s.epoch_labelled);
+  CHECK(t.epoch_correct == s.epoch_correct);
+  CHECK(t.version == ls::io::checkpoint_version);
+}
+
+TEST_CASE("checkpoint: any number of callback states, of any sizes, round-trips") {
+  for (std::size_t n : {0u, 1u, 2u, 5u, 13u}) {
+    CAPTURE(n);
+    auto s = sample_state();
+    s.callback_states.clear();
+    for (std::size_t i = 0; i < n; ++i) {
+      std::vector<double> v;
+      for (std::size_t j = 0; j < (i * 7) % 5; ++j) v.push_back(double(i) - 0.5 * double(j));
+      s.callback_states.push_back(v);
+    }
+    s.stop_requested = n % 2 == 1;
+    const auto t = ls::io::decode_checkpoint(ls::io::encode_checkpoint(s), "mem");
+    CHECK(t.callback_states == s.callback_states);
+    CHECK(t.stop_requested == s.stop_requested);
+  }
 }
 
 TEST_CASE("checkpoint: empty parameters and optimizer state round-trip") {
@@ -169,6 +203,90 @@ TEST_CASE("checkpoint: bad magic and unsupported version are reported") {
   const std::uint32_t crc = ls::io::crc32_of(std::span<const std::uint8_t>(bad.data(), 16));
   std::memcpy(bad.data() + 16, &crc, 4);
   CHECK(message_of(bad).find("version 99") != std::string::npos);
+}
+
+namespace {
+
+// The version-1 file of `s`: the version-2 encoding without its callbacks section.
+std::vector<std::uint8_t> as_version_1(const ls::checkpoint_state& s) {
+  auto b = ls::io::encode_checkpoint(s);
+  const auto sections = layout(b);
+  b.resize(sections[sections.size() - 1].begin);  // drop the last (callbacks) section
+  const std::uint32_t version = 1, count = 6;
+  std::memcpy(b.data() + 8, &version, 4);
+  std::memcpy(b.data() + 12, &count, 4);
+  const std::uint32_t crc = ls::io::crc32_of(std::span<const std::uint8_t>(b.data(), 16));
+  std::memcpy(b.data() + 16, &crc, 4);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: version 1 files are read, without callback state") {
+  REQUIRE(layout(ls::io::encode_checkpoint(sample_state())).back().name == "callbacks");
+  const auto s = sample_state();
+  const auto v1 = as_version_1(s);
+  const auto t = ls::io::decode_checkpoint(v1, "old.lsck");
+  CHECK(t.version == 1);
+  CHECK(t.parameters == s.parameters);
+  CHECK(t.optimizer_state == s.optimizer_state);
+  CHECK(t.step == s.step);
+  CHECK(t.lr_factor == s.lr_factor);
+  CHECK(t.callback_states.empty());
+  CHECK(!t.stop_requested);
+  CHECK(t.epoch_samples == 0);
+  // a version-1 header followed by a callbacks section: trailing bytes
+  auto extra = ls::io::encode_checkpoint(s);
+  const std::uint32_t version = 1;
+  std::memcpy(extra.data() + 8, &version, 4);
+  const std::uint32_t seven = 7;
+  std::memcpy(extra.data() + 12, &seven, 4);
+  std::uint32_t crc = ls::io::crc32_of(std::span<const std::uint8_t>(extra.data(), 16));
+  std::memcpy(extra.data() + 16, &crc, 4);
+  CHECK(message_of(extra).find("expected 6 sections in version 1") != std::string::npos);
+  const std::uint32_t six = 6;
+  std::memcpy(extra.data() + 12, &six, 4);
+  crc = ls::io::crc32_of(std::span<const std::uint8_t>(extra.data(), 16));
+  std::memcpy(extra.data() + 16, &crc, 4);
+  CHECK(message_of(extra).find("trailing") != std::string::npos);
+  // a version-2 header over a version-1 body lacks the callbacks section
+  auto short2 = v1;
+  const std::uint32_t two = 2;
+  std::memcpy(short2.data() + 8, &two, 4);
+  std::memcpy(short2.data() + 12, &seven, 4);
+  crc = ls::io::crc32_of(std::span<const std::uint8_t>(short2.data(), 16));
+  std::memcpy(short2.data() + 16, &crc, 4);
+  CHECK(message_of(short2).find("section 'callbacks'") != std::string::npos);
+  // every truncation of a version-1 file is detected too
+  for (std::size_t len = 0; len < v1.size(); len += 5) {
+    CAPTURE(len);
+    CHECK(!message_of(std::vector<std::uint8_t>(v1.begin(), v1.begin() + static_cast<std::ptrdiff_t>(len))).empty());
+  }
+}
+
+TEST_CASE("checkpoint: a callbacks section declaring more states than it holds is refused") {
+  auto s = sample_state();
+  s.callback_states = {{1.0}};
+  auto b = ls::io::encode_checkpoint(s);
+  const auto sec = layout(b).back();
+  REQUIRE(sec.name == "callbacks");
+  // the count sits after the tag (4), length (8), stop flag (1) and five sums (40)
+  const std::size_t count_at = sec.begin + 12 + 1 + 40;
+  for (std::uint64_t bad : {std::uint64_t{2}, std::uint64_t{1000}, ~std::uint64_t{0}}) {
+    CAPTURE(bad);
+    auto c = b;
+    std::memcpy(c.data() + count_at, &bad, 8);
+    const std::uint32_t crc = ls::io::crc32_of(std::span<const std::uint8_t>(c.data() + sec.begin, sec.end - 4 - sec.begin));
+    std::memcpy(c.data() + sec.end - 4, &crc, 4);
+    const std::string msg = message_of(c);
+    CHECK(msg.find("section 'callbacks'") != std::string::npos);
+  }
+  // a stop flag other than 0 or 1
+  auto c = b;
+  c[sec.begin + 12] = 7;
+  const std::uint32_t crc = ls::io::crc32_of(std::span<const std::uint8_t>(c.data() + sec.begin, sec.end - 4 - sec.begin));
+  std::memcpy(c.data() + sec.end - 4, &crc, 4);
+  CHECK(message_of(c).find("stop flag 7") != std::string::npos);
 }
 
 TEST_CASE("checkpoint: a checkpoint of another model is refused") {

@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -124,4 +126,160 @@ TEST_CASE("resume: SIGKILL while checkpointing every step leaves a loadable chec
     CHECK(resumed == train_to<two>(k + 3));
     fs::remove_all(dir);
   }
+}
+
+namespace {
+
+/// One early-stopping run: its history, final parameters and how many epoch ends a stateful
+/// user callback has counted (across resumes, through its saved state).
+struct stopping_run {
+  ls::history h;
+  std::vector<float> params;
+  double epoch_ends = 0;
+};
+
+/// A user callback with state: counts epoch ends, saved and restored through checkpoints.
+ls::callback epoch_counter(std::shared_ptr<double> n) {
+  ls::callback c = ls::on_epoch_end([n](const ls::epoch_stats&) { *n += 1; });
+  c.save_state = [n] { return std::vector<double>{*n}; };
+  c.load_state = [n](std::span<const double> v) {
+    if (v.size() != 1) throw ls::checkpoint_error("epoch_counter: expected one value");
+    *n = v[0];
+  };
+  return c;
+}
+
+constexpr std::uint64_t stop_patience = 2;
+
+stopping_run stopping_to(std::uint64_t max_steps, const fs::path& dir = {}, bool resume = false,
+                         std::uint64_t every = 0) {
+  two s;
+  auto m = s.replicate<net>(ls::seed{21});
+  auto n = std::make_shared<double>(0);
+  stopping_run r;
+  r.h = ls::fit(s, m, ls::adamw{.lr = 2e-2f, .weight_decay = 0.01f}, ls::softmax_cross_entropy{},
+                pipeline(samples, batch),
+                {.epochs = 40,
+                 .validation = eval_pipeline(30, 10),
+                 .callbacks = {ls::early_stopping({.monitor = ls::monitored::val_loss, .patience = stop_patience,
+                                                   .min_delta = 0.01}),
+                               epoch_counter(n)},
+                 .quiet = true,
+                 .checkpoint_dir = dir.string(),
+                 .checkpoint_every = every,
+                 .resume = resume,
+                 .max_steps = max_steps});
+  r.params = params_of(m);
+  r.epoch_ends = *n;
+  return r;
+}
+
+/// The fields of epoch_stats that do not depend on timing.
+void check_same_epoch(const ls::epoch_stats& a, const ls::epoch_stats& b) {
+  CHECK(a.epoch == b.epoch);
+  CHECK(a.train_loss == b.train_loss);
+  CHECK(a.train_accuracy == b.train_accuracy);
+  CHECK(a.val_loss == b.val_loss);
+  CHECK(a.val_accuracy == b.val_accuracy);
+  CHECK(a.val_samples == b.val_samples);
+  CHECK(a.lr == b.lr);
+  CHECK(a.steps == b.steps);
+  CHECK(a.samples == b.samples);
+  CHECK(a.global_step == b.global_step);
+}
+
+}  // namespace
+
+TEST_CASE("resume: early stopping stops an interrupted run at the same epoch as an uninterrupted one") {
+  constexpr std::uint64_t steps_per_epoch = 6;
+  const auto straight = stopping_to(0);
+  REQUIRE(straight.h.stopped_early);
+  const std::uint64_t epochs_run = straight.h.epochs.size();
+  INFO("the uninterrupted run stopped after ", epochs_run, " epochs");
+  REQUIRE(epochs_run > stop_patience + 2);  // stops mid-run, after some improvement
+  REQUIRE(epochs_run < 40);
+  CHECK(straight.epoch_ends == static_cast<double>(epochs_run));
+  const std::uint64_t total_steps = straight.h.last().global_step;
+
+  // interruptions at epoch ends, in the middle of epochs and during the patience window
+  std::vector<std::uint64_t> cuts{1, steps_per_epoch, steps_per_epoch + 3, 2 * steps_per_epoch, total_steps - 1,
+                                  total_steps - steps_per_epoch, total_steps - steps_per_epoch - 2};
+  for (const std::uint64_t every : {std::uint64_t{0}, std::uint64_t{1}}) {
+    for (const std::uint64_t cut : cuts) {
+      CAPTURE(every);
+      CAPTURE(cut);
+      REQUIRE(cut < total_steps);
+      const auto dir = temp_dir("stop");
+      const auto first = stopping_to(cut, dir, false, every);
+      REQUIRE(first.h.last().global_step == cut);
+      const auto resumed = stopping_to(0, dir, true, every);
+      CHECK(resumed.h.resumed_from_step == cut);
+      CHECK(resumed.h.stopped_early);
+      CHECK(resumed.params == straight.params);
+      CHECK(resumed.epoch_ends == straight.epoch_ends);
+      REQUIRE(!resumed.h.epochs.empty());
+      const std::uint64_t from = resumed.h.epochs.front().epoch;
+      CHECK(from == (cut - 1) / steps_per_epoch);  // the epoch of the last update before the cut
+      REQUIRE(from + resumed.h.epochs.size() == epochs_run);
+      for (std::size_t i = 0; i < resumed.h.epochs.size(); ++i) {
+        CAPTURE(i);
+        check_same_epoch(resumed.h.epochs[i], straight.h.epochs[from + i]);
+      }
+      fs::remove_all(dir);
+    }
+  }
+
+  // interrupted twice, then resumed to the end
+  const auto dir = temp_dir("stop2");
+  (void)stopping_to(steps_per_epoch + 2, dir);
+  (void)stopping_to(3 * steps_per_epoch + 5, dir, true);
+  const auto third = stopping_to(0, dir, true);
+  CHECK(third.params == straight.params);
+  CHECK(third.h.last().epoch == straight.h.last().epoch);
+  CHECK(third.epoch_ends == straight.epoch_ends);
+
+  // resuming a run that early stopping ended trains nothing more and reports the stop
+  const auto again = stopping_to(0, dir, true);
+  CHECK(again.h.epochs.empty());
+  CHECK(again.h.stopped_early);
+  CHECK(again.params == straight.params);
+  CHECK(again.h.resumed_from_step == total_steps);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("resume: a checkpoint with another number of callback states is refused, naming the counts") {
+  const auto dir = temp_dir("cbcount");
+  (void)stopping_to(4, dir);  // two callbacks
+  for (std::size_t given : {0u, 1u, 3u}) {
+    CAPTURE(given);
+    two s;
+    auto m = s.replicate<net>(ls::seed{21});
+    std::vector<ls::callback> cbs;
+    for (std::size_t i = 0; i < given; ++i) cbs.push_back(ls::early_stopping());
+    const auto before = params_of(m);
+    try {
+      (void)ls::fit(s, m, optimizer, ls::softmax_cross_entropy{}, pipeline(samples, batch),
+                    {.callbacks = cbs, .quiet = true, .checkpoint_dir = dir.string(), .resume = true});
+      FAIL("no exception");
+    } catch (const ls::checkpoint_error& e) {
+      const std::string msg = e.what();
+      CHECK(msg.find("section 'callbacks'") != std::string::npos);
+      CHECK(msg.find("state of 2 callbacks") != std::string::npos);
+      CHECK(msg.find("given " + std::to_string(given) + " callbacks") != std::string::npos);
+    }
+    CHECK(params_of(m) == before);  // nothing was loaded
+    CHECK(m.step() == 0);
+  }
+  // the same count with a callback whose state does not fit it is refused too
+  {
+    two s;
+    auto m = s.replicate<net>(ls::seed{21});
+    CHECK_THROWS_AS(ls::fit(s, m, optimizer, ls::softmax_cross_entropy{}, pipeline(samples, batch),
+                            {.callbacks = {epoch_counter(std::make_shared<double>(0)), ls::early_stopping()},
+                             .quiet = true,
+                             .checkpoint_dir = dir.string(),
+                             .resume = true}),
+                    ls::checkpoint_error);
+  }
+  fs::remove_all(dir);
 }

@@ -6,7 +6,8 @@
 ///   header   "LSCKPT\r\n" (8 bytes), u32 version, u32 section count, u32 CRC-32 of those 16 bytes
 ///   sections in a fixed order, each: u32 tag, u64 payload length, payload, u32 CRC-32 of tag,
 ///            length and payload. Tags: MODL (model), PARM (parameters), OPTM (optimizer),
-///            PROG (progress), SCHD (schedule), RNGS (rng).
+///            PROG (progress), SCHD (schedule), RNGS (rng), CBKS (callbacks; version 2 on).
+/// Version 1 files (without CBKS) are still read, with no callback state.
 /// Nothing may follow the last section. Every failure to read names the file, the section and the
 /// byte offset, and throws lockstep::checkpoint_error.
 
@@ -38,8 +39,12 @@
 
 namespace lockstep::io {
 
-/// The checkpoint format version this library writes and reads.
-inline constexpr std::uint32_t checkpoint_version = 1;
+/// The checkpoint format version this library writes (it also reads every version from
+/// checkpoint_oldest_version on).
+inline constexpr std::uint32_t checkpoint_version = 2;
+
+/// The oldest checkpoint format version this library reads (version 1 has no callback state).
+inline constexpr std::uint32_t checkpoint_oldest_version = 1;
 
 /// The 8 magic bytes every checkpoint starts with.
 inline constexpr std::array<std::uint8_t, 8> checkpoint_magic{'L', 'S', 'C', 'K', 'P', 'T', '\r', '\n'};
@@ -59,6 +64,14 @@ struct checkpoint_state {
   std::uint64_t seed = 0;               ///< the model seed (keys init and dropout)
   std::uint64_t data_seed = 0;          ///< the input pipeline's seed (informational)
   std::uint32_t replicas = 0;           ///< replicas of the run that wrote it (informational)
+  std::vector<std::vector<double>> callback_states;  ///< each callback's saved state, in callback order
+  bool stop_requested = false;          ///< a callback had asked training to stop when it was written
+  double epoch_loss_sum = 0;            ///< training loss sum of the batches of `epoch` consumed so far
+  std::uint64_t epoch_samples = 0;      ///< training samples of the batches of `epoch` consumed so far
+  std::uint64_t epoch_steps = 0;        ///< updates of `epoch` done so far
+  std::uint64_t epoch_labelled = 0;     ///< labelled training rows of `epoch` so far (accuracy denominator)
+  std::uint64_t epoch_correct = 0;      ///< top-1 hits among them
+  std::uint32_t version = checkpoint_version;  ///< format version it was read from (1: no callback state)
 };
 
 /// A structural fingerprint of network Net: a 64-bit FNV-1a hash of its input width, output
@@ -110,18 +123,25 @@ enum class tag : std::uint32_t {
   progress = 0x474f5250,    // "PROG"
   schedule = 0x44484353,    // "SCHD"
   rng = 0x53474e52,         // "RNGS"
+  callbacks = 0x534b4243,   // "CBKS"
 };
 
 struct section_info {
   tag t;
   const char* name;
 };
-inline constexpr std::array<section_info, 6> sections{{{tag::model, "model"},
+inline constexpr std::array<section_info, 7> sections{{{tag::model, "model"},
                                                        {tag::parameters, "parameters"},
                                                        {tag::optimizer, "optimizer"},
                                                        {tag::progress, "progress"},
                                                        {tag::schedule, "schedule"},
-                                                       {tag::rng, "rng"}}};
+                                                       {tag::rng, "rng"},
+                                                       {tag::callbacks, "callbacks"}}};
+
+/// Number of sections of a file of format `version` (version 1 lacks the callbacks section).
+[[nodiscard]] constexpr std::size_t section_count(std::uint32_t version) noexcept {
+  return version == 1 ? sections.size() - 1 : sections.size();
+}
 inline constexpr std::size_t header_size = 8 + 4 + 4 + 4;
 
 inline std::string hex64(std::uint64_t v) {
@@ -197,6 +217,17 @@ inline void write_all(int fd, const std::uint8_t* p, std::size_t n, const std::s
   rng.put(s.data_seed);
   rng.put(s.replicas);
   detail::append_section(out, detail::tag::rng, rng);
+
+  writer cbks;
+  cbks.put(static_cast<std::uint8_t>(s.stop_requested ? 1 : 0));
+  cbks.put(s.epoch_loss_sum);
+  cbks.put(s.epoch_samples);
+  cbks.put(s.epoch_steps);
+  cbks.put(s.epoch_labelled);
+  cbks.put(s.epoch_correct);
+  cbks.put(static_cast<std::uint64_t>(s.callback_states.size()));
+  for (const auto& c : s.callback_states) cbks.put_array<double>(c);
+  detail::append_section(out, detail::tag::callbacks, cbks);
   return out.take();
 }
 
@@ -212,17 +243,20 @@ inline void write_all(int fd, const std::uint8_t* p, std::size_t n, const std::s
   const auto count = head.get<std::uint32_t>("the section count");
   const auto crc = head.get<std::uint32_t>("the header checksum");
   if (crc != crc32_of(bytes.first(16))) reader(bytes, source, "header", 0).fail("header checksum mismatch");
-  if (version != checkpoint_version)
-    reader(bytes, source, "header", 8).fail("unsupported version " + std::to_string(version) + " (this library reads version " +
+  if (version < checkpoint_oldest_version || version > checkpoint_version)
+    reader(bytes, source, "header", 8).fail("unsupported version " + std::to_string(version) + " (this library reads versions " +
+                                           std::to_string(checkpoint_oldest_version) + " to " +
                                            std::to_string(checkpoint_version) + ")");
-  if (count != detail::sections.size())
-    reader(bytes, source, "header", 12).fail("expected " + std::to_string(detail::sections.size()) + " sections, the header says " +
-                                            std::to_string(count));
+  const std::size_t expected_sections = detail::section_count(version);
+  if (count != expected_sections)
+    reader(bytes, source, "header", 12).fail("expected " + std::to_string(expected_sections) + " sections in version " +
+                                            std::to_string(version) + ", the header says " + std::to_string(count));
 
   checkpoint_state s;
+  s.version = version;
   std::uint64_t declared_params = 0;
   std::size_t pos = detail::header_size;
-  for (const auto& info : detail::sections) {
+  for (const auto& info : std::span(detail::sections).first(expected_sections)) {
     const std::size_t start = pos;
     reader frame(bytes.subspan(std::min(pos, bytes.size())), source, info.name, pos);
     const auto t = frame.get<std::uint32_t>("the section tag");
@@ -275,6 +309,22 @@ inline void write_all(int fd, const std::uint8_t* p, std::size_t n, const std::s
         s.data_seed = r.get<std::uint64_t>("the data seed");
         s.replicas = r.get<std::uint32_t>("the replica count");
         break;
+      case detail::tag::callbacks: {
+        const auto stop = r.get<std::uint8_t>("the stop flag");
+        if (stop > 1) r.fail("stop flag " + std::to_string(stop) + " is neither 0 nor 1");
+        s.stop_requested = stop == 1;
+        s.epoch_loss_sum = r.get<double>("the epoch's loss sum");
+        s.epoch_samples = r.get<std::uint64_t>("the epoch's sample count");
+        s.epoch_steps = r.get<std::uint64_t>("the epoch's step count");
+        s.epoch_labelled = r.get<std::uint64_t>("the epoch's labelled count");
+        s.epoch_correct = r.get<std::uint64_t>("the epoch's top-1 hits");
+        const auto n_cb = r.get<std::uint64_t>("the callback count");
+        if (n_cb > (payload.size() - 49) / 8)
+          r.fail("declares " + std::to_string(n_cb) + " callback states, more than the section holds");
+        s.callback_states.reserve(static_cast<std::size_t>(n_cb));
+        for (std::uint64_t i = 0; i < n_cb; ++i) s.callback_states.push_back(r.get_array<double>("a callback state"));
+        break;
+      }
     }
     r.expect_end();
     pos = payload_at + n + 4;

@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,7 +67,9 @@ struct training_control {
 };
 
 /// A set of hooks fit calls; empty hooks are skipped. Build them with the functions below or
-/// fill the members directly.
+/// fill the members directly. A callback with internal state that must survive a resume sets
+/// `save_state` and `load_state`: fit stores what save_state returns in every checkpoint and hands
+/// it to load_state when it resumes from that checkpoint.
 struct callback {
   /// Called after each epoch (after validation).
   std::function<void(const epoch_stats&, training_control&)> epoch_end;
@@ -75,6 +78,11 @@ struct callback {
   /// Maps (rate, step) to the rate of update `step` (0-based); schedules of several callbacks
   /// compose in order.
   std::function<float(float, std::uint64_t)> schedule;
+  /// Returns the callback's internal state (stored in checkpoints); empty hook: no state.
+  std::function<std::vector<double>()> save_state;
+  /// Restores a state save_state returned (throw checkpoint_error if it does not fit); needed
+  /// whenever save_state is set.
+  std::function<void(std::span<const double>)> load_state;
 };
 
 /// A callback running `f(stats)` or `f(stats, control)` after every epoch.
@@ -123,7 +131,9 @@ struct early_stopping_options {
 };
 
 /// A callback that stops training when the monitored metric has not improved by more than
-/// min_delta for `patience` epochs in a row. A NaN metric never counts as an improvement.
+/// min_delta for `patience` epochs in a row. A NaN metric never counts as an improvement. Its
+/// state (best value, epochs without improvement) is saved in checkpoints, so a resumed run
+/// stops at the same epoch as an uninterrupted one.
 inline callback early_stopping(early_stopping_options o = {}) {
   struct state {
     double best = std::numeric_limits<double>::quiet_NaN();
@@ -148,6 +158,14 @@ inline callback early_stopping(early_stopping_options o = {}) {
     } else if (++st->wait >= o.patience) {
       ctl.stop = true;
     }
+  };
+  c.save_state = [st] { return std::vector<double>{st->best, static_cast<double>(st->wait)}; };
+  c.load_state = [st](std::span<const double> v) {
+    if (v.size() != 2 || !(v[1] >= 0) || v[1] != std::floor(v[1]) || v[1] > 9007199254740992.0)
+      throw checkpoint_error("lockstep::early_stopping: the saved state holds " + std::to_string(v.size()) +
+                             " values, expected 2 (best value, epochs without improvement as a whole number)");
+    st->best = v[0];
+    st->wait = static_cast<std::uint64_t>(v[1]);
   };
   return c;
 }

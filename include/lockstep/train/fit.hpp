@@ -260,6 +260,37 @@ predictions predict(Strategy& s, Replicated& m, const Source& data) {
   return predict(s, m, eval_data(data));
 }
 
+namespace detail {
+
+/// Hands each callback its state from checkpoint `st` (read from `source`), in order.
+/// @throws checkpoint_error when the number of states differs from the number of callbacks, or a
+///         state does not fit its callback.
+inline void restore_callbacks(const std::vector<callback>& callbacks, const io::checkpoint_state& st,
+                              const std::string& source) {
+  const std::string where = "lockstep::fit: " + source + ": section 'callbacks': ";
+  if (st.callback_states.size() != callbacks.size())
+    throw checkpoint_error(where + "the checkpoint holds the state of " + std::to_string(st.callback_states.size()) +
+                           " callbacks, but fit was given " + std::to_string(callbacks.size()) +
+                           " callbacks; resume with the same callbacks in the same order");
+  for (std::size_t i = 0; i < callbacks.size(); ++i) {
+    const auto& saved = st.callback_states[i];
+    const auto& c = callbacks[i];
+    if (!c.load_state) {
+      if (!saved.empty())
+        throw checkpoint_error(where + "callback " + std::to_string(i) + " has no load_state, but the checkpoint holds " +
+                               std::to_string(saved.size()) + " values of state for it");
+      continue;
+    }
+    try {
+      c.load_state(std::span<const double>(saved.data(), saved.size()));
+    } catch (const checkpoint_error& e) {
+      throw checkpoint_error(where + "callback " + std::to_string(i) + ": " + e.what());
+    }
+  }
+}
+
+}  // namespace detail
+
 /// Options of fit.
 struct fit_options {
   std::uint64_t epochs = 1;               ///< epochs to train (counted from epoch 0, also when resuming)
@@ -284,9 +315,11 @@ struct fit_options {
 /// train_step; the learning rate of each update is optimizer.lr times the control's factor, passed
 /// through the schedules of the callbacks. After each epoch: validation, callbacks, progress, the
 /// metrics file and (with checkpoint_dir) a checkpoint. With `resume`, the newest checkpoint is
-/// loaded and training continues at its exact position (epoch and batches consumed), so the
-/// result is bitwise the same as an uninterrupted run.
-/// @throws checkpoint_error when resuming from a bad checkpoint; anything a step throws.
+/// loaded and training continues at its exact position (epoch and batches consumed, the sums of
+/// that epoch so far, the callbacks' states), so the result is bitwise the same as an
+/// uninterrupted run.
+/// @throws checkpoint_error when resuming from a bad checkpoint, or one whose number of callback
+///         states differs from the number of callbacks; anything a step throws.
 template <class Strategy, class Replicated, class Optimizer, class Loss, batch_source Source>
 history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& loss, const Source& train,
             const fit_options& o = {}) {
@@ -305,6 +338,8 @@ history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& 
   else if (o.resume || o.checkpoint_every) throw config_error("lockstep::fit: resume and checkpoint_every need checkpoint_dir");
 
   std::uint64_t start_epoch = 0, skip = 0;
+  io::checkpoint_state resumed_sums;  // only lr and the epoch_* sums are used: those of the resumed epoch
+  resumed_sums.lr = optimizer.lr;
   if (o.resume && ckpt) {
     if (const auto p = ckpt->latest()) {
       const io::checkpoint_state st = io::load_checkpoint(*p);
@@ -314,10 +349,23 @@ history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& 
           throw checkpoint_error("lockstep::fit: " + p->string() + ": section 'rng': the checkpoint's model seed " +
                                  std::to_string(st.seed) + " differs from this model's seed " +
                                  std::to_string(m.seed().value) + "; resuming would not be exact");
+      if (st.version >= 2) detail::restore_callbacks(o.callbacks, st, p->string());
+      if (st.version >= 2 && st.stop_requested) {  // a callback had stopped the run: stay stopped
+        ctl.stop = true;
+        h.stopped_early = st.batches == 0 ? st.epoch < o.epochs : st.epoch + 1 < o.epochs;
+      }
       io::restore(m, st, p->string());
       start_epoch = st.epoch;
       skip = st.batches;
+      resumed_sums.lr = st.lr;
+      resumed_sums.epoch_loss_sum = st.epoch_loss_sum;
+      resumed_sums.epoch_samples = st.epoch_samples;
+      resumed_sums.epoch_steps = st.epoch_steps;
+      resumed_sums.epoch_labelled = st.epoch_labelled;
+      resumed_sums.epoch_correct = st.epoch_correct;
       ctl.lr_factor = st.lr_factor;
+      ctl.step = st.step;
+      ctl.epoch = st.epoch;
       h.resumed_from_step = st.step;
     }
   }
@@ -328,13 +376,16 @@ history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& 
   po.quiet = po.quiet || o.quiet;
   progress bar(po, o.epochs);
 
-  float lr = optimizer.lr;
+  float lr = resumed_sums.lr;  // the rate of the last update (that of the checkpoint when resuming)
   auto lr_at = [&](std::uint64_t step) {
     float r = ctl.base_lr * ctl.lr_factor;
     for (const auto& c : o.callbacks)
       if (c.schedule) r = c.schedule(r, step);
     return r;
   };
+  detail::accuracy_counters counters;
+  double ep_loss_sum = 0;  // sums of the epoch in progress (restored from a mid-epoch checkpoint)
+  std::uint64_t ep_count = 0, ep_steps = 0;
   auto save = [&](std::uint64_t epoch, std::uint64_t batches) {
     io::checkpoint_state st = io::capture(m);
     st.epoch = epoch;
@@ -348,23 +399,38 @@ history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& 
       st.seed = o.seed;
     st.data_seed = o.data_seed;
     st.replicas = static_cast<std::uint32_t>(replicas);
+    st.callback_states.reserve(o.callbacks.size());
+    for (const auto& c : o.callbacks) st.callback_states.push_back(c.save_state ? c.save_state() : std::vector<double>{});
+    st.stop_requested = ctl.stop;
+    if (batches != 0) {  // mid-epoch: the sums of the epoch so far, so its stats come out whole
+      st.epoch_loss_sum = ep_loss_sum;
+      st.epoch_samples = ep_count;
+      st.epoch_steps = ep_steps;
+      st.epoch_labelled = counters.labelled.load();
+      st.epoch_correct = counters.correct.load();
+    }
     ckpt->save(st);
   };
   auto limit_reached = [&] { return o.max_steps != 0 && m.step() >= o.max_steps; };
 
   std::uint64_t expected_steps = o.steps_per_epoch;
-  detail::accuracy_counters counters;
   const detail::counting_loss<Loss> counted{&loss, &counters};
 
   for (std::uint64_t e = start_epoch; e < o.epochs && !ctl.stop && !limit_reached(); ++e) {
     ctl.epoch = e;
     const auto t0 = std::chrono::steady_clock::now();
     bar.begin_epoch(e, expected_steps);
-    counters.correct = 0;
-    counters.labelled = 0;
-    double loss_sum = 0;
-    std::uint64_t count = 0, steps = 0, batches = 0;
-    const std::uint64_t to_skip = e == start_epoch ? skip : 0;
+    const bool resumed_epoch = e == start_epoch;
+    counters.correct = resumed_epoch ? resumed_sums.epoch_correct : 0;
+    counters.labelled = resumed_epoch ? resumed_sums.epoch_labelled : 0;
+    double& loss_sum = ep_loss_sum;
+    std::uint64_t &count = ep_count, &steps = ep_steps;
+    loss_sum = resumed_epoch ? resumed_sums.epoch_loss_sum : 0.0;
+    count = resumed_epoch ? resumed_sums.epoch_samples : 0;
+    steps = resumed_epoch ? resumed_sums.epoch_steps : 0;
+    const std::uint64_t count_before = count;
+    std::uint64_t batches = 0;
+    const std::uint64_t to_skip = resumed_epoch ? skip : 0;
     for (auto&& b : train.epoch(e)) {
       if (batches < to_skip) {  // resume: these batches were consumed before the checkpoint
         ++batches;
@@ -393,6 +459,9 @@ history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& 
                              std::to_string(e) + " were consumed, but the epoch has only " + std::to_string(batches));
     const auto t1 = std::chrono::steady_clock::now();
     if (finished || expected_steps == 0) expected_steps = batches;
+    // an epoch cut short is checkpointed before its end hooks run: the resumed run finishes the
+    // epoch and runs them once, on the whole epoch
+    if (ckpt && !finished) save(e, batches);
 
     epoch_stats st;
     st.epoch = e;
@@ -403,7 +472,7 @@ history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& 
                             ? static_cast<double>(counters.correct) / static_cast<double>(counters.labelled)
                             : std::numeric_limits<double>::quiet_NaN();
     const double train_seconds = std::chrono::duration<double>(t1 - t0).count();
-    st.samples_per_second = train_seconds > 0 ? static_cast<double>(count) / train_seconds : 0;
+    st.samples_per_second = train_seconds > 0 ? static_cast<double>(count - count_before) / train_seconds : 0;
     st.lr = lr;
     st.global_step = m.step();
     if (o.validation) {
@@ -418,10 +487,7 @@ history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& 
       if (c.epoch_end) c.epoch_end(h.epochs.back(), ctl);
     bar.end_epoch(st);
     if (mlog) mlog->write(st);
-    if (ckpt) {
-      if (finished) save(e + 1, 0);
-      else save(e, batches);
-    }
+    if (ckpt && finished) save(e + 1, 0);
     if (ctl.stop && e + 1 < o.epochs) h.stopped_early = true;
   }
   return h;
