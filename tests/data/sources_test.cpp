@@ -247,6 +247,9 @@ TEST_CASE("csv: malformed rows raise data_error naming file, line and column") {
       {"1,-1\n", {.label_column = 1}, ":1:2: label '-1'"},
       {"1,2\n", {.label_column = 5}, ":1: label column 5 does not exist"},
       {"1;2\n3;x\n", {.delimiter = ';'}, ":2:2:"},
+      {"1,2\n3,nan\n", {}, ":2:2: 'nan' is not a finite number"},
+      {"1,2\ninf,4\n", {}, ":2:1: 'inf' is not a finite number"},
+      {"1,-INF\n", {}, ":1:2: '-INF' is not a finite number"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.text);

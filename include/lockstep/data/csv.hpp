@@ -4,6 +4,7 @@
 /// and a label column. Parsed once into a float table; errors name file, line and column.
 
 #include <charconv>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
@@ -90,6 +91,7 @@ inline dataset<sample> csv(const std::string& path, const csv_options& options =
         const auto [p, ec] = std::from_chars(first, field.data() + field.size(), v);
         if (ec != std::errc{} || p != field.data() + field.size())
           fail(column, "'" + std::string(field) + "' is not a number");
+        if (!std::isfinite(v)) fail(column, "'" + std::string(field) + "' is not a finite number");
         row.push_back(v);
       }
       if (last) break;
