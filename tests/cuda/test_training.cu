@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <initializer_list>
 #include <vector>
 
 using namespace lockstep_test;
@@ -82,16 +83,16 @@ void check_against_host(const char* name) {
   check_close(got.params, want.params, 1e-4, "parameters after 20 steps");
 }
 
-// Strategy S (3 replicas) all-reduces lengths 0, 1, 257 and 1801 to exactly (a + b) + c on every
+// Strategy S (3 replicas) all-reduces each of `counts` elements to exactly (a + b) + c on every
 // replica; a replica that fails before its collective releases the others and the caller sees its
 // error; the strategy trains again afterwards.
 template <class S>
-void check_exact_sums_and_release() {
+void check_exact_sums_and_release(std::initializer_list<std::size_t> counts = {0, 1, 257, 1801}) {
   static_assert(S::replica_count == 3);
   S s{ls::strategy_options{.timeout = std::chrono::milliseconds(5000)}};
   auto m = s.template replicate<net>(ls::seed{1});
   const auto b = make_batch(0);
-  for (std::size_t count : {0u, 1u, 257u, 1801u}) {
+  for (std::size_t count : counts) {
     CAPTURE(count);
     std::vector<std::vector<float>> inputs(3);
     for (std::size_t r = 0; r < 3; ++r) inputs[r] = random_vector(count, 900 + r);
@@ -153,40 +154,7 @@ TEST_CASE("cuda: mirrored<gpu<0>, gpu<0>> (on-device reducer) trains like one ho
 
 TEST_CASE("cuda: the on-device reducer sums uneven buckets in replica order and releases peers of a failed replica") {
   LOCKSTEP_REQUIRE_GPUS(1);
-  ls::mirrored<ls::gpu<0>, ls::gpu<0>, ls::gpu<0>> s{ls::strategy_options{.timeout = std::chrono::milliseconds(5000)}};
-  auto m = s.template replicate<net>(ls::seed{1});
-  const auto b = make_batch(0);
-  for (std::size_t count : {0u, 1u, 257u, 10007u}) {
-    CAPTURE(count);
-    std::vector<std::vector<float>> inputs(3);
-    for (std::size_t r = 0; r < 3; ++r) inputs[r] = random_vector(count, 900 + r);
-    std::vector<float> want(count);
-    for (std::size_t i = 0; i < count; ++i) want[i] = (inputs[0][i] + inputs[1][i]) + inputs[2][i];
-    auto results = s.run(
-        [&](std::size_t r, const ls::data::shard&) {
-          auto& ctx = m.replica(r).context();
-          auto d = to_device(ctx, inputs[r]);
-          s.all_reduce(r, ctx, d.data(), count);
-          return to_host(ctx, d.data(), count);
-        },
-        distribute(b, 3));
-    for (const auto& got : results) CHECK(got == want);
-  }
-  // A replica that fails before its collective: the others are released, the caller sees the error.
-  CHECK_THROWS_AS(s.run(
-                      [&](std::size_t r, const ls::data::shard&) {
-                        if (r == 1) throw ls::data_error("injected failure");
-                        auto& ctx = m.replica(r).context();
-                        ls::buffer<float, ls::gpu<0>> d(4);
-                        fill(ctx, d.data(), 4, 1.0f);
-                        s.all_reduce(r, ctx, d.data(), 4);
-                        return 0;
-                      },
-                      distribute(b, 3)),
-                  ls::data_error);
-  // The strategy is usable again afterwards.
-  const auto st = ls::train_step(s, m, ls::sgd{}, ls::softmax_cross_entropy{}, distribute(b, 3));
-  CHECK(st.count == b->rows());
+  check_exact_sums_and_release<ls::mirrored<ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>({0, 1, 257, 10007});
 }
 
 TEST_CASE("cuda: reduce_to_one_device<gpu<0>> over gpu<0> replicas trains like one host device over 20 steps") {
