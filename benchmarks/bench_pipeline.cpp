@@ -1,6 +1,6 @@
 // bench_pipeline: throughput of the input pipeline on the Fashion-MNIST training set.
 //
-// decode (once, not timed) -> scale(1/255) -> shuffle(60000) -> batched(256) -> distribute(2)
+// decode (once, not timed) -> scale(1/255) -> shuffle(60000) -> batched(256) -> shard_batches(2)
 // -> prefetch(2), a few epochs, against memcpy bandwidth measured in the same run. Prints one line:
 //   pipeline_samples_per_s=<n> pipeline_gb_per_s=<n> memcpy_gb_per_s=<n>
 // where pipeline bytes are the sample bytes delivered (784 * 4 feature bytes + a 4-byte label).
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   try {
     const auto train = ld::idx(dir + "/train-images-idx3-ubyte.gz", dir + "/train-labels-idx1-ubyte.gz") |
                        ld::map(ld::scale(1.0f / 255)) | ld::shuffle(60'000, 7) | ld::batched(256) |
-                       ld::distribute(2) | ld::prefetch(2);
+                       ld::shard_batches(2) | ld::prefetch(2);
 
     double checksum = 0;
     auto run_epoch = [&](std::uint64_t e) {

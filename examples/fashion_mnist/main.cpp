@@ -3,6 +3,9 @@
 //
 //   fashion_mnist [--replicas N] [--device cpu|gpu] [--epochs E] [--batch B] [--lr LR] [--seed S]
 //                 [--model mlp|small] [--checkpoint-dir DIR] [--resume] [--data DIR] [--quiet]
+//
+// The replica count is a run-time value: each model is instantiated once per device kind
+// (mirrored<cpus> / mirrored<gpus>), whatever N is.
 
 // Output uses <cstdio> rather than {fmt}: {fmt}'s compile-time format checks do not build under nvcc,
 // and this file is also compiled as CUDA when LOCKSTEP_HAS_CUDA is set.
@@ -10,6 +13,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -29,15 +33,8 @@ using mlp = ls::sequential<ls::dense<784, 512>, ls::relu, ls::dropout<0.2>, ls::
 /// 784-256-10: a quicker, smaller model.
 using small = ls::sequential<ls::dense<784, 256>, ls::relu, ls::dropout<0.1>, ls::dense<256, 10>>;
 
-constexpr std::size_t max_cpu_replicas = 8;
-#ifdef LOCKSTEP_HAS_NCCL
-constexpr std::size_t max_gpu_replicas = 4;  // distinct GPUs, reduced with NCCL
-#else
-constexpr std::size_t max_gpu_replicas = 1;  // several GPUs need NCCL
-#endif
-
 struct config {
-  std::size_t replicas = 2;
+  std::optional<std::size_t> replicas;  // default: 2 on cpu, every visible GPU on gpu
   std::string device = "cpu";
   std::uint64_t epochs = 20;
   std::size_t batch = 128;
@@ -63,9 +60,14 @@ auto images(const config& c, const char* split) {
                        (dir / (std::string(split) + "-labels-idx1-ubyte.gz")).string());
 }
 
-template <class Net, class Strategy>
+template <class Net, class Kind>
 int train(const config& c) {
-  Strategy strategy;
+  const auto devices = c.replicas ? ls::device_selection::first(*c.replicas) : ls::device_selection::all();
+  ls::mirrored<Kind> strategy(devices);
+  const std::size_t n = strategy.num_replicas();
+  if (ls::backend_traits<Kind>::replica_owns_core && n > static_cast<std::size_t>(ls::allowed_cpu_count()))
+    std::fprintf(stderr, "warning: %zu cpu replicas on %d allowed cores: the replicas share cores (oversubscribed)\n",
+                 n, ls::allowed_cpu_count());
   auto model = strategy.template replicate<Net>(ls::seed{c.seed});
 
   const auto train_set = images(c, "train") | ls::data::map(ls::data::scale(1.0f / 255)) |
@@ -85,7 +87,7 @@ int train(const config& c) {
   o.steps_per_epoch = steps_per_epoch;
   if (!c.quiet)
     std::fprintf(stderr, "training %s on %zu %s replica(s): %llu epochs, global batch %zu, AdamW lr %g (cosine), seed %llu\n",
-                 c.model.c_str(), c.replicas, c.device.c_str(), static_cast<unsigned long long>(c.epochs), c.batch,
+                 c.model.c_str(), n, c.device.c_str(), static_cast<unsigned long long>(c.epochs), c.batch,
                  static_cast<double>(c.lr), static_cast<unsigned long long>(c.seed));
   (void)ls::fit(strategy, model, ls::adamw{.lr = c.lr, .weight_decay = c.weight_decay}, ls::softmax_cross_entropy{},
                 train_set, o);
@@ -98,32 +100,11 @@ int train(const config& c) {
   return 0;
 }
 
-/// mirrored<D<0>, ..., D<N-1>> for an index sequence 0..N-1.
-template <template <std::size_t> class D, class Seq>
-struct mirrored_over;
-template <template <std::size_t> class D, std::size_t... J>
-struct mirrored_over<D, std::index_sequence<J...>> {
-  using type = ls::mirrored<D<J>...>;
-};
-
-/// Runs train() with the strategy of c.replicas devices of kind D (one instantiation per count).
-template <class Net, template <std::size_t> class D, std::size_t... I>
-int train_on(const config& c, std::index_sequence<I...>) {
-  int rc = -1;
-  (void)((c.replicas == I + 1 &&
-          (rc = train<Net, typename mirrored_over<D, std::make_index_sequence<I + 1>>::type>(c), true)) ||
-         ...);
-  if (rc < 0)
-    throw usage_error{"--replicas " + std::to_string(c.replicas) + " is not supported on " + c.device + " (1.." +
-                      std::to_string(sizeof...(I)) + ")"};
-  return rc;
-}
-
 template <class Net>
 int run(const config& c) {
-  if (c.device == "cpu") return train_on<Net, ls::cpu>(c, std::make_index_sequence<max_cpu_replicas>{});
+  if (c.device == "cpu") return train<Net, ls::cpus>(c);
 #ifdef LOCKSTEP_HAS_CUDA
-  return train_on<Net, ls::gpu>(c, std::make_index_sequence<max_gpu_replicas>{});
+  return train<Net, ls::gpus>(c);
 #else
   std::fprintf(stderr, "error: --device gpu: this build has no CUDA support (configure with -DLOCKSTEP_CUDA=ON and nvcc)\n");
   return 2;
@@ -135,7 +116,9 @@ int run(const config& c) {
 int main(int argc, char** argv) {
   config c;
   CLI::App app{"Trains an MLP on Fashion-MNIST with lockstep's mirrored strategy; the last stdout line is test_accuracy=..."};
-  app.add_option("--replicas", c.replicas, "number of replicas (cpu: 1..8)")->check(CLI::Range(1, 8));
+  app.add_option("--replicas", c.replicas,
+                 "number of replicas: cpu, any N >= 1 (default 2; beyond the allowed cores they share cores); "
+                 "gpu, up to the visible GPUs (default: all of them)");
   app.add_option("--device", c.device, "device kind of the replicas")->check(CLI::IsMember({"cpu", "gpu"}));
   app.add_option("--epochs", c.epochs, "epochs to train")->check(CLI::Range(1, 100000));
   app.add_option("--batch", c.batch, "global batch size (split across the replicas)")->check(CLI::Range(1, 60000));

@@ -7,7 +7,7 @@
 #include <lockstep/data/batch_pool.hpp>
 #include <lockstep/data/csv.hpp>
 #include <lockstep/data/dataset.hpp>
-#include <lockstep/data/distribute.hpp>
+#include <lockstep/data/shard_batches.hpp>
 #include <lockstep/data/generator.hpp>
 #include <lockstep/data/idx.hpp>
 #include <lockstep/data/memory.hpp>

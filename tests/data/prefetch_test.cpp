@@ -119,7 +119,7 @@ TEST_CASE("prefetch: batches through prefetch and distribute keep every sample o
   for (std::size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<std::uint8_t>(i / 4 % 256);
   std::vector<std::int32_t> labels(n, 1);
   const auto d = ld::from_memory(std::move(pixels), 4, std::move(labels)) | ld::map(ld::scale(1.0f / 255)) |
-                 ld::shuffle(n, 9) | ld::batched(64) | ld::distribute(3) | ld::prefetch(2);
+                 ld::shuffle(n, 9) | ld::batched(64) | ld::shard_batches(3) | ld::prefetch(2);
   for (std::uint64_t e = 0; e < 3; ++e) {
     std::vector<int> seen(n, 0);
     for (auto&& step : d.epoch(e))

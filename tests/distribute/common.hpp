@@ -5,7 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
+
+#include <doctest/doctest.h>
 
 #include <lockstep/lockstep.hpp>
 
@@ -55,7 +58,7 @@ std::vector<float> train(S& s, const Opt& opt, bool* replicas_identical = nullpt
   auto m = s.template replicate<Net>(ls::seed{42});
   for (std::size_t i = 0; i < step_sizes().size(); ++i) {
     const auto b = make_batch(step_sizes()[i], i);
-    const auto st = ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distributed(b, S::replica_count));
+    const auto st = ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distributed(b, s.num_replicas()));
     if (st.count != b.rows() || !std::isfinite(st.loss_sum)) return {};
   }
   auto p = m.parameters_to_host();
@@ -65,6 +68,35 @@ std::vector<float> train(S& s, const Opt& opt, bool* replicas_identical = nullpt
       *replicas_identical = *replicas_identical && std::equal(p.begin(), p.end(), m.replica(r).model().parameters().data());
   }
   return p;
+}
+
+/// Runs `f`, which must throw a replica_error naming replica `replica` and step `step` whose
+/// nested exception is an E; returns that nested exception's message ("" when the checks fail).
+template <class E, class F>
+std::string expect_replica_error(F&& f, std::size_t replica, std::uint64_t step = ls::replica_error::no_step) {
+  try {
+    f();
+  } catch (const ls::replica_error& e) {
+    CHECK(e.replica() == replica);
+    CHECK(e.step() == step);
+    const std::string what = e.what();
+    CHECK(what.find("replica " + std::to_string(replica)) != std::string::npos);
+    try {
+      std::rethrow_if_nested(e);
+    } catch (const E& inner) {
+      return inner.what();
+    } catch (...) {
+      FAIL("the nested exception has another type");
+      return {};
+    }
+    FAIL("the replica_error holds no nested exception");
+    return {};
+  } catch (...) {
+    FAIL("another exception than a replica_error");
+    return {};
+  }
+  FAIL("no exception");
+  return {};
 }
 
 /// Largest |a - b| divided by the largest |b| (0 when equal).

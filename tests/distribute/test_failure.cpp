@@ -1,4 +1,5 @@
-// Failure behaviour: an exception in one replica reaches the caller quickly, the other replicas
+// Failure behaviour: an exception in one replica reaches the caller quickly, as a replica_error
+// naming the replica (and the step) with the original exception nested; the other replicas
 // are released from their collectives, a stalled replica trips the timeout with a message naming
 // it, the strategy works again afterwards (a failed step changes nothing), and no thread leaks.
 
@@ -37,7 +38,9 @@ std::vector<float> train_with_failure(three& s, std::size_t bad, std::size_t fai
       const auto before = m.parameters_to_host();
       d.shards[bad].width = 783;
       const auto t0 = std::chrono::steady_clock::now();
-      CHECK_THROWS_AS(ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, d), ls::shape_error);
+      const auto inner = expect_replica_error<ls::shape_error>(
+          [&] { ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, d); }, bad, i);
+      CHECK(inner.find("783 features") != std::string::npos);
       CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
       // The failed step changed nothing, and the replicas still agree.
       CHECK(m.step() == i);
@@ -70,20 +73,24 @@ TEST_CASE("an exception in one replica's step reaches the caller; the strategy w
   }
 }
 
-TEST_CASE("an exception thrown by run's function is rethrown with its type" * doctest::timeout(5)) {
+TEST_CASE("an exception thrown by run's function reaches the caller naming its replica, its type nested" * doctest::timeout(5)) {
   ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>, ls::cpu<3>> s;
   const auto d = distributed(make_batch(8, 0), 4);
   for (std::size_t bad = 0; bad < 4; ++bad) {
     CAPTURE(bad);
-    CHECK_THROWS_WITH_AS(s.run(
-                             [&](std::size_t r, const ls::data::shard&) {
-                               if (r == bad) throw std::invalid_argument("injected in replica " + std::to_string(r));
-                               ls::host_context ctx;
-                               float v = 1;
-                               s.all_reduce(r, ctx, &v, 1);  // the others block here until released
-                             },
-                             d),
-                         ("injected in replica " + std::to_string(bad)).c_str(), std::invalid_argument);
+    const auto inner = expect_replica_error<std::invalid_argument>(
+        [&] {
+          s.run(
+              [&](std::size_t r, const ls::data::shard&) {
+                if (r == bad) throw std::invalid_argument("injected in replica " + std::to_string(r));
+                ls::host_context ctx;
+                float v = 1;
+                s.all_reduce(r, ctx, &v, 1);  // the others block here until released
+              },
+              d);
+        },
+        bad);
+    CHECK(inner == "injected in replica " + std::to_string(bad));
     // Afterwards collectives work again.
     const auto ok = s.run(
         [&](std::size_t r, const ls::data::shard&) {
@@ -133,7 +140,7 @@ TEST_CASE("no thread leaks: workers are persistent and joined with the strategy"
       auto d = distributed(make_batch(9, i), 4);
       if (i == 1) d.shards[2].width = 1;
       if (i == 1)
-        CHECK_THROWS_AS(ls::train_step(s, m, ls::adam{}, ls::softmax_cross_entropy{}, d), ls::shape_error);
+        (void)expect_replica_error<ls::shape_error>([&] { ls::train_step(s, m, ls::adam{}, ls::softmax_cross_entropy{}, d); }, 2, 1);
       else
         ls::train_step(s, m, ls::adam{}, ls::softmax_cross_entropy{}, d);
       CHECK(thread_count() == base + 4);
@@ -144,5 +151,27 @@ TEST_CASE("no thread leaks: workers are persistent and joined with the strategy"
   {
     ls::one_device<ls::cpu<0>> one;  // the single replica runs on the caller's thread
     CHECK(thread_count() == base);
+    auto m = one.replicate<mlp>(ls::seed{1});
+    auto d = distributed(make_batch(4, 0), 1);
+    d.shards[0].width = 3;
+    // ... and its failure is named like any other replica's
+    (void)expect_replica_error<ls::shape_error>([&] { ls::train_step(one, m, ls::adam{}, ls::softmax_cross_entropy{}, d); }, 0, 0);
   }
+}
+
+TEST_CASE("a non-standard exception in a replica is still a replica_error with the original nested" * doctest::timeout(5)) {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  const auto d = distributed(make_batch(4, 0), 2);
+  bool got = false;
+  try {
+    s.run([](std::size_t r, const ls::data::shard&) { if (r == 1) throw 42; }, d);
+  } catch (const ls::replica_error& e) {
+    CHECK(e.replica() == 1);
+    try {
+      std::rethrow_if_nested(e);
+    } catch (int v) {
+      got = v == 42;
+    }
+  }
+  CHECK(got);
 }

@@ -96,7 +96,7 @@ TEST_CASE("distribute cuts a range of global batches into one shard per replica"
   ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>> s;
   std::vector<ls::data::batch> batches{dist_test::make_batch(7, 0), dist_test::make_batch(2, 1)};
   std::size_t seen = 0, rows = 0;
-  for (auto&& d : s.distribute(batches)) {
+  for (auto&& d : s.shard(batches)) {
     REQUIRE(d.shards.size() == 3);
     for (const auto& sh : d.shards) rows += sh.size;
     ++seen;

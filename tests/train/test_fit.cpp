@@ -94,7 +94,7 @@ TEST_CASE("fit: a learning-rate schedule callback sets the rate of every step") 
   auto b = s.replicate<net>(ls::seed{2});
   const auto data = pipeline(40, 8);
   for (std::uint64_t e = 0; e < 3; ++e)
-    for (auto& db : ls::data::distribute(data.epoch(e), s.num_replicas()))
+    for (auto& db : ls::data::shard_batches(data.epoch(e), s.num_replicas()))
       (void)ls::train_step(s, b, ls::sgd{.lr = sched(base, b.step())}, ls::softmax_cross_entropy{}, db);
   CHECK(b.step() == a.step());
   CHECK(params_of(a) == params_of(b));

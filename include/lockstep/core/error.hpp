@@ -2,6 +2,8 @@
 /// @file error.hpp
 /// The lockstep::error hierarchy: every failure the library reports is one of these.
 
+#include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -43,10 +45,28 @@ public:
   using error::error;
 };
 
-/// A replica's step failed; the strategy forwards the first failure to the caller.
+/// A replica failed: the strategy forwards the first failure to the caller as a replica_error
+/// naming the replica (and the training step), with the original exception nested inside it
+/// (`std::rethrow_if_nested(e)` rethrows it, keeping its type).
 class replica_error : public error {
 public:
-  using error::error;
+  /// Sentinel of step(): the failure happened outside a training step.
+  static constexpr std::uint64_t no_step = ~std::uint64_t{0};
+
+  /// A failure of replica `replica` during step `step` (no_step when not in a training step).
+  replica_error(const std::string& what, std::size_t replica, std::uint64_t step = no_step)
+      : error(what), replica_(replica), step_(step) {}
+  /// A failure without a replica index (collective bookkeeping).
+  explicit replica_error(const std::string& what) : error(what) {}
+
+  /// The replica that failed.
+  [[nodiscard]] std::size_t replica() const noexcept { return replica_; }
+  /// The training step (the model's update counter before the step), or no_step.
+  [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
+
+private:
+  std::size_t replica_ = 0;
+  std::uint64_t step_ = no_step;
 };
 
 /// A checkpoint that is corrupt, truncated, of another version or of another model.

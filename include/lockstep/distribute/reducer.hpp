@@ -22,7 +22,7 @@
 #include <cstddef>
 
 #include <lockstep/backend/host/context.hpp>
-#include <lockstep/distribute/strategy.hpp>
+#include <lockstep/distribute/concepts.hpp>
 
 namespace lockstep {
 
@@ -101,5 +101,20 @@ struct select_reducer<Device> {
 /// Shorthand for select_reducer<Devices...>::type.
 template <class... Devices>
 using select_reducer_t = typename select_reducer<Devices...>::type;
+
+/// The default reducer of a run-time strategy over device kind Kind (any number of replicas of
+/// that kind). This primary template is chosen only when the kind's backend offers none.
+template <class Kind>
+struct select_kind_reducer {
+  static_assert(!is_gpu_v<Kind>, "lockstep: no reducer for gpu devices; include <lockstep/backend/cuda.hpp> (a .cu "
+                                 "file compiled by nvcc) and link lockstep::cuda");
+  static_assert(is_gpu_v<Kind>, "lockstep: no default reducer for this device kind; its backend must specialise "
+                                "lockstep::select_kind_reducer<Kind>, or name a reducer with basic_mirrored<Reducer, ...>");
+  using type = void;  ///< no reducer
+};
+
+/// Shorthand for select_kind_reducer<Kind>::type.
+template <class Kind>
+using select_kind_reducer_t = typename select_kind_reducer<Kind>::type;
 
 }  // namespace lockstep

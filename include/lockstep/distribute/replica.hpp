@@ -1,6 +1,6 @@
 #pragma once
 /// @file replica.hpp
-/// `replica<Net, D, T>`: everything one device needs for training — its context, its model
+/// `replica<Net, D, T>` (`basic_replica<Net, Kind, T>`): everything one device needs for training — its context, its model
 /// instance, its optimiser state and the scratch of its loss — allocated on first use and reused,
 /// so a steady-state step allocates nothing. A strategy owns one per device; single-device
 /// training can use one directly.
@@ -21,17 +21,17 @@
 
 namespace lockstep {
 
-/// One device's training state.
-template <class Net, class D = cpu<0>, class T = float>
-class replica {
+/// One device's training state, for devices of kind Kind (the ordinal is in the context).
+template <class Net, class Kind, class T>
+class basic_replica {
 public:
-  using model_type = lockstep::model<Net, T, D>;         ///< the model instance type
-  using context_type = context_t<D>;            ///< the device's execution context
-  using value_type = T;                         ///< parameter type
-  using device_type = D;                        ///< the device
+  using model_type = basic_model<Net, T, Kind>;  ///< the model instance type
+  using context_type = context_t<Kind>;          ///< the device's execution context
+  using value_type = T;                          ///< parameter type
+  using device_type = Kind;                      ///< the device kind
 
   /// A replica with parameters initialised from `s`.
-  replica(context_type ctx, lockstep::seed s) : ctx_(std::move(ctx)), model_(on_device(ctx_), s) {}
+  basic_replica(context_type ctx, lockstep::seed s) : ctx_(std::move(ctx)), model_(on_device(ctx_), s) {}
 
   /// Grows every buffer for shards of up to `rows` rows, so later steps allocate nothing.
   void reserve(std::size_t rows) {
@@ -40,7 +40,7 @@ public:
     if (rows <= capacity_) return;
     dout_.reserve_discard(rows * model_type::output_size);
     scratch_.reserve_discard(rows * max_loss_scratch_per_row);
-    if constexpr (is_cpu_v<D> && !direct_input) {  // GPU replicas stage through their context
+    if constexpr (host_memory && !direct_input) {  // other devices stage through their context
       input_.reserve_discard(rows * model_type::input_size);
       targets_.reserve_discard(rows * model_type::output_size);
       labels_.reserve_discard(rows);
@@ -98,7 +98,7 @@ public:
         throw config_error("lockstep: the optimiser state has " + std::to_string(state_.size()) +
                            " elements but this optimiser needs " + std::to_string(need) +
                            "; use one optimiser configuration per model");
-      state_ = buffer<T, D>(need);
+      state_ = basic_buffer<T, Kind>(need);
       fill(ctx_, state_.data(), need, T(0));
     }
     state_initialised_ = true;
@@ -110,7 +110,7 @@ public:
   /// The model instance.
   [[nodiscard]] const model_type& model() const noexcept { return model_; }
   /// The flat optimiser state.
-  [[nodiscard]] buffer<T, D>& optimizer_state() noexcept { return state_; }
+  [[nodiscard]] basic_buffer<T, Kind>& optimizer_state() noexcept { return state_; }
   /// The device's execution context.
   [[nodiscard]] context_type& context() noexcept { return ctx_; }
 
@@ -118,7 +118,7 @@ public:
   template <class Optimizer>
   void reset_optimizer_state(const Optimizer& opt) {
     on_device(ctx_);
-    state_ = buffer<T, D>(opt.state_size(model_type::param_count));
+    state_ = basic_buffer<T, Kind>(opt.state_size(model_type::param_count));
     fill(ctx_, state_.data(), state_.size(), T(0));
     state_initialised_ = true;
   }
@@ -133,11 +133,14 @@ private:
                   "lockstep::replica: this loss asks for more scratch per row than a replica reserves");
   }
 
-  static constexpr bool direct_input = is_cpu_v<D> && std::is_same_v<T, float>;
+  // Host memory reads the shard in place (float) or converts it; device memory is staged by the
+  // context (stage_shard: one asynchronous copy of features, labels and targets).
+  static constexpr bool host_memory = device_memory<Kind>::host_accessible;
+  static constexpr bool direct_input = host_memory && std::is_same_v<T, float>;
 
   // Device buffers are allocated on the calling thread's current device: make it this replica's.
   static context_type& on_device(context_type& c) {
-    if constexpr (!is_cpu_v<D>) c.activate();
+    c.activate();
     return c;
   }
 
@@ -153,13 +156,13 @@ private:
       return s.features;
     } else {
       const std::size_t n = s.size * s.width;
-      if constexpr (is_cpu_v<D>) {
+      if constexpr (host_memory) {
         for (std::size_t k = 0; k < n; ++k) input_[k] = static_cast<T>(s.features[k]);
         return input_.data();
       } else {
         // Features, labels and targets go through the context's pinned double buffer in one
         // asynchronous copy that overlaps the device work still queued from the previous shard.
-        static_assert(std::is_same_v<T, float>, "lockstep: GPU replicas train in float");
+        static_assert(std::is_same_v<T, float>, "lockstep: replicas on device memory train in float");
         const auto st = ctx_.stage_shard(s.features, n, s.labels, s.size, s.targets, s.size * s.target_width);
         staged_labels_ = st.labels;
         staged_targets_ = st.targets;
@@ -174,7 +177,7 @@ private:
                         std::to_string(model_type::output_size));
     if constexpr (direct_input) {
       return {s.labels, s.targets, s.target_width};
-    } else if constexpr (!is_cpu_v<D>) {
+    } else if constexpr (!host_memory) {
       return {staged_labels_, staged_targets_, s.target_width};  // staged with the features
     } else {
       targets<T> t{nullptr, nullptr, s.target_width};
@@ -184,12 +187,7 @@ private:
       }
       if (s.targets) {
         const std::size_t n = s.size * s.target_width;
-        if constexpr (is_cpu_v<D>) {
-          for (std::size_t k = 0; k < n; ++k) targets_[k] = static_cast<T>(s.targets[k]);
-        } else {
-          static_assert(std::is_same_v<T, float>, "lockstep: GPU replicas train in float");
-          copy_from_host(ctx_, targets_.data(), s.targets, n);
-        }
+        for (std::size_t k = 0; k < n; ++k) targets_[k] = static_cast<T>(s.targets[k]);
         t.values = targets_.data();
       }
       return t;
@@ -198,16 +196,21 @@ private:
 
   context_type ctx_;
   model_type model_;
-  buffer<T, D> state_;
-  buffer<T, D> dout_;
-  buffer<T, D> scratch_;
-  buffer<T, D> input_;
-  buffer<T, D> targets_;
-  buffer<std::int32_t, D> labels_;
-  const std::int32_t* staged_labels_ = nullptr;  // GPU: the current shard's labels on the device
-  const T* staged_targets_ = nullptr;             // GPU: the current shard's targets on the device
+  basic_buffer<T, Kind> state_;
+  basic_buffer<T, Kind> dout_;
+  basic_buffer<T, Kind> scratch_;
+  basic_buffer<T, Kind> input_;
+  basic_buffer<T, Kind> targets_;
+  basic_buffer<std::int32_t, Kind> labels_;
+  const std::int32_t* staged_labels_ = nullptr;  // device memory: the current shard's labels
+  const T* staged_targets_ = nullptr;             // device memory: the current shard's targets
   std::size_t capacity_ = 0;
   bool state_initialised_ = false;
 };
+
+/// One device's training state for network Net on device D (a tag such as cpu<I>, or a kind):
+/// one type per kind, whatever the ordinal.
+template <class Net, class D = cpus, class T = float>
+using replica = basic_replica<Net, kind_of_t<D>, T>;
 
 }  // namespace lockstep

@@ -1,8 +1,9 @@
 #pragma once
 /// @file replicated.hpp
-/// `replicated<Net, D, T>`: the N replicas of one model that a strategy trains in lockstep, with
-/// the step counter, the seed, the gradient bucket layout, and host access to parameters and
-/// optimiser state (for checkpoints). Made by `strategy.template replicate<Net>(seed)`.
+/// `replicated<Net, D, T>` (`basic_replicated<Net, Kind, T>`): the N replicas of one model that a
+/// strategy trains in lockstep, with the step counter, the seed, the gradient bucket layout, and
+/// host access to parameters and optimiser state (for checkpoints). Made by
+/// `strategy.template replicate<Net>(seed)`, and bound to that strategy: another strategy refuses it.
 
 #include <cstddef>
 #include <cstdint>
@@ -19,14 +20,19 @@
 
 namespace lockstep {
 
+/// Who made a replicated model: the identity a strategy shares with the models it makes.
+struct strategy_identity {
+  std::string description;  ///< the strategy in words, for messages ("mirrored over cpu devices {0, 1}")
+};
+
 /// The replicas of one model, identical after every step.
-/// @tparam Net the network type
-/// @tparam D   the device type every replica shares (the context holds the ordinal)
-/// @tparam T   parameter type
-template <class Net, class D = cpu<0>, class T = float>
-class replicated {
+/// @tparam Net  the network type
+/// @tparam Kind the device kind every replica shares (each replica's context holds its ordinal)
+/// @tparam T    parameter type
+template <class Net, class Kind, class T>
+class basic_replicated {
 public:
-  using replica_type = lockstep::replica<Net, D, T>;          ///< one replica
+  using replica_type = basic_replica<Net, Kind, T>;           ///< one replica
   using model_type = typename replica_type::model_type;       ///< one replica's model
   using context_type = typename replica_type::context_type;   ///< a replica's context
   using value_type = T;                                       ///< parameter type
@@ -34,8 +40,10 @@ public:
   static constexpr std::size_t param_count = model_type::param_count;  ///< parameters per replica
 
   /// Replicas with the given contexts, all initialised from `s` (a strategy then broadcasts replica 0).
-  replicated(std::vector<context_type> contexts, lockstep::seed s, std::size_t bucket_bytes)
-      : seed_(s), layout_(plan_buckets<typename model_type::bound, T>(bucket_bytes)) {
+  basic_replicated(std::vector<context_type> contexts, lockstep::seed s, std::size_t bucket_bytes,
+                   std::shared_ptr<const strategy_identity> owner = {})
+      : seed_(s), layout_(plan_buckets<typename model_type::bound, T>(bucket_bytes)), owner_(owner),
+        owner_description_(owner ? owner->description : std::string("no strategy")) {
     if (contexts.empty()) throw config_error("lockstep::replicated: needs at least one replica");
     replicas_.reserve(contexts.size());
     for (auto& c : contexts) replicas_.push_back(std::make_unique<replica_type>(std::move(c), s));
@@ -56,6 +64,14 @@ public:
   [[nodiscard]] lockstep::seed seed() const noexcept { return seed_; }
   /// The gradient buckets (reverse layer order).
   [[nodiscard]] const layout_type& buckets() const noexcept { return layout_; }
+
+  /// True when the strategy of identity `id` made these replicas (and still exists).
+  [[nodiscard]] bool made_by(const strategy_identity* id) const noexcept {
+    const auto p = owner_.lock();
+    return p && p.get() == id;
+  }
+  /// The strategy that made these replicas, in words.
+  [[nodiscard]] const std::string& owner_description() const noexcept { return owner_description_; }
 
   /// Copies replica 0's parameters to host memory (`out` holds param_count elements).
   void parameters_to_host(std::span<T> out) const {
@@ -87,7 +103,7 @@ public:
   void load_optimizer_state(std::span<const T> in) {
     for (auto& r : replicas_) {
       auto& st = r->optimizer_state();
-      if (st.size() != in.size()) st = buffer<T, D>(in.size());
+      if (st.size() != in.size()) st = basic_buffer<T, Kind>(in.size());
       if (!in.empty()) copy_from_host(r->context(), st.data(), in.data(), in.size());
     }
   }
@@ -103,6 +119,13 @@ private:
   lockstep::seed seed_;
   layout_type layout_;
   std::uint64_t step_ = 0;
+  std::weak_ptr<const strategy_identity> owner_;
+  std::string owner_description_;
 };
+
+/// The replicas of network Net on devices like D (a tag such as cpu<I>, or a kind): one type per
+/// kind, whatever the ordinals or the number of replicas.
+template <class Net, class D = cpus, class T = float>
+using replicated = basic_replicated<Net, kind_of_t<D>, T>;
 
 }  // namespace lockstep

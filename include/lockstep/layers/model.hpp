@@ -1,12 +1,14 @@
 #pragma once
 /// @file model.hpp
-/// `model<Net, T, Device>`: one replica's instance of a network type. It owns the flat parameter
+/// `model<Net, T, Device>` (`basic_model<Net, T, Kind>`): one replica's instance of a network type. It owns the flat parameter
 /// buffer, the flat gradient buffer of the same layout, and the activation workspace (grown to
 /// the largest batch seen, then reused: a steady-state step allocates nothing).
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <concepts>
+#include <type_traits>
 #include <vector>
 
 #include <lockstep/backend/context.hpp>
@@ -29,12 +31,12 @@ struct no_layer_hook {
   void operator()(std::size_t, std::size_t, std::size_t) const noexcept {}
 };
 
-/// One instance of network Net with parameters of type T on device D.
-/// @tparam Net a layer whose first layer fixes the input width (usually a sequential)
-/// @tparam T   parameter and activation type (float for training, double for gradient checks)
-/// @tparam D   the device the buffers live on
-template <class Net, class T = float, class D = cpu<0>>
-class model {
+/// One instance of network Net with parameters of type T on device kind Kind (see `model`).
+/// @tparam Net  a layer whose first layer fixes the input width (usually a sequential)
+/// @tparam T    parameter and activation type (float for training, double for gradient checks)
+/// @tparam Kind the device kind the buffers live on (cpus, gpus)
+template <class Net, class T, class Kind>
+class basic_model {
   static_assert(layer<Net>, "lockstep::model: Net must be a layer (for example a lockstep::sequential)");
   static_assert(Net::expected_input > 0,
                 "lockstep::model: the network's first layer must fix the input width (start with a dense)");
@@ -43,20 +45,20 @@ public:
   using network = Net;                                      ///< the unbound network type
   using bound = bind_t<Net, Net::expected_input>;           ///< the network bound to its input width
   using value_type = T;                                     ///< parameter type
-  using device_type = D;                                    ///< where the buffers live
-  using context_type = context_t<D>;                        ///< the context kernels run with
+  using device_type = Kind;                                 ///< the device kind the buffers live on
+  using context_type = context_t<Kind>;                     ///< the context kernels run with
   static constexpr std::size_t input_size = bound::input_size;    ///< features per input row
   static constexpr std::size_t output_size = bound::output_size;  ///< outputs per row
   static constexpr std::size_t param_count = bound::param_count;  ///< length of the flat buffers
 
   /// A host model initialised from `s`.
-  explicit model(lockstep::seed s = {}) requires is_cpu_v<D> : params_(param_count), grads_(param_count) {
+  explicit basic_model(lockstep::seed s = {}) requires std::default_initializable<context_t<Kind>> : params_(param_count), grads_(param_count) {
     context_type ctx;
     init(ctx, s);
   }
 
-  /// A model on D initialised from `s` (initialised on the host, then copied with `ctx`).
-  model(context_type& ctx, lockstep::seed s) : params_(param_count), grads_(param_count) { init(ctx, s); }
+  /// A model on the context's device initialised from `s` (initialised on the host, then copied with `ctx`).
+  basic_model(context_type& ctx, lockstep::seed s) : params_(param_count), grads_(param_count) { init(ctx, s); }
 
   /// Re-initialises every parameter from seed `s`: the values depend only on (s, layer, element).
   void init(context_type& ctx, lockstep::seed s) {
@@ -101,25 +103,32 @@ public:
   }
 
   /// The flat parameter buffer.
-  [[nodiscard]] buffer<T, D>& parameters() noexcept { return params_; }
+  [[nodiscard]] basic_buffer<T, Kind>& parameters() noexcept { return params_; }
   /// The flat parameter buffer.
-  [[nodiscard]] const buffer<T, D>& parameters() const noexcept { return params_; }
+  [[nodiscard]] const basic_buffer<T, Kind>& parameters() const noexcept { return params_; }
   /// The flat gradient buffer (same layout as the parameters).
-  [[nodiscard]] buffer<T, D>& gradients() noexcept { return grads_; }
+  [[nodiscard]] basic_buffer<T, Kind>& gradients() noexcept { return grads_; }
   /// The flat gradient buffer (same layout as the parameters).
-  [[nodiscard]] const buffer<T, D>& gradients() const noexcept { return grads_; }
+  [[nodiscard]] const basic_buffer<T, Kind>& gradients() const noexcept { return grads_; }
+  /// The output of the last forward (rows x output_size, on the device; valid until the next forward).
+  [[nodiscard]] const T* output() const noexcept { return output_.data(); }
   /// Largest batch the workspace holds without growing.
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
 
 private:
-  buffer<T, D> params_;
-  buffer<T, D> grads_;
-  buffer<T, D> workspace_;
-  buffer<T, D> output_;
+  basic_buffer<T, Kind> params_;
+  basic_buffer<T, Kind> grads_;
+  basic_buffer<T, Kind> workspace_;
+  basic_buffer<T, Kind> output_;
   std::size_t capacity_ = 0;
   const T* last_x_ = nullptr;
   std::size_t last_rows_ = 0;
   pass_info last_info_{};
 };
+
+/// One instance of network Net with parameters of type T on device D (a tag such as cpu<I>, or a
+/// kind): one type per kind, so replicas on different devices of one kind share their code.
+template <class Net, class T = float, class D = cpus>
+using model = basic_model<Net, T, kind_of_t<D>>;
 
 }  // namespace lockstep

@@ -1,6 +1,6 @@
 #pragma once
 /// @file buffer.hpp
-/// `buffer<T, Device>`: an owning, aligned, move-only array on a device, and the trivially
+/// `buffer<T, Device>` (`basic_buffer<T, Kind>`): an owning, aligned, move-only array on a device, and the trivially
 /// copyable views that kernels and reducers take.
 
 #include <cstddef>
@@ -30,26 +30,26 @@ struct matrix_view {
   std::size_t ld = 0;     ///< distance between rows, in elements (>= cols)
 };
 
-/// An owning array of `size()` trivially copyable T on device D: aligned, move-only, never
-/// value-initialised (first touch is the caller's job: fill or copy into it).
-template <class T, class D>
-class buffer {
+/// An owning array of `size()` trivially copyable T on device kind Kind: aligned, move-only,
+/// never value-initialised (first touch is the caller's job: fill or copy into it).
+template <class T, class Kind>
+class basic_buffer {
   static_assert(std::is_trivially_copyable_v<T>, "lockstep::buffer holds trivially copyable elements");
 
 public:
   using value_type = T;   ///< element type
-  using device_type = D;  ///< device the elements live on
+  using device_type = Kind;  ///< the device kind the elements live on
 
   /// An empty buffer.
-  buffer() noexcept = default;
+  basic_buffer() noexcept = default;
   /// A buffer of n uninitialised elements.
-  explicit buffer(std::size_t n) : data_(static_cast<T*>(memory_resource<D>::allocate(n * sizeof(T)))), size_(n) {}
-  buffer(const buffer&) = delete;
-  buffer& operator=(const buffer&) = delete;
+  explicit basic_buffer(std::size_t n) : data_(static_cast<T*>(device_memory<Kind>::allocate(n * sizeof(T)))), size_(n) {}
+  basic_buffer(const basic_buffer&) = delete;
+  basic_buffer& operator=(const basic_buffer&) = delete;
   /// Takes the other buffer's memory; the other becomes empty.
-  buffer(buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  basic_buffer(basic_buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   /// Frees this buffer's memory and takes the other's.
-  buffer& operator=(buffer&& o) noexcept {
+  basic_buffer& operator=(basic_buffer&& o) noexcept {
     if (this != &o) {
       release();
       data_ = std::exchange(o.data_, nullptr);
@@ -57,7 +57,7 @@ public:
     }
     return *this;
   }
-  ~buffer() { release(); }
+  ~basic_buffer() { release(); }
 
   /// Pointer to the first element (nullptr when empty).
   [[nodiscard]] T* data() noexcept { return data_; }
@@ -73,23 +73,23 @@ public:
   [[nodiscard]] array_view<const T> view() const noexcept { return {data_, size_}; }
 
   /// The elements as a span (host buffers only).
-  [[nodiscard]] std::span<T> span() noexcept requires is_cpu_v<D> { return {data_, size_}; }
+  [[nodiscard]] std::span<T> span() noexcept requires device_memory<Kind>::host_accessible { return {data_, size_}; }
   /// The elements as a read-only span (host buffers only).
-  [[nodiscard]] std::span<const T> span() const noexcept requires is_cpu_v<D> { return {data_, size_}; }
+  [[nodiscard]] std::span<const T> span() const noexcept requires device_memory<Kind>::host_accessible { return {data_, size_}; }
   /// Element i (host buffers only; no bounds check).
-  [[nodiscard]] T& operator[](std::size_t i) noexcept requires is_cpu_v<D> { return data_[i]; }
+  [[nodiscard]] T& operator[](std::size_t i) noexcept requires device_memory<Kind>::host_accessible { return data_[i]; }
   /// Element i (host buffers only; no bounds check).
-  [[nodiscard]] const T& operator[](std::size_t i) const noexcept requires is_cpu_v<D> { return data_[i]; }
+  [[nodiscard]] const T& operator[](std::size_t i) const noexcept requires device_memory<Kind>::host_accessible { return data_[i]; }
 
   /// Makes room for at least n elements, discarding the contents when it must grow; never shrinks,
   /// so a steady state that asks for the same size allocates nothing.
   void reserve_discard(std::size_t n) {
-    if (n > size_) *this = buffer(n);
+    if (n > size_) *this = basic_buffer(n);
   }
 
 private:
   void release() noexcept {
-    memory_resource<D>::deallocate(data_, size_ * sizeof(T));
+    device_memory<Kind>::deallocate(data_, size_ * sizeof(T));
     data_ = nullptr;
     size_ = 0;
   }
@@ -97,5 +97,10 @@ private:
   T* data_ = nullptr;
   std::size_t size_ = 0;
 };
+
+/// An owning array of T on device D (a tag such as cpu<I>, or a kind): one type per kind, so
+/// `buffer<float, cpu<0>>` and `buffer<float, cpu<5>>` are the same type.
+template <class T, class D>
+using buffer = basic_buffer<T, kind_of_t<D>>;
 
 }  // namespace lockstep

@@ -25,7 +25,7 @@
 #include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/data/batch.hpp>
-#include <lockstep/data/distribute.hpp>
+#include <lockstep/data/shard_batches.hpp>
 #include <lockstep/data/generator.hpp>
 #include <lockstep/distribute.hpp>
 #include <lockstep/io/checkpoint.hpp>
@@ -48,20 +48,31 @@ concept batch_source = requires(const D& d, std::uint64_t e) {
 
 namespace detail {
 
-/// Shares a global batch and cuts it into one shard per replica (data::split).
-template <class B>
-data::distributed_batch share_and_split(B&& b, std::size_t replicas) {
-  using T = std::remove_cvref_t<B>;
-  auto owned = std::make_shared<const T>(std::forward<B>(b));
-  data::distributed_batch out;
-  out.shards = data::split(*owned, replicas);
-  out.global = std::move(owned);
-  return out;
+/// The strategy class a strategy's training path is written for (mirrored_strategy for every
+/// mirrored form), so fit and evaluate are instantiated once per kind, not once per device list.
+template <class S>
+auto& core_of(S& s) noexcept {
+  if constexpr (requires { typename S::core_type; })
+    return static_cast<typename S::core_type&>(s);
+  else
+    return s;
+}
+
+/// Refuses a model the strategy did not make (config_error naming both), or one with another
+/// number of replicas for strategies that cannot tell who made it.
+template <class S, class M>
+void check_bound(const S& s, const M& m) {
+  if constexpr (requires { s.check_model(m); }) {
+    s.check_model(m);
+  } else if (m.size() != s.num_replicas()) {
+    throw config_error("lockstep: the model has " + std::to_string(m.size()) + " replicas but the strategy has " +
+                       std::to_string(s.num_replicas()));
+  }
 }
 
 template <class Source>
 data::generator<data::distributed_batch> distributed_epoch(Source src, std::uint64_t epoch, std::size_t replicas) {
-  for (auto&& b : src.epoch(epoch)) co_yield share_and_split(std::move(b), replicas);
+  for (auto&& b : src.epoch(epoch)) co_yield data::detail::make_sharded(std::move(b), replicas);
 }
 
 }  // namespace detail
@@ -141,7 +152,7 @@ metric_sums shard_metrics(Rep& rep, const Loss& loss, const data::shard& sh, con
   using model_type = typename Rep::model_type;
   constexpr std::size_t cols = model_type::output_size;
   using T = typename model_type::value_type;
-  if constexpr (is_cpu_v<typename Rep::device_type> && std::is_same_v<T, float>) {
+  if constexpr (device_memory<typename Rep::device_type>::host_accessible && std::is_same_v<T, float>) {
     const float* out = rep.predict(sh, info);
     auto& ls = scratch.loss_scratch[r];
     ls.resize(std::max<std::size_t>(1, sh.size * Loss::scratch_per_row));
@@ -150,32 +161,32 @@ metric_sums shard_metrics(Rep& rep, const Loss& loss, const data::shard& sh, con
     m.loss_sum = l.sum;
     m.count = l.count;
     count_predictions(out, sh.size, cols, sh.labels, k, m);
-  } else {
+  } else {  // one evaluation forward; the outputs are read back to the host only to count hits
     const loss_sum l = rep.evaluate(loss, sh, info);
     m.loss_sum = l.sum;
     m.count = l.count;
     if (sh.labels) {
-      const T* out = rep.predict(sh, info);
       auto& host = scratch.host_out[r];
-      std::vector<T> tmp(sh.size * cols);
-      copy_to_host(rep.context(), tmp.data(), out, tmp.size());
+      host.resize(sh.size * cols);
+      if constexpr (std::is_same_v<T, float>) {
+        copy_to_host(rep.context(), host.data(), rep.model().output(), host.size());
+      } else {
+        std::vector<T> tmp(sh.size * cols);
+        copy_to_host(rep.context(), tmp.data(), rep.model().output(), tmp.size());
+        host.assign(tmp.begin(), tmp.end());
+      }
       rep.context().synchronize();
-      host.assign(tmp.begin(), tmp.end());
       count_predictions(host.data(), sh.size, cols, sh.labels, k, m);
     }
   }
   return m;
 }
 
-}  // namespace detail
-
-/// Evaluates `m` on every sample of one pass of `data` (epoch 0), through the strategy: each
-/// replica computes sums over its shard (s.run), the sums are reduced (s.reduce), and the ratios
-/// are taken last. Every sample is counted exactly once — uneven last batches are split, never padded.
+/// evaluate on the strategy's core class (see lockstep::evaluate).
 template <class Strategy, class Replicated, class Loss>
-evaluation evaluate(Strategy& s, Replicated& m, const Loss& loss, const eval_data& data, const evaluate_options& o = {}) {
-  static_assert(lockstep::loss<Loss>, "lockstep::evaluate: the loss must satisfy lockstep::loss");
+evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eval_data& data, const evaluate_options& o) {
   if (o.top_k == 0) throw config_error("lockstep::evaluate: top_k must be >= 1");
+  check_bound(s, m);
   const std::size_t n = s.num_replicas();
   detail::eval_scratch scratch(n);
   metric_sums total;
@@ -185,10 +196,10 @@ evaluation evaluate(Strategy& s, Replicated& m, const Loss& loss, const eval_dat
   for (auto& db : data.batches(n)) {
     auto per = s.run(
         [&](std::size_t r, const data::shard& sh) {
-          return detail::shard_metrics(m.replica(r), loss, sh, info, o.top_k, scratch, r);
+          return shard_metrics(m.replica(r), loss, sh, info, o.top_k, scratch, r);
         },
         db);
-    total += detail::reduce_metric_sums(s, per);
+    total += reduce_metric_sums(s, per);
   }
   evaluation e;
   e.sums = total;
@@ -198,6 +209,16 @@ evaluation evaluate(Strategy& s, Replicated& m, const Loss& loss, const eval_dat
   e.k = o.top_k;
   e.samples = total.count;
   return e;
+}
+}  // namespace detail
+
+/// Evaluates `m` on every sample of one pass of `data` (epoch 0), through the strategy: each
+/// replica computes sums over its shard (s.run), the sums are reduced (s.reduce), and the ratios
+/// are taken last. Every sample is counted exactly once — uneven last batches are split, never padded.
+template <class Strategy, class Replicated, class Loss>
+evaluation evaluate(Strategy& s, Replicated& m, const Loss& loss, const eval_data& data, const evaluate_options& o = {}) {
+  static_assert(lockstep::loss<Loss>, "lockstep::evaluate: the loss must satisfy lockstep::loss");
+  return detail::evaluate_core(detail::core_of(s), m, loss, data, o);
 }
 
 /// Evaluates a batch source directly (see the eval_data overload).
@@ -218,7 +239,9 @@ struct predictions {
 /// Runs `m` in evaluation mode on one pass of `data` through the strategy and gathers every
 /// row's outputs on the host.
 template <class Strategy, class Replicated>
-predictions predict(Strategy& s, Replicated& m, const eval_data& data) {
+predictions predict(Strategy& strategy, Replicated& m, const eval_data& data) {
+  auto& s = detail::core_of(strategy);
+  detail::check_bound(s, m);
   using net = io::network_of<Replicated>;
   constexpr std::size_t cols = model<net>::output_size;
   const std::size_t n = s.num_replicas();
@@ -310,6 +333,257 @@ struct fit_options {
   std::size_t top_k = 5;                  ///< k of the validation top-k accuracy
 };
 
+namespace detail {
+
+/// Everything fit does around the training steps that does not depend on the model's type: the
+/// resume position and epoch sums, the learning rate of each update, callbacks, progress, the
+/// metrics file and checkpoints. Compiled once, whatever the models a program trains.
+class fit_session {
+public:
+  /// A session for options `o`, an optimiser with base rate `base_lr`, on `replicas` replicas.
+  fit_session(const fit_options& o, float base_lr, std::size_t replicas) : o_(o), replicas_(replicas) {
+    ctl.past = &h;
+    ctl.base_lr = base_lr;
+    lr = base_lr;
+    if (!o.checkpoint_dir.empty())
+      ckpt_.emplace(o.checkpoint_dir, o.keep_checkpoints);
+    else if (o.resume || o.checkpoint_every)
+      throw config_error("lockstep::fit: resume and checkpoint_every need checkpoint_dir");
+  }
+
+  /// The newest checkpoint to resume from, with its path (none unless resuming and one exists).
+  [[nodiscard]] std::optional<std::pair<io::checkpoint_state, std::string>> checkpoint_to_resume() const {
+    if (!o_.resume || !ckpt_) return std::nullopt;
+    const auto p = ckpt_->latest();
+    if (!p) return std::nullopt;
+    return std::make_pair(io::load_checkpoint(*p), p->string());
+  }
+
+  /// Takes over a checkpoint's position, sums, rates and callback states (the model is restored by the caller).
+  void resume_from(const io::checkpoint_state& st, const std::string& source) {
+    if (st.version >= 2) detail::restore_callbacks(o_.callbacks, st, source);
+    if (st.version >= 2 && st.stop_requested) {  // a callback had stopped the run: stay stopped
+      ctl.stop = true;
+      h.stopped_early = st.batches == 0 ? st.epoch < o_.epochs : st.epoch + 1 < o_.epochs;
+    }
+    start_epoch = st.epoch;
+    skip_ = st.batches;
+    lr = st.lr;
+    resumed_ = st;
+    ctl.lr_factor = st.lr_factor;
+    ctl.step = st.step;
+    ctl.epoch = st.epoch;
+    h.resumed_from_step = st.step;
+  }
+
+  /// Opens the metrics file and the progress display (after resuming).
+  void open_outputs() {
+    if (!o_.metrics_file.empty()) mlog_.emplace(o_.metrics_file);
+    progress_options po = o_.progress;
+    po.quiet = po.quiet || o_.quiet;
+    bar_.emplace(po, o_.epochs);
+    expected_steps_ = o_.steps_per_epoch;
+  }
+
+  /// True while epoch `e` should run.
+  [[nodiscard]] bool runs(std::uint64_t e, std::uint64_t model_step) const {
+    return e < o_.epochs && !ctl.stop && !limit_reached(model_step);
+  }
+  /// True once max_steps updates are done.
+  [[nodiscard]] bool limit_reached(std::uint64_t model_step) const {
+    return o_.max_steps != 0 && model_step >= o_.max_steps;
+  }
+
+  /// Starts epoch e: its sums (those of the checkpoint when it is the resumed epoch) and the bar.
+  void begin_epoch(std::uint64_t e) {
+    ctl.epoch = e;
+    t0_ = std::chrono::steady_clock::now();
+    bar_->begin_epoch(e, expected_steps_);
+    const bool resumed = e == start_epoch;
+    counters.correct = resumed ? resumed_.epoch_correct : 0;
+    counters.labelled = resumed ? resumed_.epoch_labelled : 0;
+    loss_sum_ = resumed ? resumed_.epoch_loss_sum : 0.0;
+    count_ = resumed ? resumed_.epoch_samples : 0;
+    steps_ = resumed ? resumed_.epoch_steps : 0;
+    count_before_ = count_;
+    batches = 0;
+    to_skip = resumed ? skip_ : 0;
+  }
+
+  /// The learning rate of the update after `step` updates: base rate × factor, through the schedules.
+  [[nodiscard]] float rate_at(std::uint64_t step) const {
+    float r = ctl.base_lr * ctl.lr_factor;
+    for (const auto& c : o_.callbacks)
+      if (c.schedule) r = c.schedule(r, step);
+    return r;
+  }
+
+  /// Records a finished step (the model has done `model_step` updates); true when training must stop now.
+  template <class Save>
+  bool end_step(const step_stats& r, std::uint64_t model_step, const Save& save) {
+    ++batches;
+    ++steps_;
+    loss_sum_ += r.loss_sum;
+    count_ += r.count;
+    ctl.step = model_step;
+    const double step_loss = r.count ? r.loss_sum / static_cast<double>(r.count) : 0.0;
+    for (const auto& c : o_.callbacks)
+      if (c.step_end) c.step_end(step_loss, ctl);
+    bar_->step(batches, count_, count_ ? loss_sum_ / static_cast<double>(count_) : 0.0);
+    if (ckpt_ && o_.checkpoint_every && model_step % o_.checkpoint_every == 0) save(ctl.epoch, batches);
+    return ctl.stop || limit_reached(model_step);
+  }
+
+  /// Ends the steps of epoch e: checks the resume position, and checkpoints an epoch cut short
+  /// (before its end hooks run: the resumed run finishes the epoch and runs them once). Returns
+  /// the epoch's statistics so far, and whether it finished.
+  template <class Save>
+  std::pair<epoch_stats, bool> end_steps(std::uint64_t e, std::uint64_t model_step, const Save& save) {
+    const bool finished = !ctl.stop && !limit_reached(model_step);
+    if (finished && batches < to_skip)
+      throw checkpoint_error("lockstep::fit: the checkpoint says " + std::to_string(to_skip) + " batches of epoch " +
+                             std::to_string(e) + " were consumed, but the epoch has only " + std::to_string(batches));
+    const auto t1 = std::chrono::steady_clock::now();
+    if (finished || expected_steps_ == 0) expected_steps_ = batches;
+    if (ckpt_ && !finished) save(e, batches);
+    epoch_stats st;
+    st.epoch = e;
+    st.steps = steps_;
+    st.samples = count_;
+    st.train_loss = count_ ? loss_sum_ / static_cast<double>(count_) : std::numeric_limits<double>::quiet_NaN();
+    st.train_accuracy = (counters.labelled > 0 && !counters.unavailable)
+                            ? static_cast<double>(counters.correct) / static_cast<double>(counters.labelled)
+                            : std::numeric_limits<double>::quiet_NaN();
+    const double train_seconds = std::chrono::duration<double>(t1 - t0_).count();
+    st.samples_per_second = train_seconds > 0 ? static_cast<double>(count_ - count_before_) / train_seconds : 0;
+    st.lr = lr;
+    st.global_step = model_step;
+    return {st, finished};
+  }
+
+  /// Ends epoch e (validation already in `st`): callbacks, progress, metrics, the epoch-end checkpoint.
+  template <class Save>
+  void end_epoch(epoch_stats st, bool finished, const Save& save) {
+    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    h.epochs.push_back(st);
+    for (const auto& c : o_.callbacks)
+      if (c.epoch_end) c.epoch_end(h.epochs.back(), ctl);
+    bar_->end_epoch(st);
+    if (mlog_) mlog_->write(st);
+    if (ckpt_ && finished) save(st.epoch + 1, 0);
+    if (ctl.stop && st.epoch + 1 < o_.epochs) h.stopped_early = true;
+  }
+
+  /// Fills the run's part of checkpoint `st` at (epoch, batches consumed) and writes it.
+  void save(io::checkpoint_state st, std::uint64_t epoch, std::uint64_t batches_done, std::uint64_t seed) {
+    st.epoch = epoch;
+    st.batches = batches_done;
+    st.base_lr = ctl.base_lr;
+    st.lr_factor = ctl.lr_factor;
+    st.lr = lr;
+    st.seed = seed;
+    st.data_seed = o_.data_seed;
+    st.replicas = static_cast<std::uint32_t>(replicas_);
+    st.callback_states.reserve(o_.callbacks.size());
+    for (const auto& c : o_.callbacks) st.callback_states.push_back(c.save_state ? c.save_state() : std::vector<double>{});
+    st.stop_requested = ctl.stop;
+    if (batches_done != 0) {  // mid-epoch: the sums of the epoch so far, so its stats come out whole
+      st.epoch_loss_sum = loss_sum_;
+      st.epoch_samples = count_;
+      st.epoch_steps = steps_;
+      st.epoch_labelled = counters.labelled.load();
+      st.epoch_correct = counters.correct.load();
+    }
+    ckpt_->save(st);
+  }
+
+  history h;                          ///< the result
+  training_control ctl;               ///< what callbacks see and change
+  accuracy_counters counters;         ///< training top-1 hits of the epoch in progress
+  float lr = 0;                       ///< the rate of the last update (the checkpoint's when resuming)
+  std::uint64_t start_epoch = 0;      ///< the first epoch to run
+  std::uint64_t batches = 0;          ///< global batches of the epoch in progress consumed so far
+  std::uint64_t to_skip = 0;          ///< batches of this epoch consumed before the checkpoint
+
+private:
+  const fit_options& o_;
+  std::size_t replicas_;
+  std::optional<io::checkpoint_manager> ckpt_;
+  std::optional<metrics_log> mlog_;
+  std::optional<progress> bar_;
+  io::checkpoint_state resumed_;  // only the epoch_* sums of the resumed epoch are used
+  std::uint64_t skip_ = 0;
+  std::uint64_t expected_steps_ = 0;
+  std::chrono::steady_clock::time_point t0_{};
+  double loss_sum_ = 0;
+  std::uint64_t count_ = 0, steps_ = 0, count_before_ = 0;
+};
+
+/// The model seed recorded in checkpoints: the model's own, or fit_options::seed.
+template <class M>
+std::uint64_t model_seed(const M& m, const fit_options& o) {
+  if constexpr (requires { m.seed().value; })
+    return m.seed().value;
+  else
+    return o.seed;
+}
+
+/// Checks that checkpoint `st` read from `source` was written by this model and seed.
+template <class Replicated>
+void check_resumable(const Replicated& m, const io::checkpoint_state& st, const std::string& source) {
+  using net = io::network_of<Replicated>;
+  io::check_signature(st, model_signature<net>(), source, io::model_name<net>());
+  if constexpr (requires { m.seed().value; })
+    if (st.seed != m.seed().value)
+      throw checkpoint_error("lockstep::fit: " + source + ": section 'rng': the checkpoint's model seed " +
+                             std::to_string(st.seed) + " differs from this model's seed " +
+                             std::to_string(m.seed().value) + "; resuming would not be exact");
+}
+
+/// fit on the strategy's core class (see lockstep::fit).
+template <class Strategy, class Replicated, class Optimizer, class Loss, class Source>
+history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& loss, const Source& train,
+                 const fit_options& o) {
+  check_bound(s, m);
+  fit_session run(o, optimizer.lr, s.num_replicas());
+  if (const auto ck = run.checkpoint_to_resume()) {
+    check_resumable(m, ck->first, ck->second);
+    run.resume_from(ck->first, ck->second);  // refuses callback states that do not fit, before the model changes
+    io::restore(m, ck->first, ck->second);
+  }
+  run.open_outputs();
+  const auto save = [&](std::uint64_t epoch, std::uint64_t batches) {
+    run.save(io::capture(m), epoch, batches, model_seed(m, o));
+  };
+  const counting_loss<Loss> counted{&loss, &run.counters};
+  for (std::uint64_t e = run.start_epoch; run.runs(e, m.step()); ++e) {
+    run.begin_epoch(e);
+    for (auto&& b : train.epoch(e)) {
+      if (run.batches < run.to_skip) {  // resume: these batches were consumed before the checkpoint
+        ++run.batches;
+        continue;
+      }
+      const data::distributed_batch db = data::detail::make_sharded(std::move(b), s.num_replicas());
+      run.lr = run.rate_at(m.step());
+      Optimizer opt = optimizer;
+      opt.lr = run.lr;
+      const step_stats r = s.train_step(m, opt, counted, db);
+      if (run.end_step(r, m.step(), save)) break;
+    }
+    auto [st, finished] = run.end_steps(e, m.step(), save);
+    if (o.validation) {
+      const evaluation v = evaluate_core(s, m, loss, o.validation, evaluate_options{o.top_k});
+      st.val_loss = v.loss;
+      st.val_accuracy = v.accuracy;
+      st.val_samples = v.samples;
+    }
+    run.end_epoch(st, finished, save);
+  }
+  return std::move(run.h);
+}
+
+}  // namespace detail
+
 /// Trains `m` with synchronous data-parallel steps through strategy `s`: for each epoch e, the
 /// global batches of `train.epoch(e)` are cut into one shard per replica and each is one
 /// train_step; the learning rate of each update is optimizer.lr times the control's factor, passed
@@ -318,179 +592,15 @@ struct fit_options {
 /// loaded and training continues at its exact position (epoch and batches consumed, the sums of
 /// that epoch so far, the callbacks' states), so the result is bitwise the same as an
 /// uninterrupted run.
-/// @throws checkpoint_error when resuming from a bad checkpoint, or one whose number of callback
-///         states differs from the number of callbacks; anything a step throws.
+/// @throws config_error when `m` was made by another strategy; checkpoint_error when resuming
+///         from a bad checkpoint, or one whose number of callback states differs from the number
+///         of callbacks; anything a step throws.
 template <class Strategy, class Replicated, class Optimizer, class Loss, batch_source Source>
 history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& loss, const Source& train,
             const fit_options& o = {}) {
   static_assert(lockstep::optimizer<Optimizer>, "lockstep::fit: the optimizer must satisfy lockstep::optimizer");
   static_assert(lockstep::loss<Loss>, "lockstep::fit: the loss must satisfy lockstep::loss");
-  using net = io::network_of<Replicated>;
-  const std::size_t replicas = s.num_replicas();
-
-  history h;
-  training_control ctl;
-  ctl.past = &h;
-  ctl.base_lr = optimizer.lr;
-
-  std::optional<io::checkpoint_manager> ckpt;
-  if (!o.checkpoint_dir.empty()) ckpt.emplace(o.checkpoint_dir, o.keep_checkpoints);
-  else if (o.resume || o.checkpoint_every) throw config_error("lockstep::fit: resume and checkpoint_every need checkpoint_dir");
-
-  std::uint64_t start_epoch = 0, skip = 0;
-  io::checkpoint_state resumed_sums;  // only lr and the epoch_* sums are used: those of the resumed epoch
-  resumed_sums.lr = optimizer.lr;
-  if (o.resume && ckpt) {
-    if (const auto p = ckpt->latest()) {
-      const io::checkpoint_state st = io::load_checkpoint(*p);
-      io::check_signature(st, model_signature<net>(), p->string(), io::model_name<net>());
-      if constexpr (requires { m.seed().value; })
-        if (st.seed != m.seed().value)
-          throw checkpoint_error("lockstep::fit: " + p->string() + ": section 'rng': the checkpoint's model seed " +
-                                 std::to_string(st.seed) + " differs from this model's seed " +
-                                 std::to_string(m.seed().value) + "; resuming would not be exact");
-      if (st.version >= 2) detail::restore_callbacks(o.callbacks, st, p->string());
-      if (st.version >= 2 && st.stop_requested) {  // a callback had stopped the run: stay stopped
-        ctl.stop = true;
-        h.stopped_early = st.batches == 0 ? st.epoch < o.epochs : st.epoch + 1 < o.epochs;
-      }
-      io::restore(m, st, p->string());
-      start_epoch = st.epoch;
-      skip = st.batches;
-      resumed_sums.lr = st.lr;
-      resumed_sums.epoch_loss_sum = st.epoch_loss_sum;
-      resumed_sums.epoch_samples = st.epoch_samples;
-      resumed_sums.epoch_steps = st.epoch_steps;
-      resumed_sums.epoch_labelled = st.epoch_labelled;
-      resumed_sums.epoch_correct = st.epoch_correct;
-      ctl.lr_factor = st.lr_factor;
-      ctl.step = st.step;
-      ctl.epoch = st.epoch;
-      h.resumed_from_step = st.step;
-    }
-  }
-
-  std::optional<metrics_log> mlog;
-  if (!o.metrics_file.empty()) mlog.emplace(o.metrics_file);
-  progress_options po = o.progress;
-  po.quiet = po.quiet || o.quiet;
-  progress bar(po, o.epochs);
-
-  float lr = resumed_sums.lr;  // the rate of the last update (that of the checkpoint when resuming)
-  auto lr_at = [&](std::uint64_t step) {
-    float r = ctl.base_lr * ctl.lr_factor;
-    for (const auto& c : o.callbacks)
-      if (c.schedule) r = c.schedule(r, step);
-    return r;
-  };
-  detail::accuracy_counters counters;
-  double ep_loss_sum = 0;  // sums of the epoch in progress (restored from a mid-epoch checkpoint)
-  std::uint64_t ep_count = 0, ep_steps = 0;
-  auto save = [&](std::uint64_t epoch, std::uint64_t batches) {
-    io::checkpoint_state st = io::capture(m);
-    st.epoch = epoch;
-    st.batches = batches;
-    st.base_lr = ctl.base_lr;
-    st.lr_factor = ctl.lr_factor;
-    st.lr = lr;
-    if constexpr (requires { m.seed().value; })
-      st.seed = m.seed().value;
-    else
-      st.seed = o.seed;
-    st.data_seed = o.data_seed;
-    st.replicas = static_cast<std::uint32_t>(replicas);
-    st.callback_states.reserve(o.callbacks.size());
-    for (const auto& c : o.callbacks) st.callback_states.push_back(c.save_state ? c.save_state() : std::vector<double>{});
-    st.stop_requested = ctl.stop;
-    if (batches != 0) {  // mid-epoch: the sums of the epoch so far, so its stats come out whole
-      st.epoch_loss_sum = ep_loss_sum;
-      st.epoch_samples = ep_count;
-      st.epoch_steps = ep_steps;
-      st.epoch_labelled = counters.labelled.load();
-      st.epoch_correct = counters.correct.load();
-    }
-    ckpt->save(st);
-  };
-  auto limit_reached = [&] { return o.max_steps != 0 && m.step() >= o.max_steps; };
-
-  std::uint64_t expected_steps = o.steps_per_epoch;
-  const detail::counting_loss<Loss> counted{&loss, &counters};
-
-  for (std::uint64_t e = start_epoch; e < o.epochs && !ctl.stop && !limit_reached(); ++e) {
-    ctl.epoch = e;
-    const auto t0 = std::chrono::steady_clock::now();
-    bar.begin_epoch(e, expected_steps);
-    const bool resumed_epoch = e == start_epoch;
-    counters.correct = resumed_epoch ? resumed_sums.epoch_correct : 0;
-    counters.labelled = resumed_epoch ? resumed_sums.epoch_labelled : 0;
-    double& loss_sum = ep_loss_sum;
-    std::uint64_t &count = ep_count, &steps = ep_steps;
-    loss_sum = resumed_epoch ? resumed_sums.epoch_loss_sum : 0.0;
-    count = resumed_epoch ? resumed_sums.epoch_samples : 0;
-    steps = resumed_epoch ? resumed_sums.epoch_steps : 0;
-    const std::uint64_t count_before = count;
-    std::uint64_t batches = 0;
-    const std::uint64_t to_skip = resumed_epoch ? skip : 0;
-    for (auto&& b : train.epoch(e)) {
-      if (batches < to_skip) {  // resume: these batches were consumed before the checkpoint
-        ++batches;
-        continue;
-      }
-      const data::distributed_batch db = detail::share_and_split(std::move(b), replicas);
-      lr = lr_at(m.step());
-      Optimizer opt = optimizer;
-      opt.lr = lr;
-      const auto r = train_step(s, m, opt, counted, db);
-      ++batches;
-      ++steps;
-      loss_sum += r.loss_sum;
-      count += r.count;
-      ctl.step = m.step();
-      const double step_loss = r.count ? r.loss_sum / static_cast<double>(r.count) : 0.0;
-      for (const auto& c : o.callbacks)
-        if (c.step_end) c.step_end(step_loss, ctl);
-      bar.step(batches, count, count ? loss_sum / static_cast<double>(count) : 0.0);
-      if (ckpt && o.checkpoint_every && m.step() % o.checkpoint_every == 0) save(e, batches);
-      if (ctl.stop || limit_reached()) break;
-    }
-    const bool finished = !ctl.stop && !limit_reached();
-    if (finished && batches < to_skip)
-      throw checkpoint_error("lockstep::fit: the checkpoint says " + std::to_string(to_skip) + " batches of epoch " +
-                             std::to_string(e) + " were consumed, but the epoch has only " + std::to_string(batches));
-    const auto t1 = std::chrono::steady_clock::now();
-    if (finished || expected_steps == 0) expected_steps = batches;
-    // an epoch cut short is checkpointed before its end hooks run: the resumed run finishes the
-    // epoch and runs them once, on the whole epoch
-    if (ckpt && !finished) save(e, batches);
-
-    epoch_stats st;
-    st.epoch = e;
-    st.steps = steps;
-    st.samples = count;
-    st.train_loss = count ? loss_sum / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN();
-    st.train_accuracy = (counters.labelled > 0 && !counters.unavailable)
-                            ? static_cast<double>(counters.correct) / static_cast<double>(counters.labelled)
-                            : std::numeric_limits<double>::quiet_NaN();
-    const double train_seconds = std::chrono::duration<double>(t1 - t0).count();
-    st.samples_per_second = train_seconds > 0 ? static_cast<double>(count - count_before) / train_seconds : 0;
-    st.lr = lr;
-    st.global_step = m.step();
-    if (o.validation) {
-      const evaluation v = evaluate(s, m, loss, o.validation, evaluate_options{o.top_k});
-      st.val_loss = v.loss;
-      st.val_accuracy = v.accuracy;
-      st.val_samples = v.samples;
-    }
-    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    h.epochs.push_back(st);
-    for (const auto& c : o.callbacks)
-      if (c.epoch_end) c.epoch_end(h.epochs.back(), ctl);
-    bar.end_epoch(st);
-    if (mlog) mlog->write(st);
-    if (ckpt && finished) save(e + 1, 0);
-    if (ctl.stop && e + 1 < o.epochs) h.stopped_early = true;
-  }
-  return h;
+  return detail::fit_core(detail::core_of(s), m, optimizer, loss, train, o);
 }
 
 }  // namespace lockstep

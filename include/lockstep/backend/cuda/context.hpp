@@ -3,7 +3,7 @@
 /// `cuda_context`: the execution context of a GPU replica — its device ordinal, a compute stream,
 /// a communication stream (collectives), a copy stream (input staging), a cuBLAS handle, the
 /// events that order them, reduction scratch and the double-buffered pinned input staging area.
-/// Also specialises `context_of<gpu<I>>` and `memory_resource<gpu<I>>`. Host code only: this
+/// Also registers the CUDA kind: `backend_traits<gpus>` and `device_memory<gpus>`. Host code only: this
 /// header compiles with g++ (the kernels are in ops.cuh).
 
 #include <cublas_v2.h>
@@ -270,17 +270,30 @@ private:
 using backend::cuda_context;
 using backend::cuda_options;
 
-/// gpu<I> replicas run with a cuda_context (its ordinal is chosen at run time, so replicas of one
-/// strategy share one type).
-template <std::size_t I>
-struct context_of<gpu<I>> {
-  using type = backend::cuda_context;  ///< the context type
+/// The CUDA kind: gpu<I> replicas run with a cuda_context whose ordinal is a value, so every
+/// replica of every GPU strategy shares one type.
+template <>
+struct backend_traits<gpus> {
+  static constexpr bool registered = true;     ///< a backend exists
+  using context_type = backend::cuda_context;  ///< a replica's execution context
+  static constexpr const char* name = "gpu";   ///< the kind's name in messages and options
+  /// A GPU ordinal must name a visible CUDA device.
+  static constexpr bool ordinals_bounded = true;
+  /// A GPU replica's worker drives its device: it is not pinned to a core.
+  static constexpr bool replica_owns_core = false;
+  /// The number of visible CUDA devices (0 without a driver or a device).
+  static std::size_t device_count() { return static_cast<std::size_t>(backend::cuda_device_count()); }
+  /// The context of the replica on CUDA device `ordinal`.
+  static context_type make_context(std::size_t ordinal, const replica_settings&) {
+    return context_type(static_cast<int>(ordinal));
+  }
 };
 
 /// Device memory: cudaMalloc on the calling thread's current device (a cuda_context makes its
 /// device current when constructed and when activated), cudaFree on the device that owns the pointer.
-template <std::size_t I>
-struct memory_resource<gpu<I>> {
+template <>
+struct device_memory<gpus> {
+  static constexpr bool host_accessible = false;  ///< device memory: copy through the context
   /// Allocates `bytes` bytes of device memory (nullptr for 0 bytes); throws device_error.
   static void* allocate(std::size_t bytes) {
     if (bytes == 0) return nullptr;

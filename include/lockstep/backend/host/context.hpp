@@ -8,6 +8,11 @@
 #include <algorithm>
 #include <string>
 #include <thread>
+#include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include <lockstep/core/error.hpp>
 
@@ -18,6 +23,27 @@ namespace backend {
 /// Number of hardware threads (at least 1).
 inline int hardware_threads() noexcept {
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+/// The CPUs this process may run on (its affinity mask), in increasing order; empty where the
+/// platform cannot tell.
+inline std::vector<int> allowed_cpus() {
+  std::vector<int> cpus;
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+#endif
+  return cpus;
+}
+
+/// Number of cores this process may run on (its affinity mask; the hardware threads where the
+/// platform cannot tell): the default number of host replicas.
+inline int allowed_cpu_count() {
+  const auto n = allowed_cpus().size();
+  return n ? static_cast<int>(n) : hardware_threads();
 }
 
 /// Execution context of a host (cpu<I>) replica. Kernels are found by argument-dependent lookup
@@ -51,6 +77,8 @@ inline std::string blas_core_name() { return openblas_get_corename(); }
 
 }  // namespace backend
 
+using backend::allowed_cpu_count;
+using backend::allowed_cpus;
 using backend::blas_core_name;
 using backend::hardware_threads;
 using backend::host_context;

@@ -44,7 +44,7 @@
 #include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/distribute/detail/host_comm.hpp>
-#include <lockstep/distribute/host_reducers.hpp>
+#include <lockstep/distribute/reducers/host.hpp>
 #include <lockstep/distribute/reducer.hpp>
 
 #if defined(LOCKSTEP_HAS_NCCL)
@@ -740,6 +740,21 @@ template <class... Devices>
   requires(sizeof...(Devices) > 1 && (is_gpu_v<Devices> && ...) && detail::distinct_gpus<Devices...>())
 struct select_reducer<Devices...> {
   using type = nccl_allreduce;  ///< NCCL between the GPUs
+};
+
+/// GPU replicas listed at run time (mirrored<gpus>): NCCL between distinct GPUs.
+template <>
+struct select_kind_reducer<gpus> {
+  using type = nccl_allreduce;  ///< NCCL between the GPUs
+};
+
+#else
+
+/// GPU replicas listed at run time (mirrored<gpus>) in a build without NCCL: the host sums the
+/// buckets of every GPU in pinned memory (reduce_to_one_device<cpu<0>>).
+template <>
+struct select_kind_reducer<gpus> {
+  using type = reduce_to_one_device<cpu<0>>;  ///< aggregation on the host
 };
 
 #endif  // LOCKSTEP_HAS_NCCL

@@ -1,5 +1,5 @@
 #pragma once
-/// @file host_reducers.hpp
+/// @file host.hpp
 /// The reducers of host (cpu<I>) replicas, over shared memory:
 ///  - `host_allreduce`: reduce-scatter + all-gather. Once every replica has arrived at a bucket,
 ///    replica r sums slice r (1/N of the bucket) over all replicas in the fixed order 0..N-1 and
@@ -201,6 +201,12 @@ public:
 
 private:
   std::vector<std::unique_ptr<detail::host_staging>> staging_;  // per replica; used by backend paths only
+};
+
+/// Host replicas listed at run time: the shared-memory all-reduce (any number of replicas).
+template <>
+struct select_kind_reducer<cpus> {
+  using type = host_allreduce;  ///< reduce-scatter + all-gather over shared memory
 };
 
 /// Several host devices: the shared-memory all-reduce.

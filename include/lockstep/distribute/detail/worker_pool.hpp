@@ -1,16 +1,18 @@
 #pragma once
-/// @file workers.hpp
+/// @file worker_pool.hpp
 /// Internal: the persistent worker threads of a strategy, one per replica. A job is a function
 /// of the replica index; run() hands it to every worker, waits for all of them, and rethrows the
-/// first real failure (a replica released by an abort reports collective_aborted, which is only
-/// rethrown when nothing else failed). A failing worker calls the abort callback at once so that
-/// replicas blocked in a collective are released.
+/// first real failure as a replica_error naming the replica, with the original nested (a replica
+/// released by an abort reports collective_aborted, which is only rethrown when nothing else
+/// failed). A failing worker calls the abort callback at once so that replicas blocked in a
+/// collective are released.
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -20,6 +22,8 @@
 #include <sched.h>
 #endif
 
+#include <lockstep/backend/host/context.hpp>
+#include <lockstep/core/error.hpp>
 #include <lockstep/distribute/detail/host_comm.hpp>
 #include <lockstep/distribute/detail/wake.hpp>
 
@@ -52,11 +56,17 @@ public:
   /// Number of replicas.
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
 
-  /// Runs f(r) for every replica r on its worker and waits for all; rethrows the first failure.
+  /// Runs f(r) for every replica r on its worker and waits for all; rethrows the first failure
+  /// as a replica_error naming its replica and `step` (replica_error::no_step outside training).
   template <class F>
-  void run(F& f) {
+  void run(F& f, std::uint64_t step = replica_error::no_step) {
+    step_ = step;
     if (n_ == 1) {
-      f(std::size_t{0});
+      try {
+        f(std::size_t{0});
+      } catch (...) {
+        rethrow_named(std::current_exception(), 0);
+      }
       return;
     }
     job_fn_ = [](void* obj, std::size_t r) { (*static_cast<F*>(obj))(r); };
@@ -74,14 +84,7 @@ private:
   // The CPUs this process may run on, when there are at least n of them (none otherwise: then
   // the workers are not pinned).
   static std::vector<int> allowed_cpus(std::size_t n) {
-    std::vector<int> cpus;
-#if defined(__linux__)
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
-      for (int c = 0; c < CPU_SETSIZE; ++c)
-        if (CPU_ISSET(c, &set)) cpus.push_back(c);
-#endif
+    std::vector<int> cpus = backend::allowed_cpus();
     if (cpus.size() < n) cpus.clear();
     return cpus;
   }
@@ -136,11 +139,38 @@ private:
         (aborted ? best_aborted : best) = stamps_[r];
       }
     }
+    const bool real = static_cast<bool>(first);
     if (!first) first = first_aborted;
     if (first) {
+      std::size_t who = 0;
+      while (errors_[who] != first) ++who;
       for (auto& e : errors_) e = nullptr;
-      std::rethrow_exception(first);
+      if (!real) std::rethrow_exception(first);
+      rethrow_named(first, who);
     }
+  }
+
+  // Rethrows `e` of replica r as a replica_error naming r and the step, with `e` nested; a
+  // replica_error (it already names its replica) and a timeout_error (it names the replicas that
+  // did not arrive) pass unchanged.
+  [[noreturn]] void rethrow_named(std::exception_ptr e, std::size_t r) const {
+    try {
+      std::rethrow_exception(e);
+    } catch (const replica_error&) {
+      throw;
+    } catch (const timeout_error&) {
+      throw;
+    } catch (const std::exception& x) {
+      std::throw_with_nested(replica_error(prefix(r) + x.what(), r, step_));
+    } catch (...) {
+      std::throw_with_nested(replica_error(prefix(r) + "an exception not derived from std::exception", r, step_));
+    }
+  }
+
+  std::string prefix(std::size_t r) const {
+    std::string p = "lockstep: replica " + std::to_string(r);
+    if (step_ != replica_error::no_step) p += " at step " + std::to_string(step_);
+    return p + " failed: ";
   }
 
   std::size_t n_;
@@ -155,6 +185,7 @@ private:
   std::atomic<std::uint64_t> generation_{0};
   std::atomic<std::size_t> remaining_{0};
   std::atomic<bool> stop_{false};
+  std::uint64_t step_ = replica_error::no_step;
   wake_hub hub_;
   std::vector<std::thread> threads_;
 };

@@ -1,6 +1,6 @@
 #pragma once
-/// @file distribute.hpp
-/// From global batches to per-replica shards: `distribute` cuts every global batch into N shards
+/// @file shard_batches.hpp
+/// From global batches to per-replica shards: `shard_batches` cuts every global batch into N shards
 /// (`split` from batch.hpp: contiguous, sizes differing by at most one, the first rows % N shards one
 /// row larger, empty shards allowed), and `shard_by_worker` gives each process of a multi-process
 /// job its own disjoint part of every global batch.
@@ -34,12 +34,12 @@ concept global_batch = std::derived_from<std::remove_cvref_t<B>, batch>;
 namespace detail {
 
 inline void check_replicas(std::size_t replicas) {
-  if (replicas == 0) throw config_error("lockstep::data::distribute: replicas must be >= 1");
+  if (replicas == 0) throw config_error("lockstep::data::shard_batches: replicas must be >= 1");
 }
 
 /// Moves (or copies, for a const or lvalue source) a global batch into shared ownership and cuts it.
 template <class B>
-distributed_batch make_distributed(B&& b, std::size_t replicas) {
+distributed_batch make_sharded(B&& b, std::size_t replicas) {
   using D = std::remove_cvref_t<B>;
   auto owned = std::make_shared<const D>(std::forward<B>(b));
   distributed_batch out;
@@ -49,13 +49,13 @@ distributed_batch make_distributed(B&& b, std::size_t replicas) {
 }
 
 template <class R>
-generator<distributed_batch> distribute_owned(R range, std::size_t replicas) {
-  for (auto&& b : range) co_yield make_distributed(std::move(b), replicas);
+generator<distributed_batch> shard_owned(R range, std::size_t replicas) {
+  for (auto&& b : range) co_yield make_sharded(std::move(b), replicas);
 }
 
 template <class R>
-generator<distributed_batch> distribute_borrowed(R* range, std::size_t replicas) {
-  for (const auto& b : *range) co_yield make_distributed(b, replicas);
+generator<distributed_batch> shard_borrowed(R* range, std::size_t replicas) {
+  for (const auto& b : *range) co_yield make_sharded(b, replicas);
 }
 
 /// The rows [offset, offset + size) that part `rank` of `parts` gets from `rows` rows (as split()).
@@ -102,27 +102,27 @@ generator<pooled_batch> worker_gen(generator<B> up, std::size_t rank, std::size_
 /// @throws config_error when replicas is 0.
 template <std::ranges::input_range R>
   requires global_batch<std::ranges::range_value_t<R>>
-generator<distributed_batch> distribute(R&& batches, std::size_t replicas) {
+generator<distributed_batch> shard_batches(R&& batches, std::size_t replicas) {
   detail::check_replicas(replicas);
   if constexpr (std::is_lvalue_reference_v<R>)
-    return detail::distribute_borrowed(std::addressof(batches), replicas);
+    return detail::shard_borrowed(std::addressof(batches), replicas);
   else
-    return detail::distribute_owned(std::move(batches), replicas);
+    return detail::shard_owned(std::move(batches), replicas);
 }
 
-/// Stage: cuts each global batch into shards (see distribute(replicas)).
-struct distribute_closure : closure<distribute_closure> {
+/// Stage: cuts each global batch into shards (see shard_batches(replicas)).
+struct shard_batches_closure : closure<shard_batches_closure> {
   std::size_t replicas = 1;  ///< number of shards per batch
   /// Applies the stage to a dataset of global batches.
   template <global_batch B>
   dataset<distributed_batch> operator()(dataset<B> d) const {
     return dataset<distributed_batch>{
-        [d = std::move(d), n = replicas](std::uint64_t e) { return distribute(d.epoch(e), n); }};
+        [d = std::move(d), n = replicas](std::uint64_t e) { return shard_batches(d.epoch(e), n); }};
   }
 };
-/// Pipeline stage form: `... | batched(256) | distribute(2) | prefetch(2)` yields
+/// Pipeline stage form: `... | batched(256) | shard_batches(2) | prefetch(2)` yields
 /// `distributed_batch`es with 2 shards. @throws config_error when replicas is 0.
-inline distribute_closure distribute(std::size_t replicas) {
+inline shard_batches_closure shard_batches(std::size_t replicas) {
   detail::check_replicas(replicas);
   return {{}, replicas};
 }
@@ -146,7 +146,7 @@ struct worker_closure : closure<worker_closure> {
 /// The parts of one global batch are disjoint and cover it, so across all workers every sample
 /// of an epoch is seen exactly once, and global batch k is the same set of samples whatever the
 /// number of workers. Every worker gets one (possibly empty) batch per global batch, so all
-/// workers take the same number of steps. Compose with `distribute(local_replicas)`.
+/// workers take the same number of steps. Compose with `shard_batches(local_replicas)`.
 /// @throws config_error when world is 0 or rank >= world.
 inline worker_closure shard_by_worker(std::size_t rank, std::size_t world) {
   if (world == 0 || rank >= world)

@@ -44,7 +44,7 @@ TEST_CASE("distribute: every sample of an epoch reaches exactly one replica once
           CAPTURE(bs);
           CAPTURE(drop);
           CAPTURE(replicas);
-          const auto d = numbered(n) | ld::shuffle(n + 1, 5) | ld::batched(bs, drop) | ld::distribute(replicas);
+          const auto d = numbered(n) | ld::shuffle(n + 1, 5) | ld::batched(bs, drop) | ld::shard_batches(replicas);
           std::vector<int> seen(n, 0);
           std::vector<std::uint64_t> order;
           for (auto&& step : d.epoch(1)) {
@@ -86,7 +86,7 @@ TEST_CASE("distribute: a range of plain batches, moved or borrowed; empty shards
   batches[0].indices = {0, 1, 2};
   batches[1].width = 1;  // an empty batch
   std::size_t steps = 0;
-  for (auto&& step : ld::distribute(batches, 5)) {  // borrowed: copies
+  for (auto&& step : ld::shard_batches(batches, 5)) {  // borrowed: copies
     REQUIRE(step.shards.size() == 5);
     const std::size_t rows = step.global_size();
     for (std::size_t r = 0; r < 5; ++r) CHECK(step.shards[r].size == (r < rows ? 1u : 0u));
@@ -95,14 +95,14 @@ TEST_CASE("distribute: a range of plain batches, moved or borrowed; empty shards
   CHECK(steps == 2);
   CHECK(batches[0].features.size() == 3);  // untouched
   std::size_t total = 0;
-  for (auto&& step : ld::distribute(std::move(batches), 2)) total += step.global_size();
+  for (auto&& step : ld::shard_batches(std::move(batches), 2)) total += step.global_size();
   CHECK(total == 3);
-  CHECK_THROWS_AS(ld::distribute(0), lockstep::config_error);
+  CHECK_THROWS_AS(ld::shard_batches(0), lockstep::config_error);
 }
 
 TEST_CASE("distribute: shards stay valid after the generator moves on (shared ownership)") {
   std::vector<ld::distributed_batch> kept;
-  for (auto&& step : (numbered(50) | ld::batched(8) | ld::distribute(3)).epoch()) kept.push_back(std::move(step));
+  for (auto&& step : (numbered(50) | ld::batched(8) | ld::shard_batches(3)).epoch()) kept.push_back(std::move(step));
   std::set<std::uint64_t> all;
   for (const auto& step : kept)
     for (const auto& s : step.shards) {

@@ -1,0 +1,111 @@
+#pragma once
+/// @file concepts.hpp
+/// The vocabulary every strategy shares: determinism levels, reduction operators, options, step
+/// statistics, the static device-set rules and the `strategy` concept.
+
+#include <array>
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <type_traits>
+#include <vector>
+
+#include <lockstep/core/device.hpp>
+#include <lockstep/data/batch.hpp>
+
+namespace lockstep {
+
+/// How reproducible training is (a compile-time option of a strategy; see docs/distribute.md).
+enum class determinism {
+  run_to_run,              ///< repeated runs of one configuration are bitwise equal (fixed summation order)
+  replica_count_invariant  ///< bitwise equal whatever the number of replicas (fixed micro-shards)
+};
+
+/// How per-replica values are combined.
+enum class reduce_op { sum, mean, min, max };
+
+/// Run-time options of a strategy.
+struct strategy_options {
+  std::chrono::milliseconds timeout{60'000};  ///< longest wait in a collective before timeout_error
+  std::size_t bucket_bytes = 4u << 20;        ///< gradient bytes per all-reduce bucket (0: one bucket per layer)
+  std::size_t micro_shard_rows = 32;          ///< rows per micro-shard (replica_count_invariant only)
+  int blas_threads = 1;                       ///< BLAS threads per host replica (replicas × threads <= cores)
+  bool pin_replicas = true;                   ///< pin host replica r's worker to the r-th allowed CPU (when there are enough)
+};
+
+/// What one synchronous training step returns: the loss summed over the global batch and the count.
+struct step_stats {
+  double loss_sum = 0;     ///< sum of per-sample losses over the whole global batch
+  std::size_t count = 0;   ///< samples in the global batch
+
+  /// Mean loss per sample (0 for an empty batch).
+  [[nodiscard]] double mean_loss() const noexcept { return count ? loss_sum / static_cast<double>(count) : 0.0; }
+};
+
+/// Opt-in tag: a type is a strategy only when it says `using strategy_concept = lockstep::strategy_tag;`.
+struct strategy_tag {};
+
+/// The device tags of a strategy, as a type.
+template <class... Devices>
+struct device_list {
+  static constexpr std::size_t size = sizeof...(Devices);  ///< number of devices
+};
+
+namespace detail {
+
+template <class... Ds>
+constexpr bool distinct_cpu_ordinals() {
+  if constexpr (sizeof...(Ds) < 2) {
+    return true;
+  } else {
+    constexpr std::array<bool, sizeof...(Ds)> host{is_cpu_v<Ds>...};
+    constexpr std::array<std::size_t, sizeof...(Ds)> ord{static_cast<std::size_t>(Ds::ordinal)...};
+    for (std::size_t i = 0; i < host.size(); ++i)
+      for (std::size_t j = i + 1; j < host.size(); ++j)
+        if (host[i] && host[j] && ord[i] == ord[j]) return false;
+    return true;
+  }
+}
+
+template <class... Ds>
+constexpr bool valid_device_set() {
+  if constexpr (sizeof...(Ds) == 0 || !(device<Ds> && ...))
+    return false;
+  else
+    return ((is_cpu_v<Ds> && ...) || (is_gpu_v<Ds> && ...)) && distinct_cpu_ordinals<Ds...>();
+}
+
+/// A function shaped like what strategy::run accepts (used by the concept).
+struct run_archetype {
+  int operator()(std::size_t, const data::shard&) const { return 0; }
+};
+
+template <class...>
+inline constexpr bool always_false = false;
+
+}  // namespace detail
+
+/// True when no two devices are the same cpu<I> (each host replica needs its own ordinal).
+template <class... Devices>
+inline constexpr bool distinct_cpu_ordinals_v = detail::distinct_cpu_ordinals<Devices...>();
+
+/// True when Devices... can form one strategy: at least one device, all cpu<I> or all gpu<I>,
+/// no repeated cpu<I> (a repeated gpu<I> is allowed when the reducer handles it).
+template <class... Devices>
+inline constexpr bool valid_device_set_v = detail::valid_device_set<Devices...>();
+
+/// A strategy: a set of replicas on devices of one kind (`kind_type`), fixed at construction, that
+/// run a function on their shards of a distributed batch and combine per-replica values (see
+/// mirrored_strategy for the full interface).
+template <class S>
+concept strategy = requires(S& s, const S& cs, const data::distributed_batch& b, const std::vector<double>& v) {
+  typename S::strategy_concept;
+  requires std::same_as<typename S::strategy_concept, strategy_tag>;
+  typename S::kind_type;
+  requires device_kind_tag<typename S::kind_type>;
+  { cs.num_replicas() } -> std::convertible_to<std::size_t>;
+  s.run(detail::run_archetype{}, b);
+  { cs.reduce(reduce_op::sum, v) } -> std::convertible_to<double>;
+};
+
+}  // namespace lockstep

@@ -1,0 +1,70 @@
+#pragma once
+/// @file overlapped_step.hpp
+/// The run_to_run training step: every replica runs forward and backward on its own shard; each
+/// gradient bucket's all-reduce starts from the backward hook as soon as the bucket's lowest
+/// layer is done, while the layers below it still compute; then every replica waits for its
+/// buckets and applies the same update. Summation order is the reducer's (fixed for a given
+/// replica count), so repeated runs are bitwise equal.
+
+#include <cstddef>
+#include <vector>
+
+#include <lockstep/data/batch.hpp>
+#include <lockstep/distribute/buckets.hpp>
+#include <lockstep/distribute/concepts.hpp>
+#include <lockstep/distribute/executor.hpp>
+#include <lockstep/layers/layer.hpp>
+#include <lockstep/losses/loss.hpp>
+#include <lockstep/optimizers/optimizer.hpp>
+
+namespace lockstep {
+
+/// Step policy of determinism::run_to_run: bucketed all-reduce overlapped with the backward pass.
+class overlapped_step {
+public:
+  /// The policy of a strategy with `replicas` replicas.
+  overlapped_step(std::size_t replicas, const strategy_options&) : loss_(replicas) {}
+
+  /// One step of `m` on `b` through `ex` and `reducer`; returns the loss summed over the global batch.
+  template <class Reducer, class Replicated, class Optimizer, class Loss>
+  double run(executor& ex, Reducer& reducer, Replicated& m, const Optimizer& opt, const Loss& loss,
+             const data::distributed_batch& b, const pass_info& info, const update_info& update) {
+    const std::size_t n = ex.size();
+    auto job = [&](std::size_t r) {
+      auto& rep = m.replica(r);
+      auto& ctx = rep.context();
+      const auto& layout = m.buckets();
+      auto* grads = rep.model().gradients().data();
+      if (n == 1) {
+        loss_[r] = rep.forward_backward(loss, b.shards[r], info);
+      } else {
+        auto hook = [&](std::size_t layer, std::size_t, std::size_t) {
+          if (const std::size_t k = layout.completes[layer]) {
+            const gradient_bucket& g = layout.buckets[k - 1];
+            // No host wait here: a reducer orders its collective after the compute already
+            // queued on ctx (host work is synchronous; GPU reducers wait on an event of the
+            // compute stream).
+            reducer.start(r, ctx, grads + g.offset, g.count, k - 1);
+          }
+        };
+        loss_[r] = rep.forward_backward(loss, b.shards[r], info, hook);
+        for (std::size_t k = 0; k < layout.size; ++k) reducer.wait(r, ctx, k);
+      }
+      rep.apply(opt, update);
+    };
+    ex.execute(job, info.step);
+    double total = 0;
+    for (const auto& l : loss_) total += l.sum;
+    return total;
+  }
+
+  /// Nothing of its own to release (the reducer is aborted by the strategy).
+  void abort() noexcept {}
+  /// Nothing of its own to re-arm.
+  void reset() noexcept {}
+
+private:
+  std::vector<loss_sum> loss_;
+};
+
+}  // namespace lockstep
