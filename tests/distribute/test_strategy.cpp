@@ -50,6 +50,9 @@ static_assert(!ls::valid_device_set_v<int>);
 static_assert(!ls::host_allreduce::supports<ls::gpu<0>, ls::gpu<1>>);
 static_assert(!ls::reduce_to_one_device<ls::cpu<2>>::supports<ls::cpu<0>, ls::cpu<1>>);
 static_assert(ls::reduce_to_one_device<ls::cpu<1>>::supports<ls::cpu<0>, ls::cpu<1>>);
+// A reduce-to-one strategy aggregates on the FIRST replica of its aggregation device.
+static_assert(ls::detail::aggregation_root<ls::reduce_to_one_device<ls::cpu<1>>, ls::cpu<0>, ls::cpu<1>, ls::cpu<1>>() == 1);
+static_assert(ls::detail::aggregation_root<ls::reduce_to_one_device<ls::cpu<0>>, ls::cpu<0>, ls::cpu<1>, ls::cpu<0>>() == 0);
 
 // Default reducers from the device set.
 static_assert(std::is_same_v<ls::select_reducer_t<ls::cpu<0>, ls::cpu<1>>, ls::host_allreduce>);

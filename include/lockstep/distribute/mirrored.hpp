@@ -48,13 +48,13 @@ namespace lockstep {
 
 namespace detail {
 
-/// The position of the reducer's aggregation device among Ds (0 when it has none).
+/// The position of the first of Ds that is the reducer's aggregation device (0 when it has none).
 template <class Reducer, class... Ds>
 constexpr std::size_t aggregation_root() {
   if constexpr (requires { typename Reducer::aggregation_device; }) {
-    std::size_t i = 0, found = 0;
-    ((std::is_same_v<typename Reducer::aggregation_device, Ds> ? (found = i, ++i) : ++i), ...);
-    return found;
+    std::size_t i = 0, found = sizeof...(Ds);
+    ((std::is_same_v<typename Reducer::aggregation_device, Ds> && found == sizeof...(Ds) ? (found = i, ++i) : ++i), ...);
+    return found == sizeof...(Ds) ? 0 : found;
   } else {
     return 0;
   }
