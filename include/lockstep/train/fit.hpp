@@ -151,11 +151,11 @@ metric_sums shard_metrics(Rep& rep, const Loss& loss, const data::shard& sh, con
     m.count = l.count;
     count_predictions(out, sh.size, cols, sh.labels, k, m);
   } else {
-    const loss_sum l = rep.evaluate(loss, sh, info);
+    const T* out = rep.predict(sh, info);  // one forward pass for the loss and the predictions
+    const loss_sum l = rep.loss_of(loss, sh, out);
     m.loss_sum = l.sum;
     m.count = l.count;
     if (sh.labels) {
-      const T* out = rep.predict(sh, info);
       auto& host = scratch.host_out[r];
       std::vector<T> tmp(sh.size * cols);
       copy_to_host(rep.context(), tmp.data(), out, tmp.size());
