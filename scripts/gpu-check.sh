@@ -75,8 +75,9 @@ finish() {
     line="gpu-check: PASSED (logs in $logs)"
   else
     code=${codes[0]}
-    local IFS='; '
-    line="gpu-check: FAILED: ${reasons[*]} (logs in $logs)"
+    local joined
+    joined=$(printf '%s; ' "${reasons[@]}")
+    line="gpu-check: FAILED: ${joined%; } (logs in $logs)"
   fi
   write_summary "$line"
   echo
@@ -100,6 +101,8 @@ phase() {
   fi
   [ "$limit" -gt "$left" ] && limit=$left
   echo "== $name (limit ${limit}s)"
+  status[$name]="running since $((SECONDS - start)) s, limit ${limit}s"
+  write_summary  # a run killed during this phase still says where it was
   local rc=0
   timeout --kill-after=5 "$limit" "$@" >"$logs/$name.log" 2>&1 || rc=$?
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
