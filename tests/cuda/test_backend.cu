@@ -277,8 +277,8 @@ TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the d
   LOCKSTEP_REQUIRE_GPUS(1);
   ls::cuda_context ctx(0);
   ls::host_context hc;
-  for (std::size_t rows : {0u, 1u, 5u, 129u})
-    for (std::size_t cols : {1u, 10u}) {
+  for (std::size_t rows : {0u, 1u, 5u, 129u, 20011u})  // 20011 rows: 1024 blocks, each over several rows
+    for (std::size_t cols : {1u, 10u, 37u}) {
       CAPTURE(rows);
       CAPTURE(cols);
       const auto z = random_vector(rows * cols, 40, -4.0f, 4.0f);
@@ -299,6 +299,9 @@ TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the d
       CHECK(dx.count == hx.count);
       CHECK(dx.correct == hx.correct);
       CHECK(std::abs(dx.sum - hx.sum) <= 1e-5 * (1.0 + std::abs(hx.sum)));
+      const ls::loss_sum again = ls::softmax_cross_entropy{}.evaluate(
+          ctx, d_z.data(), rows, cols, ls::targets<float>{d_labels.data(), nullptr, 0}, d_grad.data(), d_scratch.data());
+      CHECK(again.sum == dx.sum);  // the totals are added in a fixed order: run-to-run identical
       check_close(to_host(ctx, d_grad.data(), grad.size()), grad, 1e-5, "softmax cross-entropy gradient");
 
       const ls::loss_sum hm =

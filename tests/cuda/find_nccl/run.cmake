@@ -1,6 +1,10 @@
 # cmake -DLOCKSTEP_SOURCE_DIR=... -DWORK=... -P run.cmake: builds a fake pip NCCL wheel under WORK,
 # then configures find_nccl/ with that site-packages first on PYTHONPATH and the CUDA toolkit's
 # NCCL and the system folders hidden.
+find_program(_python NAMES python3 python)
+if(NOT _python)
+  message(FATAL_ERROR "skipped: python3 not found (FindNCCL looks for pip's NCCL through it)")
+endif()
 file(REMOVE_RECURSE ${WORK})
 set(_wheel ${WORK}/site-packages/nvidia/nccl)
 file(WRITE ${_wheel}/include/nccl.h "/* stand-in */\n")
