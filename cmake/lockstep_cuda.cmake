@@ -10,10 +10,17 @@ if(NOT LOCKSTEP_CUDA STREQUAL "OFF")
     message(FATAL_ERROR "LOCKSTEP_CUDA=ON but the CUDA toolkit was not found (set CUDAToolkit_ROOT)")
   endif()
 endif()
+# LOCKSTEP_CUDA_STATIC_RUNTIME: link the CUDA runtime statically (libcudart_static.a) into programs
+# using lockstep::cuda, so that they need only the driver, cuBLAS and NCCL at run time.
+option(LOCKSTEP_CUDA_STATIC_RUNTIME "Link lockstep::cuda programs with the static CUDA runtime" OFF)
 if(LOCKSTEP_HAS_CUDA AND NOT TARGET lockstep::cuda)
   add_library(lockstep_cuda INTERFACE)
   add_library(lockstep::cuda ALIAS lockstep_cuda)
-  target_link_libraries(lockstep_cuda INTERFACE lockstep::lockstep CUDA::cudart CUDA::cublas)
+  if(LOCKSTEP_CUDA_STATIC_RUNTIME)
+    target_link_libraries(lockstep_cuda INTERFACE lockstep::lockstep CUDA::cudart_static CUDA::cublas)
+  else()
+    target_link_libraries(lockstep_cuda INTERFACE lockstep::lockstep CUDA::cudart CUDA::cublas)
+  endif()
   target_compile_definitions(lockstep_cuda INTERFACE LOCKSTEP_HAS_CUDA=1)
   find_package(NCCL QUIET)
   if(NCCL_FOUND)
@@ -34,8 +41,9 @@ endif()
 
 # lockstep_enable_cuda_language(): enables the CUDA language for the directory that calls it (only
 # the GPU tests, benchmarks and examples need it). Uses /usr/local/cuda/bin/nvcc or the toolkit's
-# nvcc when none is on PATH, and builds for compute capabilities 80 and 90 unless
-# CMAKE_CUDA_ARCHITECTURES says otherwise ("native" needs a GPU at configure time).
+# nvcc when none is on PATH, and builds for compute capability 90 (sm_90 code plus compute_90 PTX,
+# which newer GPUs compile at load time) unless CMAKE_CUDA_ARCHITECTURES says otherwise ("native"
+# needs a GPU at configure time).
 macro(lockstep_enable_cuda_language)
   if(NOT CMAKE_CUDA_COMPILER)
     find_program(_lockstep_nvcc nvcc HINTS ${CUDAToolkit_BIN_DIR} /usr/local/cuda/bin)
@@ -47,7 +55,7 @@ macro(lockstep_enable_cuda_language)
     set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER})
   endif()
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
-    set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    set(CMAKE_CUDA_ARCHITECTURES 90)
   endif()
   enable_language(CUDA)
 endmacro()

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages lockstep's build, tests and examples need, only those missing.
 # Sourced by scripts/test.sh and scripts/demo.sh; runs as root (or through sudo) on Debian 12.
+# libblas-dev, libgfortran-12-dev: the static reference BLAS (and the libgfortran.a it needs) that
+# the GPU bundle's programs link (see tests/cuda/CMakeLists.txt).
 lockstep_packages=(cmake g++ make libopenblas-dev doctest-dev libfmt-dev libcli11-dev zlib1g-dev
-                   dataset-fashion-mnist)
+                   libblas-dev libgfortran-12-dev dataset-fashion-mnist)
 
 lockstep_install_deps() {
   local missing=() p

@@ -2,7 +2,8 @@
 # Installs what lockstep needs, builds every target with -Wall -Wextra -Wpedantic -Werror, runs all
 # tests with CTest, then runs the input-pipeline tests once more under ThreadSanitizer.
 # The CUDA targets are built (compiled and linked) whenever nvcc is present; GPU tests skip
-# themselves when no GPU is usable. Exit code: 0 when everything passed.
+# themselves when no GPU is usable, and the GPU bundle (scripts/gpu-bundle.sh) is collected from
+# them and checked. Exit code: 0 when everything passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
@@ -16,7 +17,10 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="$PATH:/usr/local/cuda/bin"
 fi
 
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_WERROR=ON -DLOCKSTEP_CUDA="$cuda"
+# With CUDA, lockstep's GPU programs are linked as for the GPU bundle (static BLAS, zlib,
+# libstdc++ and CUDA runtime), and the CTest test cuda/gpu_bundle checks the bundle made from them.
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_WERROR=ON -DLOCKSTEP_CUDA="$cuda" \
+  -DLOCKSTEP_CUDA_STATIC_RUNTIME=ON -DLOCKSTEP_GPU_PORTABLE=ON
 cmake --build "$build" -j "$jobs"
 ctest_log="$build/ctest-summary.log"
 ctest --test-dir "$build" --output-on-failure --timeout 600 | tee "$ctest_log"

@@ -1,11 +1,17 @@
-// GPU benchmark: training throughput of MLP config L (1024-4096-4096-1024, ReLU, batch 512, one
-// step = forward + backward + SGD) on one_device<gpu<0>>, and a CUB sum reduction against the
-// device's copy bandwidth measured in the same run. Prints key=value lines.
+// GPU benchmark, key=value lines:
+//  - gpu_config=L: training throughput of MLP config L (1024-4096-4096-1024, ReLU, batch 512, one
+//    step = forward + backward + SGD) on one_device<gpu<0>>;
+//  - cublas_sgemm_ceiling: the same step's GEMMs alone, through cuBLAS SGEMM (the ceiling config L
+//    is measured against);
+//  - same_device_reducer: same_device_allreduce, the reducer mirrored<gpu<0>, gpu<0>> uses, on two
+//    replicas' 256 MiB buckets, against the device's copy bandwidth measured in the same run.
+// Exit code: 0 with every figure printed, 3 when there is no CUDA device ("no CUDA device: ..."),
+// 1 on an error.
 #include <cuda_runtime.h>
 
-#include <cub/device/device_reduce.cuh>
-
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <vector>
@@ -31,37 +37,51 @@ float time_ms(cudaStream_t s, int reps, const F& f) {
   return ms;
 }
 
-void bandwidth() {
-  const std::size_t n = std::size_t{1} << 28;  // 1 GiB of floats
+// Device-to-device copy bandwidth in GB/s, counting bytes read and written.
+double copy_bandwidth(ls::cuda_context& ctx, const float* a, float* b, std::size_t n) {
   const std::size_t bytes = n * sizeof(float);
-  ls::cuda_context ctx(0);
-  ls::buffer<float, ls::gpu<0>> a(n), b(n);
-  ls::buffer<float, ls::gpu<0>> out(1);
-  fill(ctx, a.data(), n, 1.0f);
   const cudaStream_t s = ctx.compute_stream();
   const int reps = 10;
-  LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s));
-  const float copy_ms = time_ms(s, reps, [&] {
-    LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s));
-  });
-  // A copy moves each byte twice (read and write).
-  const double copy_gbs = 2.0 * static_cast<double>(bytes) * reps / (copy_ms * 1e-3) / 1e9;
+  LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
+  const float ms = time_ms(s, reps, [&] { LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s)); });
+  return 2.0 * static_cast<double>(bytes) * reps / (ms * 1e-3) / 1e9;
+}
 
-  std::size_t temp_bytes = 0;
-  float* d_sum = out.data();
-  LOCKSTEP_CUDA_CHECK(cub::DeviceReduce::Sum(nullptr, temp_bytes, a.data(), d_sum, static_cast<int>(n), s));
-  ls::buffer<unsigned char, ls::gpu<0>> temp(temp_bytes);
-  LOCKSTEP_CUDA_CHECK(cub::DeviceReduce::Sum(temp.data(), temp_bytes, a.data(), d_sum, static_cast<int>(n), s));
-  const float reduce_ms = time_ms(s, reps, [&] {
-    LOCKSTEP_CUDA_CHECK(cub::DeviceReduce::Sum(temp.data(), temp_bytes, a.data(), d_sum, static_cast<int>(n), s));
-  });
+void reducer_bandwidth() {
+  const std::size_t n = std::size_t{1} << 26;  // 256 MiB of floats per replica
+  ls::cuda_context c0(0), c1(0);
+  ls::buffer<float, ls::gpu<0>> a(n), b(n);
+  fill(c0, a.data(), n, 1.0f);
+  fill(c0, b.data(), n, 2.0f);
+  c0.synchronize();
+  const double copy_gbs = copy_bandwidth(c0, a.data(), b.data(), n);
+  fill(c0, b.data(), n, 2.0f);
+  c0.synchronize();
+  // The strategy's calls, from one thread: replica 0 joins, replica 1 joins (and launches), both wait.
+  ls::same_device_allreduce red(ls::reducer_config{.replicas = 2, .max_buckets = 1});
+  auto step = [&] {
+    red.start(0, c0, a.data(), n, 0);
+    red.start(1, c1, b.data(), n, 0);
+    red.wait(0, c0, 0);
+    red.wait(1, c1, 0);
+  };
+  step();
+  c0.synchronize();
+  c1.synchronize();
+  const int reps = 10;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) step();
+  c0.synchronize();
+  c1.synchronize();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   float check = 0;
-  copy_to_host(ctx, &check, d_sum, 1);
-  const double reduce_gbs = static_cast<double>(bytes) * reps / (reduce_ms * 1e-3) / 1e9;
+  copy_to_host(c1, &check, b.data() + n - 1, 1);  // 1 + 2, then doubled by every further sum
+  // Every element is read from both replicas and written to both.
+  const double gbs = 4.0 * static_cast<double>(n * sizeof(float)) * reps / s / 1e9;
   // printf, not {fmt}: nvcc cannot evaluate fmt's consteval format-string checks.
   std::printf("device_memcpy_gb_per_s=%.1f\n", copy_gbs);
-  std::printf("cub_reduce_gb_per_s=%.1f ratio_to_memcpy=%.2f (sum check %.0f, expected %zu)\n", reduce_gbs,
-              reduce_gbs / copy_gbs, static_cast<double>(check), n);
+  std::printf("same_device_reducer replicas=2 bucket_mib=256 gb_per_s=%.1f ratio_to_memcpy=%.2f (check %.0f, expected %.0f)\n",
+              gbs, gbs / copy_gbs, static_cast<double>(check), 3.0 * std::pow(2.0, reps));
 }
 
 void mlp() {
@@ -97,6 +117,36 @@ void mlp() {
   const double flops = 3 * fwd - 2.0 * batch * 1024 * 4096;
   std::printf("gpu_config=L samples_per_s=%.0f tflops=%.2f step_ms=%.3f loss=%.4f\n", steps * batch / s,
               steps * flops / s / 1e12, 1e3 * s / steps, last);
+
+  // The ceiling: the step's GEMMs alone (forward, weight gradients, input gradients but the first),
+  // with the same shapes, through the same cuBLAS SGEMM calls.
+  ls::cuda_context& ctx = model.replica(0).context();
+  const std::size_t widths[4] = {1024, 4096, 4096, 1024};
+  std::size_t biggest = 0;
+  for (std::size_t w : widths) biggest = std::max(biggest, w);
+  ls::buffer<float, ls::gpu<0>> act(batch * biggest * 4), wts(biggest * biggest * 3), grads(biggest * biggest);
+  fill(ctx, act.data(), act.size(), 0.01f);
+  fill(ctx, wts.data(), wts.size(), 0.01f);
+  using ls::backend::trans;
+  auto gemms = [&] {
+    for (int l = 0; l < 3; ++l) {  // forward: y = x W^T
+      const std::size_t in = widths[l], out = widths[l + 1];
+      gemm(ctx, trans::no, trans::yes, batch, out, in, 1.0f, act.data() + l * batch * biggest, in, wts.data(), in, 0.0f,
+           act.data() + (l + 1) * batch * biggest, out);
+    }
+    for (int l = 2; l >= 0; --l) {
+      const std::size_t in = widths[l], out = widths[l + 1];
+      gemm(ctx, trans::yes, trans::no, out, in, batch, 1.0f, act.data() + (l + 1) * batch * biggest, out,
+           act.data() + l * batch * biggest, in, 0.0f, grads.data(), in);  // dW = dY^T X
+      if (l > 0)
+        gemm(ctx, trans::no, trans::no, batch, in, out, 1.0f, act.data() + (l + 1) * batch * biggest, out, wts.data(),
+             in, 0.0f, act.data() + l * batch * biggest, in);  // dX = dY W
+    }
+  };
+  gemms();
+  const float ms = time_ms(ctx.compute_stream(), steps, gemms);
+  std::printf("cublas_sgemm_ceiling config=L samples_per_s=%.0f tflops=%.2f step_ms=%.3f ratio_lockstep_to_ceiling=%.2f\n",
+              steps * batch / (ms * 1e-3), steps * flops / (ms * 1e-3) / 1e12, ms / steps, (ms * 1e-3) / s);
 }
 
 }  // namespace
@@ -104,13 +154,13 @@ void mlp() {
 int main() {
   try {
     if (ls::backend::cuda_device_count() == 0) {
-      std::printf("skipped: no CUDA device: %s\n", ls::backend::cuda_unavailable_reason().c_str());
-      return 0;
+      std::printf("no CUDA device: %s\n", ls::backend::cuda_unavailable_reason().c_str());
+      return 3;
     }
     cudaDeviceProp p{};
     LOCKSTEP_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
     std::printf("device=%s sm=%d%d\n", p.name, p.major, p.minor);
-    bandwidth();
+    reducer_bandwidth();
     mlp();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cuda_mlp: %s\n", e.what());

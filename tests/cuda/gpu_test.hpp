@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -18,7 +19,9 @@ namespace lockstep_test {
 namespace ls = lockstep;
 
 // Ends the current test case, reporting it skipped, when fewer than `need` CUDA devices are usable.
-// CTest turns the "skipped:" message into a skipped test (SKIP_REGULAR_EXPRESSION).
+// CTest turns the "skipped:" message into a skipped test (SKIP_REGULAR_EXPRESSION). A case that
+// goes on prints "lockstep-gpu-case: ran ...", which scripts/gpu-check.sh counts: the check fails
+// when no case ran on a GPU.
 #define LOCKSTEP_REQUIRE_GPUS(need)                                                                     \
   do {                                                                                                  \
     const int lockstep_have_ = ::lockstep::backend::cuda_device_count();                                \
@@ -30,6 +33,7 @@ namespace ls = lockstep;
       MESSAGE(lockstep_why_);                                                                           \
       return;                                                                                           \
     }                                                                                                   \
+    std::printf("lockstep-gpu-case: ran with %d CUDA device(s)\n", lockstep_have_);                   \
   } while (0)
 
 // n pseudo-random floats in [lo, hi) from a counter-based stream (reproducible).

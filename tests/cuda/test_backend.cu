@@ -129,6 +129,8 @@ TEST_CASE("cuda: a context on a device that does not exist is a device_error nam
     FAIL("no exception");
   } catch (const ls::device_error& e) {
     CHECK(std::string(e.what()).find("CUDA device " + std::to_string(n)) != std::string::npos);
+    // Without any device the message says so in the words scripts/gpu-check.sh looks for.
+    CHECK((n > 0) != (std::string(e.what()).find("no CUDA device") != std::string::npos));
   }
   CHECK_THROWS_AS(ls::cuda_context(-1), ls::device_error);
 }
@@ -197,7 +199,8 @@ TEST_CASE("cuda: elementwise ops, broadcast, column sums and sum match the host"
   struct shape {
     std::size_t rows, cols;
   };
-  for (const shape s : {shape{0, 5}, shape{1, 1}, shape{37, 13}, shape{1000, 3}, shape{3, 4099}}) {
+  for (const shape s : {shape{0, 5}, shape{1, 1}, shape{37, 13}, shape{1000, 3}, shape{3, 4099}, shape{4099, 67},
+                        shape{512, 1024}}) {
     CAPTURE(s.rows);
     CAPTURE(s.cols);
     const auto m = random_vector(s.rows * s.cols, 31);
@@ -208,7 +211,17 @@ TEST_CASE("cuda: elementwise ops, broadcast, column sums and sum match the host"
     std::vector<float> sums(s.cols), b(s.rows * s.cols);
     column_sums(hc, m.data(), s.rows, s.cols, sums.data());
     column_sums(ctx, d_m.data(), s.rows, s.cols, d_out.data());
-    CHECK(to_host(ctx, d_out.data(), s.cols) == sums);  // same order of additions: bitwise equal
+    const auto got = to_host(ctx, d_out.data(), s.cols);
+    // A different order of float additions: each of the host's and the device's sums is within
+    // rows * eps * sum_r |x[r][c]| of the exact sum, so they differ by at most twice that.
+    for (std::size_t c = 0; c < s.cols; ++c) {
+      double abs_sum = 0;
+      for (std::size_t r = 0; r < s.rows; ++r) abs_sum += std::abs(static_cast<double>(m[r * s.cols + c]));
+      const double bound = 2.0 * static_cast<double>(s.rows) * 0.6e-7 * abs_sum;
+      CHECK(std::abs(static_cast<double>(got[c]) - sums[c]) <= bound);
+    }
+    column_sums(ctx, d_m.data(), s.rows, s.cols, d_out.data());
+    CHECK(to_host(ctx, d_out.data(), s.cols) == got);  // the same shape adds in the same order
     broadcast_rows(hc, b.data(), v.data(), s.rows, s.cols);
     broadcast_rows(ctx, d_b.data(), d_v.data(), s.rows, s.cols);
     CHECK(to_host(ctx, d_b.data(), b.size()) == b);
@@ -264,8 +277,8 @@ TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the d
   LOCKSTEP_REQUIRE_GPUS(1);
   ls::cuda_context ctx(0);
   ls::host_context hc;
-  for (std::size_t rows : {0u, 1u, 5u, 129u})
-    for (std::size_t cols : {1u, 10u}) {
+  for (std::size_t rows : {0u, 1u, 5u, 129u, 20011u})  // 20011 rows: 1024 blocks, each over several rows
+    for (std::size_t cols : {1u, 10u, 37u}) {
       CAPTURE(rows);
       CAPTURE(cols);
       const auto z = random_vector(rows * cols, 40, -4.0f, 4.0f);
@@ -286,6 +299,9 @@ TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the d
       CHECK(dx.count == hx.count);
       CHECK(dx.correct == hx.correct);
       CHECK(std::abs(dx.sum - hx.sum) <= 1e-5 * (1.0 + std::abs(hx.sum)));
+      const ls::loss_sum again = ls::softmax_cross_entropy{}.evaluate(
+          ctx, d_z.data(), rows, cols, ls::targets<float>{d_labels.data(), nullptr, 0}, d_grad.data(), d_scratch.data());
+      CHECK(again.sum == dx.sum);  // the totals are added in a fixed order: run-to-run identical
       check_close(to_host(ctx, d_grad.data(), grad.size()), grad, 1e-5, "softmax cross-entropy gradient");
 
       const ls::loss_sum hm =
@@ -298,6 +314,36 @@ TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the d
       CHECK(std::abs(dm.sum - hm.sum) <= 1e-5 * (1.0 + std::abs(hm.sum)));
       check_close(to_host(ctx, d_grad.data(), grad.size()), grad, 1e-5, "mse gradient");
     }
+  // Large margins: the loss and gradient come from the shifted logits z - max, so a row that is
+  // almost certainly right keeps its small loss log(1 + e^-10 + ...) instead of rounding to 0.
+  {
+    const std::vector<float> z{1000, 990, 0, 0, 0, 1000, 990, 0, 0, 0, -5, 3, 3, 1, 0};
+    const std::vector<std::int32_t> labels{0, 2, 2};
+    auto d_z = to_device(ctx, z);
+    auto d_labels = to_device(ctx, labels);
+    ls::buffer<float, ls::gpu<0>> d_grad(15), d_scratch(3 * ls::softmax_cross_entropy::scratch_per_row);
+    const ls::loss_sum got = ls::softmax_cross_entropy{}.evaluate(
+        ctx, d_z.data(), 3, 5, ls::targets<float>{d_labels.data(), nullptr, 0}, d_grad.data(), d_scratch.data());
+    const auto grad = to_host(ctx, d_grad.data(), 15);
+    double want_sum = 0;
+    for (std::size_t r = 0; r < 3; ++r) {
+      double m = z[r * 5];
+      for (std::size_t c = 1; c < 5; ++c) m = std::max(m, static_cast<double>(z[r * 5 + c]));
+      double s = 0;
+      for (std::size_t c = 0; c < 5; ++c) s += std::exp(z[r * 5 + c] - m);
+      const double loss = std::log(s) - (z[r * 5 + labels[r]] - m);
+      want_sum += loss;
+      const auto row_loss = to_host(ctx, d_scratch.data() + r, 1)[0];
+      CAPTURE(r);
+      CHECK(std::abs(row_loss - loss) <= 1e-6 * (std::abs(loss) + 1e-3));  // 4.54e-5 for row 0, not 0
+      for (std::size_t c = 0; c < 5; ++c) {
+        const double g = std::exp(z[r * 5 + c] - m - std::log(s)) - (static_cast<int>(c) == labels[r] ? 1.0 : 0.0);
+        CHECK(std::abs(grad[r * 5 + c] - g) <= 1e-6);
+      }
+    }
+    CHECK(std::abs(got.sum - want_sum) <= 1e-6 * want_sum);
+    CHECK(got.correct == 1);  // row 0; row 2's first arg-max is class 1, not 2
+  }
   const std::vector<std::int32_t> bad{0, 10, 2};
   auto d_bad = to_device(ctx, bad);
   auto d_z = to_device(ctx, random_vector(30, 42));

@@ -129,3 +129,14 @@ TEST_CASE("replicate makes identical replicas and checkpoints round-trip") {
   std::vector<float> wrong(3);
   CHECK_THROWS_AS(m.load_parameters(wrong), ls::shape_error);
 }
+
+TEST_CASE("a reduce-to-one strategy aggregates on the FIRST replica of its aggregation device") {
+  using std::vector;
+  CHECK(ls::detail::aggregation_root<ls::reduce_to_one_device<ls::cpu<1>>, ls::cpus>(vector<std::size_t>{0, 1, 1}) == 1);
+  CHECK(ls::detail::aggregation_root<ls::reduce_to_one_device<ls::cpu<0>>, ls::cpus>(vector<std::size_t>{0, 1, 0}) == 0);
+  CHECK(ls::detail::aggregation_root<ls::reduce_to_one_device<ls::cpu<2>>, ls::cpus>(vector<std::size_t>{5, 2, 2}) == 1);
+  CHECK(ls::detail::aggregation_root<ls::host_allreduce, ls::cpus>(vector<std::size_t>{3, 4}) == 0);
+  using absent = ls::reduce_to_one_device<ls::cpu<7>>;
+  const auto root_of_absent = [] { return ls::detail::aggregation_root<absent, ls::cpus>(vector<std::size_t>{0, 1}); };
+  CHECK_THROWS_AS(root_of_absent(), ls::config_error);
+}

@@ -80,7 +80,12 @@ public:
   /// Loss sum (no gradient) of one shard in evaluation mode.
   template <class Loss>
   loss_sum evaluate(const Loss& loss, const data::shard& s, const pass_info& info) {
-    const T* out = predict(s, info);
+    return loss_of(loss, s, predict(s, info));
+  }
+
+  /// Loss sum (no gradient) of shard `s` for the outputs `out` that predict() just returned for it.
+  template <class Loss>
+  loss_sum loss_of(const Loss& loss, const data::shard& s, const T* out) {
     check_loss<Loss>();
     return loss.evaluate(ctx_, out, s.size, model_type::output_size, targets_of(s), static_cast<T*>(nullptr),
                          scratch_.data());

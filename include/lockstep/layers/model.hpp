@@ -110,8 +110,6 @@ public:
   [[nodiscard]] basic_buffer<T, Kind>& gradients() noexcept { return grads_; }
   /// The flat gradient buffer (same layout as the parameters).
   [[nodiscard]] const basic_buffer<T, Kind>& gradients() const noexcept { return grads_; }
-  /// The output of the last forward (rows x output_size, on the device; valid until the next forward).
-  [[nodiscard]] const T* output() const noexcept { return output_.data(); }
   /// Largest batch the workspace holds without growing.
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
 

@@ -52,6 +52,27 @@ struct softmax_xent_row_op {
 };
 }  // namespace detail
 
+namespace backend {
+
+/// What one softmax cross-entropy pass adds up: the summed loss and the number of top-1 hits.
+struct softmax_xent_totals {
+  double loss = 0;  ///< sum of the rows' losses (NaN when a label is out of range or a logit is not finite)
+  double hits = 0;  ///< rows whose first arg-max is the label
+};
+
+/// Softmax cross-entropy of `rows` rows on any context with for_each_index and sum: per-row loss
+/// and hit into scratch (2 rows), the gradient into grad when not null. The CUDA backend
+/// overloads it with one fused kernel.
+template <class Ctx, class T>
+softmax_xent_totals softmax_xent(const Ctx& ctx, const T* z, const std::int32_t* labels, std::size_t rows,
+                                 std::size_t cols, T* grad, T* scratch) {
+  for_each_index(ctx, rows, lockstep::detail::softmax_xent_row_op<T>{z, labels, grad, scratch, scratch + rows, cols});
+  const double loss = sum(ctx, scratch, rows);
+  return {loss, std::isnan(loss) ? 0.0 : sum(ctx, scratch + rows, rows)};
+}
+
+}  // namespace backend
+
 /// Softmax cross-entropy: per-sample loss = log-sum-exp(logits) - logit[label].
 struct softmax_cross_entropy {
   using loss_concept = loss_tag;                    ///< opts in to the loss concept
@@ -66,13 +87,12 @@ struct softmax_cross_entropy {
                     T* scratch) const {
     if (rows == 0) return {};
     if (!t.labels) throw shape_error("lockstep::softmax_cross_entropy: the batch has no labels");
-    for_each_index(ctx, rows, detail::softmax_xent_row_op<T>{logits, t.labels, grad, scratch, scratch + rows, cols});
-    const double s = sum(ctx, scratch, rows);
-    if (std::isnan(s))
+    using backend::softmax_xent;  // the generic form; a backend's own overload is found by ADL
+    const backend::softmax_xent_totals r = softmax_xent(ctx, logits, t.labels, rows, cols, grad, scratch);
+    if (std::isnan(r.loss))
       throw data_error("lockstep::softmax_cross_entropy: a label is outside [0, " + std::to_string(cols) +
                        ") or a logit is not finite");
-    const double hits = sum(ctx, scratch + rows, rows);
-    return {s, rows, static_cast<std::size_t>(hits + 0.5)};
+    return {r.loss, rows, static_cast<std::size_t>(r.hits + 0.5)};
   }
 };
 

@@ -162,17 +162,18 @@ metric_sums shard_metrics(Rep& rep, const Loss& loss, const data::shard& sh, con
     m.count = l.count;
     count_predictions(out, sh.size, cols, sh.labels, k, m);
   } else {  // one evaluation forward; the outputs are read back to the host only to count hits
-    const loss_sum l = rep.evaluate(loss, sh, info);
+    const T* out = rep.predict(sh, info);
+    const loss_sum l = rep.loss_of(loss, sh, out);
     m.loss_sum = l.sum;
     m.count = l.count;
     if (sh.labels) {
       auto& host = scratch.host_out[r];
       host.resize(sh.size * cols);
       if constexpr (std::is_same_v<T, float>) {
-        copy_to_host(rep.context(), host.data(), rep.model().output(), host.size());
+        copy_to_host(rep.context(), host.data(), out, host.size());
       } else {
         std::vector<T> tmp(sh.size * cols);
-        copy_to_host(rep.context(), tmp.data(), rep.model().output(), tmp.size());
+        copy_to_host(rep.context(), tmp.data(), out, tmp.size());
         host.assign(tmp.begin(), tmp.end());
       }
       rep.context().synchronize();

@@ -102,7 +102,7 @@ struct cuda_context_state {
   cuda_event comm_mark;
   cublasHandle_t blas = nullptr;
   device_bytes scratch;
-  pinned_buffer<double> result{1};
+  pinned_buffer<double> result{2};
   staging_slot slots[2];
   int next_slot = 0;
 
@@ -150,10 +150,12 @@ public:
   /// A context on CUDA device `ordinal` (throws device_error when the device is not usable).
   explicit cuda_context(int ordinal = 0, cuda_options options = {}) {
     const int n = cuda_device_count();
+    if (n == 0)
+      throw device_error("lockstep: no CUDA device: cuda_context cannot use CUDA device " + std::to_string(ordinal) + " (" +
+                         cuda_unavailable_reason() + ")");
     if (ordinal < 0 || ordinal >= n)
       throw device_error("lockstep: cuda_context: CUDA device " + std::to_string(ordinal) + " does not exist (" +
-                         std::to_string(n) + " device(s) visible" +
-                         (n == 0 ? ", " + cuda_unavailable_reason() : std::string()) + ")");
+                         std::to_string(n) + " device(s) visible)");
     LOCKSTEP_CUDA_CHECK(cudaSetDevice(ordinal));
     state_ = std::shared_ptr<detail::cuda_context_state>(new detail::cuda_context_state(ordinal, options),
                                                          detail::cuda_context_deleter{});
@@ -208,7 +210,7 @@ public:
     return state_->scratch.get();
   }
 
-  /// One page-locked double, where a reduction's result is copied for the host.
+  /// Two page-locked doubles, where a reduction's results are copied for the host.
   [[nodiscard]] double* host_result() const noexcept { return state_->result.data(); }
 
   /// Copies one shard's features, labels and targets (any may be empty) to the device through

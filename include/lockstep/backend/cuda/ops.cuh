@@ -2,8 +2,9 @@
 /// @file ops.cuh
 /// The CUDA kernels behind every layer, loss and optimiser: the same operation names as
 /// backend/host/ops.hpp, overloaded for cuda_context and found by argument-dependent lookup.
-/// Every operation is queued on the context's compute stream; only `sum`, `copy_to_host` and
-/// `copy_from_host` wait for the device (they hand a value or host memory back to the caller).
+/// Every operation is queued on the context's compute stream; only `sum`, `softmax_xent`,
+/// `copy_to_host` and `copy_from_host` wait for the device (they hand a value or host memory back
+/// to the caller).
 /// Compile with nvcc only.
 
 #if !defined(__CUDACC__)
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include <lockstep/backend/cuda/context.hpp>
@@ -26,6 +28,7 @@
 #include <lockstep/backend/host/ops.hpp>
 #include <lockstep/config.hpp>
 #include <lockstep/core/error.hpp>
+#include <lockstep/losses/softmax_cross_entropy.hpp>
 
 namespace lockstep::backend {
 
@@ -90,15 +93,133 @@ __global__ void broadcast_rows_kernel(T* y, const T* v, std::size_t rows, std::s
     y[i] = v[i % cols];
 }
 
-/// out[c] = sum over r of x[r][c]: one thread per column adds the rows in order (the host's
-/// order, so results match the host bit for bit); neighbouring threads read neighbouring columns.
+/// Columns per block of column_sums_kernel (one warp's width: a warp reads 32 neighbouring floats).
+inline constexpr unsigned cuda_colsum_cols = 32;
+/// Row lanes per block of column_sums_kernel.
+inline constexpr unsigned cuda_colsum_lanes = 16;
+
+/// out[c] = sum over r of x[r][c], a reduction over the rows: block b owns columns
+/// [32 b, 32 b + 32); row lane l adds rows l, l + 16, l + 32, ... of its column, then the 16
+/// partial sums are added pairwise in a fixed tree. The order depends only on the shape, so
+/// results are run-to-run deterministic (they differ from the host's row-by-row order by rounding).
 template <class T>
-__global__ void column_sums_kernel(const T* x, std::size_t rows, std::size_t cols, T* out) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t c = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < cols; c += stride) {
-    T acc = T(0);
-    for (std::size_t r = 0; r < rows; ++r) acc += x[r * cols + c];
-    out[c] = acc;
+__global__ void __launch_bounds__(cuda_colsum_cols * cuda_colsum_lanes)
+    column_sums_kernel(const T* x, std::size_t rows, std::size_t cols, T* out) {
+  __shared__ T part[cuda_colsum_lanes][cuda_colsum_cols];
+  const unsigned tx = threadIdx.x % cuda_colsum_cols, lane = threadIdx.x / cuda_colsum_cols;
+  const std::size_t c = static_cast<std::size_t>(blockIdx.x) * cuda_colsum_cols + tx;
+  T acc = T(0);
+  if (c < cols)
+    for (std::size_t r = lane; r < rows; r += cuda_colsum_lanes) acc += x[r * cols + c];
+  part[lane][tx] = acc;
+  __syncthreads();
+  for (unsigned half = cuda_colsum_lanes / 2; half > 0; half /= 2) {
+    if (lane < half) part[lane][tx] += part[lane + half][tx];
+    __syncthreads();
+  }
+  if (lane == 0 && c < cols) out[c] = part[0][tx];
+}
+
+/// Threads per block of softmax_xent_kernel (one warp per row, 8 rows per block at a time).
+inline constexpr unsigned cuda_xent_threads = 256;
+/// Most blocks of softmax_xent_kernel (their partial sums are added by the last block).
+inline constexpr unsigned cuda_xent_max_blocks = 1024;
+
+/// Device scratch layout of softmax_xent_kernel: totals (loss, hits), the finished-block counter,
+/// then two partial sums per block.
+struct xent_scratch {
+  double* totals;      ///< [0] summed loss, [1] top-1 hits
+  unsigned* finished;  ///< blocks done (zeroed before the launch)
+  double* partials;    ///< per block: loss, hits
+};
+
+/// Softmax cross-entropy, one kernel: warp w of the grid handles rows w, w + warps, ...; per row,
+/// the maximum m and first arg-max, s = sum exp(z - m), and, in the shifted space (no rounding of
+/// m + log s before the subtraction): loss = log s - (z[y] - m), grad = exp(z - m - log s) - [c == y].
+/// Per-row loss and hit go to row_loss / row_hit; each block adds its rows' values in double in a
+/// fixed order, and the last block to finish adds the blocks' partials in block order into
+/// totals (run-to-run deterministic). A label outside [0, cols) gives a NaN loss.
+template <class T>
+__global__ void __launch_bounds__(cuda_xent_threads)
+    softmax_xent_kernel(const T* z, const std::int32_t* labels, std::size_t rows, std::size_t cols, T* grad,
+                        T* row_loss, T* row_hit, xent_scratch out) {
+  constexpr unsigned warps = cuda_xent_threads / 32;
+  constexpr unsigned full = 0xffffffffu;
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  double my_loss = 0, my_hits = 0;  // lane 0's sums over its warp's rows
+  for (std::size_t r = static_cast<std::size_t>(blockIdx.x) * warps + warp; r < rows;
+       r += static_cast<std::size_t>(gridDim.x) * warps) {
+    const T* zr = z + r * cols;
+    T m = lane < cols ? zr[lane] : zr[0];
+    std::size_t arg = lane < cols ? lane : 0;
+    for (std::size_t c = lane + 32; c < cols; c += 32)
+      if (zr[c] > m) {
+        m = zr[c];
+        arg = c;
+      }
+    for (unsigned off = 16; off > 0; off /= 2) {  // the largest value, the first index on ties
+      const T om = __shfl_xor_sync(full, m, off);
+      const std::size_t oa = __shfl_xor_sync(full, arg, off);
+      if (om > m || (om == m && oa < arg)) {
+        m = om;
+        arg = oa;
+      }
+    }
+    T s = 0;
+    for (std::size_t c = lane; c < cols; c += 32) s += exp(zr[c] - m);
+    for (unsigned off = 16; off > 0; off /= 2) s += __shfl_xor_sync(full, s, off);
+    const T log_s = log(s);
+    const std::int32_t y = labels[r];
+    const bool valid = y >= 0 && static_cast<std::size_t>(y) < cols;
+    if (grad) {
+      T* gr = grad + r * cols;
+      for (std::size_t c = lane; c < cols; c += 32)
+        gr[c] = exp((zr[c] - m) - log_s) - (valid && static_cast<std::size_t>(y) == c ? T(1) : T(0));
+    }
+    if (lane == 0) {
+      const T loss = valid ? log_s - (zr[y] - m) : static_cast<T>(NAN);
+      const T hit = valid && static_cast<std::size_t>(y) == arg ? T(1) : T(0);
+      row_loss[r] = loss;
+      row_hit[r] = hit;
+      my_loss += static_cast<double>(loss);
+      my_hits += static_cast<double>(hit);
+    }
+  }
+  __shared__ double block_sums[warps][2];
+  __shared__ bool last;
+  if (lane == 0) {
+    block_sums[warp][0] = my_loss;
+    block_sums[warp][1] = my_hits;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double l = 0, h = 0;
+    for (unsigned w = 0; w < warps; ++w) {
+      l += block_sums[w][0];
+      h += block_sums[w][1];
+    }
+    out.partials[2 * blockIdx.x] = l;
+    out.partials[2 * blockIdx.x + 1] = h;
+    __threadfence();  // the partials are visible before the counter says so
+    last = atomicAdd(out.finished, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  using reduce = cub::BlockReduce<double, cuda_xent_threads>;
+  __shared__ typename reduce::TempStorage temp;
+  const volatile double* partials = out.partials;
+  double l = 0, h = 0;
+  for (unsigned b = threadIdx.x; b < gridDim.x; b += cuda_xent_threads) {
+    l += partials[2 * b];
+    h += partials[2 * b + 1];
+  }
+  const double total_loss = reduce(temp).Sum(l);
+  __syncthreads();
+  const double total_hits = reduce(temp).Sum(h);
+  if (threadIdx.x == 0) {
+    out.totals[0] = total_loss;
+    out.totals[1] = total_hits;
   }
 }
 
@@ -214,14 +335,42 @@ inline void broadcast_rows(const cuda_context& ctx, T* y, const T* v, std::size_
   detail::check_launch("broadcast_rows_kernel");
 }
 
-/// out[c] = sum over rows of x[r][c] (bias gradients), rows added in order as on the host.
+/// out[c] = sum over rows of x[r][c] (bias gradients): a block-wise reduction over the rows,
+/// run-to-run deterministic (see detail::column_sums_kernel).
 template <class T>
 inline void column_sums(const cuda_context& ctx, const T* x, std::size_t rows, std::size_t cols, T* out) {
   if (cols == 0) return;
   device_guard g(ctx.ordinal());
-  detail::column_sums_kernel<<<detail::cuda_grid_for(cols), detail::cuda_block_threads, 0, ctx.compute_stream()>>>(
-      x, rows, cols, out);
+  const std::size_t blocks = (cols + detail::cuda_colsum_cols - 1) / detail::cuda_colsum_cols;
+  if (blocks > INT_MAX) throw config_error("lockstep: column_sums over " + std::to_string(cols) + " columns");
+  detail::column_sums_kernel<<<static_cast<unsigned>(blocks), detail::cuda_colsum_cols * detail::cuda_colsum_lanes, 0,
+                               ctx.compute_stream()>>>(x, rows, cols, out);
   detail::check_launch("column_sums_kernel");
+}
+
+/// Softmax cross-entropy of `rows` rows of logits z (rows x cols) against `labels`, all on the
+/// device: one kernel writes the per-row loss and top-1 hit into scratch (2 rows), the gradient of
+/// the summed loss into grad (when not null) and the two totals; one copy brings the totals to the
+/// host, which waits once for it (the value the step returns).
+template <class T>
+inline softmax_xent_totals softmax_xent(const cuda_context& ctx, const T* z, const std::int32_t* labels,
+                                        std::size_t rows, std::size_t cols, T* grad, T* scratch) {
+  if (rows == 0) return {};
+  device_guard g(ctx.ordinal());
+  const std::size_t warps = detail::cuda_xent_threads / 32;
+  const auto blocks = static_cast<unsigned>(
+      std::clamp<std::size_t>((rows + warps - 1) / warps, 1, detail::cuda_xent_max_blocks));
+  auto* base = static_cast<unsigned char*>(ctx.scratch(64 + 2 * sizeof(double) * blocks));
+  const detail::xent_scratch sc{reinterpret_cast<double*>(base), reinterpret_cast<unsigned*>(base + 16),
+                                reinterpret_cast<double*>(base + 64)};
+  LOCKSTEP_CUDA_CHECK(cudaMemsetAsync(sc.finished, 0, sizeof(unsigned), ctx.compute_stream()));
+  detail::softmax_xent_kernel<T><<<blocks, detail::cuda_xent_threads, 0, ctx.compute_stream()>>>(
+      z, labels, rows, cols, grad, scratch, scratch + rows, sc);
+  detail::check_launch("softmax_xent_kernel");
+  LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(ctx.host_result(), sc.totals, 2 * sizeof(double), cudaMemcpyDeviceToHost,
+                                      ctx.compute_stream()));
+  LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
+  return {ctx.host_result()[0], ctx.host_result()[1]};
 }
 
 /// The sum of n device elements, accumulated in double and returned to the host: waits for the

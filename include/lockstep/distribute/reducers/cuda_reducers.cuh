@@ -8,7 +8,9 @@
 ///  - `nccl_allreduce` (with LOCKSTEP_HAS_NCCL): distinct GPUs. Communicators from
 ///    ncclCommInitAll on first use; each bucket is one in-place ncclAllReduce on the replica's
 ///    communication stream, started from the backward hook so it overlaps the rest of backward.
-///    A failing replica aborts the communicators (ncclCommAbort) instead of leaving peers hanging.
+///    A failing replica stops the communicators (ncclCommRevoke, or ncclCommAbort once no replica is
+///    inside an NCCL call) instead of leaving peers hanging; teardown finalizes all communicators
+///    in one NCCL group before destroying them (one thread owns them all).
 ///  - `reduce_to_one_device<gpu<K>>` (named explicitly): aggregation on GPU K. Per bucket, the
 ///    buffers of replicas on other GPUs are copied into staging on GPU K (cudaMemcpyPeerAsync),
 ///    one kernel sums all replicas in order 0..N-1 into the root replica's buffer, and copies send
@@ -34,6 +36,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -633,8 +636,8 @@ public:
 
   /// A reducer for `c.replicas` replicas (communicators are made on first use).
   explicit nccl_allreduce(const reducer_config& c = {})
-      : rv_(c.replicas, c.timeout, c.max_buckets + 2), ids_(c.max_buckets + 2), comms_(c.replicas, nullptr),
-        devices_(c.replicas, -1) {}
+      : rv_(c.replicas, c.timeout, c.max_buckets + 2), ids_(c.max_buckets + 2), timeout_(c.timeout),
+        comms_(c.replicas, nullptr), devices_(c.replicas, -1) {}
   nccl_allreduce(const nccl_allreduce&) = delete;
   nccl_allreduce& operator=(const nccl_allreduce&) = delete;
   ~nccl_allreduce() { destroy(); }
@@ -650,10 +653,12 @@ public:
   void start(std::size_t r, Ctx& ctx, T* data, std::size_t count, std::size_t bucket) {
     detail::require_cuda_context<Ctx>();
     if (bucket + 2 >= ids_) throw config_error("lockstep::nccl_allreduce: bucket id " + std::to_string(bucket) + " out of range");
-    const ncclComm_t comm = communicator(r, ctx);
+    (void)communicator(r, ctx);
     rv_.arrive(r, bucket, data, count, [] {});
     backend::device_guard g(ctx.ordinal());
     ctx.fork_to_comm();
+    std::shared_lock<std::shared_timed_mutex> use(use_);  // abort() does not free it meanwhile
+    const ncclComm_t comm = usable(r);
     LOCKSTEP_NCCL_CHECK(ncclAllReduce(data, data, count, detail::nccl_type<T>(), ncclSum, comm, ctx.comm_stream()));
   }
 
@@ -669,29 +674,46 @@ public:
   template <class Ctx, class T>
   void broadcast(std::size_t r, Ctx& ctx, T* data, std::size_t count, std::size_t root) {
     detail::require_cuda_context<Ctx>();
-    const ncclComm_t comm = communicator(r, ctx);
+    (void)communicator(r, ctx);
     const std::size_t id = ids_ - 2;
     rv_.arrive(r, id, data, count, [] {});
     backend::device_guard g(ctx.ordinal());
     ctx.fork_to_comm();
-    LOCKSTEP_NCCL_CHECK(ncclBroadcast(data, data, count, detail::nccl_type<T>(), static_cast<int>(root), comm,
-                                      ctx.comm_stream()));
+    {
+      std::shared_lock<std::shared_timed_mutex> use(use_);
+      const ncclComm_t comm = usable(r);
+      LOCKSTEP_NCCL_CHECK(ncclBroadcast(data, data, count, detail::nccl_type<T>(), static_cast<int>(root), comm,
+                                        ctx.comm_stream()));
+    }
     rv_.await(r, id);
     ctx.join_from_comm();
     LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
   }
 
-  /// Releases the replicas and aborts the communicators, so no GPU waits for a failed peer.
+  /// Releases the replicas and stops the communicators' in-flight work, so no GPU waits for a
+  /// failed peer; callable from any thread while others may still use the communicators. With
+  /// NCCL >= 2.28 each communicator is revoked (stopped, not freed) and aborted in reset(); with
+  /// an older NCCL it is aborted here once no replica is inside an NCCL call (waiting at most the
+  /// strategy's timeout), otherwise in reset().
   void abort() noexcept {
     rv_.abort();
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+    std::shared_lock<std::shared_timed_mutex> use(use_);
     std::lock_guard<std::mutex> lock(m_);
-    for (auto& c : comms_)
-      if (c) {
-        (void)ncclCommAbort(c);
-        c = nullptr;
-      }
+    if (failed_) return;
+    failed_ = true;
+    for (ncclComm_t c : comms_)
+      if (c) (void)ncclCommRevoke(c, NCCL_REVOKE_DEFAULT);
+#else
+    std::unique_lock<std::shared_timed_mutex> use(use_, std::defer_lock);
+    const bool alone = use.try_lock_for(timeout_);
+    std::lock_guard<std::mutex> lock(m_);
+    failed_ = true;
+    if (alone) abort_all();
+#endif
   }
-  /// Ready again after a failure (communicators are made again on next use).
+  /// Ready again after a failure (no replica may be inside): the communicators are aborted and
+  /// made again on next use.
   void reset() noexcept {
     destroy();
     rv_.reset();
@@ -712,27 +734,64 @@ private:
       std::vector<ncclComm_t> made(comms_.size(), nullptr);
       LOCKSTEP_NCCL_CHECK(ncclCommInitAll(made.data(), static_cast<int>(made.size()), devices_.data()));
       comms_ = made;
+      failed_ = false;
     });
     rv_.await(r, id);
+    return usable(r);
+  }
+
+  // Replica r's communicator, or collective_aborted once the reducer was aborted.
+  ncclComm_t usable(std::size_t r) {
     std::lock_guard<std::mutex> lock(m_);
-    if (!comms_[r]) throw detail::collective_aborted("lockstep: replica " + std::to_string(r) + ": NCCL was aborted");
+    if (!comms_[r] || failed_)
+      throw detail::collective_aborted("lockstep: replica " + std::to_string(r) + ": NCCL was aborted");
     return comms_[r];
   }
 
-  void destroy() noexcept {
-    std::lock_guard<std::mutex> lock(m_);
+  // Aborts every communicator (frees them); m_ held, no replica inside an NCCL call.
+  void abort_all() noexcept {
     for (auto& c : comms_)
       if (c) {
-        (void)ncclCommDestroy(c);
+        (void)ncclCommAbort(c);
+        c = nullptr;
+      }
+  }
+
+  // One thread owns all communicators: after a failure they are aborted; otherwise they are
+  // finalized together in one group (finalizing them one by one from one thread could wait for
+  // peers that this very thread has yet to finalize), then destroyed.
+  void destroy() noexcept {
+    std::unique_lock<std::shared_timed_mutex> use(use_);
+    std::lock_guard<std::mutex> lock(m_);
+    if (failed_) {
+      abort_all();
+      failed_ = false;
+      return;
+    }
+    bool any = false;
+    for (ncclComm_t c : comms_) any = any || c != nullptr;
+    if (!any) return;
+    bool finalized = ncclGroupStart() == ncclSuccess;
+    if (finalized) {
+      for (ncclComm_t c : comms_)
+        if (c && ncclCommFinalize(c) != ncclSuccess) finalized = false;
+      finalized = ncclGroupEnd() == ncclSuccess && finalized;
+    }
+    for (auto& c : comms_)
+      if (c) {
+        (void)(finalized ? ncclCommDestroy(c) : ncclCommAbort(c));
         c = nullptr;
       }
   }
 
   detail::device_rendezvous rv_;
   std::size_t ids_;
+  std::chrono::milliseconds timeout_;
   std::vector<ncclComm_t> comms_;
   std::vector<int> devices_;
-  std::mutex m_;
+  bool failed_ = false;           // aborted: communicators unusable until reset()
+  std::mutex m_;                  // guards comms_ and failed_
+  std::shared_timed_mutex use_;   // held shared while a replica is inside an NCCL call
 };
 
 /// Several distinct gpu<I>: NCCL all-reduce.
