@@ -95,7 +95,9 @@ std::vector<std::size_t> resolve_devices(const device_selection& sel, std::size_
       throw config_error(who + ": asked for " + std::to_string(n) + " " + kind + " devices, but " + std::to_string(available) +
                          " are visible");
   } else if (n == 0) {
-    throw config_error(who + ": no " + kind + " device is visible");
+    std::string why;
+    if constexpr (requires { backend_traits<Kind>::why_none(); }) why = " (" + backend_traits<Kind>::why_none() + ")";
+    throw config_error(who + ": no " + kind + " device is visible" + why);
   }
   out.resize(n);
   for (std::size_t i = 0; i < n; ++i) out[i] = i;

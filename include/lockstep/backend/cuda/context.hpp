@@ -285,6 +285,8 @@ struct backend_traits<gpus> {
   static constexpr bool replica_owns_core = false;
   /// The number of visible CUDA devices (0 without a driver or a device).
   static std::size_t device_count() { return static_cast<std::size_t>(backend::cuda_device_count()); }
+  /// Why no device is visible, for messages: "no CUDA device: <CUDA's reason>".
+  static std::string why_none() { return "no CUDA device: " + backend::cuda_unavailable_reason(); }
   /// The context of the replica on CUDA device `ordinal`.
   static context_type make_context(std::size_t ordinal, const replica_settings&) {
     return context_type(static_cast<int>(ordinal));
