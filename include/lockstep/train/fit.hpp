@@ -318,8 +318,9 @@ struct fit_options {
 /// loaded and training continues at its exact position (epoch and batches consumed, the sums of
 /// that epoch so far, the callbacks' states), so the result is bitwise the same as an
 /// uninterrupted run.
-/// @throws checkpoint_error when resuming from a bad checkpoint, or one whose number of callback
-///         states differs from the number of callbacks; anything a step throws.
+/// @throws checkpoint_error when resuming from a bad checkpoint, one whose number of callback
+///         states differs from the number of callbacks, or one whose optimiser state does not fit
+///         `optimizer` (io::check_optimizer_state); anything a step throws.
 template <class Strategy, class Replicated, class Optimizer, class Loss, batch_source Source>
 history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& loss, const Source& train,
             const fit_options& o = {}) {
@@ -349,12 +350,13 @@ history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& 
           throw checkpoint_error("lockstep::fit: " + p->string() + ": section 'rng': the checkpoint's model seed " +
                                  std::to_string(st.seed) + " differs from this model's seed " +
                                  std::to_string(m.seed().value) + "; resuming would not be exact");
+      io::check_optimizer_state(st, optimizer, model<net>::param_count, p->string());
       if (st.version >= 2) detail::restore_callbacks(o.callbacks, st, p->string());
       if (st.version >= 2 && st.stop_requested) {  // a callback had stopped the run: stay stopped
         ctl.stop = true;
         h.stopped_early = st.batches == 0 ? st.epoch < o.epochs : st.epoch + 1 < o.epochs;
       }
-      io::restore(m, st, p->string());
+      io::restore(m, st, optimizer, p->string());
       start_epoch = st.epoch;
       skip = st.batches;
       resumed_sums.lr = st.lr;
