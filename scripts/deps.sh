@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages lockstep's build, tests and examples need, only those missing.
 # Sourced by scripts/test.sh and scripts/demo.sh; runs as root (or through sudo) on Debian 12.
+# clang and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes) build the fuzz harnesses.
 lockstep_packages=(cmake g++ make libopenblas-dev doctest-dev libfmt-dev libcli11-dev zlib1g-dev
-                   dataset-fashion-mnist)
+                   dataset-fashion-mnist clang libclang-rt-14-dev)
 
 lockstep_install_deps() {
   local missing=() p
