@@ -10,6 +10,8 @@
 
 #include <lockstep/lockstep.hpp>
 
+#include "losses/xent_reference.hpp"
+
 namespace ls = lockstep;
 
 static_assert(ls::loss<ls::softmax_cross_entropy> && ls::loss<ls::mse>);
@@ -276,45 +278,10 @@ TEST_CASE("softmax_cross_entropy counts top-1 hits as the arg-max with ties to t
   static_assert(ls::counts_correct_v<ls::softmax_cross_entropy> && !ls::counts_correct_v<ls::mse>);
 }
 
-namespace {
-
-// The loss and gradient of one row of float logits, in double from the same float values.
-struct xent_reference {
-  double loss = 0;
-  std::vector<double> grad;
-};
-xent_reference xent_in_double(const std::vector<float>& z, std::int32_t label) {
-  double m = z[0];
-  for (float v : z) m = std::max(m, double(v));
-  double s = 0;
-  for (float v : z) s += std::exp(double(v) - m);
-  xent_reference r;
-  r.loss = std::log(s) - (double(z[std::size_t(label)]) - m);
-  for (std::size_t c = 0; c < z.size(); ++c)
-    r.grad.push_back(std::exp(double(z[c]) - m) / s - (c == std::size_t(label) ? 1.0 : 0.0));
-  return r;
-}
-
-// |got - want| within `rel` of |want|, give or take 1e-12 (where the double reference itself,
-// which rounds 1 + t, stops being exact).
-bool close(double got, double want, double rel) { return std::abs(got - want) <= rel * std::abs(want) + 1e-12; }
-
-}  // namespace
-
 TEST_CASE("softmax_cross_entropy: confident rows in float match a double reference") {
   // Rows whose log-sum-exp is close to their largest logit: rounding it to float before the
   // subtraction used to cost up to a third of the loss. Every label of every row is checked.
-  std::vector<std::vector<float>> rows = {
-      {1000, 990, 0, 0, 0}, {10, 0, 0, 0, 0, 0, 0, 0, 0, 0}, {-1000, -990, -2000},
-      {88, 87.5f, -88}, {1e4f, 0}, {3, 3, 3}, {0.5f}, {20, 0, 20, 0}};
-  const ls::counter_rng rng(17, 0);
-  for (std::size_t k = 0; k < 40; ++k) {  // random rows of 1..13 classes with margins up to ~200
-    const std::size_t cols = 1 + rng.u32(k) % 13;
-    const double spread = 1.0 + 200.0 * rng.uniform_double(100 + k);
-    std::vector<float> z(cols);
-    for (std::size_t c = 0; c < cols; ++c) z[c] = float((rng.uniform_double(1000 + 50 * k + c) * 2 - 1) * spread);
-    rows.push_back(z);
-  }
+  const auto rows = xent_ref::confident_rows();
   const ls::softmax_cross_entropy loss;
   const ls::host_context ctx;
   for (const auto& z : rows) {
@@ -326,15 +293,15 @@ TEST_CASE("softmax_cross_entropy: confident rows in float match a double referen
       std::vector<float> grad(z.size()), scratch(2);
       const ls::loss_sum l =
           loss.evaluate(ctx, z.data(), 1, z.size(), ls::targets<float>{labels, nullptr, z.size()}, grad.data(), scratch.data());
-      const xent_reference want = xent_in_double(z, y);
+      const xent_ref::row want = xent_ref::in_double(z, y);
       CAPTURE(l.sum);
       CAPTURE(want.loss);
-      CHECK(close(l.sum, want.loss, 1e-5));
+      CHECK(xent_ref::close(l.sum, want.loss, 1e-5));
       for (std::size_t c = 0; c < z.size(); ++c) {
         CAPTURE(c);
         CAPTURE(grad[c]);
         CAPTURE(want.grad[c]);
-        CHECK(close(grad[c], want.grad[c], 1e-5));
+        CHECK(xent_ref::close(grad[c], want.grad[c], 1e-5));
       }
     }
   }
