@@ -564,16 +564,6 @@ void check_optimizer_state(const checkpoint_state& s, const Optimizer& optimizer
                          ", so resuming with it would not be exact");
 }
 
-/// Loads parameters, optimiser state and step of `s` into every replica of `m`, after checking
-/// that the state fits `optimizer` (check_optimizer_state).
-/// @throws checkpoint_error when `s` belongs to another model or another kind of optimiser.
-template <class Replicated, class Optimizer>
-  requires requires(const Optimizer& o) { o.state_size(std::size_t{1}); }
-void restore(Replicated& m, const checkpoint_state& s, const Optimizer& optimizer, const std::string& source = "checkpoint") {
-  check_optimizer_state(s, optimizer, model<network_of<Replicated>>::param_count, source);
-  restore(m, s, source);
-}
-
 /// Loads parameters, optimiser state and step of `s` into every replica of `m` (the optimiser
 /// state is loaded as it is: prefer the overload that takes the optimiser and checks it).
 /// @throws checkpoint_error when `s` belongs to another model.
@@ -589,6 +579,16 @@ void restore(Replicated& m, const checkpoint_state& s, const std::string& source
   if (!s.optimizer_state.empty())
     m.load_optimizer_state(std::span<const float>(s.optimizer_state.data(), s.optimizer_state.size()));
   m.set_step(s.step);
+}
+
+/// Loads parameters, optimiser state and step of `s` into every replica of `m`, after checking
+/// that the state fits `optimizer` (check_optimizer_state).
+/// @throws checkpoint_error when `s` belongs to another model or another kind of optimiser.
+template <class Replicated, class Optimizer>
+  requires requires(const Optimizer& o) { o.state_size(std::size_t{1}); }
+void restore(Replicated& m, const checkpoint_state& s, const Optimizer& optimizer, const std::string& source = "checkpoint") {
+  check_optimizer_state(s, optimizer, model<network_of<Replicated>>::param_count, source);
+  restore(m, s, source);
 }
 
 }  // namespace lockstep::io
