@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what lockstep needs, builds every target with -Wall -Wextra -Wpedantic -Werror, runs all
-# tests with CTest, then runs the input-pipeline tests once more under ThreadSanitizer.
+# tests with CTest (including a 20 s run of each fuzz harness of tests/fuzz under ASan and UBSan,
+# CTest label `fuzz`, built with clang in <build>/fuzz), then runs the input-pipeline tests once
+# more under ThreadSanitizer.
 # The CUDA targets are built (compiled and linked) whenever nvcc is present; GPU tests skip
 # themselves when no GPU is usable, and the GPU bundle (scripts/gpu-bundle.sh) is collected from
 # them and checked. Exit code: 0 when everything passed.

@@ -5,12 +5,14 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <vector>
 
@@ -287,4 +289,170 @@ TEST_CASE("idx: the real Fashion-MNIST training set") {
   for (auto c : per_class) CHECK(c == 6000);  // Fashion-MNIST is balanced
   CHECK(lo == 0.0f);
   CHECK(hi == 1.0f);
+}
+
+namespace {
+
+// Peak resident memory of this process so far, in MiB.
+long peak_rss_mib() {
+  struct rusage u {};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024;
+}
+
+}  // namespace
+
+TEST_CASE("idx: a header that declares more than the file holds allocates nothing for it") {
+  // Each case declares at least 1 GiB in a file of a few bytes. The reader must find the file
+  // truncated without first allocating (and zeroing) what the header declares, and the error is a
+  // data_error naming the file, for plain and gzip files alike.
+  temp_dir dir;
+  struct huge_case {
+    const char* what;
+    std::vector<std::uint8_t> bytes;
+    std::uint8_t rank;
+    const char* expect;
+  };
+  const std::vector<huge_case> cases = {
+      {"1 x 32768 x 32768 images", idx_bytes(0x803, {1, 32768, 32768}, 0), 3, "truncated file"},
+      {"65536 x 4096 x 4096 images", idx_bytes(0x803, {65536, 4096, 4096}, 100), 3, "truncated file"},
+      {"0xffffffff labels", idx_bytes(0x801, {0xffffffffu}, 3), 1, "truncated file"},
+      {"0 x 65536 x 65536 images", idx_bytes(0x803, {0, 65536, 65536}, 0), 3, "byte offset 12: a sample of"},
+  };
+  const long before = peak_rss_mib();
+  for (bool gz : {false, true}) {
+    CAPTURE(gz);
+    for (const auto& c : cases) {
+      CAPTURE(c.what);
+      const std::string p = dir.file(gz ? "huge.gz" : "huge");
+      (gz ? write_gz : write_plain)(p, c.bytes);
+      const std::string msg = error_of([&] {
+        if (c.rank == 3) (void)ld::idx(p);
+        else (void)ld::read_idx(p, 1);
+      });
+      CAPTURE(msg);
+      CHECK(msg.find(p) != std::string::npos);
+      CHECK(msg.find(c.expect) != std::string::npos);
+    }
+  }
+  CHECK(peak_rss_mib() - before < 64);
+}
+
+TEST_CASE("idx: gzip offsets are in the decompressed stream, and nothing may follow the data") {
+  temp_dir dir;
+  const std::string ip = dir.file("images.gz");
+  const auto images = idx_bytes(0x803, {300, 28, 28}, 300 * 784);
+  write_gz(ip, images);
+  const auto good = read_all(ip);
+
+  // a corrupt byte deep in the deflate stream is reported past the header, in decompressed bytes
+  for (std::size_t at : {good.size() / 2, good.size() * 3 / 4}) {
+    CAPTURE(at);
+    auto bad = good;
+    for (std::size_t i = at; i < at + 16; ++i) bad[i] ^= 0xa5;
+    write_plain(ip, bad);
+    const std::string msg = error_of([&] { (void)ld::idx(ip); });
+    CAPTURE(msg);
+    CHECK(msg.find(ip + " (gzip; offsets in the decompressed stream): byte offset ") != std::string::npos);
+    CHECK(msg.find("compressed offset") != std::string::npos);
+    const auto at_pos = msg.find("byte offset ") + 12;
+    CHECK(std::stoull(msg.substr(at_pos)) > 16);
+    CHECK(std::stoull(msg.substr(at_pos)) <= images.size());
+  }
+
+  // trailing bytes are refused alike after a plain file's data and after the gzip stream
+  for (const std::vector<std::uint8_t>& junk : std::vector<std::vector<std::uint8_t>>{{0}, {0x1f}, {'x', 'y', 'z'}, std::vector<std::uint8_t>(5000, 0)}) {
+    CAPTURE(junk.size());
+    auto bad = good;
+    bad.insert(bad.end(), junk.begin(), junk.end());
+    write_plain(ip, bad);
+    std::string msg = error_of([&] { (void)ld::idx(ip); });
+    CAPTURE(msg);
+    CHECK(msg.find("byte offset " + std::to_string(images.size()) + ": trailing bytes after the gzip stream") !=
+          std::string::npos);
+    auto plain = images;
+    plain.insert(plain.end(), junk.begin(), junk.end());
+    const std::string pp = dir.file("images");
+    write_plain(pp, plain);
+    msg = error_of([&] { (void)ld::idx(pp); });
+    CHECK(msg.find("byte offset " + std::to_string(images.size()) + ": trailing bytes") != std::string::npos);
+  }
+
+  // gzip members that follow one another form one stream (as gzip itself reads them)
+  const std::size_t cut = 1000;
+  write_gz(ip, std::vector<std::uint8_t>(images.begin(), images.begin() + cut));
+  auto two = read_all(ip);
+  write_gz(ip, std::vector<std::uint8_t>(images.begin() + cut, images.end()));
+  const auto second = read_all(ip);
+  two.insert(two.end(), second.begin(), second.end());
+  write_plain(ip, two);
+  const auto f = ld::read_idx(ip, 3);
+  CHECK(f.bytes == images);
+}
+
+TEST_CASE("csv: a field quoted in a message is escaped and cut short") {
+  temp_dir dir;
+  const std::string p = dir.file("bad.csv");
+  {
+    std::ofstream out(p, std::ios::binary);
+    out << "1,2\n3," << std::string(100000, '7') << "x\n";
+  }
+  std::string msg = error_of([&] { (void)ld::csv(p); });
+  CAPTURE(msg.substr(0, 300));
+  CHECK(msg.size() < p.size() + 200);
+  CHECK(msg.find(":2:2: '77777777777777777777777777777777' (cut; the field has 100001 bytes) is not a number") !=
+        std::string::npos);
+
+  {
+    std::ofstream out(p, std::ios::binary);
+    out << "1,2\n3,a\rb\x1b[2J" << std::string(1, '\0') << "'\\\x7f\xff\n";
+  }
+  msg = error_of([&] { (void)ld::csv(p); });
+  CAPTURE(msg);
+  CHECK(msg.find(R"('a\x0db\x1b[2J\x00\'\\\x7f\xff' is not a number)") != std::string::npos);
+  CHECK(std::none_of(msg.begin(), msg.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u < 0x20 || u >= 0x7f;
+  }));
+  {
+    std::ofstream out(p, std::ios::binary);
+    out << "1,2\n" << std::string(50000, '9') << ",0\n";
+  }
+  msg = error_of([&] { (void)ld::csv(p, {.label_column = 0}); });
+  CHECK(msg.find(":2:1: label '99999999999999999999999999999999' (cut; the field has 50000 bytes) is out of range") !=
+        std::string::npos);
+}
+
+TEST_CASE("csv: numbers are rounded to float; out of float range is its own error") {
+  temp_dir dir;
+  const std::string p = dir.file("n.csv");
+  std::ofstream(p) << "1e-50,-1e-50,1e-40,1e-999,3.4e38,-3.4e38\n";
+  std::vector<ld::owned_sample> rows;
+  for (auto&& s : ld::csv(p).epoch()) rows.emplace_back(s);
+  REQUIRE(rows.size() == 1);
+  const std::vector<float> want = {0.0f, -0.0f, static_cast<float>(1e-40), 0.0f, 3.4e38f, -3.4e38f};
+  REQUIRE(rows[0].features.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    CAPTURE(i);
+    CHECK(rows[0].features[i] == want[i]);
+    CHECK(std::signbit(rows[0].features[i]) == std::signbit(want[i]));
+  }
+  CHECK(rows[0].features[2] > 0);  // a subnormal, not zero
+
+  struct bad_case {
+    const char* text;
+    const char* where;
+  };
+  for (const auto& c : std::vector<bad_case>{{"1,3.5e38\n", ":1:2: '3.5e38' is out of range"},
+                                             {"-1e39,1\n", ":1:1: '-1e39' is out of range"},
+                                             {"1,1e999\n", ":1:2: '1e999' is out of range"},
+                                             {"1,-0.000001e400\n", ":1:2: '-0.000001e400' is out of range"},
+                                             {"1,+-5\n", ":1:2: '+-5' is not a number"},
+                                             {"1,+\n", ":1:2: '+' is not a number"}}) {
+    CAPTURE(c.text);
+    std::ofstream(p) << c.text;
+    const std::string msg = error_of([&] { (void)ld::csv(p); });
+    CAPTURE(msg);
+    CHECK(msg.find(p + c.where) != std::string::npos);
+  }
 }

@@ -4,12 +4,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
 
 #include <lockstep/io.hpp>
 #include <lockstep/layers.hpp>
+#include <lockstep/optimizers.hpp>
 
 namespace ls = lockstep;
 namespace fs = std::filesystem;
@@ -330,4 +332,170 @@ TEST_CASE("checkpoint_manager: keeps the newest K and finds the latest") {
   }
   CHECK_THROWS_AS(ls::checkpoint_manager(dir, 0), ls::config_error);
   fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: empty arrays and strings round-trip") {
+  // A checkpoint taken before the first update has no optimiser state; callbacks may save none.
+  auto s = sample_state();
+  s.optimizer_state.clear();
+  s.callback_states = {{}, {}, {}};
+  s.model_name.clear();
+  for (int pass = 0; pass < 2; ++pass) {
+    CAPTURE(pass);
+    const auto t = ls::io::decode_checkpoint(ls::io::encode_checkpoint(s), "mem");
+    CHECK(t.optimizer_state.empty());
+    CHECK(t.callback_states == s.callback_states);
+    CHECK(t.model_name.empty());
+    CHECK(t.parameters == s.parameters);
+    s.callback_states.clear();
+    s.parameters.clear();
+  }
+}
+
+namespace {
+
+// `b` with the CRC of section `sec` recomputed (after a deliberate change of its payload).
+void fix_crc(std::vector<std::uint8_t>& b, const span_of& sec) {
+  const std::uint32_t crc = ls::io::crc32_of(std::span<const std::uint8_t>(b.data() + sec.begin, sec.end - 4 - sec.begin));
+  std::memcpy(b.data() + sec.end - 4, &crc, 4);
+}
+
+span_of section(const std::vector<std::uint8_t>& b, const std::string& name) {
+  for (const auto& s : layout(b))
+    if (s.name == name) return s;
+  FAIL("no section " << name);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: meaningless schedule and sums are refused at the offset of the field") {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  struct bad_case {
+    const char* what;
+    void (*change)(ls::checkpoint_state&);
+    const char* section;
+    std::size_t field_offset;  // in the payload
+    const char* expect;
+  };
+  static float bad_value;
+  const std::vector<bad_case> cases = {
+      {"base lr", [](ls::checkpoint_state& s) { s.base_lr = bad_value; }, "schedule", 0, "the base learning rate is "},
+      {"lr factor", [](ls::checkpoint_state& s) { s.lr_factor = bad_value; }, "schedule", 4, "the learning-rate factor is "},
+      {"lr", [](ls::checkpoint_state& s) { s.lr = bad_value; }, "schedule", 8, "the learning rate is "},
+  };
+  for (float v : {nan, -nan, inf, -inf, -1e-3f, -0.5f}) {
+    CAPTURE(v);
+    bad_value = v;
+    for (const auto& c : cases) {
+      CAPTURE(c.what);
+      auto s = sample_state();
+      c.change(s);
+      const auto b = ls::io::encode_checkpoint(s);
+      const auto sec = section(b, c.section);
+      const std::string msg = message_of(b);
+      CAPTURE(msg);
+      CHECK(msg.find("section 'schedule' at offset " + std::to_string(sec.begin + 12 + c.field_offset) + ": " + c.expect) !=
+            std::string::npos);
+      CHECK(msg.find("not a finite value >= 0") != std::string::npos);
+    }
+  }
+  // zero rates are meaningful (a factor driven to 0, a finished schedule)
+  auto z = sample_state();
+  z.base_lr = z.lr_factor = z.lr = 0;
+  CHECK(message_of(ls::io::encode_checkpoint(z)).empty());
+
+  auto s = sample_state();
+  s.epoch_loss_sum = std::numeric_limits<double>::quiet_NaN();
+  auto b = ls::io::encode_checkpoint(s);
+  auto sec = section(b, "callbacks");
+  CHECK(message_of(b).find("section 'callbacks' at offset " + std::to_string(sec.begin + 12 + 1) +
+                           ": the epoch's loss sum is nan") != std::string::npos);
+  s = sample_state();
+  s.epoch_correct = s.epoch_labelled + 1;
+  b = ls::io::encode_checkpoint(s);
+  CHECK(message_of(b).find("section 'callbacks' at offset " + std::to_string(sec.begin + 12 + 1 + 32) +
+                           ": the epoch's top-1 hits (81) exceed its labelled rows (80)") != std::string::npos);
+}
+
+TEST_CASE("checkpoint: value errors name the offset of the bad field") {
+  const auto good = ls::io::encode_checkpoint(sample_state());
+  // the stop flag: the first byte of the callbacks payload
+  auto sec = section(good, "callbacks");
+  auto b = good;
+  b[sec.begin + 12] = 7;
+  fix_crc(b, sec);
+  CHECK(message_of(b).find("section 'callbacks' at offset " + std::to_string(sec.begin + 12) + ": stop flag 7") !=
+        std::string::npos);
+  // the callback count, after the flag and five sums
+  b = good;
+  const std::uint64_t many = 1000;
+  std::memcpy(b.data() + sec.begin + 12 + 41, &many, 8);
+  fix_crc(b, sec);
+  CHECK(message_of(b).find("section 'callbacks' at offset " + std::to_string(sec.begin + 12 + 41) + ": declares 1000") !=
+        std::string::npos);
+  // an element count larger than the section: named at the count itself
+  sec = section(good, "optimizer");
+  b = good;
+  const std::uint64_t huge = 1ull << 60;
+  std::memcpy(b.data() + sec.begin + 12, &huge, 8);
+  fix_crc(b, sec);
+  CHECK(message_of(b).find("section 'optimizer' at offset " + std::to_string(sec.begin + 12) +
+                           ": the optimizer state: declares " + std::to_string(huge)) != std::string::npos);
+  // parameters that disagree with the model section's count: named at the array
+  auto s = sample_state();
+  s.parameters.pop_back();
+  b = ls::io::encode_checkpoint(s);
+  const std::uint64_t declared = ls::model<small_net>::param_count;
+  const auto model = section(b, "model");
+  std::memcpy(b.data() + model.begin + 12 + 8, &declared, 8);
+  fix_crc(b, model);
+  sec = section(b, "parameters");
+  CHECK(message_of(b).find("section 'parameters' at offset " + std::to_string(sec.begin + 12) + ": holds " +
+                           std::to_string(declared - 1) + " parameters") != std::string::npos);
+}
+
+TEST_CASE("checkpoint: optimiser state of another kind of optimiser is refused, naming both") {
+  constexpr std::size_t P = ls::model<small_net>::param_count;
+  auto message = [&](const ls::checkpoint_state& s, const auto& opt) {
+    try {
+      ls::io::check_optimizer_state(s, opt, P, "m.lsck");
+    } catch (const ls::checkpoint_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const ls::sgd momentum{.lr = 0.1f, .momentum = 0.9f};
+  const ls::sgd plain{.lr = 0.1f};
+  const ls::adam adam{};
+  auto adam_state = sample_state();  // 2 values per parameter
+  auto momentum_state = sample_state();
+  momentum_state.optimizer_state.resize(P);
+  auto no_state = sample_state();
+  no_state.optimizer_state.clear();
+
+  CHECK(message(adam_state, adam).empty());
+  CHECK(message(adam_state, ls::adamw{}).empty());
+  CHECK(message(momentum_state, momentum).empty());
+  CHECK(message(no_state, plain).empty());
+
+  std::string msg = message(momentum_state, adam);
+  CAPTURE(msg);
+  CHECK(msg.find("m.lsck: section 'optimizer'") != std::string::npos);
+  CHECK(msg.find("holds " + std::to_string(P) + " optimizer state values after 1234 updates") != std::string::npos);
+  CHECK(msg.find("(lockstep::sgd with momentum)") != std::string::npos);
+  CHECK(msg.find("this run's optimizer lockstep::adam keeps " + std::to_string(2 * P)) != std::string::npos);
+
+  msg = message(adam_state, momentum);
+  CHECK(msg.find("(lockstep::adam or lockstep::adamw)") != std::string::npos);
+  CHECK(msg.find("lockstep::sgd with momentum 0.9") != std::string::npos);
+  CHECK(!message(adam_state, plain).empty());
+  CHECK(message(no_state, adam).find("keeps no state") != std::string::npos);
+  // before the first update no optimiser has state yet: any optimiser may start from it
+  no_state.step = 0;
+  CHECK(message(no_state, adam).empty());
+  CHECK(message(no_state, momentum).empty());
+  auto odd = sample_state();
+  odd.optimizer_state.resize(P + 1);
+  CHECK(message(odd, adam).find("not a whole number per parameter") != std::string::npos);
 }

@@ -88,6 +88,29 @@ TEST_CASE("resume: a checkpoint of another model or seed is refused") {
   fs::remove_all(dir);
 }
 
+TEST_CASE("resume: a checkpoint of another kind of optimiser is refused, naming both") {
+  const auto dir = temp_dir("optim");
+  (void)train_to<two>(2, dir);  // adamw: two state values per parameter
+  two s;
+  auto m = s.replicate<net>(ls::seed{21});
+  try {
+    (void)ls::fit(s, m, ls::sgd{.lr = 0.1f, .momentum = 0.9f}, ls::softmax_cross_entropy{}, pipeline(samples, batch),
+                  {.callbacks = {ls::lr_schedule(ls::cosine_schedule{.total = 40, .min_lr = 1e-4f})},
+                   .quiet = true,
+                   .checkpoint_dir = dir.string(),
+                   .resume = true});
+    FAIL("resumed with another optimiser");
+  } catch (const ls::checkpoint_error& e) {
+    const std::string msg = e.what();
+    CAPTURE(msg);
+    CHECK(msg.find("section 'optimizer'") != std::string::npos);
+    CHECK(msg.find("lockstep::adam or lockstep::adamw") != std::string::npos);
+    CHECK(msg.find("lockstep::sgd with momentum 0.9 keeps") != std::string::npos);
+  }
+  CHECK(m.step() == 0);  // nothing was loaded
+  fs::remove_all(dir);
+}
+
 TEST_CASE("resume: SIGKILL while checkpointing every step leaves a loadable checkpoint to resume from") {
   const ls::counter_rng rng(static_cast<std::uint64_t>(::getpid()), 3);
   for (int round = 0; round < 3; ++round) {

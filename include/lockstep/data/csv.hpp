@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,12 +37,103 @@ inline std::string_view trim(std::string_view s) noexcept {
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
   return s;
 }
+
+/// A field quoted for a message: at most 32 bytes of it, with quote, backslash and every byte
+/// outside printable ASCII escaped (\xNN), and its length when it was cut.
+inline std::string quote_field(std::string_view field) {
+  constexpr std::size_t shown = 32;
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out = "'";
+  for (const char ch : field.substr(0, shown)) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '\\' || c == '\'') {
+      out += '\\';
+      out += ch;
+    } else if (c >= 0x20 && c < 0x7f) {
+      out += ch;
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  out += '\'';
+  if (field.size() > shown) out += " (cut; the field has " + std::to_string(field.size()) + " bytes)";
+  return out;
+}
+
+/// For a numeral that from_chars finds out of range even as a double: whether it is too large
+/// (rather than too close to zero), judged by the decimal exponent of its first nonzero digit.
+inline bool numeral_too_large(std::string_view f) noexcept {
+  std::size_t i = 0;
+  if (i < f.size() && (f[i] == '+' || f[i] == '-')) ++i;
+  long long int_digits = 0, frac_zeros = 0;
+  bool nonzero = false, fraction = false;
+  for (; i < f.size() && f[i] != 'e' && f[i] != 'E'; ++i) {
+    if (f[i] == '.') {
+      fraction = true;
+    } else if (!fraction) {
+      if (nonzero || f[i] != '0') {
+        nonzero = true;
+        if (int_digits < (1ll << 40)) ++int_digits;
+      }
+    } else if (!nonzero) {
+      if (f[i] == '0') {
+        if (frac_zeros < (1ll << 40)) ++frac_zeros;
+      } else {
+        nonzero = true;
+      }
+    }
+  }
+  long long e = 0;
+  if (i < f.size()) {
+    ++i;
+    bool negative = false;
+    if (i < f.size() && (f[i] == '+' || f[i] == '-')) negative = f[i++] == '-';
+    for (; i < f.size() && f[i] >= '0' && f[i] <= '9'; ++i)
+      if (e < (1ll << 40)) e = e * 10 + (f[i] - '0');
+    if (negative) e = -e;
+  }
+  return (int_digits > 0 ? int_digits + e : e - frac_zeros) > 0;
+}
+
+/// Parses a whole field as a float: a finite value in float range, rounded to the nearest float
+/// (values too close to zero round to zero or a subnormal). Returns nullopt with `why` set.
+inline std::optional<float> parse_float(std::string_view field, std::string& why) {
+  const char* first = field.data();
+  const char* last = field.data() + field.size();
+  if (first != last && *first == '+' && (last - first < 2 || first[1] != '-')) ++first;  // from_chars rejects '+'
+  float v = 0;
+  auto [p, ec] = std::from_chars(first, last, v);
+  if (ec == std::errc{} && p == last) {
+    if (std::isfinite(v)) return v;
+    why = "is not a finite number";
+    return std::nullopt;
+  }
+  if (ec == std::errc::result_out_of_range && p == last) {
+    double d = 0;
+    const auto [q, dec] = std::from_chars(first, last, d);
+    const bool large = dec == std::errc{} ? std::fabs(d) > static_cast<double>(std::numeric_limits<float>::max())
+                                          : numeral_too_large(field);
+    if (large) {
+      why = "is out of range (beyond +-3.4e38, the float range)";
+      return std::nullopt;
+    }
+    if (dec == std::errc{}) return static_cast<float>(d);
+    return field.front() == '-' ? -0.0f : 0.0f;
+  }
+  why = "is not a number";
+  return std::nullopt;
+}
 }  // namespace detail
 
 /// Reads a numeric CSV file into a dataset of float samples (labels from `label_column`). Blank
 /// lines are skipped; every other line must have the same number of fields as the first data line.
-/// @throws data_error "file:line:column: what" for a missing, empty or non-numeric field, a
-/// non-integer or negative label, or a row of another length; "file: ..." when it cannot be read.
+/// A number is anything std::from_chars reads as a finite value in float range (a leading '+' is
+/// allowed), rounded to the nearest float; values too close to zero become zero or a subnormal.
+/// @throws data_error "file:line:column: what" for a missing, empty, non-numeric, infinite, NaN or
+/// out-of-range field, a non-integer or negative label, or a row of another length; "file: ..."
+/// when it cannot be read. A field quoted in a message is escaped and cut to 32 bytes.
 inline dataset<sample> csv(const std::string& path, const csv_options& options = {}) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw data_error("lockstep::data::csv: " + path + ": cannot open file");
@@ -81,18 +173,16 @@ inline dataset<sample> csv(const std::string& path, const csv_options& options =
       if (is_label) {
         std::int32_t v = 0;
         const auto [p, ec] = std::from_chars(field.data(), field.data() + field.size(), v);
+        if (ec == std::errc::result_out_of_range && p == field.data() + field.size())
+          fail(column, "label " + detail::quote_field(field) + " is out of range (more than 2147483647)");
         if (ec != std::errc{} || p != field.data() + field.size() || v < 0)
-          fail(column, "label '" + std::string(field) + "' is not an integer >= 0");
+          fail(column, "label " + detail::quote_field(field) + " is not an integer >= 0");
         label = v;
       } else {
-        float v = 0;
-        const char* first = field.data();
-        if (*first == '+') ++first;  // from_chars rejects a leading '+'
-        const auto [p, ec] = std::from_chars(first, field.data() + field.size(), v);
-        if (ec != std::errc{} || p != field.data() + field.size())
-          fail(column, "'" + std::string(field) + "' is not a number");
-        if (!std::isfinite(v)) fail(column, "'" + std::string(field) + "' is not a finite number");
-        row.push_back(v);
+        std::string why;
+        const std::optional<float> v = detail::parse_float(field, why);
+        if (!v) fail(column, detail::quote_field(field) + " " + why);
+        row.push_back(*v);
       }
       if (last) break;
       start = end + 1;

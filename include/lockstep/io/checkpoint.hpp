@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -285,10 +286,11 @@ inline void write_all(int fd, const std::uint8_t* p, std::size_t n, const std::s
         break;
       }
       case detail::tag::parameters: {
+        const std::size_t at = r.offset();
         s.parameters = r.get_array<float>("the parameters");
         if (s.parameters.size() != declared_params)
-          r.fail("holds " + std::to_string(s.parameters.size()) + " parameters, the model section says " +
-                 std::to_string(declared_params));
+          r.fail_at(at, "holds " + std::to_string(s.parameters.size()) + " parameters, the model section says " +
+                            std::to_string(declared_params));
         break;
       }
       case detail::tag::optimizer:
@@ -299,28 +301,46 @@ inline void write_all(int fd, const std::uint8_t* p, std::size_t n, const std::s
         s.epoch = r.get<std::uint64_t>("the epoch");
         s.batches = r.get<std::uint64_t>("the batches consumed");
         break;
-      case detail::tag::schedule:
-        s.base_lr = r.get<float>("the base learning rate");
-        s.lr_factor = r.get<float>("the learning-rate factor");
-        s.lr = r.get<float>("the learning rate");
+      case detail::tag::schedule: {
+        // A rate or factor that is negative or not finite has no meaning: refuse it where it lies.
+        auto rate = [&r](const char* what) {
+          const std::size_t at = r.offset();
+          const float v = r.get<float>(what);
+          if (!(v >= 0.0f) || !std::isfinite(v))
+            r.fail_at(at, std::string(what) + " is " + std::to_string(v) + ", not a finite value >= 0");
+          return v;
+        };
+        s.base_lr = rate("the base learning rate");
+        s.lr_factor = rate("the learning-rate factor");
+        s.lr = rate("the learning rate");
         break;
+      }
       case detail::tag::rng:
         s.seed = r.get<std::uint64_t>("the seed");
         s.data_seed = r.get<std::uint64_t>("the data seed");
         s.replicas = r.get<std::uint32_t>("the replica count");
         break;
       case detail::tag::callbacks: {
+        const std::size_t stop_at = r.offset();
         const auto stop = r.get<std::uint8_t>("the stop flag");
-        if (stop > 1) r.fail("stop flag " + std::to_string(stop) + " is neither 0 nor 1");
+        if (stop > 1) r.fail_at(stop_at, "stop flag " + std::to_string(stop) + " is neither 0 nor 1");
         s.stop_requested = stop == 1;
+        const std::size_t sum_at = r.offset();
         s.epoch_loss_sum = r.get<double>("the epoch's loss sum");
+        if (!std::isfinite(s.epoch_loss_sum))
+          r.fail_at(sum_at, "the epoch's loss sum is " + std::to_string(s.epoch_loss_sum) + ", not a finite number");
         s.epoch_samples = r.get<std::uint64_t>("the epoch's sample count");
         s.epoch_steps = r.get<std::uint64_t>("the epoch's step count");
         s.epoch_labelled = r.get<std::uint64_t>("the epoch's labelled count");
+        const std::size_t correct_at = r.offset();
         s.epoch_correct = r.get<std::uint64_t>("the epoch's top-1 hits");
+        if (s.epoch_correct > s.epoch_labelled)
+          r.fail_at(correct_at, "the epoch's top-1 hits (" + std::to_string(s.epoch_correct) +
+                                    ") exceed its labelled rows (" + std::to_string(s.epoch_labelled) + ")");
+        const std::size_t count_at = r.offset();
         const auto n_cb = r.get<std::uint64_t>("the callback count");
         if (n_cb > (payload.size() - 49) / 8)
-          r.fail("declares " + std::to_string(n_cb) + " callback states, more than the section holds");
+          r.fail_at(count_at, "declares " + std::to_string(n_cb) + " callback states, more than the section holds");
         s.callback_states.reserve(static_cast<std::size_t>(n_cb));
         for (std::uint64_t i = 0; i < n_cb; ++i) s.callback_states.push_back(r.get_array<double>("a callback state"));
         break;
@@ -500,7 +520,52 @@ template <class Replicated>
   return s;
 }
 
-/// Loads parameters, optimiser state and step of `s` into every replica of `m`.
+/// A readable name for optimiser `o`: its type name, with its momentum when it has a nonzero one.
+template <class Optimizer>
+[[nodiscard]] std::string optimizer_name(const Optimizer& o) {
+  std::string name = model_name<Optimizer>();
+  if constexpr (requires { o.momentum; })
+    if (o.momentum != 0) {
+      char m[32];
+      std::snprintf(m, sizeof m, "%g", static_cast<double>(o.momentum));
+      name += std::string(" with momentum ") + m;
+    }
+  return name;
+}
+
+namespace detail {
+// What kind of optimiser keeps `values` state values for `params` parameters.
+inline std::string optimizer_kind(std::size_t values, std::size_t params) {
+  if (values == 0) return "an optimiser that keeps no state (lockstep::sgd without momentum)";
+  if (params == 0 || values % params != 0)
+    return "an optimiser with " + std::to_string(values) + " state values, not a whole number per parameter";
+  const std::size_t k = values / params;
+  const std::string per = std::to_string(k) + " state value" + (k == 1 ? "" : "s") + " per parameter";
+  if (k == 1) return "an optimiser with " + per + " (lockstep::sgd with momentum)";
+  if (k == 2) return "an optimiser with " + per + " (lockstep::adam or lockstep::adamw)";
+  return "an optimiser with " + per;
+}
+}  // namespace detail
+
+/// Throws checkpoint_error, naming both optimisers, unless the optimiser state of `s` fits
+/// `optimizer` for a model of `param_count` parameters: exactly optimizer.state_size(param_count)
+/// values, or none when no update has been applied yet (step 0). Resuming with another kind of
+/// optimiser would silently start its state from zero, so the resume would not be exact.
+template <class Optimizer>
+void check_optimizer_state(const checkpoint_state& s, const Optimizer& optimizer, std::size_t param_count,
+                           const std::string& source = "checkpoint") {
+  const std::size_t want = optimizer.state_size(param_count);
+  const std::size_t have = s.optimizer_state.size();
+  if (have == want || (have == 0 && s.step == 0)) return;
+  throw checkpoint_error("lockstep::checkpoint: " + source + ": section 'optimizer': the checkpoint holds " +
+                         std::to_string(have) + " optimizer state values after " + std::to_string(s.step) +
+                         " updates, written by " + detail::optimizer_kind(have, param_count) +
+                         "; this run's optimizer " + optimizer_name(optimizer) + " keeps " + std::to_string(want) +
+                         ", so resuming with it would not be exact");
+}
+
+/// Loads parameters, optimiser state and step of `s` into every replica of `m` (the optimiser
+/// state is loaded as it is: prefer the overload that takes the optimiser and checks it).
 /// @throws checkpoint_error when `s` belongs to another model.
 template <class Replicated>
 void restore(Replicated& m, const checkpoint_state& s, const std::string& source = "checkpoint") {
@@ -514,6 +579,16 @@ void restore(Replicated& m, const checkpoint_state& s, const std::string& source
   if (!s.optimizer_state.empty())
     m.load_optimizer_state(std::span<const float>(s.optimizer_state.data(), s.optimizer_state.size()));
   m.set_step(s.step);
+}
+
+/// Loads parameters, optimiser state and step of `s` into every replica of `m`, after checking
+/// that the state fits `optimizer` (check_optimizer_state).
+/// @throws checkpoint_error when `s` belongs to another model or another kind of optimiser.
+template <class Replicated, class Optimizer>
+  requires requires(const Optimizer& o) { o.state_size(std::size_t{1}); }
+void restore(Replicated& m, const checkpoint_state& s, const Optimizer& optimizer, const std::string& source = "checkpoint") {
+  check_optimizer_state(s, optimizer, model<network_of<Replicated>>::param_count, source);
+  restore(m, s, source);
 }
 
 }  // namespace lockstep::io

@@ -5,6 +5,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <lockstep/core/error.hpp>
@@ -89,7 +91,8 @@ public:
   std::string get_string(const char* what) {
     const auto n = get<std::uint32_t>(what);
     need(n, what);
-    std::string s(reinterpret_cast<const char*>(bytes_.data() + pos_), n);
+    std::string s;
+    if (n > 0) s.assign(reinterpret_cast<const char*>(bytes_.data() + pos_), n);
     pos_ += n;
     return s;
   }
@@ -97,11 +100,12 @@ public:
   template <class T>
     requires std::is_arithmetic_v<T>
   std::vector<T> get_array(const char* what) {
+    const std::size_t at = offset();
     const auto n = get<std::uint64_t>(what);
-    if (n > (bytes_.size() - pos_) / sizeof(T)) fail(std::string(what) + ": declares " + std::to_string(n) +
-                                                        " elements, more than the section holds");
+    if (n > (bytes_.size() - pos_) / sizeof(T))
+      fail_at(at, std::string(what) + ": declares " + std::to_string(n) + " elements, more than the section holds");
     std::vector<T> v(static_cast<std::size_t>(n));
-    std::memcpy(v.data(), bytes_.data() + pos_, v.size() * sizeof(T));
+    if (!v.empty()) std::memcpy(v.data(), bytes_.data() + pos_, v.size() * sizeof(T));  // never from null
     pos_ += v.size() * sizeof(T);
     return v;
   }
@@ -112,10 +116,12 @@ public:
   }
   /// Current absolute file offset.
   [[nodiscard]] std::size_t offset() const noexcept { return base_ + pos_; }
-  /// Throws checkpoint_error "<source>: section '<section>' at offset <n>: <what>".
-  [[noreturn]] void fail(const std::string& what) const {
+  /// Throws checkpoint_error "<source>: section '<section>' at offset <n>: <what>" (n: the current offset).
+  [[noreturn]] void fail(const std::string& what) const { fail_at(offset(), what); }
+  /// Throws checkpoint_error as fail, naming absolute file offset `at` (that of a field already read).
+  [[noreturn]] void fail_at(std::size_t at, const std::string& what) const {
     throw checkpoint_error("lockstep::checkpoint: " + source_ + ": section '" + section_ + "' at offset " +
-                           std::to_string(offset()) + ": " + what);
+                           std::to_string(at) + ": " + what);
   }
 
 private:

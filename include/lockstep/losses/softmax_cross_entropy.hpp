@@ -1,6 +1,6 @@
 #pragma once
 /// @file softmax_cross_entropy.hpp
-/// Softmax cross-entropy over integer labels, with a stable log-sum-exp.
+/// Softmax cross-entropy over integer labels, computed in the shifted space z - max(z).
 
 #include <cmath>
 #include <cstddef>
@@ -15,9 +15,12 @@
 namespace lockstep {
 
 namespace detail {
-/// Row r: loss[r] = logsumexp(z_r) - z_r[label]; grad_r = softmax(z_r) - onehot(label);
-/// hit[r] = 1 when the arg-max (first on ties) equals the label. A label outside [0, cols)
-/// yields a NaN loss.
+/// Row r, computed in the shifted space d_c = z_c - max(z) so that no large value is ever rounded
+/// before a subtraction: with t = sum over c != argmax of exp(d_c) (so sum exp(d) = 1 + t),
+/// loss[r] = log1p(t) - d_label and grad_r[c] = exp(d_c) / (1 + t) - onehot(label)[c], where the
+/// arg-max entry's probability minus one is formed as -t / (1 + t) without cancellation.
+/// hit[r] = 1 when the arg-max (first on ties) equals the label. A label outside [0, cols) or a
+/// logit that is not finite yields a NaN loss.
 template <class T>
 struct softmax_xent_row_op {
   const T* z;                   ///< logits, rows x cols
@@ -36,17 +39,22 @@ struct softmax_xent_row_op {
         m = zr[c];
         arg = c;
       }
-    T s = 0;
-    for (std::size_t c = 0; c < cols; ++c) s += std::exp(zr[c] - m);
-    const T lse = m + std::log(s);
+    T t = 0;  // sum of exp(z_c - m) over every c but the arg-max (whose term is exactly 1)
+    for (std::size_t c = 0; c < cols; ++c)
+      if (c != arg) t += std::exp(zr[c] - m);
     const std::int32_t y = labels[r];
     const bool valid = y >= 0 && static_cast<std::size_t>(y) < cols;
-    loss[r] = valid ? lse - zr[y] : static_cast<T>(NAN);
+    const bool finite = m - m == T(0);  // false for an infinite or NaN maximum
+    loss[r] = valid && finite ? std::log1p(t) - (zr[y] - m) : static_cast<T>(NAN);
     hit[r] = valid && static_cast<std::size_t>(y) == arg ? T(1) : T(0);
     if (grad) {
       T* gr = grad + r * cols;
-      for (std::size_t c = 0; c < cols; ++c)
-        gr[c] = std::exp(zr[c] - lse) - (valid && static_cast<std::size_t>(y) == c ? T(1) : T(0));
+      const T inv = T(1) / (T(1) + t);
+      for (std::size_t c = 0; c < cols; ++c) {
+        const bool is_label = valid && static_cast<std::size_t>(y) == c;
+        if (c == arg) gr[c] = is_label ? -t * inv : inv;
+        else gr[c] = std::exp(zr[c] - m) * inv - (is_label ? T(1) : T(0));
+      }
     }
   }
 };

@@ -529,9 +529,10 @@ std::uint64_t model_seed(const M& m, const fit_options& o) {
     return o.seed;
 }
 
-/// Checks that checkpoint `st` read from `source` was written by this model and seed.
-template <class Replicated>
-void check_resumable(const Replicated& m, const io::checkpoint_state& st, const std::string& source) {
+/// Checks that checkpoint `st` read from `source` was written by this model, seed and kind of optimiser.
+template <class Replicated, class Optimizer>
+void check_resumable(const Replicated& m, const Optimizer& optimizer, const io::checkpoint_state& st,
+                     const std::string& source) {
   using net = io::network_of<Replicated>;
   io::check_signature(st, model_signature<net>(), source, io::model_name<net>());
   if constexpr (requires { m.seed().value; })
@@ -539,6 +540,7 @@ void check_resumable(const Replicated& m, const io::checkpoint_state& st, const 
       throw checkpoint_error("lockstep::fit: " + source + ": section 'rng': the checkpoint's model seed " +
                              std::to_string(st.seed) + " differs from this model's seed " +
                              std::to_string(m.seed().value) + "; resuming would not be exact");
+  io::check_optimizer_state(st, optimizer, model<net>::param_count, source);
 }
 
 /// fit on the strategy's core class (see lockstep::fit).
@@ -548,9 +550,9 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   check_bound(s, m);
   fit_session run(o, optimizer.lr, s.num_replicas());
   if (const auto ck = run.checkpoint_to_resume()) {
-    check_resumable(m, ck->first, ck->second);
+    check_resumable(m, optimizer, ck->first, ck->second);
     run.resume_from(ck->first, ck->second);  // refuses callback states that do not fit, before the model changes
-    io::restore(m, ck->first, ck->second);
+    io::restore(m, ck->first, optimizer, ck->second);
   }
   run.open_outputs();
   const auto save = [&](std::uint64_t epoch, std::uint64_t batches) {
@@ -594,8 +596,9 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
 /// that epoch so far, the callbacks' states), so the result is bitwise the same as an
 /// uninterrupted run.
 /// @throws config_error when `m` was made by another strategy; checkpoint_error when resuming
-///         from a bad checkpoint, or one whose number of callback states differs from the number
-///         of callbacks; anything a step throws.
+///         from a bad checkpoint, one whose number of callback states differs from the number of
+///         callbacks, or one whose optimiser state does not fit `optimizer`
+///         (io::check_optimizer_state); anything a step throws.
 template <class Strategy, class Replicated, class Optimizer, class Loss, batch_source Source>
 history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& loss, const Source& train,
             const fit_options& o = {}) {

@@ -1,0 +1,130 @@
+#pragma once
+/// @file common.hpp
+/// What the fuzz harnesses and the seed generator share: how one fuzz input is split into the
+/// reader's files and options, scratch files on a fast file system, gzip compression, and the
+/// rule that only lockstep::error may escape a reader.
+
+#include <zlib.h>
+
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace lockstep::fuzz {
+
+/// Bytes of a fuzz input.
+using bytes = std::vector<std::uint8_t>;
+
+/// A scratch directory private to this process (under /dev/shm when it exists), removed at exit.
+class scratch_dir {
+public:
+  scratch_dir() {
+    const char* base = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    path_ = std::string(base) + "/lockstep-fuzz-XXXXXX";
+    if (!::mkdtemp(path_.data())) std::abort();
+  }
+  scratch_dir(const scratch_dir&) = delete;
+  scratch_dir& operator=(const scratch_dir&) = delete;
+  ~scratch_dir() {
+    for (const char* name : {"a", "b"}) ::unlink((path_ + "/" + name).c_str());
+    ::rmdir(path_.c_str());
+  }
+  /// Writes `data` to file `name` of the directory and returns its path.
+  [[nodiscard]] std::string write(const char* name, std::span<const std::uint8_t> data) const {
+    const std::string p = path_ + "/" + name;
+    std::FILE* f = std::fopen(p.c_str(), "wb");
+    if (!f) std::abort();
+    if (!data.empty() && std::fwrite(data.data(), 1, data.size(), f) != data.size()) std::abort();
+    std::fclose(f);
+    return p;
+  }
+
+private:
+  std::string path_;
+};
+
+/// `data` as one gzip member (zlib's deflate, default level).
+inline bytes gzip(std::span<const std::uint8_t> data) {
+  z_stream z{};
+  if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) != Z_OK) std::abort();
+  bytes out(deflateBound(&z, static_cast<uLong>(data.size())) + 32);
+  z.next_in = const_cast<Bytef*>(data.data());
+  z.avail_in = static_cast<uInt>(data.size());
+  z.next_out = out.data();
+  z.avail_out = static_cast<uInt>(out.size());
+  if (deflate(&z, Z_FINISH) != Z_STREAM_END) std::abort();
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return out;
+}
+
+/// One IDX fuzz input: byte 0 holds flags (bit 0: compress the images with gzip first, bit 1:
+/// the same for the labels, bit 2: read images alone), bytes 1-2 the length of the images part
+/// (little-endian, clamped to what is there); the images part follows, the labels part is the rest.
+struct idx_input {
+  std::uint8_t flags = 0;  ///< the flag bits above
+  bytes images;            ///< the images file (before optional compression)
+  bytes labels;            ///< the labels file (before optional compression)
+
+  /// Splits a fuzz input.
+  static idx_input parse(const std::uint8_t* data, std::size_t size) {
+    idx_input in;
+    if (size < 3) return in;
+    in.flags = data[0];
+    std::size_t n = std::size_t{data[1]} | (std::size_t{data[2]} << 8);
+    data += 3;
+    size -= 3;
+    if (n > size) n = size;
+    in.images.assign(data, data + n);
+    in.labels.assign(data + n, data + size);
+    return in;
+  }
+  /// The fuzz input that parse() splits into this.
+  [[nodiscard]] bytes encode() const {
+    bytes out{flags, static_cast<std::uint8_t>(images.size() & 0xff), static_cast<std::uint8_t>(images.size() >> 8)};
+    out.insert(out.end(), images.begin(), images.end());
+    out.insert(out.end(), labels.begin(), labels.end());
+    return out;
+  }
+};
+
+/// One CSV fuzz input: byte 0 holds flags (bit 0: header line, bit 1: a label column), byte 1 the
+/// label column (0..7 used), byte 2 picks the delimiter (from ",;\t| " by value mod 5, or the byte
+/// itself when it is >= 128); the file text is the rest.
+struct csv_input {
+  std::uint8_t flags = 0;     ///< the flag bits above
+  std::uint8_t label = 0;     ///< label column (mod 8)
+  std::uint8_t delim = 0;     ///< delimiter selector
+  bytes text;                 ///< the file's content
+
+  /// Splits a fuzz input.
+  static csv_input parse(const std::uint8_t* data, std::size_t size) {
+    csv_input in;
+    if (size < 3) return in;
+    in.flags = data[0];
+    in.label = data[1];
+    in.delim = data[2];
+    in.text.assign(data + 3, data + size);
+    return in;
+  }
+  /// The delimiter this input selects.
+  [[nodiscard]] char delimiter() const {
+    static constexpr char common[] = {',', ';', '\t', '|', ' '};
+    return delim >= 128 ? static_cast<char>(delim) : common[delim % 5];
+  }
+  /// The fuzz input that parse() splits into this.
+  [[nodiscard]] bytes encode() const {
+    bytes out{flags, label, delim};
+    out.insert(out.end(), text.begin(), text.end());
+    return out;
+  }
+};
+
+}  // namespace lockstep::fuzz

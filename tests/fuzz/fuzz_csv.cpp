@@ -1,0 +1,33 @@
+// libFuzzer harness: lockstep::data::csv with the reader's options (header, label column,
+// delimiter) drawn from the input's first bytes. Only lockstep::error may escape.
+#include <cstddef>
+#include <cstdint>
+
+#include <lockstep/core/error.hpp>
+#include <lockstep/data/csv.hpp>
+
+#include "common.hpp"
+
+namespace lf = lockstep::fuzz;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  static const lf::scratch_dir dir;
+  const auto in = lf::csv_input::parse(data, size);
+  const std::string path = dir.write("a", in.text);
+  lockstep::data::csv_options o;
+  o.header = (in.flags & 1) != 0;
+  if (in.flags & 2) o.label_column = in.label % 8;
+  o.delimiter = in.delimiter();
+  try {
+    const auto d = lockstep::data::csv(path, o);
+    double sum = 0;  // touch every value of every sample
+    for (auto&& s : d.epoch()) {
+      for (std::uint32_t i = 0; i < s.width; ++i) sum += s.feature(i);
+      sum += s.label;
+    }
+    static volatile double sink;
+    sink = sum;
+  } catch (const lockstep::error&) {
+  }
+  return 0;
+}

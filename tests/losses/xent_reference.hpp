@@ -1,0 +1,55 @@
+#pragma once
+// The double reference of softmax cross-entropy for rows of float logits, and the confident
+// (large-margin) rows every backend's loss is checked on (tests/losses, tests/cuda).
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <lockstep/core/random.hpp>
+
+namespace xent_ref {
+
+/// Loss and gradient of one row.
+struct row {
+  double loss = 0;
+  std::vector<double> grad;
+};
+
+/// The loss and gradient of row `z` with label `label`, in double from the same float values.
+inline row in_double(const std::vector<float>& z, std::int32_t label) {
+  double m = z[0];
+  for (float v : z) m = std::max(m, double(v));
+  double s = 0;
+  for (float v : z) s += std::exp(double(v) - m);
+  row r;
+  r.loss = std::log(s) - (double(z[std::size_t(label)]) - m);
+  for (std::size_t c = 0; c < z.size(); ++c)
+    r.grad.push_back(std::exp(double(z[c]) - m) / s - (c == std::size_t(label) ? 1.0 : 0.0));
+  return r;
+}
+
+/// |got - want| within `rel` of |want|, give or take 1e-12 (where the double reference itself,
+/// which rounds 1 + t, stops being exact).
+inline bool close(double got, double want, double rel) { return std::abs(got - want) <= rel * std::abs(want) + 1e-12; }
+
+/// Rows whose log-sum-exp is close to their largest logit, fixed and random (1..13 classes,
+/// margins up to about 400).
+inline std::vector<std::vector<float>> confident_rows() {
+  std::vector<std::vector<float>> rows = {{1000, 990, 0, 0, 0}, {10, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+                                          {-1000, -990, -2000}, {88, 87.5f, -88}, {1e4f, 0}, {3, 3, 3},
+                                          {0.5f}, {20, 0, 20, 0}};
+  const lockstep::counter_rng rng(17, 0);
+  for (std::size_t k = 0; k < 40; ++k) {
+    const std::size_t cols = 1 + rng.u32(k) % 13;
+    const double spread = 1.0 + 200.0 * rng.uniform_double(100 + k);
+    std::vector<float> z(cols);
+    for (std::size_t c = 0; c < cols; ++c) z[c] = float((rng.uniform_double(1000 + 50 * k + c) * 2 - 1) * spread);
+    rows.push_back(z);
+  }
+  return rows;
+}
+
+}  // namespace xent_ref
