@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -146,6 +147,16 @@ int main(int argc, char** argv) {
   } catch (const usage_error& e) {
     std::fprintf(stderr, "error: %s\n%s", e.message.c_str(), app.help().c_str());
     return 2;
+  } catch (const ls::replica_error& e) {
+    // A replica's failure carries the original exception: bad input stays a usage-level error.
+    std::fprintf(stderr, "error: %s\n", e.what());
+    try {
+      std::rethrow_if_nested(e);
+    } catch (const ls::data_error&) {
+      return 2;
+    } catch (...) {
+    }
+    return 1;
   } catch (const ls::data_error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

@@ -127,4 +127,16 @@ struct csv_input {
   }
 };
 
+/// Reads every value of every sample of one epoch of `d` (so every byte of the input is decoded).
+template <class Dataset>
+void touch_every_sample(const Dataset& d) {
+  double sum = 0;
+  for (auto&& s : d.epoch()) {
+    for (std::uint32_t i = 0; i < s.width; ++i) sum += s.feature(i);
+    sum += s.label;
+  }
+  static volatile double sink;
+  sink = sum;
+}
+
 }  // namespace lockstep::fuzz

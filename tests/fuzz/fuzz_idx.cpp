@@ -18,13 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string labels = dir.write("b", (in.flags & 2) ? lf::gzip(in.labels) : in.labels);
   try {
     const auto d = (in.flags & 4) ? lockstep::data::idx(images) : lockstep::data::idx(images, labels);
-    double sum = 0;  // touch every byte of every sample
-    for (auto&& s : d.epoch()) {
-      for (std::uint32_t i = 0; i < s.width; ++i) sum += s.feature(i);
-      sum += s.label;
-    }
-    static volatile double sink;
-    sink = sum;
+    lockstep::fuzz::touch_every_sample(d);
   } catch (const lockstep::error&) {
   }
   return 0;

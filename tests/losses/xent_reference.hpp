@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <doctest/doctest.h>
+
 #include <lockstep/core/random.hpp>
 
 namespace xent_ref {
@@ -34,6 +36,22 @@ inline row in_double(const std::vector<float>& z, std::int32_t label) {
 /// |got - want| within `rel` of |want|, give or take 1e-12 (where the double reference itself,
 /// which rounds 1 + t, stops being exact).
 inline bool close(double got, double want, double rel) { return std::abs(got - want) <= rel * std::abs(want) + 1e-12; }
+
+/// Checks a backend's loss sum and gradient (copied to the host) of row `z` with label `y`
+/// against the double reference, to `rel`.
+inline void check_row(double loss, const std::vector<float>& grad, const std::vector<float>& z, std::int32_t y,
+                      double rel = 1e-5) {
+  const row want = in_double(z, y);
+  CAPTURE(loss);
+  CAPTURE(want.loss);
+  CHECK(close(loss, want.loss, rel));
+  for (std::size_t c = 0; c < z.size(); ++c) {
+    CAPTURE(c);
+    CAPTURE(grad[c]);
+    CAPTURE(want.grad[c]);
+    CHECK(close(grad[c], want.grad[c], rel));
+  }
+}
 
 /// Rows whose log-sum-exp is close to their largest logit, fixed and random (1..13 classes,
 /// margins up to about 400).
