@@ -13,5 +13,4 @@
 #include <lockstep/backend/cuda/device.hpp>
 #include <lockstep/backend/cuda/error.hpp>
 #include <lockstep/backend/cuda/ops.cuh>
-#include <lockstep/backend/cuda/strategies.hpp>
 #include <lockstep/distribute/reducers/cuda_reducers.cuh>
