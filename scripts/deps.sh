@@ -3,7 +3,8 @@
 # Sourced by scripts/test.sh and scripts/demo.sh; runs as root (or through sudo) on Debian 12.
 # libblas-dev, libgfortran-12-dev: the static reference BLAS (and the libgfortran.a it needs) that
 # the GPU bundle's programs link (see tests/cuda/CMakeLists.txt).
-lockstep_packages=(cmake g++ make libopenblas-dev doctest-dev libfmt-dev libcli11-dev zlib1g-dev
+# clang: scripts/test.sh builds and runs the host tests with clang++ as well as g++.
+lockstep_packages=(cmake g++ clang make libopenblas-dev doctest-dev libfmt-dev libcli11-dev zlib1g-dev
                    libblas-dev libgfortran-12-dev dataset-fashion-mnist)
 
 lockstep_install_deps() {
