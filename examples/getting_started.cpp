@@ -5,7 +5,7 @@
 #include <lockstep/lockstep.hpp>
 namespace ls = lockstep;
 
-using mlp = ls::sequential<ls::dense<784, 256>, ls::relu, ls::dropout<0.1>, ls::dense<256, 10>>;
+using mlp = ls::sequential<ls::dense<784, 256>, ls::relu, ls::dropout<1, 10>, ls::dense<256, 10>>;
 
 int main() {
   const std::string dir = "/usr/share/datasets/fashion-mnist/";

@@ -26,7 +26,7 @@ constexpr std::size_t features = 16;
 constexpr std::size_t classes = 5;
 
 /// The network: its shapes are checked when it is compiled.
-using mlp = ls::sequential<ls::dense<features, 64>, ls::relu, ls::dropout<0.1>, ls::dense<64, 32>, ls::relu,
+using mlp = ls::sequential<ls::dense<features, 64>, ls::relu, ls::dropout<1, 10>, ls::dense<64, 32>, ls::relu,
                            ls::dense<32, classes>>;
 
 /// `rows` labelled points: class c is a Gaussian cloud (sigma `noise`) around centre c.

@@ -3,9 +3,10 @@
 # Sourced by scripts/test.sh and scripts/demo.sh; runs as root (or through sudo) on Debian 12.
 # libblas-dev, libgfortran-12-dev: the static reference BLAS (and the libgfortran.a it needs) that
 # the GPU bundle's programs link (see tests/cuda/CMakeLists.txt).
-# clang and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes) build the fuzz harnesses.
-lockstep_packages=(cmake g++ make libopenblas-dev doctest-dev libfmt-dev libcli11-dev zlib1g-dev
-                   libblas-dev libgfortran-12-dev dataset-fashion-mnist clang libclang-rt-14-dev)
+# clang and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes): the fuzz harnesses, and
+# scripts/test.sh builds and runs the host tests with clang++ as well as g++.
+lockstep_packages=(cmake g++ clang make libopenblas-dev doctest-dev libfmt-dev libcli11-dev zlib1g-dev
+                   libblas-dev libgfortran-12-dev dataset-fashion-mnist libclang-rt-14-dev)
 
 lockstep_install_deps() {
   local missing=() p

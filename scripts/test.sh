@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what lockstep needs, builds every target with -Wall -Wextra -Wpedantic -Werror, runs all
 # tests with CTest (including a 20 s run of each fuzz harness of tests/fuzz under ASan and UBSan,
-# CTest label `fuzz`, built with clang in <build>/fuzz), then runs the input-pipeline tests once
-# more under ThreadSanitizer.
+# CTest label `fuzz`, built with clang in <build>/fuzz), builds the host tests, examples and
+# benchmarks with clang++ too and runs those tests, then runs the input-pipeline tests once more
+# under ThreadSanitizer.
 # The CUDA targets are built (compiled and linked) whenever nvcc is present; GPU tests skip
 # themselves when no GPU is usable, and the GPU bundle (scripts/gpu-bundle.sh) is collected from
 # them and checked. Exit code: 0 when everything passed.
@@ -29,6 +30,15 @@ ctest --test-dir "$build" --output-on-failure --timeout 600 | tee "$ctest_log"
 total=$(sed -n 's/.* tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2/p' "$ctest_log" | tail -n 1)
 skipped=$(grep -cE 'Test +#[0-9]+: .*Skipped' "$ctest_log" || true)
 
+# The host path compiles warning-free with clang++ as well (CUDA left out): tests, examples and
+# benchmarks are built, the tests run.
+clang_build="${build}-clang"
+CC=clang CXX=clang++ cmake -S . -B "$clang_build" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_WERROR=ON \
+  -DLOCKSTEP_CUDA=OFF
+cmake --build "$clang_build" -j "$jobs"
+echo "lockstep: running the host tests built with clang++"
+ctest --test-dir "$clang_build" --output-on-failure --timeout 600 | tee "$clang_build/ctest-summary.log"
+
 # The pipeline's stages use threads (prefetch, parallel_map): run their tests under TSan too.
 tsan="${build}-tsan"
 cmake -S . -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_WERROR=ON -DLOCKSTEP_CUDA=OFF \
@@ -39,3 +49,6 @@ echo "lockstep: running the pipeline tests under ThreadSanitizer"
 TSAN_OPTIONS="halt_on_error=1" "$tsan/tests/test_data"
 echo "lockstep: all tests passed (GPU tests skip themselves where no GPU is usable)"
 echo "lockstep: $((total - skipped)) passed, 0 failed, ${skipped} skipped"
+clang_total=$(sed -n 's/.* tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2/p' \
+  "$clang_build/ctest-summary.log" | tail -n 1)
+echo "lockstep: built with clang++: ${clang_total} passed, 0 failed"

@@ -29,10 +29,10 @@ namespace ls = lockstep;
 namespace {
 
 /// 784-512-256-10 with ReLU and dropout: the default model.
-using mlp = ls::sequential<ls::dense<784, 512>, ls::relu, ls::dropout<0.2>, ls::dense<512, 256>, ls::relu,
-                           ls::dropout<0.2>, ls::dense<256, 10>>;
+using mlp = ls::sequential<ls::dense<784, 512>, ls::relu, ls::dropout<1, 5>, ls::dense<512, 256>, ls::relu,
+                           ls::dropout<1, 5>, ls::dense<256, 10>>;
 /// 784-256-10: a quicker, smaller model.
-using small = ls::sequential<ls::dense<784, 256>, ls::relu, ls::dropout<0.1>, ls::dense<256, 10>>;
+using small = ls::sequential<ls::dense<784, 256>, ls::relu, ls::dropout<1, 10>, ls::dense<256, 10>>;
 
 struct config {
   std::optional<std::size_t> replicas;  // default: 2 on cpu, every visible GPU on gpu

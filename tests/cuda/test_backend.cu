@@ -262,13 +262,13 @@ TEST_CASE("cuda: every layer's forward and backward match the host within 1e-5")
   check_layer_all_batches<ls::dense<13, 7>, 13>("dense<13, 7>");
   check_layer_all_batches<ls::dense<1, 1>, 1>("dense<1, 1>");
   check_layer_all_batches<ls::relu, 11>("relu");
-  check_layer_all_batches<ls::leaky_relu<0.1>, 11>("leaky_relu<0.1>");
+  check_layer_all_batches<ls::leaky_relu<1, 10>, 11>("leaky_relu<1, 10>");
   check_layer_all_batches<ls::gelu, 11>("gelu");
   check_layer_all_batches<ls::tanh, 11>("tanh");
   check_layer_all_batches<ls::sigmoid, 11>("sigmoid");
-  check_layer_all_batches<ls::dropout<0.3>, 11>("dropout<0.3>");
-  check_layer_all_batches<ls::dropout<0.0>, 5>("dropout<0.0>");
-  using block = ls::sequential<ls::dense<13, 16>, ls::gelu, ls::dropout<0.5>, ls::dense<16, 5>, ls::tanh>;
+  check_layer_all_batches<ls::dropout<3, 10>, 11>("dropout<3, 10>");
+  check_layer_all_batches<ls::dropout<0, 1>, 5>("dropout<0, 1>");
+  using block = ls::sequential<ls::dense<13, 16>, ls::gelu, ls::dropout<1, 2>, ls::dense<16, 5>, ls::tanh>;
   check_layer_all_batches<block, 13>("sequential<dense, gelu, dropout, dense, tanh>");
   check_layer_all_batches<ls::sequential<block, ls::sigmoid, ls::dense<5, 3>>, 13>("nested sequential");
 }

@@ -155,7 +155,11 @@ TEST_CASE("generator: works with std::ranges algorithms and moves") {
   ld::generator<int> empty;
   CHECK(empty.begin() == empty.end());
 
+#if !defined(__clang__) || __clang_major__ >= 15
+  // std::views composition (clang 14 cannot compile libstdc++ 12's range adaptors at all).
+  const auto is_even = [](int x) { return x % 2 == 0; };
   std::vector<int> evens;
-  for (int x : iota(10) | std::views::filter([](int x) { return x % 2 == 0; })) evens.push_back(x);
+  for (int x : iota(10) | std::views::filter(is_even)) evens.push_back(x);
   CHECK(evens == std::vector<int>{0, 2, 4, 6, 8});
+#endif
 }

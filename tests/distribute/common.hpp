@@ -19,7 +19,7 @@ namespace ls = lockstep;
 /// 784-32-10 MLP (Fashion-MNIST shaped, small to keep the tests quick).
 using mlp = ls::sequential<ls::dense<784, 32>, ls::relu, ls::dense<32, 10>>;
 /// The same with dropout, whose masks must not depend on the replica count.
-using mlp_dropout = ls::sequential<ls::dense<784, 32>, ls::relu, ls::dropout<0.25>, ls::dense<32, 10>>;
+using mlp_dropout = ls::sequential<ls::dense<784, 32>, ls::relu, ls::dropout<1, 4>, ls::dense<32, 10>>;
 
 /// A global batch of `rows` random samples (784 features in [0, 1), 10 classes), keyed by `key`.
 inline ls::data::batch make_batch(std::size_t rows, std::uint64_t key) {

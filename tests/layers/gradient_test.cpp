@@ -191,7 +191,7 @@ TEST_CASE("activations: gradients match finite differences") {
   SUBCASE("relu (inputs away from the kink)") { check_widths<ls::relu>(inputs::away_from_zero); }
   SUBCASE("leaky_relu (inputs away from the kink)") {
     check_widths<ls::leaky_relu<>>(inputs::away_from_zero);
-    check_widths<ls::leaky_relu<0.2>>(inputs::away_from_zero);
+    check_widths<ls::leaky_relu<1, 5>>(inputs::away_from_zero);
   }
   SUBCASE("gelu") { check_widths<ls::gelu>(inputs::any); }
   SUBCASE("tanh") { check_widths<ls::tanh>(inputs::any); }
@@ -200,9 +200,9 @@ TEST_CASE("activations: gradients match finite differences") {
 
 TEST_CASE("dropout: gradients match finite differences with its fixed training mask") {
   const ls::pass_info train{true, 42, 3, 5, 11};
-  check_widths<ls::dropout<0.5>>(inputs::any, train);
-  check_widths<ls::dropout<0.1>>(inputs::any, train);
-  check_widths<ls::dropout<0.5>>(inputs::any, ls::pass_info{});  // evaluation: the identity
+  check_widths<ls::dropout<1, 2>>(inputs::any, train);
+  check_widths<ls::dropout<1, 10>>(inputs::any, train);
+  check_widths<ls::dropout<1, 2>>(inputs::any, ls::pass_info{});  // evaluation: the identity
 }
 
 TEST_CASE("user-defined layers: gradients match finite differences") {
@@ -217,20 +217,20 @@ TEST_CASE("sequential: gradients of whole and nested networks match finite diffe
     check_layer<net, 5>(inputs::any);
   }
   SUBCASE("nested, with dropout and workspace-using layers") {
-    using inner = ls::sequential<ls::dense<6, 9>, ls::gelu, ls::dropout<0.3>, square_cached>;
+    using inner = ls::sequential<ls::dense<6, 9>, ls::gelu, ls::dropout<3, 10>, square_cached>;
     using net = ls::sequential<scale_shift, ls::dense<3, 6>, ls::sigmoid,
                                ls::sequential<inner, ls::dense<9, 2>>, ls::tanh, ls::dense<2, 3>>;
     check_layer<net, 3>(inputs::any, train);
   }
   SUBCASE("relu and leaky_relu inside a network") {
-    using net = ls::sequential<ls::dense<4, 8>, ls::relu, ls::dense<8, 5>, ls::leaky_relu<0.1>, ls::dense<5, 3>>;
+    using net = ls::sequential<ls::dense<4, 8>, ls::relu, ls::dense<8, 5>, ls::leaky_relu<1, 10>, ls::dense<5, 3>>;
     check_layer<net, 4>(inputs::any);
   }
   SUBCASE("a single layer") { check_layer<ls::sequential<ls::dense<2, 3>>, 2>(inputs::any); }
 }
 
 TEST_CASE("dropout: training zeroes about Rate of the features and scales the rest") {
-  using B = ls::bind_t<ls::dropout<0.25>, 64>;
+  using B = ls::bind_t<ls::dropout<1, 4>, 64>;
   const ls::host_context ctx;
   const std::size_t rows = 100;
   std::vector<float> x(rows * 64), y(rows * 64);
@@ -258,7 +258,7 @@ TEST_CASE("dropout: training zeroes about Rate of the features and scales the re
 }
 
 TEST_CASE("dropout: the mask does not depend on how the global batch is split") {
-  using drop = ls::dropout<0.4>;
+  using drop = ls::dropout<2, 5>;
   const ls::host_context ctx;
   const std::size_t rows = 23;
   auto run = [&]<class B>(std::size_t width_check, B*) {

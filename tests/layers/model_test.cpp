@@ -21,7 +21,7 @@ using ls::sequential;
 // ---- composition rules, checked at compile time ----------------------------------------------
 static_assert(!composable<dense<4, 3>, relu, dense<5, 2>>);
 static_assert(composable<dense<4, 3>, relu, dense<3, 2>>);
-static_assert(composable<dense<4, 3>, relu, dropout<0.5>, ls::gelu, dense<3, 3>, dense<3, 1>>);
+static_assert(composable<dense<4, 3>, relu, dropout<1, 2>, ls::gelu, dense<3, 3>, dense<3, 1>>);
 static_assert(composable<relu, dense<1, 2>>);  // width-agnostic layers first: the first fixed width applies
 static_assert(composable<relu, ls::tanh>);
 static_assert(!composable<dense<2, 3>, dense<2, 3>>);
@@ -151,9 +151,9 @@ TEST_CASE("model<Net, double>: parameter gradients match finite differences end 
   for (std::size_t rows : {1u, 3u, 8u}) {
     CAPTURE(rows);
     CHECK(model_gradient_error<sequential<dense<3, 5>, ls::gelu, dense<5, 2>>>(rows, {}, 1) < 1e-6);
-    CHECK(model_gradient_error<sequential<dense<6, 7>, ls::tanh, dropout<0.3>,
+    CHECK(model_gradient_error<sequential<dense<6, 7>, ls::tanh, dropout<3, 10>,
                                           sequential<dense<7, 4>, ls::sigmoid, sequential<dense<4, 3>>>,
-                                          ls::leaky_relu<0.3>, dense<3, 5>>>(rows, train, 2) < 1e-6);
+                                          ls::leaky_relu<3, 10>, dense<3, 5>>>(rows, train, 2) < 1e-6);
     CHECK(model_gradient_error<dense<4, 3>>(rows, {}, 3) < 1e-6);  // a single layer as the network
   }
 }

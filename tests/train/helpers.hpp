@@ -26,7 +26,7 @@ namespace ls = lockstep;
 inline constexpr std::size_t width = 8;    // features per sample
 inline constexpr std::size_t classes = 3;  // labels 0..2
 
-using net = ls::sequential<ls::dense<width, 16>, ls::relu, ls::dropout<0.25>, ls::dense<16, classes>>;
+using net = ls::sequential<ls::dense<width, 16>, ls::relu, ls::dropout<1, 4>, ls::dense<16, classes>>;
 
 /// `n` samples of three noisy clusters (deterministic).
 struct blobs {

@@ -49,7 +49,9 @@ using invariant = ls::basic_mirrored<ls::select_reducer_t<Ds...>, ls::determinis
 }  // namespace
 
 TEST_CASE("resume: K steps, stop, M more steps is bitwise K+M uninterrupted steps") {
-  for (auto [k, more] : std::vector<std::pair<std::uint64_t, std::uint64_t>>{{1, 2}, {3, 4}, {6, 1}, {7, 6}, {5, 8}}) {
+  for (const auto& km : std::vector<std::pair<std::uint64_t, std::uint64_t>>{{1, 2}, {3, 4}, {6, 1}, {7, 6}, {5, 8}}) {
+    const std::uint64_t k = km.first;  // not a structured binding: CAPTURE's lambda uses it
+    const std::uint64_t more = km.second;
     CAPTURE(k);
     CAPTURE(more);
     const auto dir = temp_dir("km");

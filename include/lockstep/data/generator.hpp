@@ -161,7 +161,7 @@ public:
   /// Destroys the current frame and takes over another.
   generator& operator=(generator&& other) noexcept {
     if (this != &other) {
-      if (handle_) handle_.destroy();
+      if (handle_) destroy_frame(handle_);
       handle_ = std::exchange(other.handle_, nullptr);
     }
     return *this;
@@ -170,7 +170,7 @@ public:
   generator& operator=(const generator&) = delete;
   /// Destroys the coroutine frame (and so every live local of the body).
   ~generator() {
-    if (handle_) handle_.destroy();
+    if (handle_) destroy_frame(handle_);
   }
 
   /// Starts the body and returns an iterator to the first value. Call once.
@@ -186,6 +186,11 @@ public:
 
 private:
   explicit generator(std::coroutine_handle<promise_type> h) noexcept : handle_(h) {}
+  // Out of line on purpose: when clang 14 (-O2) sees the destroy, it elides the frame's heap
+  // allocation and miscompiles a generator that was moved before being destroyed (the
+  // promise's destructor runs on the wrong address). Keeping the destroy opaque keeps the frame
+  // on the heap, as a moved generator requires.
+  [[gnu::noinline]] static void destroy_frame(std::coroutine_handle<promise_type> h) noexcept { h.destroy(); }
   std::coroutine_handle<promise_type> handle_ = nullptr;
 };
 

@@ -1,11 +1,12 @@
 #pragma once
 /// @file activations.hpp
-/// Elementwise activation layers: `relu`, `leaky_relu<Slope>`, `gelu`, `tanh`, `sigmoid`, and
-/// `activation<Fn>` to define more. Each is a pair of scalar functions run by the backend's
+/// Elementwise activation layers: `relu`, `leaky_relu<Num, Den>` (slope Num / Den), `gelu`,
+/// `tanh`, `sigmoid`, and `activation<Fn>` to define more. Each is a pair of scalar functions run by the backend's
 /// elementwise primitive, so one definition serves host and GPU.
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 
 #include <lockstep/backend/host/ops.hpp>
 #include <lockstep/config.hpp>
@@ -86,13 +87,15 @@ struct relu_fn {
   template <class T> LOCKSTEP_HD static T grad(T x, T, T dy) { return x > T(0) ? dy : T(0); }
 };
 
-/// x for x > 0, Slope * x otherwise.
-template <double Slope>
+/// x for x > 0, (Num / Den) * x otherwise.
+template <std::intmax_t Num, std::intmax_t Den>
 struct leaky_relu_fn {
+  static_assert(Den > 0, "lockstep::leaky_relu<Num, Den>: the denominator Den must be positive");
+  static constexpr double slope = static_cast<double>(Num) / static_cast<double>(Den);  ///< the negative slope
   /// The function.
-  template <class T> LOCKSTEP_HD static T f(T x) { return x > T(0) ? x : static_cast<T>(Slope) * x; }
+  template <class T> LOCKSTEP_HD static T f(T x) { return x > T(0) ? x : static_cast<T>(slope) * x; }
   /// Its derivative from input and output.
-  template <class T> LOCKSTEP_HD static T df(T x, T) { return x > T(0) ? T(1) : static_cast<T>(Slope); }
+  template <class T> LOCKSTEP_HD static T df(T x, T) { return x > T(0) ? T(1) : static_cast<T>(slope); }
 };
 
 /// The exact GELU: x * Phi(x), Phi the standard normal CDF.
@@ -130,8 +133,8 @@ struct sigmoid_fn {
 };
 
 using relu = activation<relu_fn>;                    ///< rectified linear unit layer
-template <double Slope = 0.01>
-using leaky_relu = activation<leaky_relu_fn<Slope>>;  ///< leaky ReLU layer with the given negative slope
+template <std::intmax_t Num = 1, std::intmax_t Den = 100>
+using leaky_relu = activation<leaky_relu_fn<Num, Den>>;  ///< leaky ReLU layer with negative slope Num / Den
 using gelu = activation<gelu_fn>;                    ///< exact GELU layer
 using tanh = activation<tanh_fn>;                    ///< hyperbolic tangent layer
 using sigmoid = activation<sigmoid_fn>;              ///< logistic sigmoid layer

@@ -1,6 +1,7 @@
 #pragma once
 /// @file dropout.hpp
-/// `dropout<Rate>`: inverted dropout whose mask is keyed by (seed, layer, step, global sample
+/// `dropout<Num, Den>`: inverted dropout with rate Num / Den (a rational, so that the rate is a
+/// compile-time constant that every C++20 compiler accepts as a template argument), whose mask is keyed by (seed, layer, step, global sample
 /// position, feature) through the counter-based RNG. The mask is recomputed in backward, so the
 /// layer keeps no state, and it does not depend on how the global batch is split into shards.
 
@@ -44,14 +45,15 @@ struct dropout_op {
 };
 }  // namespace detail
 
-/// Inverted dropout: in training, zeroes each feature with probability Rate and scales the rest
-/// by 1 / (1 - Rate); in evaluation, the identity.
-template <double Rate>
+/// Inverted dropout with rate Num / Den (`dropout<1, 5>` drops 20%): in training, zeroes each
+/// feature with that probability and scales the rest by 1 / (1 - rate); in evaluation, the identity.
+template <std::intmax_t Num, std::intmax_t Den>
 struct dropout {
-  static_assert(Rate >= 0.0 && Rate < 1.0, "lockstep::dropout: Rate must be in [0, 1)");
+  static_assert(Den > 0, "lockstep::dropout<Num, Den>: the denominator Den must be positive");
+  static_assert(Num >= 0 && Num < Den, "lockstep::dropout<Num, Den>: the rate Num / Den must be in [0, 1)");
   using layer_concept = layer_tag;                  ///< opts in to the layer concept
   static constexpr std::size_t expected_input = 0;  ///< any width
-  static constexpr double rate = Rate;              ///< drop probability
+  static constexpr double rate = static_cast<double>(Num) / static_cast<double>(Den);  ///< drop probability
 
   /// Dropout bound to width I.
   template <std::size_t I>
@@ -65,13 +67,13 @@ struct dropout {
     template <class T>
     static void init(T*, const counter_rng&) {}
 
-    /// y = x * mask / (1 - Rate) in training, y = x in evaluation.
+    /// y = x * mask / (1 - rate) in training, y = x in evaluation.
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const T*, const T* x, T* y, T*, std::size_t batch, const pass_info& info) {
       apply(ctx, x, y, batch, info);
     }
 
-    /// dx = dy * mask / (1 - Rate) (the same mask as forward), or dx = dy in evaluation.
+    /// dx = dy * mask / (1 - rate) (the same mask as forward), or dx = dy in evaluation.
     template <class T, class Ctx>
     static void backward(Ctx& ctx, const T*, const T*, const T*, const T* dy, T* dx, T*, T*, std::size_t batch,
                          const pass_info& info) {
@@ -81,13 +83,13 @@ struct dropout {
   private:
     template <class T, class Ctx>
     static void apply(Ctx& ctx, const T* in, T* out, std::size_t batch, const pass_info& info) {
-      if (!info.training || Rate == 0.0) {
+      if (!info.training || Num == 0) {
         copy(ctx, out, in, batch * I);
         return;
       }
       const counter_rng rng(info.seed, layer_rng_stream(info.layer_stream, rng_purpose::dropout, info.step));
-      const detail::dropout_op<T> op{in,  out, rng, info.sample_offset * I, batch * I, static_cast<float>(Rate),
-                                     static_cast<T>(1.0 / (1.0 - Rate))};
+      const detail::dropout_op<T> op{in,  out, rng, info.sample_offset * I, batch * I, static_cast<float>(rate),
+                                     static_cast<T>(1.0 / (1.0 - rate))};
       for_each_index(ctx, op.blocks(), op);
     }
   };
