@@ -3,8 +3,9 @@
 # Sourced by scripts/test.sh and scripts/demo.sh; runs as root (or through sudo) on Debian 12.
 # libblas-dev, libgfortran-12-dev: the static reference BLAS (and the libgfortran.a it needs) that
 # the GPU bundle's programs link (see tests/cuda/CMakeLists.txt).
+# libopenmpi-dev, openmpi-bin: Open MPI for the multi-worker strategies and their tests (label mpi).
 lockstep_packages=(cmake g++ make libopenblas-dev doctest-dev libfmt-dev libcli11-dev zlib1g-dev
-                   libblas-dev libgfortran-12-dev dataset-fashion-mnist)
+                   libblas-dev libgfortran-12-dev dataset-fashion-mnist libopenmpi-dev openmpi-bin)
 
 lockstep_install_deps() {
   local missing=() p
