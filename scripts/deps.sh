@@ -5,8 +5,10 @@
 # the GPU bundle's programs link (see tests/cuda/CMakeLists.txt).
 # clang and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes): the fuzz harnesses, and
 # scripts/test.sh builds and runs the host tests with clang++ as well as g++.
+# libopenmpi-dev, openmpi-bin: Open MPI for the multi-worker strategies and their tests (label mpi).
 lockstep_packages=(cmake g++ clang make libopenblas-dev doctest-dev libfmt-dev libcli11-dev zlib1g-dev
-                   libblas-dev libgfortran-12-dev dataset-fashion-mnist libclang-rt-14-dev)
+                   libblas-dev libgfortran-12-dev dataset-fashion-mnist libclang-rt-14-dev libopenmpi-dev
+                   openmpi-bin)
 
 lockstep_install_deps() {
   local missing=() p

@@ -16,7 +16,7 @@ foreach(_header IN LISTS _lockstep_headers)
     continue()
   endif()
   file(STRINGS ${_lockstep_include_dir}/${_header} _cuda_includes
-       REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](cuda|cublas|nccl|cub/|thrust/|lockstep/backend/cuda)")
+       REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"](cuda|cublas|nccl|cub/|thrust/|lockstep/backend/cuda|mpi\\.h|lockstep/distribute/mpi)")
   if(_cuda_includes)
     continue()
   endif()

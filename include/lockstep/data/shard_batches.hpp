@@ -48,6 +48,21 @@ distributed_batch make_sharded(B&& b, std::size_t replicas) {
   return out;
 }
 
+/// As make_sharded, but cuts the batch into `parts` shards and keeps `count` of them from `first`
+/// (one process's shards of a global batch shared by several processes).
+template <class B>
+distributed_batch make_sharded(B&& b, std::size_t parts, std::size_t first, std::size_t count) {
+  if (first + count == parts && first == 0) return make_sharded(std::forward<B>(b), parts);
+  using D = std::remove_cvref_t<B>;
+  auto owned = std::make_shared<const D>(std::forward<B>(b));
+  distributed_batch out;
+  auto all = split(*owned, parts);
+  out.shards.assign(all.begin() + static_cast<std::ptrdiff_t>(first),
+                    all.begin() + static_cast<std::ptrdiff_t>(first + count));
+  out.global = std::move(owned);
+  return out;
+}
+
 template <class R>
 generator<distributed_batch> shard_owned(R range, std::size_t replicas) {
   for (auto&& b : range) co_yield make_sharded(std::move(b), replicas);

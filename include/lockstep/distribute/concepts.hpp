@@ -42,6 +42,13 @@ struct step_stats {
   [[nodiscard]] double mean_loss() const noexcept { return count ? loss_sum / static_cast<double>(count) : 0.0; }
 };
 
+/// How a strategy cuts global batches: into `parts` shards of which this process takes shards
+/// `first`, `first + 1`, ... (one per local replica). A single-process strategy takes them all.
+struct shard_plan {
+  std::size_t parts = 1;  ///< shards per global batch over all processes
+  std::size_t first = 0;  ///< the first shard of this process
+};
+
 /// Opt-in tag: a type is a strategy only when it says `using strategy_concept = lockstep::strategy_tag;`.
 struct strategy_tag {};
 

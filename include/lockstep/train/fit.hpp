@@ -70,9 +70,44 @@ void check_bound(const S& s, const M& m) {
   }
 }
 
+/// How strategy `s` cuts a global batch: its shard_plan() when it spans several processes, else
+/// one shard per replica.
+template <class S>
+shard_plan plan_of(const S& s) {
+  if constexpr (requires { { s.plan() } -> std::convertible_to<shard_plan>; })
+    return s.plan();
+  else
+    return shard_plan{s.num_replicas(), 0};
+}
+
+/// Sums `v` over the processes of a multi-process strategy (nothing for a single process).
+template <class S>
+void sum_over_workers(S& s, std::span<double> v) {
+  if constexpr (requires { s.sum_over_workers(v); }) s.sum_over_workers(v);
+}
+
+/// True when this process writes progress, metrics and checkpoints (rank 0 of a multi-process strategy).
+template <class S>
+bool is_chief(const S& s) {
+  if constexpr (requires { { s.is_chief() } -> std::convertible_to<bool>; })
+    return s.is_chief();
+  else
+    return true;
+}
+
+/// Replicas over all processes (recorded in checkpoints).
+template <class S>
+std::size_t global_replicas(const S& s) {
+  if constexpr (requires { { s.global_replicas() } -> std::convertible_to<std::size_t>; })
+    return s.global_replicas();
+  else
+    return s.num_replicas();
+}
+
 template <class Source>
-data::generator<data::distributed_batch> distributed_epoch(Source src, std::uint64_t epoch, std::size_t replicas) {
-  for (auto&& b : src.epoch(epoch)) co_yield data::detail::make_sharded(std::move(b), replicas);
+data::generator<data::distributed_batch> distributed_epoch(Source src, std::uint64_t epoch, std::size_t parts,
+                                                           std::size_t first, std::size_t count) {
+  for (auto&& b : src.epoch(epoch)) co_yield data::detail::make_sharded(std::move(b), parts, first, count);
 }
 
 }  // namespace detail
@@ -86,18 +121,26 @@ public:
   template <batch_source Source>
     requires(!std::same_as<std::remove_cvref_t<Source>, eval_data>)
   eval_data(Source src)  // NOLINT(google-explicit-constructor): lets `.validation = test_set` read naturally
-      : make_([src = std::move(src)](std::size_t replicas) { return detail::distributed_epoch(src, 0, replicas); }) {}
+      : make_([src = std::move(src)](std::size_t parts, std::size_t first, std::size_t count) {
+          return detail::distributed_epoch(src, 0, parts, first, count);
+        }) {}
 
   /// True when data was given.
   explicit operator bool() const noexcept { return static_cast<bool>(make_); }
   /// The batches of one pass, cut into `replicas` shards each.
   [[nodiscard]] data::generator<data::distributed_batch> batches(std::size_t replicas) const {
+    return batches(replicas, 0, replicas);
+  }
+  /// The batches of one pass, each cut into `parts` shards of which `count` from `first` are kept
+  /// (one process's part of a multi-process job).
+  [[nodiscard]] data::generator<data::distributed_batch> batches(std::size_t parts, std::size_t first,
+                                                                 std::size_t count) const {
     if (!make_) throw config_error("lockstep::eval_data: no data");
-    return make_(replicas);
+    return make_(parts, first, count);
   }
 
 private:
-  std::function<data::generator<data::distributed_batch>(std::size_t)> make_;
+  std::function<data::generator<data::distributed_batch>(std::size_t, std::size_t, std::size_t)> make_;
 };
 
 /// Options of evaluate.
@@ -194,13 +237,24 @@ evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eva
   pass_info info;
   info.training = false;
   info.step = m.step();
-  for (auto& db : data.batches(n)) {
+  const shard_plan plan = plan_of(s);
+  for (auto& db : data.batches(plan.parts, plan.first, n)) {
     auto per = s.run(
         [&](std::size_t r, const data::shard& sh) {
           return shard_metrics(m.replica(r), loss, sh, info, o.top_k, scratch, r);
         },
         db);
     total += reduce_metric_sums(s, per);
+  }
+  if (plan.parts != n) {  // several processes: every process's sums, added in rank order
+    double v[5] = {total.loss_sum, static_cast<double>(total.count), static_cast<double>(total.labelled),
+                   static_cast<double>(total.correct), static_cast<double>(total.top_k_correct)};
+    sum_over_workers(s, v);
+    total.loss_sum = v[0];
+    total.count = static_cast<std::uint64_t>(std::llround(v[1]));
+    total.labelled = static_cast<std::uint64_t>(std::llround(v[2]));
+    total.correct = static_cast<std::uint64_t>(std::llround(v[3]));
+    total.top_k_correct = static_cast<std::uint64_t>(std::llround(v[4]));
   }
   evaluation e;
   e.sums = total;
@@ -342,7 +396,9 @@ namespace detail {
 class fit_session {
 public:
   /// A session for options `o`, an optimiser with base rate `base_lr`, on `replicas` replicas.
-  fit_session(const fit_options& o, float base_lr, std::size_t replicas) : o_(o), replicas_(replicas) {
+  /// Only the chief (`chief`) writes progress, the metrics file and checkpoints.
+  fit_session(const fit_options& o, float base_lr, std::size_t replicas, bool chief = true)
+      : o_(o), replicas_(replicas), chief_(chief) {
     ctl.past = &h;
     ctl.base_lr = base_lr;
     lr = base_lr;
@@ -379,9 +435,9 @@ public:
 
   /// Opens the metrics file and the progress display (after resuming).
   void open_outputs() {
-    if (!o_.metrics_file.empty()) mlog_.emplace(o_.metrics_file);
+    if (!o_.metrics_file.empty() && chief_) mlog_.emplace(o_.metrics_file);
     progress_options po = o_.progress;
-    po.quiet = po.quiet || o_.quiet;
+    po.quiet = po.quiet || o_.quiet || !chief_;
     bar_.emplace(po, o_.epochs);
     expected_steps_ = o_.steps_per_epoch;
   }
@@ -477,6 +533,7 @@ public:
 
   /// Fills the run's part of checkpoint `st` at (epoch, batches consumed) and writes it.
   void save(io::checkpoint_state st, std::uint64_t epoch, std::uint64_t batches_done, std::uint64_t seed) {
+    if (!chief_) return;
     st.epoch = epoch;
     st.batches = batches_done;
     st.base_lr = ctl.base_lr;
@@ -509,6 +566,7 @@ public:
 private:
   const fit_options& o_;
   std::size_t replicas_;
+  bool chief_ = true;
   std::optional<io::checkpoint_manager> ckpt_;
   std::optional<metrics_log> mlog_;
   std::optional<progress> bar_;
@@ -548,7 +606,9 @@ template <class Strategy, class Replicated, class Optimizer, class Loss, class S
 history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& loss, const Source& train,
                  const fit_options& o) {
   check_bound(s, m);
-  fit_session run(o, optimizer.lr, s.num_replicas());
+  fit_session run(o, optimizer.lr, global_replicas(s), is_chief(s));
+  const shard_plan plan = plan_of(s);
+  const bool several = plan.parts != s.num_replicas();
   if (const auto ck = run.checkpoint_to_resume()) {
     check_resumable(m, optimizer, ck->first, ck->second);
     run.resume_from(ck->first, ck->second);  // refuses callback states that do not fit, before the model changes
@@ -556,7 +616,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   }
   run.open_outputs();
   const auto save = [&](std::uint64_t epoch, std::uint64_t batches) {
-    run.save(io::capture(m), epoch, batches, model_seed(m, o));
+    if (is_chief(s)) run.save(io::capture(m), epoch, batches, model_seed(m, o));
   };
   const counting_loss<Loss> counted{&loss, &run.counters};
   for (std::uint64_t e = run.start_epoch; run.runs(e, m.step()); ++e) {
@@ -566,11 +626,21 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
         ++run.batches;
         continue;
       }
-      const data::distributed_batch db = data::detail::make_sharded(std::move(b), s.num_replicas());
+      const data::distributed_batch db =
+          several ? data::detail::make_sharded(std::move(b), plan.parts, plan.first, s.num_replicas())
+                  : data::detail::make_sharded(std::move(b), s.num_replicas());
       run.lr = run.rate_at(m.step());
       Optimizer opt = optimizer;
       opt.lr = run.lr;
+      const std::uint64_t correct0 = run.counters.correct, labelled0 = run.counters.labelled;
       const step_stats r = s.train_step(m, opt, counted, db);
+      if (several) {  // training hits of every process
+        double hits[2] = {static_cast<double>(run.counters.correct - correct0),
+                          static_cast<double>(run.counters.labelled - labelled0)};
+        sum_over_workers(s, hits);
+        run.counters.correct = correct0 + static_cast<std::uint64_t>(std::llround(hits[0]));
+        run.counters.labelled = labelled0 + static_cast<std::uint64_t>(std::llround(hits[1]));
+      }
       if (run.end_step(r, m.step(), save)) break;
     }
     auto [st, finished] = run.end_steps(e, m.step(), save);

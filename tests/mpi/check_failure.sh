@@ -1,0 +1,32 @@
+#!/bin/sh
+# check_failure.sh MPIRUN PROBE MODE: runs the failure probe and checks that the job ends
+# non-zero in time, with the expected error printed exactly once.
+mpirun=$1 probe=$2 mode=$3
+out=$(mktemp)
+start=$(date +%s)
+case $mode in
+  throw) timeout 30 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$probe" throw >"$out" 2>&1; rc=$?
+         limit=10; want='rank 1: error: .*worker rank 1 of 2.*injected failure' ;;
+  stall) timeout 30 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$probe" stall >"$out" 2>&1; rc=$?
+         limit=12; want='rank 0: error: .*timed out.*bucket [0-9].*rank\(s\) 1 did not arrive' ;;
+  kill)  timeout 30 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$probe" kill >"$out" 2>&1; rc=$?
+         limit=12; want='' ;;
+  world) timeout 30 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$probe" world >"$out" 2>&1; rc=$?
+         limit=10; want='asked for 3 workers, but the MPI job has 2 processes' ;;
+  nompirun) env -u OMPI_COMM_WORLD_SIZE "$probe" nompirun >"$out" 2>&1; rc=$?
+         limit=5; want='2 workers need one process each, started by MPI: run .mpirun -np 2' ;;
+  *) echo "unknown mode $mode"; exit 2 ;;
+esac
+elapsed=$(( $(date +%s) - start ))
+cat "$out"
+echo "--- mode=$mode exit=$rc elapsed=${elapsed}s (limit ${limit}s)"
+fail=0
+if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then echo "FAIL: the job did not end with an error"; fail=1; fi
+if [ "$elapsed" -gt "$limit" ]; then echo "FAIL: took ${elapsed}s"; fail=1; fi
+if [ -n "$want" ]; then
+  n=$(grep -cE "$want" "$out")
+  if [ "$n" -ne 1 ]; then echo "FAIL: expected the error /$want/ exactly once, found it $n times"; fail=1; fi
+fi
+if grep -q "probe finished" "$out"; then echo "FAIL: the probe finished"; fail=1; fi
+rm -f "$out"
+exit $fail

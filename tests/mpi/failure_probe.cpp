@@ -1,0 +1,95 @@
+// A multi-worker training loop that fails on purpose, for tests/mpi/check_failure.sh:
+//   throw      rank 1's replica throws at step 3
+//   stall      rank 1 sleeps 8 s before step 3 (the collective timeout is 2 s)
+//   kill       rank 1 kills itself with SIGKILL at step 3
+//   world      asks for 3 workers (launched with 2)
+//   nompirun   asks for 2 workers without mpirun
+// Every rank that catches an error prints it (once: the other ranks are ended by MPI_Abort).
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include <lockstep/distribute/multi_worker.hpp>
+#include <lockstep/lockstep.hpp>
+
+namespace ls = lockstep;
+
+namespace {
+
+using mlp = ls::sequential<ls::dense<16, 8>, ls::relu, ls::dense<8, 4>>;
+
+// softmax cross-entropy that throws while *fail is set.
+struct failing_loss {
+  using loss_concept = ls::loss_tag;
+  static constexpr std::size_t scratch_per_row = ls::softmax_cross_entropy::scratch_per_row;
+  const bool* fail;
+  template <class T, class Ctx, class G>
+  ls::loss_sum evaluate(Ctx& ctx, const T* out, std::size_t rows, std::size_t cols, const ls::targets<T>& t, G* grad,
+                        T* scratch) const {
+    if (*fail) throw ls::data_error("injected failure in the loss");
+    return ls::softmax_cross_entropy{}.evaluate(ctx, out, rows, cols, t, grad, scratch);
+  }
+};
+
+ls::data::batch make_batch(std::size_t rows, std::uint64_t key) {
+  ls::data::batch b;
+  b.width = 16;
+  const ls::counter_rng rng(5, key);
+  for (std::size_t i = 0; i < rows * 16; ++i) b.features.push_back(rng.uniform(i));
+  for (std::size_t r = 0; r < rows; ++r) {
+    b.labels.push_back(static_cast<std::int32_t>(rng.u32(rows * 16 + r) % 4));
+    b.indices.push_back(key * 100 + r);
+  }
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "nompirun") {
+    try {
+      ls::require_mpi_launch(2, argv[0]);
+    } catch (const ls::config_error& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 2;
+    }
+    return 0;
+  }
+  ls::mpi_environment env(argc, argv);
+  try {
+    if (mode == "world") ls::require_world_size(3);
+    ls::strategy_options o;
+    o.timeout = std::chrono::milliseconds(2000);
+    ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1), o);
+    auto m = s.replicate<mlp>(ls::seed{1});
+    bool fail = false;
+    const failing_loss loss{&fail};
+    for (std::uint64_t step = 0; step < 10; ++step) {
+      if (step == 3 && s.rank() == 1) {
+        if (mode == "throw") fail = true;
+        if (mode == "stall") std::this_thread::sleep_for(std::chrono::seconds(8));
+        if (mode == "kill") ::raise(SIGKILL);
+      }
+      const ls::shard_plan p = s.plan();
+      ls::train_step(s, m, ls::sgd{.lr = 0.1f}, loss,
+                     ls::data::detail::make_sharded(make_batch(32, step), p.parts, p.first, s.num_replicas()));
+    }
+    if (s.is_chief()) std::printf("probe finished\n");
+    return 0;
+  } catch (const ls::config_error& e) {  // every rank finds the same configuration error: rank 0 reports it
+    if (env.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: error: %s\n", env.rank(), e.what());
+    std::fflush(stderr);
+    env.abort_on_exit(1);
+    return 1;
+  }
+}

@@ -1,0 +1,46 @@
+# The MPI tests, included by tests/CMakeLists.txt when MPI is found. Every test launches its
+# processes with mpirun; the environment below keeps Open MPI working in a container (as root,
+# more processes than cores, shared memory without ptrace-based single copy).
+add_executable(test_mpi ${CMAKE_CURRENT_SOURCE_DIR}/mpi/main.cpp ${CMAKE_CURRENT_SOURCE_DIR}/mpi/test_multi_worker.cpp)
+target_link_libraries(test_mpi PRIVATE lockstep::mpi doctest::doctest lockstep_warnings)
+add_executable(mpi_failure_probe ${CMAKE_CURRENT_SOURCE_DIR}/mpi/failure_probe.cpp)
+target_link_libraries(mpi_failure_probe PRIVATE lockstep::mpi lockstep_warnings)
+
+set(LOCKSTEP_MPIEXEC_FLAGS --allow-run-as-root --oversubscribe CACHE STRING "Flags of mpirun in lockstep's MPI tests")
+set(_lockstep_mpi_env
+    "OMPI_MCA_btl=self,vader,tcp"
+    "OMPI_MCA_btl_vader_single_copy_mechanism=none"
+    "OMPI_MCA_rmaps_base_oversubscribe=1"
+    "OMPI_MCA_btl_tcp_if_include=lo"
+    "OMPI_MCA_oob_tcp_if_include=lo"
+    "OMPI_ALLOW_RUN_AS_ROOT=1"
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+foreach(np 2 3)
+  add_test(NAME mpi/multi_worker_np${np}
+           COMMAND ${MPIEXEC_EXECUTABLE} ${LOCKSTEP_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} ${np} $<TARGET_FILE:test_mpi>)
+  set_tests_properties(mpi/multi_worker_np${np} PROPERTIES LABELS "mpi" TIMEOUT 120 ENVIRONMENT "${_lockstep_mpi_env}")
+endforeach()
+# 4 x 1 workers x replicas, bitwise equal to one process (the other splits run in the tests above).
+add_test(NAME mpi/replica_count_invariant_np4
+         COMMAND ${MPIEXEC_EXECUTABLE} ${LOCKSTEP_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:test_mpi>
+                 --test-case=*replica_count_invariant*)
+set_tests_properties(mpi/replica_count_invariant_np4 PROPERTIES LABELS "mpi" TIMEOUT 120 ENVIRONMENT "${_lockstep_mpi_env}")
+foreach(mode throw stall kill world nompirun)
+  add_test(NAME mpi/failure_${mode}
+           COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/mpi/check_failure.sh ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:mpi_failure_probe> ${mode})
+  set_tests_properties(mpi/failure_${mode} PROPERTIES LABELS "mpi" TIMEOUT 60 ENVIRONMENT "${_lockstep_mpi_env}")
+endforeach()
+
+# The MPI headers compile on their own (the generic header check skips them: they need <mpi.h>).
+set(_mpi_header_tus)
+foreach(_header lockstep/distribute/mpi.hpp lockstep/distribute/multi_worker.hpp)
+  string(REGEX REPLACE "[/.]" "_" _tu_name "${_header}")
+  set(_tu ${CMAKE_CURRENT_BINARY_DIR}/header_check_mpi/${_tu_name}.cpp)
+  file(CONFIGURE OUTPUT ${_tu} CONTENT "#include <${_header}>\n#include <${_header}>\n" @ONLY)
+  list(APPEND _mpi_header_tus ${_tu})
+endforeach()
+add_library(lockstep_mpi_header_check OBJECT ${_mpi_header_tus})
+target_link_libraries(lockstep_mpi_header_check PRIVATE lockstep::mpi lockstep_warnings)
+add_test(NAME mpi/headers_compile_alone
+         COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target lockstep_mpi_header_check)
+set_tests_properties(mpi/headers_compile_alone PROPERTIES LABELS "mpi;build" TIMEOUT 900)

@@ -1,0 +1,228 @@
+// multi_worker_mirrored under mpirun (-np 2 and -np 3): training equals single-process training
+// on the same global batches, exactly-once delivery across workers, evaluate over every worker,
+// chief-only outputs and a checkpoint written by W workers resumed by one.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+
+#include <lockstep/distribute/multi_worker.hpp>
+#include <lockstep/lockstep.hpp>
+
+namespace {
+
+namespace ls = lockstep;
+
+using mlp = ls::sequential<ls::dense<784, 32>, ls::relu, ls::dense<32, 10>>;
+using mlp_dropout = ls::sequential<ls::dense<784, 32>, ls::relu, ls::dropout<0.25>, ls::dense<32, 10>>;
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+ls::data::batch make_batch(std::size_t rows, std::uint64_t key) {
+  ls::data::batch b;
+  b.width = 784;
+  const ls::counter_rng rng(1234, key);
+  b.features.resize(rows * 784);
+  for (std::size_t i = 0; i < b.features.size(); ++i) b.features[i] = rng.uniform(i);
+  for (std::size_t r = 0; r < rows; ++r) {
+    b.labels.push_back(static_cast<std::int32_t>(rng.u32(rows * 784 + r) % 10));
+    b.indices.push_back(key * 1000 + r);
+  }
+  return b;
+}
+
+// Global batch sizes of the 20 steps: full, uneven, fewer rows than replicas, an uneven last one.
+const std::vector<std::size_t> sizes{64, 64, 48, 33, 64, 17, 64, 64, 5, 64, 64, 3, 64, 64, 1, 64, 2, 64, 64, 37};
+
+// 20 steps through strategy s (its own shards of each global batch); every replica identical.
+template <class Net, class S>
+std::vector<float> train20(S& s, const ls::adam& opt) {
+  auto m = s.template replicate<Net>(ls::seed{42});
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const ls::shard_plan p = ls::detail::plan_of(s);
+    const auto db = ls::data::detail::make_sharded(make_batch(sizes[i], i), p.parts, p.first, s.num_replicas());
+    const auto st = ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, db);
+    CHECK(st.count == sizes[i]);
+    CHECK(std::isfinite(st.loss_sum));
+  }
+  auto p = m.parameters_to_host();
+  for (std::size_t r = 1; r < m.size(); ++r)
+    CHECK(std::equal(p.begin(), p.end(), m.replica(r).model().parameters().data()));
+  return p;
+}
+
+// The largest |a - b| of two parameter vectors.
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, static_cast<double>(std::fabs(a[i] - b[i])));
+  return d;
+}
+
+// True when every rank passed `v` (the same bits everywhere).
+bool same_on_every_rank(const std::vector<float>& v) {
+  std::vector<float> root = v;
+  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  int same = std::equal(v.begin(), v.end(), root.begin()) ? 1 : 0, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+}  // namespace
+
+TEST_CASE("multi_worker: MPI provides the thread level it needs; the strategy describes the job") {
+  ls::multi_worker_mirrored<ls::cpus> s;
+  CHECK(s.mpi_thread_level() >= MPI_THREAD_SERIALIZED);
+  CHECK(s.world_size() == static_cast<std::size_t>(world_size()));
+  CHECK(s.rank() == static_cast<std::size_t>(world_rank()));
+  CHECK(s.is_chief() == (world_rank() == 0));
+  CHECK(s.global_replicas() == s.world_size());
+  static_assert(ls::strategy<ls::multi_worker_mirrored<ls::cpus>>);
+  MESSAGE("MPI thread level: " << std::string(ls::mpi_thread_level_name(s.mpi_thread_level())));
+}
+
+TEST_CASE("multi_worker run_to_run: 20 steps equal one process on the same global batches (1e-5)") {
+  const ls::adam opt{.lr = 1e-3f};
+  ls::one_device<ls::cpu<0>> single;
+  const auto ref = train20<mlp_dropout>(single, opt);
+  for (std::size_t local : {1u, 2u}) {
+    CAPTURE(local);
+    ls::strategy_options o;
+    o.bucket_bytes = 4096;  // several buckets: their reductions overlap the backward pass
+    ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(local), o);
+    const auto got = train20<mlp_dropout>(s, opt);
+    CHECK(max_diff(got, ref) < 1e-5);
+    CHECK(same_on_every_rank(got));
+    // run to run: a second run gives the same bits
+    ls::multi_worker_mirrored<ls::cpus> again(ls::device_selection::first(local), o);
+    CHECK(train20<mlp_dropout>(again, opt) == got);
+  }
+}
+
+TEST_CASE("multi_worker replica_count_invariant: workers x replicas give bitwise one process's parameters") {
+  const ls::adam opt{.lr = 1e-3f};
+  ls::strategy_options o;
+  o.micro_shard_rows = 8;
+  ls::basic_mirrored<ls::host_allreduce, ls::determinism::replica_count_invariant, ls::cpus> single(
+      ls::device_selection::first(1), o);
+  const auto ref = train20<mlp_dropout>(single, opt);
+  ls::basic_mirrored<ls::host_allreduce, ls::determinism::replica_count_invariant, ls::cpus> four(
+      ls::device_selection::first(4), o);
+  CHECK(train20<mlp_dropout>(four, opt) == ref);  // 1 x 4
+  for (std::size_t local : {1u, 2u}) {            // W x 1 and W x 2 (with -np 2: 2 x 1, 2 x 2; -np 4: 4 x 1)
+    CAPTURE(local);
+    ls::multi_worker_mirrored<ls::cpus, ls::determinism::replica_count_invariant> s(ls::device_selection::first(local), o);
+    CHECK(train20<mlp_dropout>(s, opt) == ref);
+  }
+}
+
+TEST_CASE("multi_worker: every sample of an epoch reaches exactly one replica of one worker") {
+  ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(2));
+  const ls::shard_plan p = s.plan();
+  std::vector<std::uint64_t> mine;
+  std::uint64_t expected = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const auto db = ls::data::detail::make_sharded(make_batch(sizes[i], i), p.parts, p.first, s.num_replicas());
+    auto seen = s.run([](std::size_t, const ls::data::shard& sh) {
+      return std::vector<std::uint64_t>(sh.indices, sh.indices + sh.size);
+    }, db);
+    for (auto& v : seen) mine.insert(mine.end(), v.begin(), v.end());
+    expected += sizes[i];
+  }
+  const int n = static_cast<int>(mine.size());
+  std::vector<int> counts(static_cast<std::size_t>(world_size())), displs(counts.size());
+  MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  int total = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    displs[i] = total;
+    total += counts[i];
+  }
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(total));
+  MPI_Allgatherv(mine.data(), n, MPI_UINT64_T, all.data(), counts.data(), displs.data(), MPI_UINT64_T, MPI_COMM_WORLD);
+  CHECK(all.size() == expected);
+  std::sort(all.begin(), all.end());
+  CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());
+  std::vector<std::uint64_t> want;
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    for (std::size_t r = 0; r < sizes[i]; ++r) want.push_back(i * 1000 + r);
+  CHECK(all == want);
+}
+
+namespace {
+// A dataset of the 20 test batches (every epoch the same), for fit and evaluate.
+struct twenty_batches {
+  ls::data::generator<ls::data::batch> epoch(std::uint64_t) const {
+    for (std::size_t i = 0; i < sizes.size(); ++i) co_yield make_batch(sizes[i], i);
+  }
+};
+}  // namespace
+
+TEST_CASE("multi_worker: fit and evaluate cover every worker's samples; only rank 0 writes; a checkpoint of W workers resumes on one") {
+  const ls::adam opt{.lr = 1e-3f};
+  ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1));
+  // One directory for the whole job: rank 0's name, broadcast.
+  unsigned long long tag = static_cast<unsigned long long>(::getpid());
+  MPI_Bcast(&tag, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  const auto dir = std::filesystem::temp_directory_path() / ("lockstep-mpi-test-" + std::to_string(tag));
+  if (s.is_chief()) std::filesystem::remove_all(dir);
+  s.barrier();
+
+  ls::one_device<ls::cpu<0>> single;
+  auto ref = single.replicate<mlp>(ls::seed{7});
+  const auto ref_hist = ls::fit(single, ref, opt, ls::softmax_cross_entropy{}, twenty_batches{},
+                                {.epochs = 2, .validation = twenty_batches{}, .quiet = true});
+
+  auto m = s.replicate<mlp>(ls::seed{7});
+  ls::fit_options fo{.epochs = 1, .validation = twenty_batches{}, .quiet = true};
+  fo.checkpoint_dir = (dir / "ckpt").string();
+  fo.metrics_file = (dir / ("metrics-" + std::to_string(s.rank()) + ".jsonl")).string();
+  const auto h1 = ls::fit(s, m, opt, ls::softmax_cross_entropy{}, twenty_batches{}, fo);
+  s.barrier();
+  REQUIRE(h1.epochs.size() == 1);
+  CHECK(h1.epochs[0].samples == ref_hist.epochs[0].samples);
+  CHECK(h1.epochs[0].val_samples == ref_hist.epochs[0].val_samples);
+  CHECK(std::fabs(h1.epochs[0].train_loss - ref_hist.epochs[0].train_loss) < 1e-6);
+  CHECK(std::fabs(h1.epochs[0].train_accuracy - ref_hist.epochs[0].train_accuracy) < 1e-12);
+  CHECK(std::fabs(h1.epochs[0].val_loss - ref_hist.epochs[0].val_loss) < 1e-5);
+  CHECK(std::filesystem::exists(dir / "metrics-0.jsonl"));
+  for (int r = 1; r < world_size(); ++r) CHECK_FALSE(std::filesystem::exists(dir / ("metrics-" + std::to_string(r) + ".jsonl")));
+
+  const auto ev = ls::evaluate(s, m, ls::softmax_cross_entropy{}, twenty_batches{});
+  std::uint64_t total = 0;
+  for (const auto n : sizes) total += n;
+  CHECK(ev.samples == total);
+  CHECK(std::fabs(ev.loss - ls::evaluate(single, ref, ls::softmax_cross_entropy{}, twenty_batches{}).loss) < 1.0);
+
+  // Resume the 2-worker checkpoint in one process (each rank on its own), finish epoch 2.
+  auto solo_m = single.replicate<mlp>(ls::seed{7});
+  ls::fit_options ro{.epochs = 2, .quiet = true};
+  ro.checkpoint_dir = (dir / "ckpt").string();
+  ro.resume = true;
+  // Resuming writes a checkpoint; give every rank its own copy of the directory.
+  const auto mine = dir / ("resume-" + std::to_string(s.rank()));
+  std::filesystem::copy(dir / "ckpt", mine);
+  ro.checkpoint_dir = mine.string();
+  const auto h2 = ls::fit(single, solo_m, opt, ls::softmax_cross_entropy{}, twenty_batches{}, ro);
+  CHECK(h2.resumed_from_step == 20);
+  CHECK(max_diff(solo_m.parameters_to_host(), ref.parameters_to_host()) < 1e-5);
+  s.barrier();
+  if (s.is_chief()) std::filesystem::remove_all(dir);
+}
