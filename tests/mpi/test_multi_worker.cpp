@@ -23,7 +23,7 @@ namespace {
 namespace ls = lockstep;
 
 using mlp = ls::sequential<ls::dense<784, 32>, ls::relu, ls::dense<32, 10>>;
-using mlp_dropout = ls::sequential<ls::dense<784, 32>, ls::relu, ls::dropout<0.25>, ls::dense<32, 10>>;
+using mlp_dropout = ls::sequential<ls::dense<784, 32>, ls::relu, ls::dropout<1, 4>, ls::dense<32, 10>>;
 
 int world_rank() {
   int r = 0;
