@@ -1,6 +1,7 @@
 // The complete examples of docs/extending.md, compiled and run: a user-defined layer, loss,
 // optimiser and pipeline stage, written outside the library's namespace against its concepts,
-// composed with the library's own pieces and trained on two replicas. The text between
+// composed with the library's own pieces, trained on two replicas, and run through the public
+// conformance suites. The text between
 // `example-begin NAME` and `example-end` is what the page shows (tests/extending/check_docs.cmake
 // checks that the page and this file agree).
 
@@ -129,9 +130,9 @@ struct sign_step {
   T* p;
   const T* g;
   T* velocity;
-  T lr, beta;
+  T lr, beta, scale;
   LOCKSTEP_HD void operator()(std::size_t i) const {
-    velocity[i] = beta * velocity[i] + (T(1) - beta) * g[i];
+    velocity[i] = beta * velocity[i] + (T(1) - beta) * (g[i] * scale);
     p[i] -= lr * (velocity[i] > T(0) ? T(1) : velocity[i] < T(0) ? T(-1) : T(0));
   }
 };
@@ -148,8 +149,8 @@ struct sign_momentum {
   // grads hold SUMS over the global batch: info.grad_scale (1 / global count) makes them means.
   template <class T, class Ctx>
   void update(Ctx& ctx, T* p, const T* g, T* state, std::size_t n, const lockstep::update_info& info) const {
-    (void)info.grad_scale;  // the sign of the mean is the sign of the sum
-    for_each_index(ctx, n, sign_step<T>{p, g, state, static_cast<T>(info.lr), static_cast<T>(beta)});
+    for_each_index(ctx, n, sign_step<T>{p, g, state, static_cast<T>(info.lr), static_cast<T>(beta),
+                                        static_cast<T>(info.grad_scale)});
   }
 };
 
@@ -247,38 +248,26 @@ TEST_CASE("extending: every_nth keeps exactly the elements at multiples of n, la
   CHECK_THROWS_AS(my::every_nth{0}, ls::config_error);
 }
 
-TEST_CASE("extending: scale_shift's gradients match finite differences (double, batch sizes 0, 1, 5)") {
-  using B = ls::bind_t<my::scale_shift, 3>;
-  ls::host_context ctx;
-  for (std::size_t rows : {0u, 1u, 5u}) {
-    CAPTURE(rows);
-    std::vector<double> p(B::param_count), x(rows * 3), dy(rows * 3), y(rows * 3), dx(rows * 3), dp(B::param_count, -1);
-    B::init(p.data(), ls::counter_rng(1, 2));
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      x[i] = std::sin(double(i) + 0.5);
-      dy[i] = std::cos(double(i) * 1.3);
-    }
-    B::forward(ctx, p.data(), x.data(), y.data(), static_cast<double*>(nullptr), rows, {});
-    B::backward(ctx, p.data(), x.data(), y.data(), dy.data(), dx.data(), dp.data(), static_cast<double*>(nullptr), rows, {});
-    const auto objective = [&](const std::vector<double>& pp, const std::vector<double>& xx) {
-      std::vector<double> yy(rows * 3);
-      B::forward(ctx, pp.data(), xx.data(), yy.data(), static_cast<double*>(nullptr), rows, {});
-      double s = 0;
-      for (std::size_t i = 0; i < yy.size(); ++i) s += yy[i] * dy[i];
-      return s;
-    };
-    const double h = 1e-6;
-    for (std::size_t k = 0; k < p.size(); ++k) {
-      auto a = p, b = p;
-      a[k] += h;
-      b[k] -= h;
-      CHECK(dp[k] == doctest::Approx((objective(a, x) - objective(b, x)) / (2 * h)).epsilon(1e-6));
-    }
-    for (std::size_t k = 0; k < x.size(); ++k) {
-      auto a = x, b = x;
-      a[k] += h;
-      b[k] -= h;
-      CHECK(dx[k] == doctest::Approx((objective(p, a) - objective(p, b)) / (2 * h)).epsilon(1e-6));
+// example-begin conformance
+#include <lockstep/testing/layer.hpp>
+#include <lockstep/testing/loss.hpp>
+#include <lockstep/testing/optimizer.hpp>
+
+// The layer at two widths, the loss, and the optimiser through the library's conformance suites.
+TEST_CASE_TEMPLATE_INVOKE(lockstep_layer_conformance, lockstep::bind_t<my::scale_shift, 1>,
+                          lockstep::bind_t<my::scale_shift, 7>);
+TEST_CASE_TEMPLATE_INVOKE(lockstep_loss_conformance, my::huber);
+
+// The optimiser's definition as scalar code: the suite compares update with it.
+template <>
+struct lockstep::testing::optimizer_reference<my::sign_momentum> {
+  static void update(const my::sign_momentum& o, double* p, const double* g, double* v, std::size_t n,
+                     const lockstep::update_info& u) {
+    for (std::size_t i = 0; i < n; ++i) {
+      v[i] = o.beta * v[i] + (1 - o.beta) * (g[i] * u.grad_scale);
+      p[i] -= u.lr * (v[i] > 0 ? 1.0 : v[i] < 0 ? -1.0 : 0.0);
     }
   }
-}
+};
+TEST_CASE_TEMPLATE_INVOKE(lockstep_optimizer_conformance, my::sign_momentum);
+// example-end
