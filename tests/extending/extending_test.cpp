@@ -252,8 +252,9 @@ TEST_CASE("extending: every_nth keeps exactly the elements at multiples of n, la
 #include <lockstep/testing/layer.hpp>
 #include <lockstep/testing/loss.hpp>
 #include <lockstep/testing/optimizer.hpp>
+#include <lockstep/testing/stage.hpp>
 
-// The layer at two widths, the loss, and the optimiser through the library's conformance suites.
+// The layer at two widths, the loss, the optimiser and the stage through the library's suites.
 TEST_CASE_TEMPLATE_INVOKE(lockstep_layer_conformance, lockstep::bind_t<my::scale_shift, 1>,
                           lockstep::bind_t<my::scale_shift, 7>);
 TEST_CASE_TEMPLATE_INVOKE(lockstep_loss_conformance, my::huber);
@@ -270,4 +271,11 @@ struct lockstep::testing::optimizer_reference<my::sign_momentum> {
   }
 };
 TEST_CASE_TEMPLATE_INVOKE(lockstep_optimizer_conformance, my::sign_momentum);
+
+// The stage, described for the stage suite: made from a seed (unused), drops elements.
+struct every_third {
+  static my::every_nth make(std::uint64_t) { return my::every_nth{3}; }
+  static constexpr bool keeps_all = false;
+};
+TEST_CASE_TEMPLATE_INVOKE(lockstep_stage_conformance, every_third);
 // example-end
