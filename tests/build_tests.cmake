@@ -33,7 +33,8 @@ add_library(lockstep_header_check OBJECT ${_lockstep_header_tus})
 target_link_libraries(lockstep_header_check PRIVATE lockstep::lockstep lockstep_warnings)
 add_test(NAME build/headers_compile_alone
          COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target lockstep_header_check)
-set_tests_properties(build/headers_compile_alone PROPERTIES LABELS "build" TIMEOUT 900)
+set_tests_properties(build/headers_compile_alone PROPERTIES LABELS "build" TIMEOUT 900
+                     RESOURCE_LOCK lockstep_build_tree)  # one cmake --build of this tree at a time
 
 # --- consumers: find_package after install, and add_subdirectory -------------------------------
 set(_consumer_args

@@ -63,6 +63,15 @@ struct closure {};
 template <class C>
 concept pipe_closure = std::derived_from<std::remove_cvref_t<C>, closure<std::remove_cvref_t<C>>>;
 
+/// A pipeline stage for elements of type T: a closure (derived from `closure<C>`) whose
+/// `operator()` takes a `dataset<T>` and returns a dataset (of T or of another type). Rules a stage
+/// keeps (docs/extending.md): every upstream element is passed on at most once and none is dropped
+/// silently; the order of `epoch(e)` depends only on the upstream and (seed, e); exceptions thrown
+/// by the stage's coroutine reach the consumer.
+template <class C, class T>
+concept pipeline_stage = pipe_closure<C> && std::invocable<const std::remove_cvref_t<C>&, dataset<T>> &&
+                         is_dataset_v<std::invoke_result_t<const std::remove_cvref_t<C>&, dataset<T>>>;
+
 /// Two closures applied one after the other; itself a closure.
 template <class First, class Second>
 struct composed : closure<composed<First, Second>> {

@@ -21,6 +21,7 @@
 #include <concepts>
 #include <cstddef>
 
+#include <lockstep/backend/context.hpp>
 #include <lockstep/backend/host/context.hpp>
 #include <lockstep/distribute/concepts.hpp>
 
@@ -82,13 +83,54 @@ struct single_device_reducer {
   void reset() noexcept {}
 };
 
-/// The default reducer of a device set. This primary template is chosen only when no path exists.
+namespace detail {
+/// Why Devices... (several of them) have no default reducer; each diagnosis names one cause.
+template <class... Devices>
+struct no_reducer_diagnosis {
+  static constexpr bool all_cpu = (is_cpu_v<Devices> && ...);
+  static constexpr bool all_gpu = (is_gpu_v<Devices> && ...);
+  static constexpr bool mixed = !all_cpu && !all_gpu && ((is_cpu_v<Devices> || is_gpu_v<Devices>) && ...);
+  static constexpr bool gpu_backend = backend_traits<gpus>::registered;
+  static constexpr bool distinct_gpus = [] {
+    if constexpr (!all_gpu) {
+      return false;
+    } else {
+      constexpr std::size_t ord[] = {static_cast<std::size_t>(Devices::ordinal)...};
+      for (std::size_t i = 0; i < sizeof...(Devices); ++i)
+        for (std::size_t j = i + 1; j < sizeof...(Devices); ++j)
+          if (ord[i] == ord[j]) return false;
+      return true;
+    }
+  }();
+#if defined(LOCKSTEP_HAS_NCCL)
+  static constexpr bool nccl = true;
+#else
+  static constexpr bool nccl = false;
+#endif
+};
+}  // namespace detail
+
+/// The default reducer of a device set. This primary template is chosen only when no path exists;
+/// its message names the one cause that applies.
 template <class... Devices>
 struct select_reducer {
-  static_assert(detail::always_false<Devices...>,
-                "lockstep: no reducer for this device set. All cpu<I> devices use host_allreduce; gpu<I> devices "
-                "need the CUDA backend (#include <lockstep/backend/cuda.hpp>, built with LOCKSTEP_HAS_CUDA); cpu and "
-                "gpu devices cannot share one strategy; or name a reducer explicitly with basic_mirrored<Reducer, ...>");
+  using why = detail::no_reducer_diagnosis<Devices...>;  ///< the diagnosis
+  static_assert(!why::mixed, "lockstep: no reducer for this device set: cpu<I> and gpu<I> devices cannot share one "
+                             "strategy; use one strategy per device kind");
+  static_assert(!(why::all_gpu && !why::gpu_backend),
+                "lockstep: no reducer for this device set: gpu<I> devices need the CUDA backend; #include "
+                "<lockstep/backend/cuda.hpp> in a .cu file compiled by nvcc and link lockstep::cuda");
+  static_assert(!(why::all_gpu && why::gpu_backend && why::distinct_gpus && !why::nccl),
+                "lockstep: no reducer for this device set: several distinct gpu<I> need NCCL; install NCCL where "
+                "CMake finds it (cmake/FindNCCL.cmake, NCCL_ROOT) with LOCKSTEP_CUDA=AUTO or ON and link lockstep::nccl "
+                "(which defines LOCKSTEP_HAS_NCCL)");
+  static_assert(!(why::all_gpu && why::gpu_backend && !why::distinct_gpus),
+                "lockstep: no reducer for this device set: a gpu<I> listed more than once next to other GPUs has no "
+                "default reducer (all on one GPU, or all distinct, have one); name a reducer with "
+                "basic_mirrored<Reducer, ...>");
+  static_assert(why::mixed || why::all_gpu,
+                "lockstep: no reducer for this device set: its device kind's backend offers no default reducer; "
+                "specialise lockstep::select_reducer for it, or name a reducer with basic_mirrored<Reducer, ...>");
   using type = void;  ///< no reducer
 };
 

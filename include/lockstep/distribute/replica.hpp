@@ -95,7 +95,7 @@ public:
   /// (zeroed) on the first call and must keep its size: one optimiser kind per replica.
   template <class Optimizer>
   void apply(const Optimizer& opt, const update_info& u) {
-    static_assert(optimizer<Optimizer>, "lockstep::replica::apply: the argument must satisfy lockstep::optimizer");
+    static_assert(detail::check_optimizer<Optimizer, T, context_type>());  // names a missing member
     const std::size_t need = opt.state_size(model_type::param_count);
     if (state_.size() != need) {
       on_device(ctx_);
@@ -133,7 +133,7 @@ private:
   static constexpr std::size_t max_loss_scratch_per_row = 4;
   template <class Loss>
   static constexpr void check_loss() {
-    static_assert(loss<Loss>, "lockstep::replica: the loss must satisfy lockstep::loss (opt in with loss_tag)");
+    static_assert(detail::check_loss<Loss, T, context_type>());  // names a missing member
     static_assert(Loss::scratch_per_row <= max_loss_scratch_per_row,
                   "lockstep::replica: this loss asks for more scratch per row than a replica reserves");
   }

@@ -8,6 +8,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include <lockstep/core/random.hpp>
 
@@ -36,8 +37,10 @@ constexpr std::uint64_t layer_rng_stream(std::uint64_t layer_stream, rng_purpose
   return mix_stream(mix_stream(layer_stream, static_cast<std::uint64_t>(purpose)), step);
 }
 
-/// A bound layer: fixed input and output widths, a parameter count, a per-sample workspace, and
-/// static init / forward / backward over flat arrays (see dense.hpp for the reference shape).
+/// A bound layer's shape, each a `static constexpr std::size_t`:
+///   - `input_size`, `output_size`: features in and out per row;
+///   - `param_count`: elements of the layer's slice of the flat parameter (and gradient) buffer;
+///   - `workspace_per_sample`: elements of scratch per row that forward keeps for backward.
 template <class B>
 concept bound_layer = requires {
   { B::input_size } -> std::convertible_to<std::size_t>;
@@ -46,14 +49,86 @@ concept bound_layer = requires {
   { B::workspace_per_sample } -> std::convertible_to<std::size_t>;
 };
 
-/// An unbound layer: opts in with layer_tag, names the input width it expects (0 when it takes
-/// any width, as activations do) and can be bound to an accepted width.
+namespace detail {
+/// B has `static void init(T* params, const counter_rng&)`.
+template <class B, class T>
+concept bound_layer_init = requires(T* p, const counter_rng& rng) {
+  { B::init(p, rng) } -> std::same_as<void>;
+};
+/// B has `static void forward(Ctx&, const T*, const T*, T*, T*, std::size_t, const pass_info&)`.
+template <class B, class T, class Ctx>
+concept bound_layer_forward = requires(Ctx& ctx, const T* c, T* m, std::size_t n, const pass_info& info) {
+  { B::forward(ctx, c, c, m, m, n, info) } -> std::same_as<void>;
+};
+/// B has `static void backward(Ctx&, const T*, const T*, const T*, const T*, T*, T*, T*,
+/// std::size_t, const pass_info&)`.
+template <class B, class T, class Ctx>
+concept bound_layer_backward = requires(Ctx& ctx, const T* c, T* m, std::size_t n, const pass_info& info) {
+  { B::backward(ctx, c, c, c, c, m, m, m, n, info) } -> std::same_as<void>;
+};
+}  // namespace detail
+
+/// A bound layer the library can run with element type T on contexts of type Ctx: its shape
+/// (`bound_layer`) and the three static functions the library calls, exactly:
+///   - `static void init(T* params, const counter_rng& rng)`: fills the layer's parameters (host
+///     memory) from its own random stream;
+///   - `static void forward(Ctx& ctx, const T* params, const T* x, T* y, T* workspace,
+///     std::size_t batch, const pass_info& info)`: y (batch x output_size) from x (batch x
+///     input_size); may keep up to batch * workspace_per_sample elements in workspace;
+///   - `static void backward(Ctx& ctx, const T* params, const T* x, const T* y, const T* dy, T* dx,
+///     T* dparams, T* workspace, std::size_t batch, const pass_info& info)`: OVERWRITES dparams
+///     with the gradient of the loss sum and, when dx is not null, writes the input gradient.
+/// Nothing else of a bound layer is used (an optional `layer_count` marks a nested sequential).
+template <class B, class T, class Ctx>
+concept bound_layer_for = bound_layer<B> && detail::bound_layer_init<B, T> && detail::bound_layer_forward<B, T, Ctx> &&
+                          detail::bound_layer_backward<B, T, Ctx>;
+
+/// An unbound layer. Required members:
+///   - `using layer_concept = lockstep::layer_tag;` (the opt-in, so nothing is a layer by accident);
+///   - `static constexpr std::size_t expected_input`: the one input width it accepts, or 0 for any;
+///   - `template <std::size_t In> struct bind` (or an alias template): the bound layer for input
+///     width In, a `bound_layer_for` each element type and context the layer supports;
+///   - optionally `template <std::size_t In> static constexpr bool accepts`, which refines the
+///     accepted widths (sequential uses it to check a whole nested chain).
 template <class L>
 concept layer = requires {
   typename L::layer_concept;
   requires std::same_as<typename L::layer_concept, layer_tag>;
   { L::expected_input } -> std::convertible_to<std::size_t>;
 };
+
+namespace detail {
+/// Checks bound layer B for element type T and context Ctx member by member, so that a layer that
+/// lacks one is told which; the library calls it where it first runs a bound layer.
+template <class B, class T, class Ctx>
+constexpr bool check_bound_layer() {
+  if constexpr (std::is_void_v<B>) {
+    return true;  // a sequential whose shapes do not chain: reported by layer_shape_mismatch
+  } else {
+    static_assert(requires { { B::input_size } -> std::convertible_to<std::size_t>; },
+                  "lockstep: a bound layer needs `static constexpr std::size_t input_size`");
+    static_assert(requires { { B::output_size } -> std::convertible_to<std::size_t>; },
+                  "lockstep: a bound layer needs `static constexpr std::size_t output_size`");
+    static_assert(requires { { B::param_count } -> std::convertible_to<std::size_t>; },
+                  "lockstep: a bound layer needs `static constexpr std::size_t param_count`");
+    static_assert(requires { { B::workspace_per_sample } -> std::convertible_to<std::size_t>; },
+                  "lockstep: a bound layer needs `static constexpr std::size_t workspace_per_sample`");
+    static_assert(bound_layer_init<B, T>,
+                  "lockstep: a bound layer needs `static void init(T* params, const lockstep::counter_rng& rng)`");
+    static_assert(bound_layer_forward<B, T, Ctx>,
+                  "lockstep: a bound layer needs `static void forward(Ctx& ctx, const T* params, const T* x, T* y, "
+                  "T* workspace, std::size_t batch, const lockstep::pass_info& info)`");
+    static_assert(bound_layer_backward<B, T, Ctx>,
+                  "lockstep: a bound layer needs `static void backward(Ctx& ctx, const T* params, const T* x, "
+                  "const T* y, const T* dy, T* dx, T* dparams, T* workspace, std::size_t batch, "
+                  "const lockstep::pass_info& info)`");
+    if constexpr (requires { B::template check_layers<T, Ctx>(); })
+      return B::template check_layers<T, Ctx>();  // a sequential: its layers too
+    else
+      return true;  // each missing member was named above
+  }
+}
+}  // namespace detail
 
 /// True when layer L accepts input width In.
 template <class L, std::size_t In>

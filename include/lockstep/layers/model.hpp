@@ -47,6 +47,7 @@ public:
   using value_type = T;                                     ///< parameter type
   using device_type = Kind;                                 ///< the device kind the buffers live on
   using context_type = context_t<Kind>;                     ///< the context kernels run with
+  static_assert(detail::check_bound_layer<bound, T, context_type>());  // names a missing member
   static constexpr std::size_t input_size = bound::input_size;    ///< features per input row
   static constexpr std::size_t output_size = bound::output_size;  ///< outputs per row
   static constexpr std::size_t param_count = bound::param_count;  ///< length of the flat buffers

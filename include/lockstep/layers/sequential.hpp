@@ -4,7 +4,9 @@
 /// a flat type list: widths are chained once at compile time and forward / backward are fold
 /// expressions over the list, never a recursive nesting of types. A width mismatch between two
 /// consecutive layers fails to compile with `layer_shape_mismatch<Position, Given, Expected>` in the
-/// message; `composable<Layers...>` tests the same thing in a requires-expression.
+/// message (`nested_layer_shape_mismatch<layer_path<Outer, Inner>, Given, Expected>` when the two
+/// layers are inside a nested sequential); `composable<Layers...>` tests the same in a
+/// requires-expression.
 
 #include <algorithm>
 #include <array>
@@ -38,12 +40,44 @@ constexpr bool layer_accepts() {
     return accepts_v<L, In>;
 }
 
+}  // namespace detail
+
+/// The positions of a layer inside nested sequentials, outermost first (0-based); it names the
+/// place of a shape mismatch in compile errors.
+template <std::size_t... Positions>
+struct layer_path {};
+
+namespace detail {
+
+template <std::size_t P, class Path>
+struct prepend_position;
+template <std::size_t P, std::size_t... Ps>
+struct prepend_position<P, layer_path<Ps...>> {
+  using type = layer_path<P, Ps...>;
+};
+
 template <std::size_t Pos, std::size_t In, class... Ls>
 struct chain {
   using bound = type_list<>;
   static constexpr bool ok = true;
   static constexpr std::size_t output = In;
-  static constexpr std::size_t bad_position = 0, bad_input = 0, bad_expected = 0;
+  using bad_path = layer_path<>;
+  static constexpr std::size_t bad_input = 0, bad_expected = 0;
+};
+
+/// Where layer L at position Pos fails for input width In: inside L when L is a chain (a nested
+/// sequential) that takes width In at its entrance, else at L itself.
+template <std::size_t Pos, std::size_t In, class L>
+struct mismatch_at {
+  using path = layer_path<Pos>;
+  static constexpr std::size_t given = In, expected = L::expected_input;
+};
+template <std::size_t Pos, std::size_t In, class L>
+  requires requires { L::template chain_at<In>::ok; } && (L::expected_input == 0 || L::expected_input == In)
+struct mismatch_at<Pos, In, L> {
+  using inner = typename L::template chain_at<In>;
+  using path = typename prepend_position<Pos, typename inner::bad_path>::type;
+  static constexpr std::size_t given = inner::bad_input, expected = inner::bad_expected;
 };
 
 template <bool Accepted, std::size_t Pos, std::size_t In, class L, class... Ls>
@@ -51,7 +85,9 @@ struct chain_step {
   using bound = type_list<>;
   static constexpr bool ok = false;
   static constexpr std::size_t output = 0;
-  static constexpr std::size_t bad_position = Pos, bad_input = In, bad_expected = L::expected_input;
+  using bad_path = typename mismatch_at<Pos, In, L>::path;
+  static constexpr std::size_t bad_input = mismatch_at<Pos, In, L>::given,
+                               bad_expected = mismatch_at<Pos, In, L>::expected;
 };
 
 template <std::size_t Pos, std::size_t In, class L, class... Ls>
@@ -61,8 +97,8 @@ struct chain_step<true, Pos, In, L, Ls...> {
   using bound = typename prepend<head, typename tail::bound>::type;
   static constexpr bool ok = tail::ok;
   static constexpr std::size_t output = tail::output;
-  static constexpr std::size_t bad_position = tail::bad_position, bad_input = tail::bad_input,
-                               bad_expected = tail::bad_expected;
+  using bad_path = typename tail::bad_path;
+  static constexpr std::size_t bad_input = tail::bad_input, bad_expected = tail::bad_expected;
 };
 
 template <std::size_t Pos, std::size_t In, class L, class... Ls>
@@ -78,6 +114,16 @@ struct layer_shape_mismatch {
   static_assert(Position != Position,
                 "lockstep::sequential: the layer at Position receives Given features from the layer "
                 "before it (or from the model input) but expects Expected; see the template arguments");
+};
+
+/// Reported when a layer inside a nested sequential receives Given features but expects
+/// Expected. Path is `layer_path<Outer, ..., Inner>`: the position of the nested sequential in the
+/// outer one, then the position inside it (0-based), as the compiler's message shows.
+template <class Path, std::size_t Given, std::size_t Expected>
+struct nested_layer_shape_mismatch {
+  static_assert(Given != Given,
+                "lockstep::sequential: inside a nested sequential, the layer at Path (outer position first) "
+                "receives Given features but expects Expected; see the template arguments");
 };
 
 namespace detail {
@@ -154,9 +200,19 @@ public:
   template <std::size_t I>
   using layer_type = std::tuple_element_t<I, std::tuple<Bs...>>;
 
+  /// Checks every layer member by member for element type T and context Ctx (the model calls
+  /// this, so that a layer missing a member is named however deep it is nested).
+  template <class T, class Ctx>
+  static constexpr bool check_layers() {
+    return (check_bound_layer<Bs, T, Ctx>() && ...);
+  }
+
   /// Initialises every layer from its own stream, derived from `rng`'s stream and the position.
   template <class T>
   static void init(T* p, const counter_rng& rng) {
+    static_assert((detail::bound_layer_init<Bs, T> && ...),
+                  "lockstep: a bound layer of this sequential needs `static void init(T* params, const "
+                  "lockstep::counter_rng& rng)`");
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (layer_type<I>::init(p + param_offsets[I], counter_rng(rng.seed(), mix_stream(rng.stream(), I))), ...);
     }(std::make_index_sequence<layer_count>{});
@@ -166,6 +222,7 @@ public:
   /// batch * workspace_per_sample elements kept for backward.
   template <class T, class Ctx>
   static void forward(Ctx& ctx, const T* p, const T* x, T* y, T* ws, std::size_t batch, const pass_info& info) {
+    static_assert(check_layers<T, Ctx>());
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (layer_type<I>::forward(ctx, p + param_offsets[I], input_of<I>(x, ws, batch), output_of<I>(y, ws, batch),
                               ws + batch * scratch_offsets[I], batch, child(info, I)),
@@ -230,9 +287,14 @@ template <bool Ok, class Chain, std::size_t In>
 struct checked_bind {
   using type = bound_sequential<In, typename Chain::bound>;
 };
+template <class Path, std::size_t Given, std::size_t Expected>
+struct shape_mismatch_report : nested_layer_shape_mismatch<Path, Given, Expected> {};
+template <std::size_t Position, std::size_t Given, std::size_t Expected>
+struct shape_mismatch_report<layer_path<Position>, Given, Expected> : layer_shape_mismatch<Position, Given, Expected> {};
+
 template <class Chain, std::size_t In>
 struct checked_bind<false, Chain, In>
-    : layer_shape_mismatch<Chain::bad_position, Chain::bad_input, Chain::bad_expected> {
+    : shape_mismatch_report<typename Chain::bad_path, Chain::bad_input, Chain::bad_expected> {
   using type = void;
 };
 
@@ -252,6 +314,10 @@ struct sequential {
   /// True when the whole chain is valid from input width In.
   template <std::size_t In>
   static constexpr bool accepts = detail::chain<0, In, Layers...>::ok;
+
+  /// The chain of widths from input width In (where a mismatch is, for the enclosing sequential's message).
+  template <std::size_t In>
+  using chain_at = detail::chain<0, In, Layers...>;
 
   /// The sequential bound to input width In (a shape mismatch is reported here, with its position).
   template <std::size_t In>

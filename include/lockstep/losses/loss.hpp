@@ -33,14 +33,52 @@ struct loss_sum {
 template <class L>
 inline constexpr bool counts_correct_v = requires { requires L::counts_correct; };
 
-/// A loss: opts in with loss_tag; `evaluate(ctx, out, rows, cols, targets, grad, scratch)` writes the
-/// gradient of the summed loss into grad (when not null) and returns the sum and count.
-/// `scratch_per_row` says how many T of scratch per row it needs.
+/// A loss, its device-independent part. Required members:
+///   - `using loss_concept = lockstep::loss_tag;` (the opt-in);
+///   - `static constexpr std::size_t scratch_per_row`: elements of scratch per row that evaluate
+///     may use (at most 4: a replica reserves that much);
+///   - optionally `static constexpr bool counts_correct = true;` when evaluate fills
+///     loss_sum::correct (the top-1 hits), so that training accuracy needs no read-back.
+/// Which element types and contexts it runs on is `loss_for<L, T, Ctx>`.
 template <class L>
 concept loss = requires {
   typename L::loss_concept;
   requires std::same_as<typename L::loss_concept, loss_tag>;
   { L::scratch_per_row } -> std::convertible_to<std::size_t>;
 };
+
+namespace detail {
+/// L has `loss_sum evaluate(Ctx&, const T*, std::size_t, std::size_t, const targets<T>&, T*, T*) const`.
+template <class L, class T, class Ctx>
+concept loss_evaluate = requires(const L& l, Ctx& ctx, const T* out, std::size_t n, const targets<T>& t, T* m) {
+  { l.evaluate(ctx, out, n, n, t, m, m) } -> std::same_as<loss_sum>;
+};
+}  // namespace detail
+
+/// A loss the library can evaluate with element type T on contexts of type Ctx: `loss<L>` and
+/// the one member function the library calls, on a const loss (a loss holds no batch state):
+///   - `loss_sum evaluate(Ctx& ctx, const T* out, std::size_t rows, std::size_t cols,
+///     const targets<T>& t, T* grad, T* scratch) const`: returns the SUM of the per-sample losses
+///     of the `rows` rows of `out` (rows x cols) and the count of samples summed; writes the
+///     gradient of that sum into grad (rows x cols) unless grad is null; may use
+///     rows * scratch_per_row elements of scratch. rows may be 0.
+template <class L, class T, class Ctx>
+concept loss_for = loss<L> && detail::loss_evaluate<L, T, Ctx>;
+
+namespace detail {
+/// Checks loss L for element type T and context Ctx member by member, so that a loss that lacks
+/// one is told which.
+template <class L, class T, class Ctx>
+constexpr bool check_loss() {
+  static_assert(requires { requires std::same_as<typename L::loss_concept, loss_tag>; },
+                "lockstep: a loss opts in with `using loss_concept = lockstep::loss_tag;`");
+  static_assert(requires { { L::scratch_per_row } -> std::convertible_to<std::size_t>; },
+                "lockstep: a loss needs `static constexpr std::size_t scratch_per_row`");
+  static_assert(loss_evaluate<L, T, Ctx>,
+                "lockstep: a loss needs `lockstep::loss_sum evaluate(Ctx& ctx, const T* out, std::size_t rows, "
+                "std::size_t cols, const lockstep::targets<T>& t, T* grad, T* scratch) const` (note the const)");
+  return true;  // each missing member was named above
+}
+}  // namespace detail
 
 }  // namespace lockstep

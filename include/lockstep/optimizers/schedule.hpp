@@ -4,12 +4,22 @@
 /// schedule exactly. Steps count from 0.
 
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <string>
 
 #include <lockstep/core/error.hpp>
 
 namespace lockstep {
+
+/// A learning-rate schedule: a copyable function object that fit calls as
+/// `float operator()(float base, std::uint64_t step) const`, giving the rate of update `step`
+/// (0-based) from the base rate. It must be a pure function of its arguments, so that a resumed
+/// run continues the schedule exactly.
+template <class S>
+concept learning_rate_schedule = std::copy_constructible<S> && requires(const S& s, float base, std::uint64_t step) {
+  { s(base, step) } -> std::convertible_to<float>;
+};
 
 /// The base learning rate at every step.
 struct constant_schedule {
@@ -43,7 +53,7 @@ struct cosine_schedule {
 
 /// Linear warm-up from base / (warmup + 1) to the base rate over `steps` steps, then `after`
 /// (counted from the end of the warm-up).
-template <class After = constant_schedule>
+template <learning_rate_schedule After = constant_schedule>
 struct warmup_schedule {
   std::uint64_t steps = 100;  ///< warm-up length
   After after{};              ///< schedule after the warm-up

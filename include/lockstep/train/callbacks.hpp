@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <lockstep/core/error.hpp>
+#include <lockstep/optimizers/schedule.hpp>
 
 namespace lockstep {
 
@@ -85,9 +86,20 @@ struct callback {
   std::function<void(std::span<const double>)> load_state;
 };
 
-/// A callback running `f(stats)` or `f(stats, control)` after every epoch.
+/// A function object run after every epoch: copyable (it is stored in a std::function) and
+/// callable as `f(const epoch_stats&)` or `f(const epoch_stats&, training_control&)`.
 template <class F>
-  requires std::invocable<F&, const epoch_stats&> || std::invocable<F&, const epoch_stats&, training_control&>
+concept epoch_callback = std::copy_constructible<F> && (std::invocable<F&, const epoch_stats&> ||
+                                                        std::invocable<F&, const epoch_stats&, training_control&>);
+
+/// A function object run after every update: copyable and callable as `f(double mean_loss)` or
+/// `f(double mean_loss, training_control&)`.
+template <class F>
+concept step_callback = std::copy_constructible<F> && (std::invocable<F&, double> ||
+                                                       std::invocable<F&, double, training_control&>);
+
+/// A callback running `f(stats)` or `f(stats, control)` after every epoch.
+template <epoch_callback F>
 callback on_epoch_end(F f) {
   callback c;
   if constexpr (std::invocable<F&, const epoch_stats&, training_control&>)
@@ -98,8 +110,7 @@ callback on_epoch_end(F f) {
 }
 
 /// A callback running `f(loss)` or `f(loss, control)` after every update.
-template <class F>
-  requires std::invocable<F&, double> || std::invocable<F&, double, training_control&>
+template <step_callback F>
 callback on_step_end(F f) {
   callback c;
   if constexpr (std::invocable<F&, double, training_control&>)
@@ -112,8 +123,7 @@ callback on_step_end(F f) {
 /// A callback applying a learning-rate schedule (constant_schedule, cosine_schedule, ... or any
 /// `float(float base, uint64 step)`). A schedule is a pure function of the step, so a resumed run
 /// continues it exactly.
-template <class Schedule>
-  requires std::invocable<const Schedule&, float, std::uint64_t>
+template <learning_rate_schedule Schedule>
 callback lr_schedule(Schedule s) {
   callback c;
   c.schedule = [s = std::move(s)](float base, std::uint64_t step) { return static_cast<float>(s(base, step)); };

@@ -272,7 +272,7 @@ evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eva
 /// are taken last. Every sample is counted exactly once — uneven last batches are split, never padded.
 template <class Strategy, class Replicated, class Loss>
 evaluation evaluate(Strategy& s, Replicated& m, const Loss& loss, const eval_data& data, const evaluate_options& o = {}) {
-  static_assert(lockstep::loss<Loss>, "lockstep::evaluate: the loss must satisfy lockstep::loss");
+  static_assert(detail::check_loss<Loss, typename Replicated::value_type, typename Replicated::context_type>());
   return detail::evaluate_core(detail::core_of(s), m, loss, data, o);
 }
 
@@ -672,8 +672,9 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
 template <class Strategy, class Replicated, class Optimizer, class Loss, batch_source Source>
 history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& loss, const Source& train,
             const fit_options& o = {}) {
-  static_assert(lockstep::optimizer<Optimizer>, "lockstep::fit: the optimizer must satisfy lockstep::optimizer");
-  static_assert(lockstep::loss<Loss>, "lockstep::fit: the loss must satisfy lockstep::loss");
+  // Member by member, so that a type that lacks one is told which.
+  static_assert(detail::check_optimizer<Optimizer, typename Replicated::value_type, typename Replicated::context_type>());
+  static_assert(detail::check_loss<Loss, typename Replicated::value_type, typename Replicated::context_type>());
   return detail::fit_core(detail::core_of(s), m, optimizer, loss, train, o);
 }
 

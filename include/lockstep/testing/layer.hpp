@@ -1,0 +1,227 @@
+#pragma once
+/// @file layer.hpp
+/// The public conformance suite of the layer concept, for doctest. Instantiate it for your own
+/// bound layers from your own test binary with one line:
+///
+///     TEST_CASE_TEMPLATE_INVOKE(lockstep_layer_conformance, lockstep::bind_t<my_layer, 7>);
+///
+/// It checks, in double on the host (`host_context`): the gradients of the inputs and of the
+/// parameters against central finite differences over batch sizes 0, 1, 7 and 64; that
+/// `backward` overwrites `dparams` and writes `dx` only when asked; that `init` writes exactly
+/// `param_count` elements and is a pure function of its generator (and, for a sequential, that
+/// `param_offsets` are the prefix sums of the layers' parameter counts); that forward is
+/// deterministic in train and in evaluation mode and leaves its input alone; and micro-shard
+/// invariance: a row's output does not depend on the other rows, nor on how the batch is split
+/// into shards (with `pass_info::sample_offset` set as a strategy sets it), the property that
+/// `determinism::replica_count_invariant` relies on.
+///
+/// A layer with a kink (relu) is checked at inputs that avoid it with high probability; one that
+/// needs other inputs specialises `lockstep::testing::layer_inputs<B>`. This header includes
+/// <doctest/doctest.h>: include it from a doctest test file compiled by a host compiler (doctest's
+/// template test cases do not work under nvcc).
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <lockstep/backend/host.hpp>
+#include <lockstep/core/random.hpp>
+#include <lockstep/layers/layer.hpp>
+
+namespace lockstep::testing {
+
+/// The inputs the layer suite feeds bound layer B: `value(i)` is element i of a batch. The default
+/// is a smooth, irregular sequence in [-1.5, 1.5] that stays clear of 0 (kinks) by at least 1e-3.
+template <class B>
+struct layer_inputs {
+  /// Element i of the input batch.
+  static double value(std::size_t i) {
+    const double v = 1.5 * std::sin(0.7 * static_cast<double>(i) + 0.3);
+    return std::abs(v) < 1e-3 ? 0.25 : v;
+  }
+};
+
+/// Tolerances of the suite's finite-difference checks (relative, with an absolute floor).
+struct gradient_tolerance {
+  double step = 1e-6;      ///< central-difference step
+  double relative = 1e-5;  ///< |analytic - numeric| <= relative * max(1, |numeric|)
+};
+
+namespace detail {
+
+/// One forward and backward of bound layer B in double on the host, with its own buffers.
+template <class B>
+struct layer_harness {
+  host_context ctx{1};
+  std::vector<double> params = std::vector<double>(B::param_count);
+
+  explicit layer_harness(std::uint64_t seed = 11) { B::init(params.data(), counter_rng(seed, 5)); }
+
+  /// y = forward(x) for `rows` rows.
+  std::vector<double> forward(const std::vector<double>& p, const std::vector<double>& x, std::size_t rows,
+                              const pass_info& info) {
+    std::vector<double> y(rows * B::output_size + 1), ws(rows * B::workspace_per_sample + 1);
+    B::forward(ctx, p.data(), x.data(), y.data(), ws.data(), rows, info);
+    y.pop_back();
+    return y;
+  }
+
+  /// The objective sum(forward(x) * w), whose gradient backward computes with dy = w.
+  double objective(const std::vector<double>& p, const std::vector<double>& x, const std::vector<double>& w,
+                   std::size_t rows, const pass_info& info) {
+    const std::vector<double> y = forward(p, x, rows, info);
+    double s = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) s += y[i] * w[i];
+    return s;
+  }
+};
+
+inline std::vector<double> weights(std::size_t n) {
+  std::vector<double> w(n);
+  for (std::size_t i = 0; i < n; ++i) w[i] = std::cos(1.3 * static_cast<double>(i) + 0.1);
+  return w;
+}
+
+template <class B>
+std::vector<double> inputs(std::size_t rows) {
+  std::vector<double> x(rows * B::input_size);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = layer_inputs<B>::value(i);
+  return x;
+}
+
+inline bool close(double analytic, double numeric, const gradient_tolerance& tol) {
+  return std::abs(analytic - numeric) <= tol.relative * std::max(1.0, std::abs(numeric));
+}
+
+}  // namespace detail
+
+/// The train-mode pass_info the suite uses (a fixed seed and step, this layer at stream 3).
+inline pass_info suite_train_info() { return pass_info{true, 17, 4, 0, 3}; }
+
+}  // namespace lockstep::testing
+
+/// The conformance suite of a bound layer B (see this file's comment).
+TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_conformance) {
+  namespace lt = lockstep::testing;
+  static_assert(lockstep::bound_layer_for<B, double, lockstep::host_context>,
+                "the layer suite runs the bound layer in double on the host");
+  const lt::gradient_tolerance tol{};
+
+  SUBCASE("gradients of inputs and parameters match central finite differences (batch 0, 1, 7, 64)") {
+    for (const bool training : {false, true}) {
+      for (const std::size_t rows : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{64}}) {
+        CAPTURE(training);
+        CAPTURE(rows);
+        lockstep::pass_info info = lt::suite_train_info();
+        info.training = training;
+        lt::detail::layer_harness<B> h;
+        const auto x = lt::detail::inputs<B>(rows);
+        const auto w = lt::detail::weights(rows * B::output_size);
+        const auto y = h.forward(h.params, x, rows, info);
+        std::vector<double> ws(rows * B::workspace_per_sample + 1), dx(rows * B::input_size + 1, -7.0),
+            dp(B::param_count + 1, -7.0);
+        {  // forward again into the workspace backward reads
+          std::vector<double> y2(rows * B::output_size + 1);
+          B::forward(h.ctx, h.params.data(), x.data(), y2.data(), ws.data(), rows, info);
+        }
+        B::backward(h.ctx, h.params.data(), x.data(), y.data(), w.data(), dx.data(), dp.data(), ws.data(), rows, info);
+        CHECK(dx.back() == -7.0);  // nothing written past the input gradient
+        CHECK(dp.back() == -7.0);  // nor past the parameter gradient
+        // Parameters: probe up to 40 of them, spread over the buffer.
+        const std::size_t pstride = std::max<std::size_t>(1, B::param_count / 40);
+        for (std::size_t k = 0; k < B::param_count; k += pstride) {
+          auto a = h.params, b = h.params;
+          a[k] += tol.step;
+          b[k] -= tol.step;
+          const double numeric = (h.objective(a, x, w, rows, info) - h.objective(b, x, w, rows, info)) / (2 * tol.step);
+          CAPTURE(k);
+          CHECK(lt::detail::close(dp[k], numeric, tol));  // also: backward OVERWRITES (-7 is gone)
+        }
+        // Inputs: probe up to 40 of them.
+        const std::size_t xstride = std::max<std::size_t>(1, x.size() / 40);
+        for (std::size_t k = 0; k < x.size(); k += xstride) {
+          auto a = x, b = x;
+          a[k] += tol.step;
+          b[k] -= tol.step;
+          const double numeric =
+              (h.objective(h.params, a, w, rows, info) - h.objective(h.params, b, w, rows, info)) / (2 * tol.step);
+          CAPTURE(k);
+          CHECK(lt::detail::close(dx[k], numeric, tol));
+        }
+        // Without dx the parameter gradient is the same and nothing is written to the input side.
+        std::vector<double> dp2(B::param_count + 1, 3.0);
+        B::backward(h.ctx, h.params.data(), x.data(), y.data(), w.data(), static_cast<double*>(nullptr), dp2.data(),
+                    ws.data(), rows, info);
+        for (std::size_t k = 0; k < B::param_count; ++k) CHECK(dp2[k] == doctest::Approx(dp[k]).epsilon(1e-12));
+      }
+    }
+  }
+
+  SUBCASE("init writes exactly param_count elements and is a pure function of its generator") {
+    std::vector<double> a(B::param_count + 2, 123.0), b(B::param_count + 2, -5.0);
+    B::init(a.data() + 1, lockstep::counter_rng(9, 2));
+    B::init(b.data() + 1, lockstep::counter_rng(9, 2));
+    CHECK(a.front() == 123.0);
+    CHECK(a.back() == 123.0);
+    for (std::size_t k = 0; k < B::param_count; ++k) {
+      CAPTURE(k);
+      CHECK(a[k + 1] == b[k + 1]);
+      CHECK(std::isfinite(a[k + 1]));
+    }
+    if constexpr (requires { B::param_offsets; B::params; }) {
+      std::size_t acc = 0;
+      for (std::size_t i = 0; i < B::params.size(); ++i) {
+        CHECK(B::param_offsets[i] == acc);
+        acc += B::params[i];
+      }
+      CHECK(acc == B::param_count);
+    }
+  }
+
+  SUBCASE("forward is deterministic in both modes and leaves its input alone") {
+    for (const bool training : {false, true}) {
+      CAPTURE(training);
+      lockstep::pass_info info = lt::suite_train_info();
+      info.training = training;
+      lt::detail::layer_harness<B> h;
+      const auto x = lt::detail::inputs<B>(13);
+      const auto x0 = x;
+      const auto y1 = h.forward(h.params, x, 13, info);
+      const auto y2 = h.forward(h.params, x, 13, info);
+      CHECK(x == x0);
+      CHECK(y1 == y2);
+      for (double v : y1) CHECK(std::isfinite(v));
+    }
+  }
+
+  SUBCASE("micro-shard invariance: a row's output does not depend on the other rows or on the split") {
+    for (const bool training : {false, true}) {
+      CAPTURE(training);
+      lockstep::pass_info info = lt::suite_train_info();
+      info.training = training;
+      lt::detail::layer_harness<B> h;
+      constexpr std::size_t rows = 29;
+      const auto x = lt::detail::inputs<B>(rows);
+      const auto whole = h.forward(h.params, x, rows, info);
+      for (const std::size_t cut : {std::size_t{1}, std::size_t{10}, std::size_t{28}}) {
+        CAPTURE(cut);
+        const std::vector<double> head(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(cut * B::input_size));
+        const std::vector<double> tail(x.begin() + static_cast<std::ptrdiff_t>(cut * B::input_size), x.end());
+        lockstep::pass_info second = info;
+        second.sample_offset = info.sample_offset + cut;  // as a strategy keys the second shard
+        const auto a = h.forward(h.params, head, cut, info);
+        const auto b = h.forward(h.params, tail, rows - cut, second);
+        for (std::size_t i = 0; i < whole.size(); ++i) {
+          const double part = i < a.size() ? a[i] : b[i - a.size()];
+          CAPTURE(i);
+          CHECK(std::abs(part - whole[i]) <= 1e-12 * std::max(1.0, std::abs(whole[i])));
+        }
+      }
+    }
+  }
+}

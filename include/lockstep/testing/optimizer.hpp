@@ -1,0 +1,174 @@
+#pragma once
+/// @file optimizer.hpp
+/// The public conformance suites of the optimiser and learning-rate schedule concepts, for
+/// doctest. Instantiate them for your own types from your own test binary:
+///
+///     TEST_CASE_TEMPLATE_INVOKE(lockstep_optimizer_conformance, my_optimizer);
+///     TEST_CASE_TEMPLATE_INVOKE(lockstep_schedule_conformance, my_schedule);
+///
+/// The optimiser suite runs `update` in double on the host over flat buffers of 0, 1, 13 and 1000
+/// parameters and checks: that it equals the reference when one is given (specialise
+/// `lockstep::testing::optimizer_reference<O>` with `static void update(const O&, double* p,
+/// const double* g, double* state, std::size_t n, const update_info&)`, scalar code written from
+/// the optimiser's definition); that the gradient is used only through `grads * grad_scale`; that
+/// it touches nothing outside its n parameters and state_size(n) state elements; and the state
+/// save/load round trip: k updates, a copy of the parameters and the state (what a checkpoint
+/// keeps), m more updates on the copy and on the original give bitwise the same buffers. The
+/// optimiser is value-initialised (`O{}`) with its `lr` set to 0.01.
+///
+/// The schedule suite checks that a schedule is a pure, finite, non-negative function of
+/// (base, step), non-decreasing in the base rate, whose copies agree, so a resumed run continues
+/// it exactly.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <lockstep/backend/host.hpp>
+#include <lockstep/optimizers/optimizer.hpp>
+#include <lockstep/optimizers/schedule.hpp>
+
+namespace lockstep::testing {
+
+/// The scalar reference of optimiser O; specialise it with a static `update` to have the suite
+/// compare against it (the primary template has none).
+template <class O>
+struct optimizer_reference {};
+
+namespace detail {
+
+/// Parameters, gradients and state of n parameters, with a guard element on each side.
+template <class O>
+struct optimizer_buffers {
+  std::size_t n, s;
+  std::vector<double> p, g, state;
+  optimizer_buffers(const O& o, std::size_t count)
+      : n(count), s(o.state_size(count)), p(count + 2, 77.0), g(count + 2, 77.0), state(s + 2, 77.0) {
+    for (std::size_t i = 0; i < n; ++i) {
+      p[i + 1] = std::sin(0.37 * static_cast<double>(i) + 1.0);
+      g[i + 1] = 3.0 * std::cos(1.1 * static_cast<double>(i));
+    }
+    for (std::size_t i = 0; i < s; ++i) state[i + 1] = 0.0;  // the library zeroes the state
+  }
+  void step(const O& o, const update_info& u) {
+    host_context ctx{1};
+    o.update(ctx, p.data() + 1, g.data() + 1, state.data() + 1, n, u);
+  }
+  void new_gradients(std::uint64_t k) {
+    for (std::size_t i = 0; i < n; ++i) g[i + 1] = 3.0 * std::cos(1.1 * static_cast<double>(i) + 0.7 * static_cast<double>(k));
+  }
+};
+
+template <class O>
+O suite_optimizer() {
+  O o{};
+  o.lr = 0.01f;
+  return o;
+}
+
+inline update_info info_at(std::uint64_t step, double grad_scale = 0.125) {
+  return update_info{0.01f, step, grad_scale};
+}
+
+}  // namespace detail
+}  // namespace lockstep::testing
+
+/// The conformance suite of an optimiser O (see this file's comment).
+TEST_CASE_TEMPLATE_DEFINE("lockstep optimizer conformance", O, lockstep_optimizer_conformance) {
+  namespace lt = lockstep::testing;
+  static_assert(lockstep::optimizer_for<O, double, lockstep::host_context>,
+                "the optimiser suite runs the optimiser in double on the host");
+  const O o = lt::detail::suite_optimizer<O>();
+
+  SUBCASE("updates stay inside the n parameters and state_size(n) state elements (n = 0, 1, 13, 1000)") {
+    for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{13}, std::size_t{1000}}) {
+      CAPTURE(n);
+      lt::detail::optimizer_buffers<O> b(o, n);
+      for (std::uint64_t k = 1; k <= 3; ++k) {
+        b.new_gradients(k);
+        b.step(o, lt::detail::info_at(k));
+      }
+      CHECK(b.p.front() == 77.0);
+      CHECK(b.p.back() == 77.0);
+      CHECK(b.g.front() == 77.0);
+      CHECK(b.g.back() == 77.0);
+      CHECK(b.state.front() == 77.0);
+      CHECK(b.state.back() == 77.0);
+      for (std::size_t i = 0; i < n; ++i) CHECK(std::isfinite(b.p[i + 1]));
+    }
+  }
+
+  if constexpr (requires(const O& oo, double* d, const double* c, std::size_t n, const lockstep::update_info& u) {
+                  lt::optimizer_reference<O>::update(oo, d, c, d, n, u);
+                }) {
+    SUBCASE("update equals the reference on flat buffers over several steps") {
+      for (const std::size_t n : {std::size_t{1}, std::size_t{13}, std::size_t{1000}}) {
+        CAPTURE(n);
+        lt::detail::optimizer_buffers<O> b(o, n), ref(o, n);
+        for (std::uint64_t k = 1; k <= 5; ++k) {
+          b.new_gradients(k);
+          ref.new_gradients(k);
+          b.step(o, lt::detail::info_at(k));
+          lt::optimizer_reference<O>::update(o, ref.p.data() + 1, ref.g.data() + 1, ref.state.data() + 1, n,
+                                             lt::detail::info_at(k));
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+          CAPTURE(i);
+          CHECK(b.p[i + 1] == doctest::Approx(ref.p[i + 1]).epsilon(1e-12));
+        }
+        for (std::size_t i = 0; i < b.s; ++i) CHECK(b.state[i + 1] == doctest::Approx(ref.state[i + 1]).epsilon(1e-12));
+      }
+    }
+  }
+
+  SUBCASE("the gradient counts only as grads * grad_scale") {
+    lt::detail::optimizer_buffers<O> scaled(o, 57), unscaled(o, 57);
+    for (std::uint64_t k = 1; k <= 4; ++k) {
+      scaled.new_gradients(k);
+      unscaled.new_gradients(k);
+      for (std::size_t i = 0; i < 57; ++i) unscaled.g[i + 1] *= 0.25;  // exact: a power of two
+      scaled.step(o, lt::detail::info_at(k, 0.25));
+      unscaled.step(o, lt::detail::info_at(k, 1.0));
+    }
+    CHECK(scaled.p == unscaled.p);
+    CHECK(scaled.state == unscaled.state);
+  }
+
+  SUBCASE("state save/load round trip: resuming from copies of the buffers is bitwise exact") {
+    lt::detail::optimizer_buffers<O> a(o, 101);
+    for (std::uint64_t k = 1; k <= 3; ++k) {
+      a.new_gradients(k);
+      a.step(o, lt::detail::info_at(k));
+    }
+    lt::detail::optimizer_buffers<O> b = a;  // what a checkpoint keeps: parameters and state
+    const O restored = o;                    // and the optimiser's hyper-parameters
+    for (std::uint64_t k = 4; k <= 6; ++k) {
+      a.new_gradients(k);
+      b.new_gradients(k);
+      a.step(o, lt::detail::info_at(k));
+      b.step(restored, lt::detail::info_at(k));
+    }
+    CHECK(a.p == b.p);
+    CHECK(a.state == b.state);
+  }
+}
+
+/// The conformance suite of a learning-rate schedule S (value-initialised; see this file's comment).
+TEST_CASE_TEMPLATE_DEFINE("lockstep schedule conformance", S, lockstep_schedule_conformance) {
+  static_assert(lockstep::learning_rate_schedule<S>);
+  const S s{};
+  const S copy = s;
+  for (const std::uint64_t step : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{7}, std::uint64_t{999},
+                                   std::uint64_t{1000}, std::uint64_t{123456}}) {
+    CAPTURE(step);
+    const float r = s(0.5f, step);
+    CHECK(std::isfinite(r));
+    CHECK(r >= 0.0f);
+    CHECK(s(0.5f, step) == r);     // pure
+    CHECK(copy(0.5f, step) == r);  // a copy (what fit stores) gives the same rates
+    CHECK(s(1.0f, step) >= r);     // a larger base rate never gives a smaller rate
+  }
+}

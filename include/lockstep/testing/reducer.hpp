@@ -1,0 +1,203 @@
+#pragma once
+/// @file reducer.hpp
+/// The public conformance suite of host reducers (the reducer concept with `host_context` and
+/// float data), for doctest. Instantiate it for your own reducer from your own test binary:
+///
+///     TEST_CASE_TEMPLATE_INVOKE(lockstep_reducer_conformance, my_reducer);
+///
+/// Each replica drives the reducer from its own thread, as a strategy does (workspace sized by
+/// `workspace_bytes` and bound per replica first). It checks: the all-reduce over 1 to 8 replicas
+/// and lengths 0, 1, primes and 65537, split in two buckets, gives every replica the same sum,
+/// equal to the exact sum within float rounding, and bitwise the same on a second run (a fixed
+/// summation order); 10^7 elements over 1 to 3 replicas; broadcast from every root; a replica that
+/// never arrives makes the others fail within the configured timeout, at least one of them with a
+/// `timeout_error` whose message names it as `replica(s) I`; `abort()` from another thread releases every waiter (each
+/// throws a `lockstep::error`) at once; and after `reset()` the reducer works again. Include it
+/// from a doctest test file compiled by a host compiler.
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <lockstep/backend/host.hpp>
+#include <lockstep/core/error.hpp>
+#include <lockstep/distribute/reducer.hpp>
+
+namespace lockstep::testing::detail {
+
+/// Runs f(replica, ctx) on one thread per replica after binding each replica's workspace; returns
+/// what each threw ("" when nothing).
+template <class R>
+std::vector<std::string> on_replicas(R& red, std::size_t replicas, std::size_t max_bucket_bytes,
+                                     const std::function<void(std::size_t, host_context&)>& f) {
+  std::vector<std::string> errors(replicas);
+  const std::size_t ws = red.workspace_bytes(max_bucket_bytes);
+  std::vector<std::unique_ptr<unsigned char[]>> workspaces(replicas);
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < replicas; ++r)
+    threads.emplace_back([&, r] {
+      host_context ctx{1};
+      try {
+        workspaces[r].reset(ws ? new unsigned char[ws] : nullptr);
+        red.bind(r, workspaces[r].get(), ws);
+        f(r, ctx);
+      } catch (const std::exception& e) {
+        errors[r] = std::string("!") + e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+inline float reducer_value(std::size_t i, std::size_t r) {
+  return static_cast<float>((i * 2654435761u + r * 97u) % 1000u) * 1e-3f - 0.5f;
+}
+
+/// All-reduces `length` elements over `replicas` replicas in two buckets; returns every replica's
+/// result.
+template <class R>
+std::vector<std::vector<float>> reducer_sums(std::size_t replicas, std::size_t length) {
+  std::vector<std::vector<float>> data(replicas, std::vector<float>(length));
+  for (std::size_t r = 0; r < replicas; ++r)
+    for (std::size_t i = 0; i < length; ++i) data[r][i] = reducer_value(i, r);
+  R red(reducer_config{replicas, std::chrono::milliseconds(60'000), 4, 0});
+  const auto errors = on_replicas(red, replicas, length * sizeof(float), [&](std::size_t r, host_context& ctx) {
+    const std::size_t half = length / 2;
+    red.start(r, ctx, data[r].data(), half, 0);
+    red.start(r, ctx, data[r].data() + half, length - half, 1);
+    red.wait(r, ctx, 0);
+    red.wait(r, ctx, 1);
+  });
+  for (const auto& e : errors) CHECK(e == "");
+  return data;
+}
+
+}  // namespace lockstep::testing::detail
+
+/// The conformance suite of a host reducer R (see this file's comment).
+TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_conformance) {
+  namespace lt = lockstep::testing::detail;
+  static_assert(lockstep::reducer<R>, "R must satisfy lockstep::reducer");
+  using ms = std::chrono::milliseconds;
+
+  SUBCASE("every replica gets the same sum, bitwise repeatable, over 1..8 replicas and lengths 0, 1, primes") {
+    for (std::size_t replicas = 1; replicas <= 8; ++replicas)
+      for (const std::size_t length : {0u, 1u, 2u, 3u, 7u, 13u, 31u, 1009u, 65537u}) {
+        CAPTURE(replicas);
+        CAPTURE(length);
+        const auto a = lt::reducer_sums<R>(replicas, length);
+        const auto b = lt::reducer_sums<R>(replicas, length);
+        for (std::size_t r = 0; r < replicas; ++r) {
+          CHECK(std::memcmp(a[r].data(), a[0].data(), length * sizeof(float)) == 0);  // the same on every replica
+          CHECK(std::memcmp(a[r].data(), b[r].data(), length * sizeof(float)) == 0);  // a fixed order
+        }
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < length; ++i) {
+          double exact = 0;
+          for (std::size_t r = 0; r < replicas; ++r) exact += lt::reducer_value(i, r);
+          wrong += std::abs(a[0][i] - exact) <= 1e-5 * (1.0 + std::abs(exact)) ? 0 : 1;
+        }
+        CHECK(wrong == 0);
+      }
+  }
+
+  SUBCASE("10^7 elements over 1..3 replicas") {
+    for (std::size_t replicas = 1; replicas <= 3; ++replicas) {
+      CAPTURE(replicas);
+      const auto a = lt::reducer_sums<R>(replicas, 10'000'000);
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < a[0].size(); i += 997) {
+        double exact = 0;
+        for (std::size_t r = 0; r < replicas; ++r) exact += lt::reducer_value(i, r);
+        wrong += std::abs(a[replicas - 1][i] - exact) <= 1e-5 * (1.0 + std::abs(exact)) ? 0 : 1;
+      }
+      CHECK(wrong == 0);
+    }
+  }
+
+  SUBCASE("broadcast copies the root's data to every replica") {
+    for (std::size_t replicas = 1; replicas <= 4; ++replicas)
+      for (std::size_t root = 0; root < replicas; ++root) {
+        CAPTURE(replicas);
+        CAPTURE(root);
+        std::vector<std::vector<float>> data(replicas, std::vector<float>(101));
+        for (std::size_t r = 0; r < replicas; ++r)
+          for (std::size_t i = 0; i < 101; ++i) data[r][i] = lt::reducer_value(i, r);
+        R red(lockstep::reducer_config{replicas, ms(60'000), 4, 0});
+        const auto errors = lt::on_replicas(red, replicas, 101 * sizeof(float), [&](std::size_t r, lockstep::host_context& ctx) {
+          red.broadcast(r, ctx, data[r].data(), 101, root);
+        });
+        for (std::size_t r = 0; r < replicas; ++r) {
+          CHECK(errors[r] == "");
+          CHECK(data[r] == data[root]);
+        }
+      }
+  }
+
+  SUBCASE("a replica that never arrives: the others time out, and the message names it") {
+    R red(lockstep::reducer_config{3, ms(150), 4, 0});
+    std::vector<float> v(3 * 17, 1.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto errors = lt::on_replicas(red, 3, 17 * sizeof(float), [&](std::size_t r, lockstep::host_context& ctx) {
+      if (r == 1) return;  // never arrives
+      try {
+        red.start(r, ctx, v.data() + r * 17, 17, 0);
+        red.wait(r, ctx, 0);
+      } catch (const lockstep::timeout_error& e) {
+        throw lockstep::timeout_error(std::string("timeout: ") + e.what());
+      }
+    });
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+    // The first waiter to give up names the missing replica; it may release the other waiter,
+    // which then fails too (with a timeout_error or another lockstep::error).
+    std::size_t named = 0;
+    for (const std::size_t r : {std::size_t{0}, std::size_t{2}}) {
+      CAPTURE(errors[r]);
+      CHECK(errors[r] != "");
+      if (errors[r].find("!timeout: ") == 0 && errors[r].find("replica(s) 1 ") != std::string::npos) ++named;
+    }
+    CHECK(named >= 1);
+    CHECK(errors[1] == "");
+  }
+
+  SUBCASE("abort releases every waiter at once; after reset the reducer works again") {
+    R red(lockstep::reducer_config{3, ms(30'000), 4, 0});
+    std::vector<float> v(3 * 5, 1.0f);
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(ms(200));
+      red.abort();
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto errors = lt::on_replicas(red, 3, 5 * sizeof(float), [&](std::size_t r, lockstep::host_context& ctx) {
+      if (r == 2) return;  // never arrives: 0 and 1 wait until the abort
+      try {
+        red.start(r, ctx, v.data() + r * 5, 5, 0);
+        red.wait(r, ctx, 0);
+      } catch (const lockstep::error& e) {
+        throw lockstep::error(std::string("lockstep error: ") + e.what());
+      }
+    });
+    aborter.join();
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+    CHECK(errors[0].find("!lockstep error: ") == 0);
+    CHECK(errors[1].find("!lockstep error: ") == 0);
+    red.reset();
+    std::vector<std::vector<float>> data(3, std::vector<float>(9, 2.0f));
+    const auto again = lt::on_replicas(red, 3, 9 * sizeof(float), [&](std::size_t r, lockstep::host_context& ctx) {
+      red.start(r, ctx, data[r].data(), 9, 1);
+      red.wait(r, ctx, 1);
+    });
+    for (std::size_t r = 0; r < 3; ++r) {
+      CHECK(again[r] == "");
+      for (float x : data[r]) CHECK(x == 6.0f);
+    }
+  }
+}
