@@ -358,22 +358,24 @@ private:
     }
   }
 
-  // Waits for request `r` of job number `ticket` (about bucket `bucket`), polling with short sleeps
-  // so the communication thread leaves the cores to the replicas; names the missing ranks on timeout.
+  // Waits for request `r` of job number `ticket` (about bucket `bucket`). Open MPI moves a
+  // non-blocking collective forward only inside MPI calls, so the thread polls MPI_Test without
+  // pause for the first milliseconds (while the data moves), then with short sleeps, so that a
+  // late peer does not cost a core; on timeout it names the missing ranks.
   void complete(MPI_Request& r, std::uint64_t ticket, std::size_t bucket) {
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + timeout_;
+    const auto spin_until = start + std::chrono::milliseconds(20);
     int done = 0;
-    std::uint32_t spins = 0;
+    std::uint32_t polls = 0;
     while (true) {
       mpi_check(MPI_Test(&r, &done, MPI_STATUS_IGNORE), "MPI_Test");
       if (done) return;
+      if (++polls % 256 != 0) continue;
       if (broken_.load()) throw worker_aborted(reason_);
-      if (++spins < 64) {
-        std::this_thread::yield();
-        continue;
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now < spin_until) continue;
+      if (now > deadline) {
         std::string missing = who_is_missing(ticket);
         std::lock_guard lk(mu_);
         fail_locked("lockstep: collective timed out: rank " + std::to_string(rank_) + " waited " +
@@ -382,7 +384,8 @@ private:
                     true);
       }
       answer_queries();
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      polls = 255;  // check the clock after every poll from now on
     }
   }
 
