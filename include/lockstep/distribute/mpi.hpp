@@ -594,30 +594,34 @@ private:
     }
   }
 
-  // The shared-memory sum of the workers of one machine: each copies its bucket into its slot;
-  // rank p sums slice p over the slots in rank order 0..W-1 (the same order as the MPI path);
-  // each copies every summed slice back. Three counters per rank order the phases.
+  // The shared-memory sum of the workers of one machine: each copies the slices that the others
+  // sum into its slot; rank p sums slice p over the ranks in order 0..W-1 (its own part straight
+  // from its buffer; the same order as the MPI path) and publishes it in its slot; each copies
+  // every other summed slice back. Three counters per rank order the phases.
   void shm_sum(float* data, std::size_t count, std::size_t bucket) {
     shm_reserve(count);
     const std::uint64_t g = ++shm_gen_;
     const auto w = static_cast<std::size_t>(size_), me = static_cast<std::size_t>(rank_);
-    if (g > 1) shm_await(2, g - 1, bucket);  // nobody still reads our slot from the last sum
-    std::memcpy(slot(me), data, count * sizeof(float));
-    flag(me, 0).store(g, std::memory_order_release);
-    shm_await(0, g, bucket);
     constexpr std::size_t align = 16, chunk = 1024;
     const std::size_t units = (count + align - 1) / align;
     const auto range = [&](std::size_t p) {
       return std::pair<std::size_t, std::size_t>{std::min(count, units * p / w * align),
                                                  std::min(count, units * (p + 1) / w * align)};
     };
+    if (g > 1) shm_await(2, g - 1, bucket);  // nobody still reads our slot from the last sum
+    for (std::size_t p = 0; p < w; ++p) {
+      const auto [plo, phi] = range(p);
+      if (p != me && phi > plo) std::memcpy(slot(me) + plo, data + plo, (phi - plo) * sizeof(float));
+    }
+    flag(me, 0).store(g, std::memory_order_release);
+    shm_await(0, g, bucket);
     const auto [lo, hi] = range(me);
     float acc[chunk];
     for (std::size_t b = lo; b < hi; b += chunk) {
       const std::size_t m = std::min(chunk, hi - b);
-      std::memcpy(acc, slot(0) + b, m * sizeof(float));
+      std::memcpy(acc, (me == 0 ? data : slot(0)) + b, m * sizeof(float));
       for (std::size_t p = 1; p < w; ++p) {
-        const float* src = slot(p) + b;
+        const float* src = (p == me ? data : slot(p)) + b;
         for (std::size_t i = 0; i < m; ++i) acc[i] += src[i];
       }
       std::memcpy(slot(me) + b, acc, m * sizeof(float));
