@@ -378,7 +378,6 @@ public:
   void broadcast(model_type<Net, T>& m) {
     check_model(m);
     check_usable();
-    std::vector<double> state{static_cast<double>(m.replica(0).optimizer_state().size())};
     const std::size_t st = m.replica(0).optimizer_state().size();
     auto job = [&](std::size_t r) {
       auto& rep = m.replica(r);
