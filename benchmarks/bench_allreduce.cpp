@@ -1,6 +1,11 @@
 // Host all-reduce bandwidth: 1, 16 and 64 MiB for 2 and 4 replicas on the strategy's persistent
 // workers, against memcpy of the same bytes on pre-touched buffers in the same run.
 // busbw = algbw * 2 (n - 1) / n (the nccl-tests convention).
+//
+// Built with MPI and launched by mpirun (`mpirun -np 2 bench_allreduce`), it measures the
+// inter-process path instead: multi_worker_mirrored's reduction of the same sizes over W
+// processes of one replica each (shared memory between the processes on one machine), with
+// n = W in busbw; rank 0 prints.
 
 #include <algorithm>
 #include <chrono>
@@ -11,6 +16,9 @@
 #include <fmt/core.h>
 
 #include <lockstep/distribute.hpp>
+#ifdef LOCKSTEP_HAS_MPI
+#include <lockstep/distribute/multi_worker.hpp>
+#endif
 
 namespace ls = lockstep;
 
@@ -53,9 +61,40 @@ void bench(std::size_t bytes) {
              bytes, algbw, busbw, memcpy_gbps(bytes));
 }
 
+#ifdef LOCKSTEP_HAS_MPI
+void bench_workers(ls::multi_worker_mirrored<ls::cpus>& s, std::size_t bytes) {
+  const std::size_t count = bytes / sizeof(float), n = s.world_size();
+  std::vector<float> data(count, static_cast<float>(s.rank()));
+  const int reps = bytes >= (std::size_t{16} << 20) ? 10 : 50;
+  double best = 1e30;
+  for (int rep = 0; rep < reps; ++rep) {
+    s.barrier();
+    const auto t0 = clock_type::now();
+    s.run_each([&](std::size_t r) {
+      ls::host_context ctx;
+      s.all_reduce(r, ctx, data.data(), count);
+    });
+    best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count());
+  }
+  const double algbw = static_cast<double>(bytes) / best / 1e9;
+  const double busbw = algbw * 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
+  if (s.is_chief())
+    fmt::print("workers={} replicas=1 allreduce_bytes={} algbw_gb_per_s={:.2f} busbw_gb_per_s={:.2f} memcpy_gb_per_s={:.2f}\n",
+               n, bytes, algbw, busbw, memcpy_gbps(bytes));
+}
+#endif
+
 }  // namespace
 
 int main() {
+#ifdef LOCKSTEP_HAS_MPI
+  if (ls::launched_by_mpi()) {
+    ls::mpi_environment env;
+    ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1));
+    for (std::size_t mib : {1u, 16u, 64u}) bench_workers(s, mib << 20);
+    return 0;
+  }
+#endif
   for (std::size_t mib : {1u, 16u, 64u}) {
     bench<ls::mirrored<ls::cpu<0>, ls::cpu<1>>>(mib << 20);
     bench<ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>, ls::cpu<3>>>(mib << 20);

@@ -3,9 +3,15 @@
 //
 //   fashion_mnist [--replicas N] [--device cpu|gpu] [--epochs E] [--batch B] [--lr LR] [--seed S]
 //                 [--model mlp|small] [--checkpoint-dir DIR] [--resume] [--data DIR] [--quiet]
+//                 [--workers W]
 //
 // The replica count is a run-time value: each model is instantiated once per device kind
 // (mirrored<cpus> / mirrored<gpus>), whatever N is.
+//
+// Built with MPI (lockstep::mpi) and launched by mpirun (`mpirun -np 2 fashion_mnist --replicas 1`),
+// every process is a worker of multi_worker_mirrored<cpus> with N local replicas (default 1); the
+// global batch is split over all replicas of all workers, and only rank 0 prints progress and the
+// result line and writes metrics and checkpoints.
 
 // Output uses <cstdio> rather than {fmt}: {fmt}'s compile-time format checks do not build under nvcc,
 // and this file is also compiled as CUDA when LOCKSTEP_HAS_CUDA is set.
@@ -22,6 +28,9 @@
 #include <lockstep/lockstep.hpp>
 #ifdef LOCKSTEP_HAS_CUDA
 #include <lockstep/backend/cuda.hpp>
+#endif
+#ifdef LOCKSTEP_HAS_MPI
+#include <lockstep/distribute/multi_worker.hpp>
 #endif
 
 namespace ls = lockstep;
@@ -48,6 +57,7 @@ struct config {
   std::string metrics_file;
   bool resume = false;
   bool quiet = false;
+  std::size_t workers = 0;  // 0: as launched (one per MPI process, or 1)
 };
 
 /// A usage error: reported with the usage text, exit code 2.
@@ -61,14 +71,15 @@ auto images(const config& c, const char* split) {
                        (dir / (std::string(split) + "-labels-idx1-ubyte.gz")).string());
 }
 
-template <class Net, class Kind>
-int train(const config& c) {
-  const auto devices = c.replicas ? ls::device_selection::first(*c.replicas) : ls::device_selection::all();
-  ls::mirrored<Kind> strategy(devices);
+/// Trains on `strategy` (mirrored or multi-worker); `workers` processes take part, and this one
+/// prints when `chief`.
+template <class Net, class Kind, class Strategy>
+int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chief) {
   const std::size_t n = strategy.num_replicas();
-  if (ls::backend_traits<Kind>::replica_owns_core && n > static_cast<std::size_t>(ls::allowed_cpu_count()))
+  const bool quiet = c.quiet || !chief;
+  if (ls::backend_traits<Kind>::replica_owns_core && n * workers > static_cast<std::size_t>(ls::allowed_cpu_count()) && chief)
     std::fprintf(stderr, "warning: %zu cpu replicas on %d allowed cores: the replicas share cores (oversubscribed)\n",
-                 n, ls::allowed_cpu_count());
+                 n * workers, ls::allowed_cpu_count());
   auto model = strategy.template replicate<Net>(ls::seed{c.seed});
 
   const auto train_set = images(c, "train") | ls::data::map(ls::data::scale(1.0f / 255)) |
@@ -86,23 +97,53 @@ int train(const config& c) {
   o.resume = c.resume;
   o.data_seed = c.seed;
   o.steps_per_epoch = steps_per_epoch;
-  if (!c.quiet)
-    std::fprintf(stderr, "training %s on %zu %s replica(s): %llu epochs, global batch %zu, AdamW lr %g (cosine), seed %llu\n",
-                 c.model.c_str(), n, c.device.c_str(), static_cast<unsigned long long>(c.epochs), c.batch,
+  if (!quiet)
+    std::fprintf(stderr,
+                 "training %s on %zu worker(s) x %zu %s replica(s): %llu epochs, global batch %zu, AdamW lr %g (cosine), "
+                 "seed %llu\n",
+                 c.model.c_str(), workers, n, c.device.c_str(), static_cast<unsigned long long>(c.epochs), c.batch,
                  static_cast<double>(c.lr), static_cast<unsigned long long>(c.seed));
   (void)ls::fit(strategy, model, ls::adamw{.lr = c.lr, .weight_decay = c.weight_decay}, ls::softmax_cross_entropy{},
                 train_set, o);
   const auto test = ls::evaluate(strategy, model, ls::softmax_cross_entropy{}, test_set);
-  if (!c.quiet)
+  if (!quiet)
     std::fprintf(stderr, "test: loss %.4f, accuracy %.4f, top-5 %.4f over %llu samples\n", test.loss, test.accuracy,
                  test.top_k_accuracy, static_cast<unsigned long long>(test.samples));
-  std::printf("test_accuracy=%.4f\n", test.accuracy);
-  std::fflush(stdout);
+  if (chief) {
+    std::printf("test_accuracy=%.4f\n", test.accuracy);
+    std::fflush(stdout);
+  }
   return 0;
+}
+
+template <class Net, class Kind>
+int train(const config& c) {
+  const auto devices = c.replicas ? ls::device_selection::first(*c.replicas) : ls::device_selection::all();
+  ls::mirrored<Kind> strategy(devices);
+  return train_on<Net, Kind>(strategy, c, 1, true);
 }
 
 template <class Net>
 int run(const config& c) {
+#ifdef LOCKSTEP_HAS_MPI
+  if (ls::launched_by_mpi()) {
+    if (c.device != "cpu") throw usage_error{"under mpirun only --device cpu is supported by this build"};
+    ls::multi_worker_mirrored<ls::cpus> strategy(ls::device_selection::first(c.replicas.value_or(1)));
+    if (c.workers) ls::require_world_size(c.workers);
+    if (strategy.is_chief() && !c.quiet)
+      std::fprintf(stderr, "MPI: %zu workers, thread level %s\n", strategy.world_size(),
+                   ls::mpi_thread_level_name(strategy.mpi_thread_level()));
+    return train_on<Net, ls::cpus>(strategy, c, strategy.world_size(), strategy.is_chief());
+  }
+#endif
+  if (c.workers > 1) {
+#ifdef LOCKSTEP_HAS_MPI
+    ls::require_mpi_launch(c.workers, "fashion_mnist");
+#else
+    throw usage_error{"--workers " + std::to_string(c.workers) +
+                      ": this build has no MPI support (install libopenmpi-dev and reconfigure with -DLOCKSTEP_MPI=ON)"};
+#endif
+  }
   if (c.device == "cpu") return train<Net, ls::cpus>(c);
 #ifdef LOCKSTEP_HAS_CUDA
   return train<Net, ls::gpus>(c);
@@ -133,6 +174,9 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-file", c.metrics_file, "append one JSON object per epoch to this file");
   app.add_flag("--resume", c.resume, "continue from the newest checkpoint in --checkpoint-dir");
   app.add_flag("-q,--quiet", c.quiet, "no progress output (the result line is still printed)");
+  app.add_option("--workers", c.workers,
+                 "expected number of worker processes (launch them with mpirun -np W; default: as launched)")
+      ->check(CLI::Range(1, 4096));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -141,6 +185,27 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n%s", e.what(), app.help().c_str());
     return 2;
   }
+#ifdef LOCKSTEP_HAS_MPI
+  std::optional<ls::mpi_environment> mpi;
+  if (ls::launched_by_mpi()) mpi.emplace(argc, argv);
+  // Under MPI, a failure on one rank ends the whole job (the others may wait in a collective);
+  // configuration errors are the same on every rank and reported by rank 0 alone.
+  const auto report = [&](const char* what, int code, bool same_everywhere) {
+    if (!mpi) {
+      std::fprintf(stderr, "error: %s\n", what);
+      return code;
+    }
+    if (!same_everywhere || mpi->rank() == 0) std::fprintf(stderr, "rank %d: error: %s\n", mpi->rank(), what);
+    std::fflush(stderr);
+    mpi->abort_on_exit(code);
+    return code;
+  };
+#else
+  const auto report = [](const char* what, int code, bool) {
+    std::fprintf(stderr, "error: %s\n", what);
+    return code;
+  };
+#endif
   try {
     if (c.resume && c.checkpoint_dir.empty()) throw usage_error{"--resume needs --checkpoint-dir"};
     return c.model == "small" ? run<small>(c) : run<mlp>(c);
@@ -158,16 +223,12 @@ int main(int argc, char** argv) {
     }
     return 1;
   } catch (const ls::data_error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
+    return report(e.what(), 2, true);
   } catch (const ls::checkpoint_error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
+    return report(e.what(), 2, true);
   } catch (const ls::config_error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
+    return report(e.what(), 2, true);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return report(e.what(), 1, false);
   }
 }

@@ -20,6 +20,15 @@ foreach(np 2 3)
            COMMAND ${MPIEXEC_EXECUTABLE} ${LOCKSTEP_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} ${np} $<TARGET_FILE:test_mpi>)
   set_tests_properties(mpi/multi_worker_np${np} PROPERTIES LABELS "mpi" TIMEOUT 120 ENVIRONMENT "${_lockstep_mpi_env}")
 endforeach()
+# The MPI path that workers on different machines take (here forced on one machine).
+add_test(NAME mpi/multi_worker_np2_mpi_path
+         COMMAND ${MPIEXEC_EXECUTABLE} ${LOCKSTEP_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:test_mpi>)
+set_tests_properties(mpi/multi_worker_np2_mpi_path PROPERTIES LABELS "mpi" TIMEOUT 120
+                     ENVIRONMENT "${_lockstep_mpi_env};LOCKSTEP_MPI_NO_SHM=1")
+add_test(NAME mpi/failure_stall_mpi_path
+         COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/mpi/check_failure.sh ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:mpi_failure_probe> stall)
+set_tests_properties(mpi/failure_stall_mpi_path PROPERTIES LABELS "mpi" TIMEOUT 60
+                     ENVIRONMENT "${_lockstep_mpi_env};LOCKSTEP_MPI_NO_SHM=1")
 # 4 x 1 workers x replicas, bitwise equal to one process (the other splits run in the tests above).
 add_test(NAME mpi/replica_count_invariant_np4
          COMMAND ${MPIEXEC_EXECUTABLE} ${LOCKSTEP_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:test_mpi>

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -95,6 +96,8 @@ TEST_CASE("multi_worker: MPI provides the thread level it needs; the strategy de
   CHECK(s.rank() == static_cast<std::size_t>(world_rank()));
   CHECK(s.is_chief() == (world_rank() == 0));
   CHECK(s.global_replicas() == s.world_size());
+  // mpirun here starts every worker on this machine: the shared-memory path unless told otherwise
+  CHECK(s.workers_share_memory() == (world_size() > 1 && std::getenv("LOCKSTEP_MPI_NO_SHM") == nullptr));
   static_assert(ls::strategy<ls::multi_worker_mirrored<ls::cpus>>);
   MESSAGE("MPI thread level: " << std::string(ls::mpi_thread_level_name(s.mpi_thread_level())));
 }

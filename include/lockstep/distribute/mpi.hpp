@@ -22,6 +22,8 @@
 #include <exception>
 #include <limits>
 #include <mutex>
+#include <new>
+#include <utility>
 #include <string>
 #include <thread>
 #include <vector>
@@ -195,6 +197,11 @@ public:
     recv_counts_.resize(w);
     recv_displs_.resize(w);
     scratch_.resize(std::max<std::size_t>(1, max_bucket_floats + 64 * w));
+    // All workers on one machine: the sums run in a shared-memory window (see shm_sum).
+    mpi_check(MPI_Comm_split_type(data_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_), "MPI_Comm_split_type");
+    int node_size = 0;
+    MPI_Comm_size(node_, &node_size);
+    shm_ = node_size == size_ && size_ > 1 && std::getenv("LOCKSTEP_MPI_NO_SHM") == nullptr;
     thread_ = std::thread([this] { loop(); });
   }
   mpi_channel(const mpi_channel&) = delete;
@@ -208,6 +215,8 @@ public:
     cv_.notify_all();
     thread_.join();
     if (!broken_.load()) {
+      if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
+      MPI_Comm_free(&node_);
       MPI_Comm_free(&data_);
       MPI_Comm_free(&ctrl_);
     }
@@ -219,6 +228,8 @@ public:
   [[nodiscard]] int size() const noexcept { return size_; }
   /// The MPI thread level in force.
   [[nodiscard]] int thread_level() const noexcept { return level_; }
+  /// True when the workers' sums run in a shared-memory window (every worker on one machine).
+  [[nodiscard]] bool shared_memory() const noexcept { return shm_; }
   /// Scratch of the sum (resized before posting when a bucket is larger than announced).
   void reserve_floats(std::size_t n) {
     std::lock_guard lk(mu_);
@@ -358,22 +369,24 @@ private:
     }
   }
 
-  // Waits for request `r` of job number `ticket` (about bucket `bucket`), polling with short sleeps
-  // so the communication thread leaves the cores to the replicas; names the missing ranks on timeout.
+  // Waits for request `r` of job number `ticket` (about bucket `bucket`). Open MPI moves a
+  // non-blocking collective forward only inside MPI calls, so the thread polls MPI_Test without
+  // pause for the first milliseconds (while the data moves), then with short sleeps, so that a
+  // late peer does not cost a core; on timeout it names the missing ranks.
   void complete(MPI_Request& r, std::uint64_t ticket, std::size_t bucket) {
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + timeout_;
+    const auto spin_until = start + std::chrono::milliseconds(20);
     int done = 0;
-    std::uint32_t spins = 0;
+    std::uint32_t polls = 0;
     while (true) {
       mpi_check(MPI_Test(&r, &done, MPI_STATUS_IGNORE), "MPI_Test");
       if (done) return;
+      if (++polls % 256 != 0) continue;
       if (broken_.load()) throw worker_aborted(reason_);
-      if (++spins < 64) {
-        std::this_thread::yield();
-        continue;
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now < spin_until) continue;
+      if (now > deadline) {
         std::string missing = who_is_missing(ticket);
         std::lock_guard lk(mu_);
         fail_locked("lockstep: collective timed out: rank " + std::to_string(rank_) + " waited " +
@@ -382,7 +395,8 @@ private:
                     true);
       }
       answer_queries();
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      polls = 255;  // check the clock after every poll from now on
     }
   }
 
@@ -482,6 +496,10 @@ private:
   void sum_floats(float* data, std::size_t count, std::uint64_t ticket, std::size_t bucket) {
     const auto w = static_cast<std::size_t>(size_);
     if (w == 1 || count == 0) return;
+    if (shm_) {
+      shm_sum(data, count, bucket);
+      return;
+    }
     constexpr std::size_t align = 16;  // 64-byte slice boundaries
     const std::size_t units = (count + align - 1) / align;
     for (std::size_t p = 0; p < w; ++p) {
@@ -513,7 +531,119 @@ private:
     complete(r, ticket, bucket);
   }
 
+  // The control words of one rank in the shared window (each on its own cache line).
+  struct alignas(64) shm_flag {
+    std::atomic<std::uint64_t> value;
+  };
+  static constexpr std::size_t shm_header = 3 * sizeof(shm_flag);  // arrived, summed, read
+
+  std::atomic<std::uint64_t>& flag(std::size_t rank, std::size_t which) const noexcept {
+    return reinterpret_cast<shm_flag*>(shm_base_[rank])[which].value;
+  }
+  float* slot(std::size_t rank) const noexcept { return reinterpret_cast<float*>(shm_base_[rank] + shm_header); }
+
+  // (Re)allocates the shared window for `floats` per rank (collective over the workers: every
+  // worker grows at the same sum, since all sum the same bucket sizes).
+  void shm_reserve(std::size_t floats) {
+    if (floats <= shm_cap_) return;
+    if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
+    shm_cap_ = std::max(floats, shm_cap_ * 2);
+    void* base = nullptr;
+    mpi_check(MPI_Win_allocate_shared(static_cast<MPI_Aint>(shm_header + shm_cap_ * sizeof(float)), 1, MPI_INFO_NULL,
+                                      node_, &base, &win_),
+              "MPI_Win_allocate_shared");
+    auto* mine = static_cast<shm_flag*>(base);
+    for (std::size_t i = 0; i < 3; ++i) new (&mine[i].value) std::atomic<std::uint64_t>(0);
+    shm_gen_ = 0;
+    shm_base_.assign(static_cast<std::size_t>(size_), nullptr);
+    for (int p = 0; p < size_; ++p) {
+      MPI_Aint sz = 0;
+      int disp = 0;
+      void* b = nullptr;
+      mpi_check(MPI_Win_shared_query(win_, p, &sz, &disp, &b), "MPI_Win_shared_query");
+      shm_base_[static_cast<std::size_t>(p)] = static_cast<std::byte*>(b);
+    }
+    MPI_Barrier(node_);  // every rank's flags are initialised before anyone reads them
+  }
+
+  // Waits until control word `which` of every rank reached `gen`; names the late ranks on timeout.
+  void shm_await(std::size_t which, std::uint64_t gen, std::size_t bucket) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto spin_until = start + std::chrono::milliseconds(20), deadline = start + timeout_;
+    for (std::uint32_t polls = 1;; ++polls) {
+      bool all = true;
+      for (std::size_t p = 0; p < shm_base_.size() && all; ++p) all = flag(p, which).load(std::memory_order_acquire) >= gen;
+      if (all) return;
+      if (polls % 256 != 0) continue;
+      if (broken_.load()) throw worker_aborted(reason_);
+      const auto now = std::chrono::steady_clock::now();
+      if (now < spin_until) continue;
+      if (now > deadline) {
+        std::string late;
+        for (std::size_t p = 0; p < shm_base_.size(); ++p)
+          if (flag(p, which).load(std::memory_order_acquire) < gen) late += (late.empty() ? "" : ", ") + std::to_string(p);
+        std::lock_guard lk(mu_);
+        fail_locked("lockstep: collective timed out: rank " + std::to_string(rank_) + " waited " +
+                        std::to_string(timeout_.count()) + " ms in bucket " + std::to_string(bucket) + "; rank(s) " + late +
+                        " did not arrive at it (raise strategy_options::timeout if a step legitimately takes longer)",
+                    true);
+      }
+      answer_queries();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      polls = 255;
+    }
+  }
+
+  // The shared-memory sum of the workers of one machine: each copies the slices that the others
+  // sum into its slot; rank p sums slice p over the ranks in order 0..W-1 (its own part straight
+  // from its buffer; the same order as the MPI path) and publishes it in its slot; each copies
+  // every other summed slice back. Three counters per rank order the phases.
+  void shm_sum(float* data, std::size_t count, std::size_t bucket) {
+    shm_reserve(count);
+    const std::uint64_t g = ++shm_gen_;
+    const auto w = static_cast<std::size_t>(size_), me = static_cast<std::size_t>(rank_);
+    constexpr std::size_t align = 16, chunk = 1024;
+    const std::size_t units = (count + align - 1) / align;
+    const auto range = [&](std::size_t p) {
+      return std::pair<std::size_t, std::size_t>{std::min(count, units * p / w * align),
+                                                 std::min(count, units * (p + 1) / w * align)};
+    };
+    if (g > 1) shm_await(2, g - 1, bucket);  // nobody still reads our slot from the last sum
+    for (std::size_t p = 0; p < w; ++p) {
+      const auto [plo, phi] = range(p);
+      if (p != me && phi > plo) std::memcpy(slot(me) + plo, data + plo, (phi - plo) * sizeof(float));
+    }
+    flag(me, 0).store(g, std::memory_order_release);
+    shm_await(0, g, bucket);
+    const auto [lo, hi] = range(me);
+    float acc[chunk];
+    for (std::size_t b = lo; b < hi; b += chunk) {
+      const std::size_t m = std::min(chunk, hi - b);
+      std::memcpy(acc, (me == 0 ? data : slot(0)) + b, m * sizeof(float));
+      for (std::size_t p = 1; p < w; ++p) {
+        const float* src = (p == me ? data : slot(p)) + b;
+        for (std::size_t i = 0; i < m; ++i) acc[i] += src[i];
+      }
+      std::memcpy(slot(me) + b, acc, m * sizeof(float));
+      std::memcpy(data + b, acc, m * sizeof(float));
+    }
+    flag(me, 1).store(g, std::memory_order_release);
+    shm_await(1, g, bucket);
+    for (std::size_t p = 0; p < w; ++p) {
+      if (p == me) continue;
+      const auto [plo, phi] = range(p);
+      if (phi > plo) std::memcpy(data + plo, slot(p) + plo, (phi - plo) * sizeof(float));
+    }
+    flag(me, 2).store(g, std::memory_order_release);
+  }
+
   std::chrono::milliseconds timeout_;
+  MPI_Comm node_ = MPI_COMM_NULL;
+  MPI_Win win_ = MPI_WIN_NULL;
+  bool shm_ = false;
+  std::size_t shm_cap_ = 0;
+  std::uint64_t shm_gen_ = 0;
+  std::vector<std::byte*> shm_base_;
   int level_ = MPI_THREAD_SINGLE;
   MPI_Comm data_ = MPI_COMM_NULL, ctrl_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;

@@ -337,6 +337,8 @@ public:
   [[nodiscard]] bool is_chief() const noexcept { return rank() == 0; }
   /// The MPI thread level in force (MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE).
   [[nodiscard]] int mpi_thread_level() const noexcept { return channel_.thread_level(); }
+  /// True when the workers' sums run in a shared-memory window (every worker on one machine).
+  [[nodiscard]] bool workers_share_memory() const noexcept { return channel_.shared_memory(); }
   /// The device ordinal of each local replica.
   [[nodiscard]] const std::vector<std::size_t>& device_ordinals() const noexcept { return ordinals_; }
   /// The options.
@@ -376,7 +378,6 @@ public:
   void broadcast(model_type<Net, T>& m) {
     check_model(m);
     check_usable();
-    std::vector<double> state{static_cast<double>(m.replica(0).optimizer_state().size())};
     const std::size_t st = m.replica(0).optimizer_state().size();
     auto job = [&](std::size_t r) {
       auto& rep = m.replica(r);
