@@ -84,13 +84,19 @@ struct single_device_reducer {
 };
 
 namespace detail {
+/// T, as a type that depends on Ts (so a backend may still specialise templates of T before use).
+template <class T, class... Ts>
+struct dependent_type {
+  using type = T;  ///< T
+};
+
 /// Why Devices... (several of them) have no default reducer; each diagnosis names one cause.
 template <class... Devices>
 struct no_reducer_diagnosis {
   static constexpr bool all_cpu = (is_cpu_v<Devices> && ...);
   static constexpr bool all_gpu = (is_gpu_v<Devices> && ...);
   static constexpr bool mixed = !all_cpu && !all_gpu && ((is_cpu_v<Devices> || is_gpu_v<Devices>) && ...);
-  static constexpr bool gpu_backend = backend_traits<gpus>::registered;
+  static constexpr bool gpu_backend = backend_traits<typename dependent_type<gpus, Devices...>::type>::registered;
   static constexpr bool distinct_gpus = [] {
     if constexpr (!all_gpu) {
       return false;
