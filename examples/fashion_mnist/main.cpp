@@ -77,9 +77,10 @@ template <class Net, class Kind, class Strategy>
 int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chief) {
   const std::size_t n = strategy.num_replicas();
   const bool quiet = c.quiet || !chief;
-  if (ls::backend_traits<Kind>::replica_owns_core && n * workers > static_cast<std::size_t>(ls::allowed_cpu_count()) && chief)
+  // Each process sees the cores it may run on (mpirun binds a worker to its own cores).
+  if (ls::backend_traits<Kind>::replica_owns_core && n > static_cast<std::size_t>(ls::allowed_cpu_count()) && !quiet)
     std::fprintf(stderr, "warning: %zu cpu replicas on %d allowed cores: the replicas share cores (oversubscribed)\n",
-                 n * workers, ls::allowed_cpu_count());
+                 n, ls::allowed_cpu_count());
   auto model = strategy.template replicate<Net>(ls::seed{c.seed});
 
   const auto train_set = images(c, "train") | ls::data::map(ls::data::scale(1.0f / 255)) |

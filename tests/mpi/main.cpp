@@ -1,4 +1,4 @@
-// The MPI tests' main: MPI first (MPI_THREAD_SERIALIZED), then doctest on every rank.
+// The MPI tests' main: MPI first (mpi_environment: MPI_THREAD_MULTIPLE when provided), then doctest on every rank.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 

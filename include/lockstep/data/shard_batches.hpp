@@ -52,6 +52,9 @@ distributed_batch make_sharded(B&& b, std::size_t replicas) {
 /// (one process's shards of a global batch shared by several processes).
 template <class B>
 distributed_batch make_sharded(B&& b, std::size_t parts, std::size_t first, std::size_t count) {
+  if (parts == 0 || count == 0 || first + count > parts)
+    throw config_error("lockstep::data: cannot take shards " + std::to_string(first) + ".." +
+                       std::to_string(first + count) + " of " + std::to_string(parts));
   if (first + count == parts && first == 0) return make_sharded(std::forward<B>(b), parts);
   using D = std::remove_cvref_t<B>;
   auto owned = std::make_shared<const D>(std::forward<B>(b));

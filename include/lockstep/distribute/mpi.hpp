@@ -4,9 +4,12 @@
 ///  - `mpi_environment`: RAII MPI_Init_thread / MPI_Finalize for programs that want lockstep to
 ///    start MPI (the library never initialises MPI on its own);
 ///  - `detail::mpi_channel`: one communication thread per worker that issues every MPI call of a
-///    strategy (so MPI_THREAD_SERIALIZED suffices), runs jobs in the order they were posted, polls
-///    non-blocking collectives with a deadline, and on a timeout asks the other workers how far
-///    they got, so the timeout_error names the missing rank.
+///    strategy (so MPI_THREAD_SERIALIZED suffices while the program makes no MPI calls of its own
+///    during a strategy's calls), runs jobs in the order they were posted, polls non-blocking
+///    collectives with a deadline, and on a timeout asks the other workers how far they got, so
+///    the timeout_error names the missing rank. Under MPI_THREAD_MULTIPLE an idle channel also
+///    answers such questions, so a rank stalled outside the strategy is named as not arrived
+///    rather than as silent.
 
 #include <mpi.h>
 
@@ -67,8 +70,9 @@ inline void require_world_size(std::size_t workers, MPI_Comm comm = MPI_COMM_WOR
                        std::to_string(n) + " processes; launch it with `mpirun -np " + std::to_string(workers) + "`");
 }
 
-/// RAII MPI: MPI_Init_thread asking for MPI_THREAD_SERIALIZED (what lockstep's multi-worker
-/// strategies need) in the constructor; MPI_Finalize in the destructor, or MPI_Abort when the
+/// RAII MPI: MPI_Init_thread asking for MPI_THREAD_MULTIPLE (lockstep's multi-worker strategies
+/// need at least MPI_THREAD_SERIALIZED; MULTIPLE also lets the program call MPI while a strategy's
+/// communication thread exists) in the constructor; MPI_Finalize in the destructor, or MPI_Abort when the
 /// destructor runs during stack unwinding or after abort_on_exit(), so that no rank waits forever
 /// for a peer that failed. Does nothing when MPI was already initialised by someone else.
 class mpi_environment {
@@ -113,7 +117,7 @@ private:
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
-      if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &level_) != MPI_SUCCESS)
+      if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &level_) != MPI_SUCCESS)
         throw config_error("lockstep::mpi_environment: MPI_Init_thread failed");
       owns_ = true;
     } else {
@@ -305,7 +309,7 @@ private:
         std::unique_lock lk(mu_);
         while (queue_.empty() && !stop_) {
           cv_.wait_for(lk, std::chrono::milliseconds(2));
-          if (queue_.empty() && !stop_ && !broken_.load()) {
+          if (level_ >= MPI_THREAD_MULTIPLE && queue_.empty() && !stop_ && !broken_.load()) {
             lk.unlock();
             answer_queries();
             lk.lock();
