@@ -249,6 +249,7 @@ TEST_CASE("extending: every_nth keeps exactly the elements at multiples of n, la
 }
 
 // example-begin conformance
+#define LOCKSTEP_TESTING_COUNT_ALLOCATIONS  // in ONE file per test binary: also check "no heap allocation"
 #include <lockstep/testing/layer.hpp>
 #include <lockstep/testing/loss.hpp>
 #include <lockstep/testing/optimizer.hpp>

@@ -1,5 +1,6 @@
-// The library's own layers, losses, optimisers, schedules and pipeline stages through the public conformance
-// stages through the suites of include/lockstep/testing/ (the suites a user runs on their own types).
+// The library's own layers, losses, optimisers, schedules and pipeline stages through the public
+// conformance suites of include/lockstep/testing/ (the suites a user runs on their own types).
+#define LOCKSTEP_TESTING_COUNT_ALLOCATIONS  // this file counts heap allocations (see allocations.hpp)
 #include <lockstep/testing/layer.hpp>
 #include <lockstep/testing/loss.hpp>
 #include <lockstep/testing/optimizer.hpp>

@@ -13,7 +13,9 @@
 /// deterministic in train and in evaluation mode and leaves its input alone; and micro-shard
 /// invariance: a row's output does not depend on the other rows, nor on how the batch is split
 /// into shards (with `pass_info::sample_offset` set as a strategy sets it), the property that
-/// `determinism::replica_count_invariant` relies on.
+/// `determinism::replica_count_invariant` relies on. In the one file of a test binary that defines
+/// LOCKSTEP_TESTING_COUNT_ALLOCATIONS (see allocations.hpp), it also checks that a second forward
+/// and backward of a batch allocate nothing on the heap.
 ///
 /// A layer with a kink (relu) is checked at inputs that avoid it with high probability; one that
 /// needs other inputs specialises `lockstep::testing::layer_inputs<B>`. This header includes
@@ -32,6 +34,7 @@
 #include <lockstep/backend/host.hpp>
 #include <lockstep/core/random.hpp>
 #include <lockstep/layers/layer.hpp>
+#include <lockstep/testing/allocations.hpp>
 
 namespace lockstep::testing {
 
@@ -198,6 +201,27 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
       for (double v : y1) CHECK(std::isfinite(v));
     }
   }
+
+#if defined(LOCKSTEP_TESTING_COUNT_ALLOCATIONS)
+  SUBCASE("after the first step, forward and backward allocate nothing on the heap") {
+    lt::detail::layer_harness<B> h;
+    constexpr std::size_t rows = 33;
+    const auto x = lt::detail::inputs<B>(rows);
+    const auto w = lt::detail::weights(rows * B::output_size);
+    std::vector<double> y(rows * B::output_size), ws(rows * B::workspace_per_sample + 1), dx(rows * B::input_size),
+        dp(B::param_count + 1);
+    const lockstep::pass_info info = lt::suite_train_info();
+    const auto step = [&] {
+      B::forward(h.ctx, h.params.data(), x.data(), y.data(), ws.data(), rows, info);
+      B::backward(h.ctx, h.params.data(), x.data(), y.data(), w.data(), dx.data(), dp.data(), ws.data(), rows, info);
+    };
+    step();  // the first step may set things up
+    const lt::allocation_window window;
+    step();
+    step();
+    CHECK(window.count() == 0);
+  }
+#endif
 
   SUBCASE("micro-shard invariance: a row's output does not depend on the other rows or on the split") {
     for (const bool training : {false, true}) {
