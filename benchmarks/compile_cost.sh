@@ -3,6 +3,8 @@
 # trained with fit (benchmarks/compile/deep_mlp.cpp), alone with the release flags of the library
 # target, under /usr/bin/time -v, and prints one line each:
 #   target=<name> compile_s=<wall seconds> peak_mib=<peak resident MiB>
+# A folder example's other translation units get lines of their own, e.g. fashion_mnist.options
+# (its command-line parsing, kept apart from the training code).
 # Usage: benchmarks/compile_cost.sh [CXX]   (default g++; extra flags in CXXFLAGS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,9 +17,14 @@ fi
 echo "compiler: $($cxx --version | head -n 1)"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for src in examples/getting_started.cpp examples/mlp.cpp examples/fashion_mnist/main.cpp benchmarks/compile/deep_mlp.cpp; do
+for src in examples/getting_started.cpp examples/mlp.cpp examples/fashion_mnist/main.cpp \
+           examples/fashion_mnist/options.cpp benchmarks/compile/deep_mlp.cpp; do
+  [ -f "$src" ] || continue
   name=$(basename "$src" .cpp)
-  [ "$name" = main ] && name=$(basename "$(dirname "$src")")
+  if [ "$(basename "$(dirname "$src")")" != examples ] && [ "$(dirname "$src")" != benchmarks/compile ]; then
+    folder=$(basename "$(dirname "$src")")
+    if [ "$name" = main ]; then name=$folder; else name=$folder.$name; fi
+  fi
   if ! /usr/bin/time -v -o "$tmp/time" "$cxx" "${flags[@]}" -c "$src" -o "$tmp/$name.o" 2>"$tmp/err"; then
     cat "$tmp/err" >&2
     echo "target=$name compile_s=failed peak_mib=failed"

@@ -14,9 +14,8 @@
 // result line and writes metrics and checkpoints.
 
 // Output uses <cstdio> rather than {fmt}: {fmt}'s compile-time format checks do not build under nvcc,
-// and this file is also compiled as CUDA when LOCKSTEP_HAS_CUDA is set.
-#include <CLI/CLI.hpp>
-
+// and this file is also compiled as CUDA when LOCKSTEP_HAS_CUDA is set. The command line is parsed
+// in options.cpp.
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -33,6 +32,8 @@
 #include <lockstep/distribute/multi_worker.hpp>
 #endif
 
+#include "options.hpp"
+
 namespace ls = lockstep;
 
 namespace {
@@ -42,23 +43,6 @@ using mlp = ls::sequential<ls::dense<784, 512>, ls::relu, ls::dropout<1, 5>, ls:
                            ls::dropout<1, 5>, ls::dense<256, 10>>;
 /// 784-256-10: a quicker, smaller model.
 using small = ls::sequential<ls::dense<784, 256>, ls::relu, ls::dropout<1, 10>, ls::dense<256, 10>>;
-
-struct config {
-  std::optional<std::size_t> replicas;  // default: 2 on cpu, every visible GPU on gpu
-  std::string device = "cpu";
-  std::uint64_t epochs = 20;
-  std::size_t batch = 128;
-  float lr = 1e-3f;
-  float weight_decay = 0.02f;
-  std::uint64_t seed = 42;
-  std::string model = "mlp";
-  std::string data = "/usr/share/datasets/fashion-mnist";
-  std::string checkpoint_dir;
-  std::string metrics_file;
-  bool resume = false;
-  bool quiet = false;
-  std::size_t workers = 0;  // 0: as launched (one per MPI process, or 1)
-};
 
 /// A usage error: reported with the usage text, exit code 2.
 struct usage_error {
@@ -158,34 +142,7 @@ int run(const config& c) {
 
 int main(int argc, char** argv) {
   config c;
-  CLI::App app{"Trains an MLP on Fashion-MNIST with lockstep's mirrored strategy; the last stdout line is test_accuracy=..."};
-  app.add_option("--replicas", c.replicas,
-                 "number of replicas: cpu, any N >= 1 (default 2; beyond the allowed cores they share cores); "
-                 "gpu, up to the visible GPUs (default: all of them)");
-  app.add_option("--device", c.device, "device kind of the replicas")->check(CLI::IsMember({"cpu", "gpu"}));
-  app.add_option("--epochs", c.epochs, "epochs to train")->check(CLI::Range(1, 100000));
-  app.add_option("--batch", c.batch, "global batch size (split across the replicas)")->check(CLI::Range(1, 60000));
-  app.add_option("--lr", c.lr, "peak learning rate of AdamW (cosine decay to 0)")->check(CLI::PositiveNumber);
-  app.add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay")->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", c.seed, "seed of initialisation, dropout and shuffling");
-  app.add_option("--model", c.model, "model preset: mlp (784-512-256-10, dropout 0.2) or small (784-256-10)")
-      ->check(CLI::IsMember({"mlp", "small"}));
-  app.add_option("--data", c.data, "directory holding the Fashion-MNIST *-ubyte.gz files");
-  app.add_option("--checkpoint-dir", c.checkpoint_dir, "write a checkpoint after every epoch into this directory");
-  app.add_option("--metrics-file", c.metrics_file, "append one JSON object per epoch to this file");
-  app.add_flag("--resume", c.resume, "continue from the newest checkpoint in --checkpoint-dir");
-  app.add_flag("-q,--quiet", c.quiet, "no progress output (the result line is still printed)");
-  app.add_option("--workers", c.workers,
-                 "expected number of worker processes (launch them with mpirun -np W; default: as launched)")
-      ->check(CLI::Range(1, 4096));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "error: %s\n%s", e.what(), app.help().c_str());
-    return 2;
-  }
+  if (const int rc = parse_command_line(argc, argv, c); rc >= 0) return rc;
 #ifdef LOCKSTEP_HAS_MPI
   std::optional<ls::mpi_environment> mpi;
   if (ls::launched_by_mpi()) mpi.emplace(argc, argv);
@@ -211,18 +168,18 @@ int main(int argc, char** argv) {
     if (c.resume && c.checkpoint_dir.empty()) throw usage_error{"--resume needs --checkpoint-dir"};
     return c.model == "small" ? run<small>(c) : run<mlp>(c);
   } catch (const usage_error& e) {
-    std::fprintf(stderr, "error: %s\n%s", e.message.c_str(), app.help().c_str());
+    std::fprintf(stderr, "error: %s\n%s", e.message.c_str(), usage_text().c_str());
     return 2;
   } catch (const ls::replica_error& e) {
     // A replica's failure carries the original exception: bad input stays a usage-level error.
-    std::fprintf(stderr, "error: %s\n", e.what());
+    int code = 1;
     try {
       std::rethrow_if_nested(e);
     } catch (const ls::data_error&) {
-      return 2;
+      code = 2;
     } catch (...) {
     }
-    return 1;
+    return report(e.what(), code, false);
   } catch (const ls::data_error& e) {
     return report(e.what(), 2, true);
   } catch (const ls::checkpoint_error& e) {

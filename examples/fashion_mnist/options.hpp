@@ -1,0 +1,33 @@
+// The command line of the Fashion-MNIST example. It is parsed in its own translation unit
+// (options.cpp), so the training code compiles without the command-line parser's headers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+/// What the command line sets.
+struct config {
+  std::optional<std::size_t> replicas;  ///< default: 2 on cpu, every visible GPU on gpu
+  std::string device = "cpu";           ///< cpu or gpu
+  std::uint64_t epochs = 20;            ///< epochs to train
+  std::size_t batch = 128;              ///< the global batch
+  float lr = 1e-3f;                     ///< peak learning rate of AdamW
+  float weight_decay = 0.02f;           ///< AdamW's decoupled weight decay
+  std::uint64_t seed = 42;              ///< seed of initialisation, dropout and shuffling
+  std::string model = "mlp";            ///< mlp or small
+  std::string data = "/usr/share/datasets/fashion-mnist";  ///< directory of the *-ubyte.gz files
+  std::string checkpoint_dir;           ///< where checkpoints go ("" = none)
+  std::string metrics_file;             ///< JSON-lines metrics ("" = none)
+  bool resume = false;                  ///< continue from the newest checkpoint
+  bool quiet = false;                   ///< no progress output
+  std::size_t workers = 0;              ///< expected worker processes (0: as launched)
+};
+
+/// Parses the command line into `c`. Returns -1 to go on, or the exit code to end with: 0 after
+/// printing the help, 2 after printing a bad option's message and the usage text.
+int parse_command_line(int argc, char** argv, config& c);
+
+/// The usage text.
+std::string usage_text();
