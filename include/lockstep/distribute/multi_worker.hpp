@@ -50,6 +50,7 @@
 #include <lockstep/distribute/mpi.hpp>
 #include <lockstep/distribute/reducers/host.hpp>
 #include <lockstep/distribute/replicated.hpp>
+#include <lockstep/distribute/steps/micro_shard_step.hpp>
 #include <lockstep/distribute/steps/overlapped_step.hpp>
 #include <lockstep/losses/loss.hpp>
 #include <lockstep/memory/buffer.hpp>
@@ -229,15 +230,7 @@ public:
       auto& rep = m.replica(r);
       const std::size_t gr = me * n + r;
       for (std::size_t k = k_total * gr / gn; k < k_total * (gr + 1) / gn; ++k) {
-        data::shard s = whole;
-        const std::size_t lo = k * rows_, len = std::min(rows_, rows - lo);
-        s.features = g.features.data() + lo * g.width;
-        s.labels = g.labels.empty() ? nullptr : g.labels.data() + lo;
-        s.targets = g.targets.empty() ? nullptr : g.targets.data() + lo * g.target_width;
-        s.indices = g.indices.data() + lo;
-        s.size = len;
-        s.offset = lo;
-        micro_loss_[k] = rep.forward_backward(loss, s, info).sum;
+        micro_loss_[k] = rep.forward_backward(loss, detail::micro_shard(g, whole, k, rows_), info).sum;
         std::memcpy(slots + k * P, rep.model().gradients().data(), P * sizeof(T));
       }
       sync_.barrier(r);
@@ -256,16 +249,7 @@ public:
         channel_->run(j);
       }
       sync_.barrier(r);
-      const auto [lo, hi] = detail::slice_of<T>(P, r, n);
-      constexpr std::size_t chunk = detail::reduce_chunk_bytes / sizeof(T);
-      T acc[chunk];
-      for (std::size_t c = lo; c < hi; c += chunk) {
-        const std::size_t len = std::min(chunk, hi - c);
-        std::memcpy(acc, slots + c, len * sizeof(T));
-        for (std::size_t k = 1; k < k_total; ++k)
-          for (std::size_t i = 0; i < len; ++i) acc[i] += slots[k * P + c + i];
-        for (std::size_t j = 0; j < n; ++j) std::memcpy(m.replica(j).model().gradients().data() + c, acc, len * sizeof(T));
-      }
+      detail::sum_slots_into_replicas(m, slots, P, k_total, r, n);
       sync_.barrier(r);
       rep.apply(opt, update);
     };

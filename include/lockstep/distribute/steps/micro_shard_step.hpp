@@ -24,6 +24,41 @@
 
 namespace lockstep {
 
+namespace detail {
+
+/// Micro-shard k of global batch g (rows [k rows, k rows + rows) clipped to the batch), as a
+/// shard of `whole` (data::whole(g)).
+inline data::shard micro_shard(const data::batch& g, const data::shard& whole, std::size_t k, std::size_t rows) {
+  data::shard s = whole;
+  const std::size_t lo = k * rows, len = std::min(rows, g.rows() - lo);
+  s.features = g.features.data() + lo * g.width;
+  s.labels = g.labels.empty() ? nullptr : g.labels.data() + lo;
+  s.targets = g.targets.empty() ? nullptr : g.targets.data() + lo * g.target_width;
+  s.indices = g.indices.data() + lo;
+  s.size = len;
+  s.offset = lo;
+  return s;
+}
+
+/// Replica r of n: sums its slice of the P parameters over the k_total micro-shard gradient slots
+/// (slot k at slots + k P) in micro-shard order, and writes the sum into every replica's gradients.
+template <class T, class Replicated>
+void sum_slots_into_replicas(Replicated& m, const T* slots, std::size_t P, std::size_t k_total, std::size_t r,
+                             std::size_t n) {
+  const auto [lo, hi] = slice_of<T>(P, r, n);
+  constexpr std::size_t chunk = reduce_chunk_bytes / sizeof(T);
+  T acc[chunk];
+  for (std::size_t c = lo; c < hi; c += chunk) {
+    const std::size_t len = std::min(chunk, hi - c);
+    std::memcpy(acc, slots + c, len * sizeof(T));
+    for (std::size_t k = 1; k < k_total; ++k)
+      for (std::size_t i = 0; i < len; ++i) acc[i] += slots[k * P + c + i];
+    for (std::size_t j = 0; j < n; ++j) std::memcpy(m.replica(j).model().gradients().data() + c, acc, len * sizeof(T));
+  }
+}
+
+}  // namespace detail
+
 /// Step policy of determinism::replica_count_invariant: fixed micro-shards summed in a fixed order.
 class micro_shard_step {
 public:
@@ -52,28 +87,11 @@ public:
     auto job = [&](std::size_t r) {
       auto& rep = m.replica(r);
       for (std::size_t k = k_total * r / n; k < k_total * (r + 1) / n; ++k) {
-        data::shard s = whole;
-        const std::size_t lo = k * rows_, len = std::min(rows_, rows - lo);
-        s.features = g.features.data() + lo * g.width;
-        s.labels = g.labels.empty() ? nullptr : g.labels.data() + lo;
-        s.targets = g.targets.empty() ? nullptr : g.targets.data() + lo * g.target_width;
-        s.indices = g.indices.data() + lo;
-        s.size = len;
-        s.offset = lo;
-        micro_loss_[k] = rep.forward_backward(loss, s, info);
+        micro_loss_[k] = rep.forward_backward(loss, detail::micro_shard(g, whole, k, rows_), info);
         std::memcpy(slots + k * P, rep.model().gradients().data(), P * sizeof(T));
       }
       sync_.barrier(r);
-      const auto [lo, hi] = detail::slice_of<T>(P, r, n);
-      constexpr std::size_t chunk = detail::reduce_chunk_bytes / sizeof(T);
-      T acc[chunk];
-      for (std::size_t c = lo; c < hi; c += chunk) {
-        const std::size_t len = std::min(chunk, hi - c);
-        std::memcpy(acc, slots + c, len * sizeof(T));
-        for (std::size_t k = 1; k < k_total; ++k)
-          for (std::size_t i = 0; i < len; ++i) acc[i] += slots[k * P + c + i];
-        for (std::size_t j = 0; j < n; ++j) std::memcpy(m.replica(j).model().gradients().data() + c, acc, len * sizeof(T));
-      }
+      detail::sum_slots_into_replicas(m, slots, P, k_total, r, n);
       sync_.barrier(r);
       rep.apply(opt, update);
     };
