@@ -149,43 +149,6 @@ private:
 
 namespace detail {
 
-/// run_to_run across workers: every bucket's reduction starts from the backward hook (also with
-/// one local replica, since the other workers take part), then every replica waits and applies.
-class multi_worker_overlapped_step {
-public:
-  multi_worker_overlapped_step(std::size_t replicas, const strategy_options&) : loss_(replicas) {}
-
-  template <class Reducer, class Replicated, class Optimizer, class Loss>
-  double run(executor& ex, Reducer& reducer, Replicated& m, const Optimizer& opt, const Loss& loss,
-             const data::distributed_batch& b, const pass_info& info, const update_info& update) {
-    auto job = [&](std::size_t r) {
-      auto& rep = m.replica(r);
-      auto& ctx = rep.context();
-      const auto& layout = m.buckets();
-      auto* grads = rep.model().gradients().data();
-      auto hook = [&](std::size_t layer, std::size_t, std::size_t) {
-        if (const std::size_t k = layout.completes[layer]) {
-          const gradient_bucket& g = layout.buckets[k - 1];
-          reducer.start(r, ctx, grads + g.offset, g.count, k - 1);
-        }
-      };
-      loss_[r] = rep.forward_backward(loss, b.shards[r], info, hook);
-      for (std::size_t k = 0; k < layout.size; ++k) reducer.wait(r, ctx, k);
-      rep.apply(opt, update);
-    };
-    ex.execute(job, info.step);
-    double total = 0;
-    for (const auto& l : loss_) total += l.sum;
-    return total;
-  }
-
-  void abort() noexcept {}
-  void reset() noexcept {}
-
-private:
-  std::vector<loss_sum> loss_;
-};
-
 /// replica_count_invariant across workers: fixed micro-shards of the global batch, split over
 /// all replicas of all workers; their gradient sums are gathered from every worker and summed in
 /// micro-shard order on every worker.
@@ -451,12 +414,14 @@ public:
 
 private:
   static constexpr std::size_t max_buckets = 256;
-  using step_policy = std::conditional_t<Determinism == determinism::run_to_run, detail::multi_worker_overlapped_step,
-                                         detail::multi_worker_micro_step>;
+  // run_to_run: the overlapped step, whose reductions run also with one local replica, since the
+  // other workers take part.
+  using step_policy =
+      std::conditional_t<Determinism == determinism::run_to_run, overlapped_step, detail::multi_worker_micro_step>;
 
   step_policy make_step() {
     if constexpr (Determinism == determinism::run_to_run)
-      return step_policy(ordinals_.size(), options_);
+      return step_policy(ordinals_.size(), options_, true);
     else
       return step_policy(ordinals_.size(), options_, channel_);
   }

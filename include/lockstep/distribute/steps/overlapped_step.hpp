@@ -22,8 +22,10 @@ namespace lockstep {
 /// Step policy of determinism::run_to_run: bucketed all-reduce overlapped with the backward pass.
 class overlapped_step {
 public:
-  /// The policy of a strategy with `replicas` replicas.
-  overlapped_step(std::size_t replicas, const strategy_options&) : loss_(replicas) {}
+  /// The policy of a strategy with `replicas` replicas. A lone replica skips the reducer unless
+  /// `reduce_alone` (a replica whose reducer also spans other processes must take part).
+  overlapped_step(std::size_t replicas, const strategy_options&, bool reduce_alone = false)
+      : loss_(replicas), reduce_alone_(reduce_alone) {}
 
   /// One step of `m` on `b` through `ex` and `reducer`; returns the loss summed over the global batch.
   template <class Reducer, class Replicated, class Optimizer, class Loss>
@@ -35,7 +37,7 @@ public:
       auto& ctx = rep.context();
       const auto& layout = m.buckets();
       auto* grads = rep.model().gradients().data();
-      if (n == 1) {
+      if (n == 1 && !reduce_alone_) {
         loss_[r] = rep.forward_backward(loss, b.shards[r], info);
       } else {
         auto hook = [&](std::size_t layer, std::size_t, std::size_t) {
@@ -65,6 +67,7 @@ public:
 
 private:
   std::vector<loss_sum> loss_;
+  bool reduce_alone_;
 };
 
 }  // namespace lockstep
