@@ -3,6 +3,7 @@
 # more processes than cores, shared memory without ptrace-based single copy).
 add_executable(test_mpi ${CMAKE_CURRENT_SOURCE_DIR}/mpi/main.cpp ${CMAKE_CURRENT_SOURCE_DIR}/mpi/test_multi_worker.cpp)
 target_link_libraries(test_mpi PRIVATE lockstep::mpi doctest::doctest lockstep_warnings)
+target_include_directories(test_mpi PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})  # distribute/common.hpp
 add_executable(mpi_failure_probe ${CMAKE_CURRENT_SOURCE_DIR}/mpi/failure_probe.cpp)
 target_link_libraries(mpi_failure_probe PRIVATE lockstep::mpi lockstep_warnings)
 

@@ -19,12 +19,14 @@
 #include <lockstep/distribute/multi_worker.hpp>
 #include <lockstep/lockstep.hpp>
 
+#include "distribute/common.hpp"
+
 namespace {
 
 namespace ls = lockstep;
-
-using mlp = ls::sequential<ls::dense<784, 32>, ls::relu, ls::dense<32, 10>>;
-using mlp_dropout = ls::sequential<ls::dense<784, 32>, ls::relu, ls::dropout<1, 4>, ls::dense<32, 10>>;
+using dist_test::make_batch;
+using dist_test::mlp;
+using dist_test::mlp_dropout;
 
 int world_rank() {
   int r = 0;
@@ -37,18 +39,6 @@ int world_size() {
   return n;
 }
 
-ls::data::batch make_batch(std::size_t rows, std::uint64_t key) {
-  ls::data::batch b;
-  b.width = 784;
-  const ls::counter_rng rng(1234, key);
-  b.features.resize(rows * 784);
-  for (std::size_t i = 0; i < b.features.size(); ++i) b.features[i] = rng.uniform(i);
-  for (std::size_t r = 0; r < rows; ++r) {
-    b.labels.push_back(static_cast<std::int32_t>(rng.u32(rows * 784 + r) % 10));
-    b.indices.push_back(key * 1000 + r);
-  }
-  return b;
-}
 
 // Global batch sizes of the 20 steps: full, uneven, fewer rows than replicas, an uneven last one.
 const std::vector<std::size_t> sizes{64, 64, 48, 33, 64, 17, 64, 64, 5, 64, 64, 3, 64, 64, 1, 64, 2, 64, 64, 37};
