@@ -426,7 +426,7 @@ public:
     start_epoch = st.epoch;
     skip_ = st.batches;
     lr = st.lr;
-    resumed_ = st;
+    resumed_ = {st.epoch_loss_sum, st.epoch_samples, st.epoch_steps, st.epoch_labelled, st.epoch_correct};
     ctl.lr_factor = st.lr_factor;
     ctl.step = st.step;
     ctl.epoch = st.epoch;
@@ -457,11 +457,11 @@ public:
     t0_ = std::chrono::steady_clock::now();
     bar_->begin_epoch(e, expected_steps_);
     const bool resumed = e == start_epoch;
-    counters.correct = resumed ? resumed_.epoch_correct : 0;
-    counters.labelled = resumed ? resumed_.epoch_labelled : 0;
-    loss_sum_ = resumed ? resumed_.epoch_loss_sum : 0.0;
-    count_ = resumed ? resumed_.epoch_samples : 0;
-    steps_ = resumed ? resumed_.epoch_steps : 0;
+    counters.correct = resumed ? resumed_.correct : 0;
+    counters.labelled = resumed ? resumed_.labelled : 0;
+    loss_sum_ = resumed ? resumed_.loss_sum : 0.0;
+    count_ = resumed ? resumed_.samples : 0;
+    steps_ = resumed ? resumed_.steps : 0;
     count_before_ = count_;
     batches = 0;
     to_skip = resumed ? skip_ : 0;
@@ -570,7 +570,11 @@ private:
   std::optional<io::checkpoint_manager> ckpt_;
   std::optional<metrics_log> mlog_;
   std::optional<progress> bar_;
-  io::checkpoint_state resumed_;  // only the epoch_* sums of the resumed epoch are used
+  struct epoch_sums {
+    double loss_sum = 0;
+    std::uint64_t samples = 0, steps = 0, labelled = 0, correct = 0;
+  };
+  epoch_sums resumed_;  // the sums of the resumed epoch so far (from its checkpoint)
   std::uint64_t skip_ = 0;
   std::uint64_t expected_steps_ = 0;
   std::chrono::steady_clock::time_point t0_{};
