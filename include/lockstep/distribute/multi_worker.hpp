@@ -290,8 +290,6 @@ public:
   [[nodiscard]] const std::vector<std::size_t>& device_ordinals() const noexcept { return ordinals_; }
   /// The options.
   [[nodiscard]] const strategy_options& options() const noexcept { return options_; }
-  /// The executor of the local replicas.
-  [[nodiscard]] executor& workers() noexcept { return exec_; }
   /// The strategy in words, for messages.
   [[nodiscard]] const std::string& description() const noexcept { return identity_->description; }
   /// How global batches are cut: worker w's replicas take shards w·L .. w·L + L - 1 of W·L.

@@ -113,8 +113,6 @@ public:
   [[nodiscard]] const strategy_options& options() const noexcept { return options_; }
   /// The reducer (for collectives issued from inside run()).
   [[nodiscard]] Reducer& reducer() noexcept { return reducer_; }
-  /// The executor (workers, run, reduce).
-  [[nodiscard]] executor& workers() noexcept { return exec_; }
   /// BLAS threads per host replica (strategy_options::blas_threads; 1 by default, so a cpu<I>
   /// device is one core and replicas × BLAS threads never exceed the cores).
   [[nodiscard]] int blas_threads() const noexcept { return options_.blas_threads; }
