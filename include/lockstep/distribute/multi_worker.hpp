@@ -305,7 +305,7 @@ public:
       contexts.push_back(backend_traits<Kind>::make_context(o, replica_settings{options_.blas_threads}));
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
     if (m.buckets().size > max_buckets - 1) throw config_error("lockstep::multi_worker: the model has too many buckets");
-    channel_.reserve_floats(m.param_count);
+    channel_.reserve_floats(m.stored_count);
     broadcast(m);
     return m;
   }
@@ -326,7 +326,7 @@ public:
     const std::size_t st = m.replica(0).optimizer_state().size();
     auto job = [&](std::size_t r) {
       auto& rep = m.replica(r);
-      reducer_.broadcast(r, rep.context(), rep.model().parameters().data(), m.param_count, 0);
+      reducer_.broadcast(r, rep.context(), rep.model().parameters().data(), m.stored_count, 0);
       if (st) reducer_.broadcast(r, rep.context(), rep.optimizer_state().data(), st, 0);
     };
     guarded([&] { exec_.execute(job); });

@@ -57,6 +57,7 @@ public:
     reserve(s.size);
     pass_info i = info;
     i.sample_offset = s.offset;
+    i.global_rows = s.global_size;
     i.training = true;
     const T* x = stage(s);
     const T* out = model_.forward(ctx_, x, s.size, i);

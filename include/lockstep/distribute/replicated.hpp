@@ -37,7 +37,8 @@ public:
   using context_type = typename replica_type::context_type;   ///< a replica's context
   using value_type = T;                                       ///< parameter type
   using layout_type = bucket_layout<detail::layer_table<typename model_type::bound>::count>;  ///< bucket table
-  static constexpr std::size_t param_count = model_type::param_count;  ///< parameters per replica
+  static constexpr std::size_t param_count = model_type::param_count;  ///< trainable parameters per replica
+  static constexpr std::size_t stored_count = model_type::stored_count;  ///< parameters then non-trainable state
 
   /// Replicas with the given contexts, all initialised from `s` (a strategy then broadcasts replica 0).
   basic_replicated(std::vector<context_type> contexts, lockstep::seed s, std::size_t bucket_bytes,
@@ -73,23 +74,24 @@ public:
   /// The strategy that made these replicas, in words.
   [[nodiscard]] const std::string& owner_description() const noexcept { return owner_description_; }
 
-  /// Copies replica 0's parameters to host memory (`out` holds param_count elements).
+  /// Copies replica 0's parameters (then its non-trainable state) to host memory (`out` holds
+  /// stored_count elements).
   void parameters_to_host(std::span<T> out) const {
-    check_length(out.size(), param_count, "parameters_to_host");
+    check_length(out.size(), stored_count, "parameters_to_host");
     auto& r = *replicas_.front();
     copy_to_host(const_cast<context_type&>(const_cast<replica_type&>(r).context()), out.data(),
-                 r.model().parameters().data(), param_count);
+                 r.model().parameters().data(), stored_count);
   }
   /// Replica 0's parameters as a host vector.
   [[nodiscard]] std::vector<T> parameters_to_host() const {
-    std::vector<T> v(param_count);
+    std::vector<T> v(stored_count);
     parameters_to_host(std::span<T>(v));
     return v;
   }
-  /// Loads the same parameters into every replica.
+  /// Loads the same parameters (then non-trainable state, stored_count in all) into every replica.
   void load_parameters(std::span<const T> in) {
-    check_length(in.size(), param_count, "load_parameters");
-    for (auto& r : replicas_) copy_from_host(r->context(), r->model().parameters().data(), in.data(), param_count);
+    check_length(in.size(), stored_count, "load_parameters");
+    for (auto& r : replicas_) copy_from_host(r->context(), r->model().parameters().data(), in.data(), stored_count);
   }
 
   /// Replica 0's optimiser state as a host vector (empty before the first update).

@@ -153,7 +153,7 @@ public:
     auto job = [&](std::size_t r) {
       auto& rep = m.replica(r);
       rep.context().activate();
-      reducer_.broadcast(r, rep.context(), rep.model().parameters().data(), m.param_count, root);
+      reducer_.broadcast(r, rep.context(), rep.model().parameters().data(), m.stored_count, root);
       if (state) {
         if (rep.optimizer_state().size() != state)
           throw shape_error("lockstep::mirrored::broadcast: optimiser states differ in size");

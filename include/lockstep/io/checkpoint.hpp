@@ -92,6 +92,7 @@ template <class Net>
   mix(bound::input_size);
   mix(bound::output_size);
   mix(bound::param_count);
+  if constexpr (state_count_v<bound> > 0) mix(state_count_v<bound>);  // models without state keep their signature
   if constexpr (requires { bound::layer_count; }) {
     mix(bound::layer_count);
     for (std::size_t i = 0; i < bound::layer_count; ++i) {
@@ -513,7 +514,7 @@ template <class Replicated>
   checkpoint_state s;
   s.signature = model_signature<net>();
   s.model_name = model_name<net>();
-  s.parameters.resize(model<net>::param_count);
+  s.parameters.resize(model<net>::stored_count);
   m.parameters_to_host(std::span<float>(s.parameters.data(), s.parameters.size()));
   s.optimizer_state = m.optimizer_state_to_host();
   s.step = m.step();
@@ -571,10 +572,10 @@ template <class Replicated>
 void restore(Replicated& m, const checkpoint_state& s, const std::string& source = "checkpoint") {
   using net = network_of<Replicated>;
   check_signature(s, model_signature<net>(), source, model_name<net>());
-  if (s.parameters.size() != model<net>::param_count)
+  if (s.parameters.size() != model<net>::stored_count)
     throw checkpoint_error("lockstep::checkpoint: " + source + ": section 'parameters': holds " +
-                           std::to_string(s.parameters.size()) + " parameters, the model has " +
-                           std::to_string(model<net>::param_count));
+                           std::to_string(s.parameters.size()) + " values, the model has " +
+                           std::to_string(model<net>::stored_count) + " (parameters and non-trainable state)");
   m.load_parameters(std::span<const float>(s.parameters.data(), s.parameters.size()));
   if (!s.optimizer_state.empty())
     m.load_optimizer_state(std::span<const float>(s.optimizer_state.data(), s.optimizer_state.size()));

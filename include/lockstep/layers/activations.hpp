@@ -48,6 +48,7 @@ template <class Fn>
 struct activation {
   using layer_concept = layer_tag;                ///< opts in to the layer concept
   static constexpr std::size_t expected_input = 0;  ///< any width
+  static constexpr bool preserves_shape = true;    ///< elementwise: an image stays an image
   using function = Fn;                              ///< the scalar function pair
 
   /// The activation bound to width I.

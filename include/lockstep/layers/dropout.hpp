@@ -53,6 +53,7 @@ struct dropout {
   static_assert(Num >= 0 && Num < Den, "lockstep::dropout<Num, Den>: the rate Num / Den must be in [0, 1)");
   using layer_concept = layer_tag;                  ///< opts in to the layer concept
   static constexpr std::size_t expected_input = 0;  ///< any width
+  static constexpr bool preserves_shape = true;    ///< elementwise: an image stays an image
   static constexpr double rate = static_cast<double>(Num) / static_cast<double>(Den);  ///< drop probability
 
   /// Dropout bound to width I.

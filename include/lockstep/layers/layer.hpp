@@ -11,8 +11,25 @@
 #include <type_traits>
 
 #include <lockstep/core/random.hpp>
+#include <lockstep/layers/shape.hpp>
 
 namespace lockstep {
+
+/// The exchange that layers whose training forward couples the rows of the GLOBAL batch
+/// (batch_norm) use to see the rows of every replica. A strategy passes one in `pass_info`; every
+/// replica of the step calls it the same number of times, in the same order, with the same width.
+class row_exchange {
+public:
+  virtual ~row_exchange() = default;
+  /// Replica `rank` contributes its `rows` rows (`width` values each, host memory), rows
+  /// [first_row, first_row + rows) of a table of `total_rows` rows; returns the whole table (host
+  /// memory, valid until this replica's next call) once every replica has contributed.
+  virtual const float* all_gather(std::size_t rank, const float* mine, std::size_t first_row, std::size_t rows,
+                                  std::size_t width, std::size_t total_rows) = 0;
+  /// The same for double rows.
+  virtual const double* all_gather(std::size_t rank, const double* mine, std::size_t first_row, std::size_t rows,
+                                   std::size_t width, std::size_t total_rows) = 0;
+};
 
 /// Opt-in tag: a type is a layer only when it says `using layer_concept = lockstep::layer_tag;`.
 struct layer_tag {};
@@ -26,7 +43,25 @@ struct pass_info {
   std::uint64_t step = 0;            ///< global step number (keys dropout masks)
   std::uint64_t sample_offset = 0;   ///< position of this shard's first row in the global batch
   std::uint64_t layer_stream = 0;    ///< identifies the layer (sequential derives it per position)
+  std::ptrdiff_t state_offset = 0;   ///< from the layer's `params` to its non-trainable state (see layer_state)
+  std::uint64_t global_rows = 0;     ///< rows of the global batch (0: this call's batch is all of it)
+  row_exchange* exchange = nullptr;  ///< gathers rows across replicas (null: this call holds the whole batch)
+  std::size_t rank = 0;              ///< this replica's index in `exchange`
 };
+
+/// The non-trainable state of a layer (`state_count` elements, e.g. batch norm's running
+/// statistics): it lives in the model's parameter buffer after every trainable parameter, where
+/// the optimiser never reaches, at `info.state_offset` from the layer's parameters. Forward in
+/// training mode may update it; it is saved in checkpoints with the parameters.
+template <class T>
+[[nodiscard]] T* layer_state(const T* params, const pass_info& info) noexcept {
+  return const_cast<T*>(params) + info.state_offset;  // the model's buffer is not const
+}
+
+/// Rows of the global batch a pass belongs to: `info.global_rows`, or `batch` when it is 0.
+[[nodiscard]] inline std::size_t global_rows_of(const pass_info& info, std::size_t batch) noexcept {
+  return info.global_rows ? static_cast<std::size_t>(info.global_rows) : batch;
+}
 
 /// Random-stream purposes, mixed into layer streams so that init and dropout never share draws.
 enum class rng_purpose : std::uint64_t { init = 1, dropout = 2 };
@@ -41,6 +76,13 @@ constexpr std::uint64_t layer_rng_stream(std::uint64_t layer_stream, rng_purpose
 ///   - `input_size`, `output_size`: features in and out per row;
 ///   - `param_count`: elements of the layer's slice of the flat parameter (and gradient) buffer;
 ///   - `workspace_per_sample`: elements of scratch per row that forward keeps for backward.
+/// Optional members (0 or false when absent):
+///   - `workspace_fixed`: scratch elements independent of the batch, after the per-row scratch;
+///   - `state_count`: elements of non-trainable state (see layer_state), set by
+///     `static void init_state(T* state)`;
+///   - `couples_rows`: true when the training forward of a row depends on the other rows of the
+///     global batch (it then uses `pass_info::exchange`);
+///   - `output_shape`: the `shape<...>` of an output row (else `shape<output_size>`).
 template <class B>
 concept bound_layer = requires {
   { B::input_size } -> std::convertible_to<std::size_t>;
@@ -130,6 +172,44 @@ constexpr bool check_bound_layer() {
 }
 }  // namespace detail
 
+/// Scratch elements of bound layer B that do not depend on the batch (its `workspace_fixed`, or 0).
+template <class B>
+inline constexpr std::size_t workspace_fixed_v = [] {
+  if constexpr (requires { B::workspace_fixed; }) return std::size_t{B::workspace_fixed};
+  else return std::size_t{0};
+}();
+
+/// Non-trainable state elements of bound layer B (its `state_count`, or 0).
+template <class B>
+inline constexpr std::size_t state_count_v = [] {
+  if constexpr (requires { B::state_count; }) return std::size_t{B::state_count};
+  else return std::size_t{0};
+}();
+
+/// True when bound layer B's training forward couples the rows of the global batch.
+template <class B>
+inline constexpr bool couples_rows_v = [] {
+  if constexpr (requires { B::couples_rows; }) return bool{B::couples_rows};
+  else return false;
+}();
+
+/// The shape of an output row of bound layer B (its `output_shape`, or `shape<output_size>`);
+/// `InShape` is the input row's shape, kept by layers that say `preserves_shape`.
+template <class B, class InShape, bool Preserves = false>
+struct output_shape_of {
+  using type = shape<B::output_size>;  ///< a flat row
+};
+template <class B, class InShape, bool Preserves>
+  requires requires { typename B::output_shape; }
+struct output_shape_of<B, InShape, Preserves> {
+  using type = typename B::output_shape;  ///< the layer says
+};
+template <class B, class InShape>
+  requires(!requires { typename B::output_shape; })
+struct output_shape_of<B, InShape, true> {
+  using type = InShape;  ///< an elementwise layer keeps the shape
+};
+
 /// True when layer L accepts input width In.
 template <class L, std::size_t In>
 inline constexpr bool accepts_v = In > 0 && (L::expected_input == 0 || L::expected_input == In);
@@ -137,5 +217,47 @@ inline constexpr bool accepts_v = In > 0 && (L::expected_input == 0 || L::expect
 /// The bound form of layer L at input width In.
 template <class L, std::size_t In>
 using bind_t = typename L::template bind<In>;
+
+/// True when layer L reads the shape of its input row, not only its width: it provides
+/// `template <class S> static constexpr bool accepts_shape` and `template <class S> bind_shape`.
+template <class L>
+concept shape_aware_layer = layer<L> && requires { typename L::template bind_shape<shape<1>>; };
+
+/// True when layer L accepts input rows of shape S.
+template <class L, class S>
+constexpr bool accepts_shape_v() {
+  if constexpr (requires { L::template accepts_shape<S>; })
+    return S::size > 0 && L::template accepts_shape<S>;
+  else if constexpr (requires { L::template accepts<S::size>; })
+    return S::size > 0 && L::template accepts<S::size>;
+  else
+    return accepts_v<L, S::size>;
+}
+
+namespace detail {
+template <class L, class S>
+struct bind_shape_impl {
+  using type = typename L::template bind<S::size>;
+};
+template <class L, class S>
+  requires requires { typename L::template bind_shape<S>; }
+struct bind_shape_impl<L, S> {
+  using type = typename L::template bind_shape<S>;
+};
+template <class L>
+constexpr bool preserves_shape() {
+  if constexpr (requires { L::preserves_shape; }) return bool{L::preserves_shape};
+  else return false;
+}
+}  // namespace detail
+
+/// The bound form of layer L for input rows of shape S (`bind<S::size>` for a layer that only
+/// needs the width).
+template <class L, class S>
+using bind_shape_t = typename detail::bind_shape_impl<L, S>::type;
+
+/// The shape of an output row of layer L bound to input shape S.
+template <class L, class S>
+using output_shape_t = typename output_shape_of<bind_shape_t<L, S>, S, detail::preserves_shape<L>()>::type;
 
 }  // namespace lockstep

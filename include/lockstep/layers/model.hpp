@@ -50,41 +50,49 @@ public:
   static_assert(detail::check_bound_layer<bound, T, context_type>());  // names a missing member
   static constexpr std::size_t input_size = bound::input_size;    ///< features per input row
   static constexpr std::size_t output_size = bound::output_size;  ///< outputs per row
-  static constexpr std::size_t param_count = bound::param_count;  ///< length of the flat buffers
+  static constexpr std::size_t param_count = bound::param_count;  ///< trainable parameters (length of the gradients)
+  static constexpr std::size_t state_count = state_count_v<bound>;  ///< non-trainable state after the parameters
+  static constexpr std::size_t stored_count = param_count + state_count;  ///< length of the parameter buffer
+  static constexpr bool couples_rows = couples_rows_v<bound>;  ///< a layer's training forward couples rows
 
   /// A host model initialised from `s`.
-  explicit basic_model(lockstep::seed s = {}) requires std::default_initializable<context_t<Kind>> : params_(param_count), grads_(param_count) {
+  explicit basic_model(lockstep::seed s = {}) requires std::default_initializable<context_t<Kind>>
+      : params_(stored_count), grads_(param_count) {
     context_type ctx;
     init(ctx, s);
   }
 
   /// A model on the context's device initialised from `s` (initialised on the host, then copied with `ctx`).
-  basic_model(context_type& ctx, lockstep::seed s) : params_(param_count), grads_(param_count) { init(ctx, s); }
+  basic_model(context_type& ctx, lockstep::seed s) : params_(stored_count), grads_(param_count) { init(ctx, s); }
 
-  /// Re-initialises every parameter from seed `s`: the values depend only on (s, layer, element).
+  /// Re-initialises every parameter from seed `s` (the values depend only on (s, layer, element))
+  /// and the non-trainable state to its initial value.
   void init(context_type& ctx, lockstep::seed s) {
-    std::vector<T> host(param_count);
+    std::vector<T> host(stored_count);
     bound::init(host.data(), counter_rng(s.value, layer_rng_stream(0, rng_purpose::init)));
-    copy_from_host(ctx, params_.data(), host.data(), param_count);
+    if constexpr (state_count > 0) bound::init_state(host.data() + param_count);
+    copy_from_host(ctx, params_.data(), host.data(), stored_count);
     fill(ctx, grads_.data(), param_count, T(0));
   }
 
   /// Grows the workspace for batches of up to `rows` rows (forward does this on demand).
   void reserve(std::size_t rows) {
-    if (rows <= capacity_) return;
-    workspace_.reserve_discard(rows * bound::workspace_per_sample);
+    if (reserved_ && rows <= capacity_) return;
+    workspace_.reserve_discard(rows * bound::workspace_per_sample + workspace_fixed_v<bound>);
     output_.reserve_discard(rows * output_size);
     capacity_ = rows;
+    reserved_ = true;
   }
 
   /// Runs the network on `rows` rows of x (rows x input_size, on D) and returns the output
   /// (rows x output_size, on D, valid until the next forward). `x` must stay valid until backward.
   const T* forward(context_type& ctx, const T* x, std::size_t rows, const pass_info& info) {
     reserve(rows);
-    bound::forward(ctx, params_.data(), x, output_.data(), workspace_.data(), rows, info);
+    last_info_ = info;
+    last_info_.state_offset = static_cast<std::ptrdiff_t>(param_count);  // the state follows the parameters
+    bound::forward(ctx, params_.data(), x, output_.data(), workspace_.data(), rows, last_info_);
     last_x_ = x;
     last_rows_ = rows;
-    last_info_ = info;
     return output_.data();
   }
 
@@ -103,9 +111,10 @@ public:
     }
   }
 
-  /// The flat parameter buffer.
+  /// The flat parameter buffer: param_count trainable parameters, then state_count elements of
+  /// non-trainable state (batch-norm running statistics), stored_count in all.
   [[nodiscard]] basic_buffer<T, Kind>& parameters() noexcept { return params_; }
-  /// The flat parameter buffer.
+  /// The flat parameter buffer (parameters, then state).
   [[nodiscard]] const basic_buffer<T, Kind>& parameters() const noexcept { return params_; }
   /// The flat gradient buffer (same layout as the parameters).
   [[nodiscard]] basic_buffer<T, Kind>& gradients() noexcept { return grads_; }
@@ -120,6 +129,7 @@ private:
   basic_buffer<T, Kind> workspace_;
   basic_buffer<T, Kind> output_;
   std::size_t capacity_ = 0;
+  bool reserved_ = false;  // the batch-independent workspace exists (even for an empty first batch)
   const T* last_x_ = nullptr;
   std::size_t last_rows_ = 0;
   pass_info last_info_{};

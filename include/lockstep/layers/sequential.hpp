@@ -31,15 +31,6 @@ struct prepend<T, type_list<Ts...>> {
   using type = type_list<T, Ts...>;
 };
 
-/// True when L accepts input width In; a layer may refine this with `template <size_t> accepts`.
-template <class L, std::size_t In>
-constexpr bool layer_accepts() {
-  if constexpr (requires { L::template accepts<In>; })
-    return In > 0 && L::template accepts<In>;
-  else
-    return accepts_v<L, In>;
-}
-
 }  // namespace detail
 
 /// The positions of a layer inside nested sequentials, outermost first (0-based); it names the
@@ -56,53 +47,64 @@ struct prepend_position<P, layer_path<Ps...>> {
   using type = layer_path<P, Ps...>;
 };
 
-template <std::size_t Pos, std::size_t In, class... Ls>
+/// The chain of a sequential's layers from input rows of shape S (flat list, bound once).
+template <std::size_t Pos, class S, class... Ls>
 struct chain {
   using bound = type_list<>;
   static constexpr bool ok = true;
-  static constexpr std::size_t output = In;
+  using output = S;
   using bad_path = layer_path<>;
+  using bad_shape = S;
+  using bad_layer = void;
   static constexpr std::size_t bad_input = 0, bad_expected = 0;
 };
 
-/// Where layer L at position Pos fails for input width In: inside L when L is a chain (a nested
-/// sequential) that takes width In at its entrance, else at L itself.
-template <std::size_t Pos, std::size_t In, class L>
+/// Where layer L at position Pos fails for input shape S: inside L when L is a chain (a nested
+/// sequential) that takes S at its entrance, else at L itself.
+template <std::size_t Pos, class S, class L>
 struct mismatch_at {
   using path = layer_path<Pos>;
-  static constexpr std::size_t given = In, expected = L::expected_input;
+  using given_shape = S;
+  using layer_type = L;
+  static constexpr std::size_t given = S::size, expected = L::expected_input;
 };
-template <std::size_t Pos, std::size_t In, class L>
-  requires requires { L::template chain_at<In>::ok; } && (L::expected_input == 0 || L::expected_input == In)
-struct mismatch_at<Pos, In, L> {
-  using inner = typename L::template chain_at<In>;
+template <std::size_t Pos, class S, class L>
+  requires requires { L::template chain_at<S>::ok; } && (L::expected_input == 0 || L::expected_input == S::size)
+struct mismatch_at<Pos, S, L> {
+  using inner = typename L::template chain_at<S>;
   using path = typename prepend_position<Pos, typename inner::bad_path>::type;
+  using given_shape = typename inner::bad_shape;
+  using layer_type = typename inner::bad_layer;
   static constexpr std::size_t given = inner::bad_input, expected = inner::bad_expected;
 };
 
-template <bool Accepted, std::size_t Pos, std::size_t In, class L, class... Ls>
+template <bool Accepted, std::size_t Pos, class S, class L, class... Ls>
 struct chain_step {
   using bound = type_list<>;
   static constexpr bool ok = false;
-  static constexpr std::size_t output = 0;
-  using bad_path = typename mismatch_at<Pos, In, L>::path;
-  static constexpr std::size_t bad_input = mismatch_at<Pos, In, L>::given,
-                               bad_expected = mismatch_at<Pos, In, L>::expected;
+  using output = S;
+  using bad_path = typename mismatch_at<Pos, S, L>::path;
+  using bad_shape = typename mismatch_at<Pos, S, L>::given_shape;
+  using bad_layer = typename mismatch_at<Pos, S, L>::layer_type;
+  static constexpr std::size_t bad_input = mismatch_at<Pos, S, L>::given,
+                               bad_expected = mismatch_at<Pos, S, L>::expected;
 };
 
-template <std::size_t Pos, std::size_t In, class L, class... Ls>
-struct chain_step<true, Pos, In, L, Ls...> {
-  using head = bind_t<L, In>;
-  using tail = chain<Pos + 1, head::output_size, Ls...>;
+template <std::size_t Pos, class S, class L, class... Ls>
+struct chain_step<true, Pos, S, L, Ls...> {
+  using head = bind_shape_t<L, S>;
+  using tail = chain<Pos + 1, output_shape_t<L, S>, Ls...>;
   using bound = typename prepend<head, typename tail::bound>::type;
   static constexpr bool ok = tail::ok;
-  static constexpr std::size_t output = tail::output;
+  using output = typename tail::output;
   using bad_path = typename tail::bad_path;
+  using bad_shape = typename tail::bad_shape;
+  using bad_layer = typename tail::bad_layer;
   static constexpr std::size_t bad_input = tail::bad_input, bad_expected = tail::bad_expected;
 };
 
-template <std::size_t Pos, std::size_t In, class L, class... Ls>
-struct chain<Pos, In, L, Ls...> : chain_step<layer_accepts<L, In>(), Pos, In, L, Ls...> {};
+template <std::size_t Pos, class S, class L, class... Ls>
+struct chain<Pos, S, L, Ls...> : chain_step<accepts_shape_v<L, S>(), Pos, S, L, Ls...> {};
 
 }  // namespace detail
 
@@ -114,6 +116,18 @@ struct layer_shape_mismatch {
   static_assert(Position != Position,
                 "lockstep::sequential: the layer at Position receives Given features from the layer "
                 "before it (or from the model input) but expects Expected; see the template arguments");
+};
+
+/// Reported when the layer at Path (`layer_path<Outer, ..., Inner>`, 0-based, outermost first)
+/// cannot take input rows of shape Given (a `shape<...>`); Layer is that layer, whose own template
+/// arguments say what it needs (a convolution needs `shape<C, H, W>` at least as large as its
+/// window, a dense layer a row of its input width).
+template <class Path, class Given, class Layer>
+struct layer_input_shape_mismatch {
+  static_assert(sizeof(Path*) == 0,
+                "lockstep::sequential: the layer at Path (outer position first) cannot take input rows of shape "
+                "Given; see the template arguments: Given is the shape the layer before it produces, Layer the "
+                "layer that rejects it");
 };
 
 /// Reported when a layer inside a nested sequential receives Given features but expects
@@ -140,22 +154,27 @@ constexpr std::size_t first_fixed_input() {
 /// from the first fixed input width (or width 1 when every layer takes any width).
 template <class... Ls>
 concept composable = sizeof...(Ls) > 0 && (layer<Ls> && ...) &&
-                     detail::chain<0, std::max(std::size_t{1}, detail::first_fixed_input<Ls...>()), Ls...>::ok;
+                     detail::chain<0, shape<std::max(std::size_t{1}, detail::first_fixed_input<Ls...>())>, Ls...>::ok;
 
 namespace detail {
 
-template <std::size_t In, class List>
+template <class S, class Out, class List>
 struct bound_sequential;
 
-/// A sequential bound to input width In, over its bound layers Bs...
-template <std::size_t In, class... Bs>
-struct bound_sequential<In, type_list<Bs...>> {
+/// A sequential bound to input rows of shape S (output rows of shape Out), over its bound layers Bs...
+template <class S, class Out, class... Bs>
+struct bound_sequential<S, Out, type_list<Bs...>> {
   static constexpr std::size_t layer_count = sizeof...(Bs);  ///< number of layers
   static constexpr std::array<std::size_t, layer_count> outputs{Bs::output_size...};  ///< each layer's width
   static constexpr std::array<std::size_t, layer_count> params{Bs::param_count...};  ///< each layer's parameters
-  static constexpr std::size_t input_size = In;                                       ///< features in
+  static constexpr std::array<std::size_t, layer_count> states{state_count_v<Bs>...};  ///< each layer's state
+  using input_shape = S;                                                              ///< shape of an input row
+  using output_shape = Out;                                                           ///< shape of an output row
+  static constexpr std::size_t input_size = S::size;                                  ///< features in
   static constexpr std::size_t output_size = outputs[layer_count - 1];               ///< features out
   static constexpr std::size_t param_count = (Bs::param_count + ... + 0);            ///< all parameters
+  static constexpr std::size_t state_count = (state_count_v<Bs> + ... + 0);          ///< all non-trainable state
+  static constexpr bool couples_rows = (couples_rows_v<Bs> || ...);                  ///< some layer couples rows
 
   /// Offset of each layer's parameters in the flat buffer (also the gradient layout).
   static constexpr std::array<std::size_t, layer_count> param_offsets = [] {
@@ -164,11 +183,20 @@ struct bound_sequential<In, type_list<Bs...>> {
     for (std::size_t i = 0; i < layer_count; ++i) o[i] = std::exchange(acc, acc + params[i]);
     return o;
   }();
+  /// Offset of each layer's state in the sequential's state (which follows all its parameters).
+  static constexpr std::array<std::size_t, layer_count> state_offsets = [] {
+    std::array<std::size_t, layer_count> o{};
+    std::size_t acc = 0;
+    for (std::size_t i = 0; i < layer_count; ++i) o[i] = std::exchange(acc, acc + states[i]);
+    return o;
+  }();
 
 private:
   static constexpr std::array<std::size_t, layer_count> scratch{Bs::workspace_per_sample...};
-  // Per-sample workspace layout: activations of layers 0..N-2, then each layer's own scratch,
-  // then two ping-pong gradient buffers as wide as the widest inner activation.
+  static constexpr std::array<std::size_t, layer_count> fixed{workspace_fixed_v<Bs>...};
+  // Workspace layout for a batch of b rows: b * (activations of layers 0..N-2), then each layer's
+  // own region (b * its per-row scratch + its fixed scratch), then two ping-pong gradient buffers
+  // of b * the widest inner activation.
   static constexpr std::size_t max_inner = [] {
     std::size_t m = 0;
     for (std::size_t i = 0; i + 1 < layer_count; ++i) m = std::max(m, outputs[i]);
@@ -184,10 +212,16 @@ private:
     return o;
   }();
   static constexpr std::size_t acts_total = layer_count > 1 ? act_offsets[layer_count - 1] : 0;
-  static constexpr std::array<std::size_t, layer_count> scratch_offsets = [] {
+  static constexpr std::array<std::size_t, layer_count> scratch_offsets = [] {  // per-row part, after the activations
     std::array<std::size_t, layer_count> o{};
     std::size_t acc = acts_total;
     for (std::size_t i = 0; i < layer_count; ++i) o[i] = std::exchange(acc, acc + scratch[i]);
+    return o;
+  }();
+  static constexpr std::array<std::size_t, layer_count> fixed_offsets = [] {  // fixed part before layer i
+    std::array<std::size_t, layer_count> o{};
+    std::size_t acc = 0;
+    for (std::size_t i = 0; i < layer_count; ++i) o[i] = std::exchange(acc, acc + fixed[i]);
     return o;
   }();
   static constexpr std::size_t grads_offset = acts_total + (Bs::workspace_per_sample + ... + 0);
@@ -195,6 +229,8 @@ private:
 public:
   /// Workspace elements per sample: inner activations, layer scratch and gradient ping-pong.
   static constexpr std::size_t workspace_per_sample = grads_offset + (layer_count > 1 ? 2 * max_inner : 0);
+  /// Workspace elements independent of the batch: the layers' fixed scratch.
+  static constexpr std::size_t workspace_fixed = (workspace_fixed_v<Bs> + ... + 0);
 
   /// The I-th bound layer.
   template <std::size_t I>
@@ -218,14 +254,22 @@ public:
     }(std::make_index_sequence<layer_count>{});
   }
 
+  /// Sets every layer's non-trainable state to its initial value (`state_count` elements).
+  template <class T>
+  static void init_state(T* state) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (init_state_of<layer_type<I>>(state + state_offsets[I]), ...);
+    }(std::make_index_sequence<layer_count>{});
+  }
+
   /// Runs the layers in order; x is batch x In, y is batch x output_size, ws holds
-  /// batch * workspace_per_sample elements kept for backward.
+  /// batch * workspace_per_sample + workspace_fixed elements kept for backward.
   template <class T, class Ctx>
   static void forward(Ctx& ctx, const T* p, const T* x, T* y, T* ws, std::size_t batch, const pass_info& info) {
     static_assert(check_layers<T, Ctx>());
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (layer_type<I>::forward(ctx, p + param_offsets[I], input_of<I>(x, ws, batch), output_of<I>(y, ws, batch),
-                              ws + batch * scratch_offsets[I], batch, child(info, I)),
+                              scratch_of<I>(ws, batch), batch, child(info, I)),
        ...);
     }(std::make_index_sequence<layer_count>{});
   }
@@ -249,9 +293,16 @@ public:
   }
 
 private:
+  template <class B, class T>
+  static void init_state_of(T* state) {
+    if constexpr (state_count_v<B> > 0) B::init_state(state);
+  }
   static pass_info child(const pass_info& info, std::size_t i) noexcept {
     pass_info c = info;
     c.layer_stream = mix_stream(info.layer_stream, i);
+    // The state of layer i, seen from its parameters: ours start at our params + state_offset.
+    c.state_offset = info.state_offset - static_cast<std::ptrdiff_t>(param_offsets[i]) +
+                     static_cast<std::ptrdiff_t>(state_offsets[i]);
     return c;
   }
   template <std::size_t I, class T>
@@ -264,9 +315,13 @@ private:
     if constexpr (I + 1 == layer_count) return y;
     else return ws + batch * act_offsets[I];
   }
+  template <std::size_t I, class T>
+  static T* scratch_of(T* ws, std::size_t batch) noexcept {
+    return ws + batch * scratch_offsets[I] + fixed_offsets[I];
+  }
   template <class T>
   static T* pingpong(T* ws, std::size_t batch, std::size_t which) noexcept {
-    return ws + batch * (grads_offset + which * max_inner);
+    return ws + batch * (grads_offset + which * max_inner) + workspace_fixed;
   }
   template <std::size_t J, class T, class Ctx, class Hook>
   static void backward_one(Ctx& ctx, const T* p, const T* x, const T* y, const T* dy, T* dx, T* dp, T* ws,
@@ -278,23 +333,29 @@ private:
     if constexpr (J == 0) g_in = dx;
     else g_in = pingpong(ws, batch, (J - 1) % 2);
     layer_type<J>::backward(ctx, p + param_offsets[J], input_of<J>(x, ws, batch), output_of<J>(y, ws, batch), g_out,
-                            g_in, dp + param_offsets[J], ws + batch * scratch_offsets[J], batch, child(info, J));
+                            g_in, dp + param_offsets[J], scratch_of<J>(ws, batch), batch, child(info, J));
     on_layer_done(J, param_offsets[J], params[J]);
   }
 };
 
-template <bool Ok, class Chain, std::size_t In>
+template <bool Ok, class Chain, class S>
 struct checked_bind {
-  using type = bound_sequential<In, typename Chain::bound>;
+  using type = bound_sequential<S, typename Chain::output, typename Chain::bound>;
 };
 template <class Path, std::size_t Given, std::size_t Expected>
-struct shape_mismatch_report : nested_layer_shape_mismatch<Path, Given, Expected> {};
+struct width_mismatch_report : nested_layer_shape_mismatch<Path, Given, Expected> {};
 template <std::size_t Position, std::size_t Given, std::size_t Expected>
-struct shape_mismatch_report<layer_path<Position>, Given, Expected> : layer_shape_mismatch<Position, Given, Expected> {};
+struct width_mismatch_report<layer_path<Position>, Given, Expected> : layer_shape_mismatch<Position, Given, Expected> {};
+template <class Chain, bool ShapeReport = !std::is_void_v<typename Chain::bad_layer> &&
+                                          (shape_aware_layer<typename Chain::bad_layer> || Chain::bad_shape::rank > 1)>
+struct shape_mismatch_report
+    : width_mismatch_report<typename Chain::bad_path, Chain::bad_input, Chain::bad_expected> {};
+template <class Chain>
+struct shape_mismatch_report<Chain, true>
+    : layer_input_shape_mismatch<typename Chain::bad_path, typename Chain::bad_shape, typename Chain::bad_layer> {};
 
-template <class Chain, std::size_t In>
-struct checked_bind<false, Chain, In>
-    : shape_mismatch_report<typename Chain::bad_path, Chain::bad_input, Chain::bad_expected> {
+template <class Chain, class S>
+struct checked_bind<false, Chain, S> : shape_mismatch_report<Chain> {
   using type = void;
 };
 
@@ -311,18 +372,25 @@ struct sequential {
   /// The input width of the first layer that fixes one (0 when every layer takes any width).
   static constexpr std::size_t expected_input = detail::first_fixed_input<Layers...>();
 
-  /// True when the whole chain is valid from input width In.
-  template <std::size_t In>
-  static constexpr bool accepts = detail::chain<0, In, Layers...>::ok;
+  /// True when the whole chain is valid from input rows of shape S.
+  template <class S>
+  static constexpr bool accepts_shape = detail::chain<0, S, Layers...>::ok;
 
-  /// The chain of widths from input width In (where a mismatch is, for the enclosing sequential's message).
+  /// True when the whole chain is valid from flat input rows of width In.
   template <std::size_t In>
-  using chain_at = detail::chain<0, In, Layers...>;
+  static constexpr bool accepts = accepts_shape<shape<In>>;
 
-  /// The sequential bound to input width In (a shape mismatch is reported here, with its position).
+  /// The chain of shapes from input shape S (where a mismatch is, for the enclosing sequential's message).
+  template <class S>
+  using chain_at = detail::chain<0, S, Layers...>;
+
+  /// The sequential bound to input rows of shape S (a mismatch is reported here, with its position).
+  template <class S>
+  using bind_shape = typename detail::checked_bind<detail::chain<0, S, Layers...>::ok, detail::chain<0, S, Layers...>, S>::type;
+
+  /// The sequential bound to flat input rows of width In.
   template <std::size_t In>
-  using bind = typename detail::checked_bind<detail::chain<0, In, Layers...>::ok,
-                                             detail::chain<0, In, Layers...>, In>::type;
+  using bind = bind_shape<shape<In>>;
 };
 
 }  // namespace lockstep

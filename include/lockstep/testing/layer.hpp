@@ -25,14 +25,19 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <limits>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <lockstep/backend/host.hpp>
 #include <lockstep/core/random.hpp>
+#include <lockstep/distribute/detail/row_exchange.hpp>
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/testing/allocations.hpp>
 
@@ -55,20 +60,42 @@ struct gradient_tolerance {
   double relative = 1e-5;  ///< |analytic - numeric| <= relative * max(1, |numeric|)
 };
 
+/// The train-mode pass_info the suite uses (a fixed seed and step, this layer at stream 3).
+inline pass_info suite_train_info() { return pass_info{true, 17, 4, 0, 3}; }
+
+/// suite_train_info for bound layer B in `training` mode, its state right after its parameters.
+template <class B>
+pass_info suite_info(bool training) {
+  pass_info info = suite_train_info();
+  info.training = training;
+  info.state_offset = static_cast<std::ptrdiff_t>(B::param_count);
+  return info;
+}
+
 namespace detail {
 
-/// One forward and backward of bound layer B in double on the host, with its own buffers.
+/// Workspace elements bound layer B needs for `rows` rows.
+template <class B>
+std::size_t workspace_size(std::size_t rows) {
+  return rows * B::workspace_per_sample + workspace_fixed_v<B>;
+}
+
+/// One forward and backward of bound layer B in double on the host, with its own buffers. The
+/// parameter vector holds B's parameters, then its non-trainable state (as a model stores them).
 template <class B>
 struct layer_harness {
   host_context ctx{1};
-  std::vector<double> params = std::vector<double>(B::param_count);
+  std::vector<double> params = std::vector<double>(B::param_count + state_count_v<B>);
 
-  explicit layer_harness(std::uint64_t seed = 11) { B::init(params.data(), counter_rng(seed, 5)); }
+  explicit layer_harness(std::uint64_t seed = 11) {
+    B::init(params.data(), counter_rng(seed, 5));
+    if constexpr (state_count_v<B> > 0) B::init_state(params.data() + B::param_count);
+  }
 
   /// y = forward(x) for `rows` rows.
   std::vector<double> forward(const std::vector<double>& p, const std::vector<double>& x, std::size_t rows,
                               const pass_info& info) {
-    std::vector<double> y(rows * B::output_size + 1), ws(rows * B::workspace_per_sample + 1);
+    std::vector<double> y(rows * B::output_size + 1), ws(workspace_size<B>(rows) + 1);
     B::forward(ctx, p.data(), x.data(), y.data(), ws.data(), rows, info);
     y.pop_back();
     return y;
@@ -97,14 +124,64 @@ std::vector<double> inputs(std::size_t rows) {
   return x;
 }
 
+/// Runs training forward and backward of B on `rows` rows split into n shards (the first rows %
+/// n one row longer) on n threads sharing a row exchange, and checks that outputs, input
+/// gradients, the parameter gradients summed over shards, and the state are bitwise those of one
+/// call on the whole batch.
+template <class B>
+void coupled_split_check(std::size_t rows, std::size_t n) {
+  const pass_info info = suite_info<B>(true);
+  const auto x = inputs<B>(rows);
+  const auto w = weights(rows * B::output_size);
+  layer_harness<B> whole;
+  std::vector<double> y(rows * B::output_size), dx(rows * B::input_size), dp(B::param_count),
+      ws(workspace_size<B>(rows) + 1);
+  B::forward(whole.ctx, whole.params.data(), x.data(), y.data(), ws.data(), rows, info);
+  B::backward(whole.ctx, whole.params.data(), x.data(), y.data(), w.data(), dx.data(), dp.data(), ws.data(), rows, info);
+
+  lockstep::detail::host_row_exchange exchange(n, std::chrono::milliseconds(20'000));
+  std::vector<layer_harness<B>> parts(n);
+  std::vector<std::vector<double>> part_dp(n, std::vector<double>(B::param_count));
+  std::vector<double> y2(y.size()), dx2(dx.size());
+  std::vector<std::thread> threads;
+  std::vector<std::string> failures(n);
+  for (std::size_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        const std::size_t lo = r * (rows / n) + std::min(r, rows % n), len = rows / n + (r < rows % n ? 1 : 0);
+        pass_info i = info;
+        i.sample_offset = lo;
+        i.global_rows = rows;
+        i.exchange = &exchange;
+        i.rank = r;
+        std::vector<double> wsr(workspace_size<B>(len) + 1);
+        B::forward(parts[r].ctx, parts[r].params.data(), x.data() + lo * B::input_size, y2.data() + lo * B::output_size,
+                   wsr.data(), len, i);
+        B::backward(parts[r].ctx, parts[r].params.data(), x.data() + lo * B::input_size, y2.data() + lo * B::output_size,
+                    w.data() + lo * B::output_size, dx2.data() + lo * B::input_size, part_dp[r].data(), wsr.data(), len, i);
+      } catch (const std::exception& e) {
+        failures[r] = e.what();
+        exchange.abort();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const auto& f : failures) REQUIRE_MESSAGE(f.empty(), f);
+  CHECK(y2 == y);
+  CHECK(dx2 == dx);
+  for (std::size_t k = 0; k < B::param_count; ++k) {
+    double sum = part_dp[0][k];  // replicas' contributions, summed as a reducer would
+    for (std::size_t r = 1; r < n; ++r) sum += part_dp[r][k];
+    CAPTURE(k);
+    CHECK(sum == dp[k]);
+  }
+  for (std::size_t r = 0; r < n; ++r) CHECK(parts[r].params == whole.params);  // state included
+}
+
 inline bool close(double analytic, double numeric, const gradient_tolerance& tol) {
   return std::abs(analytic - numeric) <= tol.relative * std::max(1.0, std::abs(numeric));
 }
 
 }  // namespace detail
-
-/// The train-mode pass_info the suite uses (a fixed seed and step, this layer at stream 3).
-inline pass_info suite_train_info() { return pass_info{true, 17, 4, 0, 3}; }
 
 }  // namespace lockstep::testing
 
@@ -120,13 +197,12 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
       for (const std::size_t rows : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{64}}) {
         CAPTURE(training);
         CAPTURE(rows);
-        lockstep::pass_info info = lt::suite_train_info();
-        info.training = training;
+        const lockstep::pass_info info = lt::suite_info<B>(training);
         lt::detail::layer_harness<B> h;
         const auto x = lt::detail::inputs<B>(rows);
         const auto w = lt::detail::weights(rows * B::output_size);
         const auto y = h.forward(h.params, x, rows, info);
-        std::vector<double> ws(rows * B::workspace_per_sample + 1), dx(rows * B::input_size + 1, -7.0),
+        std::vector<double> ws(lt::detail::workspace_size<B>(rows) + 1), dx(rows * B::input_size + 1, -7.0),
             dp(B::param_count + 1, -7.0);
         {  // forward again into the workspace backward reads
           std::vector<double> y2(rows * B::output_size + 1);
@@ -189,8 +265,7 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
   SUBCASE("forward is deterministic in both modes and leaves its input alone") {
     for (const bool training : {false, true}) {
       CAPTURE(training);
-      lockstep::pass_info info = lt::suite_train_info();
-      info.training = training;
+      const lockstep::pass_info info = lt::suite_info<B>(training);
       lt::detail::layer_harness<B> h;
       const auto x = lt::detail::inputs<B>(13);
       const auto x0 = x;
@@ -208,9 +283,9 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
     constexpr std::size_t rows = 33;
     const auto x = lt::detail::inputs<B>(rows);
     const auto w = lt::detail::weights(rows * B::output_size);
-    std::vector<double> y(rows * B::output_size), ws(rows * B::workspace_per_sample + 1), dx(rows * B::input_size),
+    std::vector<double> y(rows * B::output_size), ws(lt::detail::workspace_size<B>(rows) + 1), dx(rows * B::input_size),
         dp(B::param_count + 1);
-    const lockstep::pass_info info = lt::suite_train_info();
+    const lockstep::pass_info info = lt::suite_info<B>(true);
     const auto step = [&] {
       B::forward(h.ctx, h.params.data(), x.data(), y.data(), ws.data(), rows, info);
       B::backward(h.ctx, h.params.data(), x.data(), y.data(), w.data(), dx.data(), dp.data(), ws.data(), rows, info);
@@ -223,29 +298,39 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
   }
 #endif
 
-  SUBCASE("micro-shard invariance: a row's output does not depend on the other rows or on the split") {
-    for (const bool training : {false, true}) {
-      CAPTURE(training);
-      lockstep::pass_info info = lt::suite_train_info();
-      info.training = training;
-      lt::detail::layer_harness<B> h;
-      constexpr std::size_t rows = 29;
-      const auto x = lt::detail::inputs<B>(rows);
-      const auto whole = h.forward(h.params, x, rows, info);
-      for (const std::size_t cut : {std::size_t{1}, std::size_t{10}, std::size_t{28}}) {
-        CAPTURE(cut);
-        const std::vector<double> head(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(cut * B::input_size));
-        const std::vector<double> tail(x.begin() + static_cast<std::ptrdiff_t>(cut * B::input_size), x.end());
-        lockstep::pass_info second = info;
-        second.sample_offset = info.sample_offset + cut;  // as a strategy keys the second shard
-        const auto a = h.forward(h.params, head, cut, info);
-        const auto b = h.forward(h.params, tail, rows - cut, second);
-        for (std::size_t i = 0; i < whole.size(); ++i) {
-          const double part = i < a.size() ? a[i] : b[i - a.size()];
-          CAPTURE(i);
-          CHECK(std::abs(part - whole[i]) <= 1e-12 * std::max(1.0, std::abs(whole[i])));
+  if constexpr (!lockstep::couples_rows_v<B>) {
+    SUBCASE("micro-shard invariance: a row's output does not depend on the other rows or on the split") {
+      for (const bool training : {false, true}) {
+        CAPTURE(training);
+        const lockstep::pass_info info = lt::suite_info<B>(training);
+        lt::detail::layer_harness<B> h;
+        constexpr std::size_t rows = 29;
+        const auto x = lt::detail::inputs<B>(rows);
+        const auto whole = h.forward(h.params, x, rows, info);
+        for (const std::size_t cut : {std::size_t{1}, std::size_t{10}, std::size_t{28}}) {
+          CAPTURE(cut);
+          const std::vector<double> head(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(cut * B::input_size));
+          const std::vector<double> tail(x.begin() + static_cast<std::ptrdiff_t>(cut * B::input_size), x.end());
+          lockstep::pass_info second = info;
+          second.sample_offset = info.sample_offset + cut;  // as a strategy keys the second shard
+          const auto a = h.forward(h.params, head, cut, info);
+          const auto b = h.forward(h.params, tail, rows - cut, second);
+          for (std::size_t i = 0; i < whole.size(); ++i) {
+            const double part = i < a.size() ? a[i] : b[i - a.size()];
+            CAPTURE(i);
+            CHECK(std::abs(part - whole[i]) <= 1e-12 * std::max(1.0, std::abs(whole[i])));
+          }
         }
       }
+    }
+  } else {
+    SUBCASE("a layer that couples rows: split over 1 to 4 replicas through a row exchange, bitwise one device") {
+      for (const std::size_t rows : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{29}})
+        for (std::size_t n = 1; n <= 4; ++n) {
+          CAPTURE(rows);
+          CAPTURE(n);
+          lt::detail::coupled_split_check<B>(rows, n);
+        }
     }
   }
 }

@@ -76,6 +76,11 @@ public:
              const data::distributed_batch& b, const pass_info& info, const update_info& update) {
     using T = typename Replicated::value_type;
     constexpr std::size_t P = Replicated::param_count;
+    if constexpr (Replicated::model_type::couples_rows)
+      throw config_error(
+          "lockstep: determinism::replica_count_invariant runs the micro-shards of a replica one after another, "
+          "so a layer that couples the rows of the global batch (batch_norm) cannot see them all; use "
+          "determinism::run_to_run, under which batch_norm still computes its statistics over the global batch");
     const data::batch& g = *b.global;
     const std::size_t n = ex.size();
     const std::size_t rows = g.rows();

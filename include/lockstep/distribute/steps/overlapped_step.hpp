@@ -12,6 +12,7 @@
 #include <lockstep/data/batch.hpp>
 #include <lockstep/distribute/buckets.hpp>
 #include <lockstep/distribute/concepts.hpp>
+#include <lockstep/distribute/detail/row_exchange.hpp>
 #include <lockstep/distribute/executor.hpp>
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/losses/loss.hpp>
@@ -24,8 +25,8 @@ class overlapped_step {
 public:
   /// The policy of a strategy with `replicas` replicas. A lone replica skips the reducer unless
   /// `reduce_alone` (a replica whose reducer also spans other processes must take part).
-  overlapped_step(std::size_t replicas, const strategy_options&, bool reduce_alone = false)
-      : loss_(replicas), reduce_alone_(reduce_alone) {}
+  overlapped_step(std::size_t replicas, const strategy_options& o, bool reduce_alone = false)
+      : loss_(replicas), reduce_alone_(reduce_alone), exchange_(replicas, o.timeout) {}
 
   /// One step of `m` on `b` through `ex` and `reducer`; returns the loss summed over the global batch.
   template <class Reducer, class Replicated, class Optimizer, class Loss>
@@ -35,10 +36,13 @@ public:
     auto job = [&](std::size_t r) {
       auto& rep = m.replica(r);
       auto& ctx = rep.context();
+      pass_info info_r = info;  // layers that couple rows (batch_norm) exchange them through exchange_
+      info_r.exchange = &exchange_;
+      info_r.rank = r;
       const auto& layout = m.buckets();
       auto* grads = rep.model().gradients().data();
       if (n == 1 && !reduce_alone_) {
-        loss_[r] = rep.forward_backward(loss, b.shards[r], info);
+        loss_[r] = rep.forward_backward(loss, b.shards[r], info_r);
       } else {
         auto hook = [&](std::size_t layer, std::size_t, std::size_t) {
           if (const std::size_t k = layout.completes[layer]) {
@@ -49,7 +53,7 @@ public:
             reducer.start(r, ctx, grads + g.offset, g.count, k - 1);
           }
         };
-        loss_[r] = rep.forward_backward(loss, b.shards[r], info, hook);
+        loss_[r] = rep.forward_backward(loss, b.shards[r], info_r, hook);
         for (std::size_t k = 0; k < layout.size; ++k) reducer.wait(r, ctx, k);
       }
       rep.apply(opt, update);
@@ -60,14 +64,15 @@ public:
     return total;
   }
 
-  /// Nothing of its own to release (the reducer is aborted by the strategy).
-  void abort() noexcept {}
-  /// Nothing of its own to re-arm.
-  void reset() noexcept {}
+  /// Releases replicas waiting in the row exchange (the reducer is aborted by the strategy).
+  void abort() noexcept { exchange_.abort(); }
+  /// Ready again after a failure.
+  void reset() noexcept { exchange_.reset(); }
 
 private:
   std::vector<loss_sum> loss_;
   bool reduce_alone_;
+  detail::host_row_exchange exchange_;
 };
 
 }  // namespace lockstep

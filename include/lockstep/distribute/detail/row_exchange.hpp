@@ -1,0 +1,74 @@
+#pragma once
+/// @file row_exchange.hpp
+/// Internal: the shared-memory row exchange of the host strategies. Replicas copy their rows into
+/// one host table at the rows' global positions; once all have, every replica reads the whole
+/// table. Three barriers per call: everyone has finished reading the previous table; the table
+/// is large enough (grown by replica 0 only when a call needs more, so a steady state allocates
+/// nothing); every row is written. Waits are bounded and abortable like the reducers'.
+
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <lockstep/core/error.hpp>
+#include <lockstep/distribute/detail/host_comm.hpp>
+#include <lockstep/layers/layer.hpp>
+#include <lockstep/memory/buffer.hpp>
+
+namespace lockstep::detail {
+
+/// The row exchange of `replicas` host threads (one per strategy step policy).
+class host_row_exchange final : public row_exchange {
+public:
+  /// An exchange for `replicas` replicas whose waits give up after `timeout`.
+  host_row_exchange(std::size_t replicas, std::chrono::milliseconds timeout)
+      : comm_(replicas, timeout, 0), rows_(replicas, 0) {}
+
+  /// See row_exchange::all_gather.
+  const float* all_gather(std::size_t rank, const float* mine, std::size_t first_row, std::size_t rows,
+                          std::size_t width, std::size_t total_rows) override {
+    return gather(rank, mine, first_row, rows, width, total_rows);
+  }
+  /// See row_exchange::all_gather.
+  const double* all_gather(std::size_t rank, const double* mine, std::size_t first_row, std::size_t rows,
+                           std::size_t width, std::size_t total_rows) override {
+    return gather(rank, mine, first_row, rows, width, total_rows);
+  }
+
+  /// Releases replicas waiting in the exchange (they throw).
+  void abort() noexcept { comm_.abort(); }
+  /// Ready again after a failure.
+  void reset() noexcept { comm_.reset(); }
+
+private:
+  template <class T>
+  const T* gather(std::size_t rank, const T* mine, std::size_t first_row, std::size_t rows, std::size_t width,
+                  std::size_t total_rows) {
+    if (first_row > total_rows || rows > total_rows - first_row)
+      throw shape_error("lockstep: replica " + std::to_string(rank) + " exchanges rows [" + std::to_string(first_row) +
+                        ", " + std::to_string(first_row + rows) + ") of a global batch of " +
+                        std::to_string(total_rows) + " rows");
+    comm_.barrier(rank);  // every replica is done with the previous table
+    const std::size_t bytes = total_rows * width * sizeof(T);
+    if (rank == 0 && table_.size() < bytes) table_ = buffer<std::byte, cpus>(bytes);
+    rows_[rank] = rows;
+    comm_.barrier(rank);  // the table is large enough
+    if (rows) std::memcpy(table_.data() + first_row * width * sizeof(T), mine, rows * width * sizeof(T));
+    comm_.barrier(rank);  // every row is in
+    std::size_t covered = 0;
+    for (const std::size_t r : rows_) covered += r;
+    if (covered != total_rows)
+      throw config_error("lockstep: a layer that couples the rows of the global batch (batch_norm) saw " +
+                         std::to_string(covered) + " of its " + std::to_string(total_rows) +
+                         " rows on this process: the strategy does not exchange rows with other processes");
+    return reinterpret_cast<const T*>(table_.data());
+  }
+
+  host_comm comm_;
+  std::vector<std::size_t> rows_;
+  buffer<std::byte, cpus> table_;
+};
+
+}  // namespace lockstep::detail
