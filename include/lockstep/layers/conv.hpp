@@ -1,0 +1,563 @@
+#pragma once
+/// @file conv.hpp
+/// Layers on images `shape<C, H, W>` (NCHW rows): `conv2d`, `max_pool2d`, `avg_pool2d`,
+/// `global_avg_pool`, and the shape layers `reshape<Dims...>` and `flatten`. Each is written with
+/// the backend's primitives only (gemm, for_each_index, fill, copy), so one definition runs on the
+/// host and on GPUs. Every gradient is computed in gather form (each output element sums its own
+/// contributions in a fixed order): no atomics, bitwise deterministic on every device.
+
+#include <cstddef>
+
+#include <lockstep/backend/host/ops.hpp>
+#include <lockstep/config.hpp>
+#include <lockstep/layers/init.hpp>
+#include <lockstep/layers/layer.hpp>
+#include <lockstep/layers/shape.hpp>
+
+namespace lockstep {
+
+namespace detail {
+
+/// Geometry of a 2-d window (kernel, stride, padding) over a C x H x W image.
+struct window2d {
+  std::size_t c, h, w;            ///< input channels, height, width
+  std::size_t k, stride, pad;     ///< square window, its step and the zero padding on each side
+  std::size_t oh, ow;             ///< output height and width
+  /// Input row of output row `o` at window row `kr`, or -1 when it falls in the padding.
+  [[nodiscard]] LOCKSTEP_HD long in_row(std::size_t o, std::size_t kr) const {
+    return static_cast<long>(o * stride + kr) - static_cast<long>(pad);
+  }
+  /// Input column of output column `o` at window column `kc`, or -1 when it falls in the padding.
+  [[nodiscard]] LOCKSTEP_HD long in_col(std::size_t o, std::size_t kc) const {
+    return static_cast<long>(o * stride + kc) - static_cast<long>(pad);
+  }
+  /// Output positions whose window covers input position i along an axis of `out` outputs:
+  /// [first, last) (empty when last <= first).
+  LOCKSTEP_HD void covering(std::size_t i, std::size_t out, std::size_t& first, std::size_t& last) const {
+    const std::size_t ip = i + pad;  // position in the padded input
+    first = ip + 1 > k ? (ip + 1 - k + stride - 1) / stride : 0;
+    last = ip / stride + 1;
+    if (last > out) last = out;
+  }
+};
+
+/// im2col of `batch` images: cols[b] is (C K K) x (OH OW), row (c, kr, kc), column (oy, ox).
+/// One call fills one row of one image (OW... elements per (b, c, kr, kc, oy)).
+template <class T>
+struct im2col_op {
+  const T* x;    ///< batch x C x H x W
+  T* cols;       ///< batch x (C K K) x (OH OW)
+  window2d g;    ///< geometry
+  /// Fills the OW elements of (b, c, kr, kc, oy) with the image's values (0 in the padding).
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const std::size_t oy = i % g.oh;
+    std::size_t r = i / g.oh;
+    const std::size_t kc = r % g.k;
+    r /= g.k;
+    const std::size_t kr = r % g.k;
+    r /= g.k;
+    const std::size_t c = r % g.c;
+    const std::size_t b = r / g.c;
+    T* out = cols + i * g.ow;
+    const long y = g.in_row(oy, kr);
+    if (y < 0 || y >= static_cast<long>(g.h)) {
+      for (std::size_t ox = 0; ox < g.ow; ++ox) out[ox] = T(0);
+      return;
+    }
+    const T* in = x + ((b * g.c + c) * g.h + static_cast<std::size_t>(y)) * g.w;
+    for (std::size_t ox = 0; ox < g.ow; ++ox) {
+      const long xx = g.in_col(ox, kc);
+      out[ox] = xx < 0 || xx >= static_cast<long>(g.w) ? T(0) : in[xx];
+    }
+  }
+};
+
+/// col2im of one image in gather form: dx (C x H x W) = the sum of the columns entries that read
+/// each input element. One call does one input row (c, y).
+template <class T>
+struct col2im_op {
+  const T* dcols;  ///< (C K K) x (OH OW) of one image
+  T* dx;           ///< C x H x W of the same image
+  window2d g;      ///< geometry
+  /// Writes the W elements of input row (c, y).
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const std::size_t y = i % g.h, c = i / g.h;
+    std::size_t oy0, oy1;
+    g.covering(y, g.oh, oy0, oy1);
+    for (std::size_t xx = 0; xx < g.w; ++xx) {
+      std::size_t ox0, ox1;
+      g.covering(xx, g.ow, ox0, ox1);
+      T s = T(0);
+      for (std::size_t oy = oy0; oy < oy1; ++oy) {
+        const std::size_t kr = y + g.pad - oy * g.stride;
+        for (std::size_t ox = ox0; ox < ox1; ++ox) {
+          const std::size_t kc = xx + g.pad - ox * g.stride;
+          s += dcols[((c * g.k + kr) * g.k + kc) * (g.oh * g.ow) + oy * g.ow + ox];
+        }
+      }
+      dx[(c * g.h + y) * g.w + xx] = s;
+    }
+  }
+};
+
+/// y[b][f][p] = bias[f] for the batch x F x P outputs.
+template <class T>
+struct channel_fill_op {
+  const T* bias;      ///< F values
+  T* y;               ///< batch x F x P
+  std::size_t f, p;   ///< channels and positions per channel
+  /// Writes element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const { y[i] = bias[(i / p) % f]; }
+};
+
+/// out[f] = sum over b and p of dy[b][f][p] (in that order), for one f per call.
+template <class T>
+struct channel_sum_op {
+  const T* dy;                ///< batch x F x P
+  T* out;                     ///< F sums
+  std::size_t batch, f, p;    ///< sizes
+  /// Sums channel i.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    T s = T(0);
+    for (std::size_t b = 0; b < batch; ++b) {
+      const T* row = dy + (b * f + i) * p;
+      for (std::size_t j = 0; j < p; ++j) s += row[j];
+    }
+    out[i] = s;
+  }
+};
+
+/// True when window (K, Stride, Pad) fits image shape S (rank 3, at least one output each way).
+template <class S, std::size_t K, std::size_t Stride, std::size_t Pad>
+constexpr bool window_fits() {
+  if constexpr (image_shape<S>)
+    return K > 0 && Stride > 0 && Pad < K && window_output(S::dims[1], K, Stride, Pad) > 0 &&
+           window_output(S::dims[2], K, Stride, Pad) > 0;
+  else
+    return false;
+}
+
+}  // namespace detail
+
+/// 2-d convolution with `Filters` output channels, a square `Kernel` x `Kernel` window, `Stride`
+/// and zero `Padding` on every side (`Padding = Kernel / 2` with stride 1 keeps H and W for odd
+/// kernels: TensorFlow's "same"). Input rows `shape<C, H, W>`, output rows `shape<Filters, OH, OW>`
+/// with OH = (H + 2 Padding - Kernel) / Stride + 1. Parameters: the filters (Filters x C x Kernel x
+/// Kernel, in that order) then one bias per filter. Computed as im2col + GEMM per image.
+/// @tparam Init weight initialiser (fan-in C Kernel^2; biases start at zero)
+template <std::size_t Filters, std::size_t Kernel, std::size_t Stride = 1, std::size_t Padding = 0,
+          class Init = he_uniform>
+struct conv2d {
+  static_assert(Filters > 0 && Kernel > 0 && Stride > 0, "lockstep::conv2d: Filters, Kernel and Stride must be positive");
+  static_assert(Padding < Kernel, "lockstep::conv2d: Padding must be smaller than Kernel");
+  using layer_concept = layer_tag;                  ///< opts in to the layer concept
+  static constexpr std::size_t expected_input = 0;  ///< the width comes with the image shape
+
+  /// True when the window fits image shape S.
+  template <class S>
+  static constexpr bool accepts_shape = detail::window_fits<S, Kernel, Stride, Padding>();
+
+  /// The convolution bound to input images of shape S.
+  template <class S>
+  struct bind_shape {
+    static_assert(detail::window_fits<S, Kernel, Stride, Padding>(),
+                  "lockstep::conv2d: the input must be an image shape<C, H, W> at least as large as the window");
+    static constexpr std::size_t C = S::dims[0], H = S::dims[1], W = S::dims[2];  ///< input image
+    static constexpr std::size_t OH = window_output(H, Kernel, Stride, Padding);  ///< output height
+    static constexpr std::size_t OW = window_output(W, Kernel, Stride, Padding);  ///< output width
+    static constexpr std::size_t patch = C * Kernel * Kernel;                      ///< one filter's weights
+    using output_shape = shape<Filters, OH, OW>;                                   ///< output image
+    static constexpr std::size_t input_size = S::size;                             ///< features in
+    static constexpr std::size_t output_size = Filters * OH * OW;                  ///< features out
+    static constexpr std::size_t param_count = Filters * patch + Filters;          ///< filters then biases
+    static constexpr std::size_t workspace_per_sample = patch * OH * OW;           ///< each image's columns
+    static constexpr std::size_t workspace_fixed = patch * OH * OW;                ///< one image's column gradient
+
+    /// Initialises the filters with Init (fan-in C K K, fan-out Filters K K) and the biases with zeros.
+    template <class T>
+    static void init(T* params, const counter_rng& rng) {
+      Init::fill(params, Filters * patch, patch, Filters * Kernel * Kernel, rng);
+      for (std::size_t f = 0; f < Filters; ++f) params[Filters * patch + f] = T(0);
+    }
+
+    /// y[b] = W cols(x[b]) + bias, keeping cols(x[b]) for backward.
+    template <class T, class Ctx>
+    static void forward(Ctx& ctx, const T* params, const T* x, T* y, T* ws, std::size_t batch, const pass_info&) {
+      using backend::trans;
+      if (batch == 0) return;
+      constexpr std::size_t P = OH * OW;
+      for_each_index(ctx, batch * patch * OH, detail::im2col_op<T>{x, ws, geometry()});
+      for_each_index(ctx, batch * Filters * P, detail::channel_fill_op<T>{params + Filters * patch, y, Filters, P});
+      for (std::size_t b = 0; b < batch; ++b)
+        gemm(ctx, trans::no, trans::no, Filters, P, patch, T(1), params, patch, ws + b * patch * P, P, T(1),
+             y + b * Filters * P, P);
+    }
+
+    /// dW = sum over images of dy[b] cols[b]^T, dbias = sums of dy per filter, and, when dx is not
+    /// null, dx[b] = col2im(W^T dy[b]).
+    template <class T, class Ctx>
+    static void backward(Ctx& ctx, const T* params, const T*, const T*, const T* dy, T* dx, T* dparams, T* ws,
+                         std::size_t batch, const pass_info&) {
+      using backend::trans;
+      constexpr std::size_t P = OH * OW;
+      if (batch == 0) {
+        fill(ctx, dparams, param_count, T(0));
+        return;
+      }
+      for (std::size_t b = 0; b < batch; ++b)
+        gemm(ctx, trans::no, trans::yes, Filters, patch, P, T(1), dy + b * Filters * P, P, ws + b * patch * P, P,
+             b == 0 ? T(0) : T(1), dparams, patch);
+      for_each_index(ctx, Filters, detail::channel_sum_op<T>{dy, dparams + Filters * patch, batch, Filters, P});
+      if (!dx) return;
+      T* dcols = ws + batch * workspace_per_sample;  // the fixed part: one image's column gradient
+      for (std::size_t b = 0; b < batch; ++b) {
+        gemm(ctx, trans::yes, trans::no, patch, P, Filters, T(1), params, patch, dy + b * Filters * P, P, T(0), dcols, P);
+        for_each_index(ctx, C * H, detail::col2im_op<T>{dcols, dx + b * input_size, geometry()});
+      }
+    }
+
+  private:
+    static constexpr detail::window2d geometry() { return {C, H, W, Kernel, Stride, Padding, OH, OW}; }
+  };
+};
+
+namespace detail {
+
+/// Max pooling forward: y = the window's maximum, argmax = its flat input index within the
+/// channel (the first maximum in row-major window order). One call per output element.
+template <class T>
+struct max_pool_op {
+  const T* x;      ///< batch x C x H x W
+  T* y;            ///< batch x C x OH x OW
+  T* argmax;       ///< batch x C x OH x OW, as T (exact below 2^24 elements per channel)
+  window2d g;      ///< geometry
+  /// Output element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const std::size_t ox = i % g.ow, oy = (i / g.ow) % g.oh, bc = i / (g.ow * g.oh);
+    const T* in = x + bc * g.h * g.w;
+    bool any = false;
+    T best = T(0);
+    std::size_t at = 0;
+    for (std::size_t kr = 0; kr < g.k; ++kr) {
+      const long yy = g.in_row(oy, kr);
+      if (yy < 0 || yy >= static_cast<long>(g.h)) continue;
+      for (std::size_t kc = 0; kc < g.k; ++kc) {
+        const long xx = g.in_col(ox, kc);
+        if (xx < 0 || xx >= static_cast<long>(g.w)) continue;
+        const std::size_t idx = static_cast<std::size_t>(yy) * g.w + static_cast<std::size_t>(xx);
+        if (!any || in[idx] > best) {
+          best = in[idx];
+          at = idx;
+          any = true;
+        }
+      }
+    }
+    y[i] = best;
+    argmax[i] = static_cast<T>(at);
+  }
+};
+
+/// Max pooling backward in gather form: dx at each input element is the sum of dy over the
+/// windows that picked it. One call per input row (b, c, y).
+template <class T>
+struct max_pool_grad_op {
+  const T* dy;      ///< batch x C x OH x OW
+  const T* argmax;  ///< from forward
+  T* dx;            ///< batch x C x H x W
+  window2d g;       ///< geometry
+  /// Input row i.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const std::size_t yy = i % g.h, bc = i / g.h;
+    const T* d = dy + bc * g.oh * g.ow;
+    const T* a = argmax + bc * g.oh * g.ow;
+    std::size_t oy0, oy1;
+    g.covering(yy, g.oh, oy0, oy1);
+    for (std::size_t xx = 0; xx < g.w; ++xx) {
+      std::size_t ox0, ox1;
+      g.covering(xx, g.ow, ox0, ox1);
+      const T self = static_cast<T>(yy * g.w + xx);
+      T s = T(0);
+      for (std::size_t oy = oy0; oy < oy1; ++oy)
+        for (std::size_t ox = ox0; ox < ox1; ++ox)
+          if (a[oy * g.ow + ox] == self) s += d[oy * g.ow + ox];
+      dx[(bc * g.h + yy) * g.w + xx] = s;
+    }
+  }
+};
+
+/// Average pooling forward: the window's sum over K K (padding counts as zeros). One call per
+/// output element.
+template <class T>
+struct avg_pool_op {
+  const T* x;   ///< batch x C x H x W
+  T* y;         ///< batch x C x OH x OW
+  window2d g;   ///< geometry
+  /// Output element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const std::size_t ox = i % g.ow, oy = (i / g.ow) % g.oh, bc = i / (g.ow * g.oh);
+    const T* in = x + bc * g.h * g.w;
+    T s = T(0);
+    for (std::size_t kr = 0; kr < g.k; ++kr) {
+      const long yy = g.in_row(oy, kr);
+      if (yy < 0 || yy >= static_cast<long>(g.h)) continue;
+      for (std::size_t kc = 0; kc < g.k; ++kc) {
+        const long xx = g.in_col(ox, kc);
+        if (xx >= 0 && xx < static_cast<long>(g.w)) s += in[static_cast<std::size_t>(yy) * g.w + static_cast<std::size_t>(xx)];
+      }
+    }
+    y[i] = s / static_cast<T>(g.k * g.k);
+  }
+};
+
+/// Average pooling backward in gather form. One call per input row (b, c, y).
+template <class T>
+struct avg_pool_grad_op {
+  const T* dy;  ///< batch x C x OH x OW
+  T* dx;        ///< batch x C x H x W
+  window2d g;   ///< geometry
+  /// Input row i.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const std::size_t yy = i % g.h, bc = i / g.h;
+    const T* d = dy + bc * g.oh * g.ow;
+    std::size_t oy0, oy1;
+    g.covering(yy, g.oh, oy0, oy1);
+    for (std::size_t xx = 0; xx < g.w; ++xx) {
+      std::size_t ox0, ox1;
+      g.covering(xx, g.ow, ox0, ox1);
+      T s = T(0);
+      for (std::size_t oy = oy0; oy < oy1; ++oy)
+        for (std::size_t ox = ox0; ox < ox1; ++ox) s += d[oy * g.ow + ox];
+      dx[(bc * g.h + yy) * g.w + xx] = s / static_cast<T>(g.k * g.k);
+    }
+  }
+};
+
+/// Global average pooling: y[b][c] = mean over H W of x[b][c]. One call per (b, c).
+template <class T>
+struct global_avg_op {
+  const T* x;       ///< batch x C x P
+  T* y;             ///< batch x C
+  std::size_t p;    ///< positions per channel
+  /// Output element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    T s = T(0);
+    for (std::size_t j = 0; j < p; ++j) s += x[i * p + j];
+    y[i] = s / static_cast<T>(p);
+  }
+};
+
+/// Its gradient: dx[b][c][j] = dy[b][c] / P. One call per input element.
+template <class T>
+struct global_avg_grad_op {
+  const T* dy;      ///< batch x C
+  T* dx;            ///< batch x C x P
+  std::size_t p;    ///< positions per channel
+  /// Input element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const { dx[i] = dy[i / p] / static_cast<T>(p); }
+};
+
+}  // namespace detail
+
+/// Max pooling over `Kernel` x `Kernel` windows moved by `Stride` (default: Kernel, windows that
+/// do not overlap) with `Padding` ignored cells on every side; rows that do not fill a last
+/// window are dropped (floor), as in TensorFlow's "valid" and PyTorch's default. Input
+/// `shape<C, H, W>`, output `shape<C, OH, OW>`. The gradient goes to the first maximum of each window.
+template <std::size_t Kernel, std::size_t Stride = Kernel, std::size_t Padding = 0>
+struct max_pool2d {
+  static_assert(Kernel > 0 && Stride > 0, "lockstep::max_pool2d: Kernel and Stride must be positive");
+  static_assert(Padding < Kernel, "lockstep::max_pool2d: Padding must be smaller than Kernel");
+  using layer_concept = layer_tag;                  ///< opts in to the layer concept
+  static constexpr std::size_t expected_input = 0;  ///< the width comes with the image shape
+
+  /// True when the window fits image shape S.
+  template <class S>
+  static constexpr bool accepts_shape = detail::window_fits<S, Kernel, Stride, Padding>();
+
+  /// Max pooling bound to input images of shape S.
+  template <class S>
+  struct bind_shape {
+    static_assert(detail::window_fits<S, Kernel, Stride, Padding>(),
+                  "lockstep::max_pool2d: the input must be an image shape<C, H, W> at least as large as the window");
+    static constexpr std::size_t C = S::dims[0], H = S::dims[1], W = S::dims[2];  ///< input image
+    static constexpr std::size_t OH = window_output(H, Kernel, Stride, Padding);  ///< output height
+    static constexpr std::size_t OW = window_output(W, Kernel, Stride, Padding);  ///< output width
+    using output_shape = shape<C, OH, OW>;                                         ///< output image
+    static constexpr std::size_t input_size = S::size;                             ///< features in
+    static constexpr std::size_t output_size = C * OH * OW;                        ///< features out
+    static constexpr std::size_t param_count = 0;                                  ///< no parameters
+    static constexpr std::size_t workspace_per_sample = C * OH * OW;               ///< where each maximum was
+
+    /// Nothing to initialise.
+    template <class T>
+    static void init(T*, const counter_rng&) {}
+
+    /// y = the maximum of each window (its position kept for backward).
+    template <class T, class Ctx>
+    static void forward(Ctx& ctx, const T*, const T* x, T* y, T* ws, std::size_t batch, const pass_info&) {
+      static_assert(H * W < (std::size_t{1} << 24), "lockstep::max_pool2d: channels of 2^24 elements or more");
+      for_each_index(ctx, batch * output_size, detail::max_pool_op<T>{x, y, ws, geometry()});
+    }
+
+    /// dx = dy routed to each window's maximum (sums where windows overlap).
+    template <class T, class Ctx>
+    static void backward(Ctx& ctx, const T*, const T*, const T*, const T* dy, T* dx, T*, T* ws, std::size_t batch,
+                         const pass_info&) {
+      if (dx) for_each_index(ctx, batch * C * H, detail::max_pool_grad_op<T>{dy, ws, dx, geometry()});
+    }
+
+  private:
+    static constexpr detail::window2d geometry() { return {C, H, W, Kernel, Stride, Padding, OH, OW}; }
+  };
+};
+
+/// Average pooling over `Kernel` x `Kernel` windows moved by `Stride` (default: Kernel) with
+/// `Padding` zero cells on every side, each window divided by Kernel^2 (padding counts, as
+/// PyTorch's default). Input `shape<C, H, W>`, output `shape<C, OH, OW>`.
+template <std::size_t Kernel, std::size_t Stride = Kernel, std::size_t Padding = 0>
+struct avg_pool2d {
+  static_assert(Kernel > 0 && Stride > 0, "lockstep::avg_pool2d: Kernel and Stride must be positive");
+  static_assert(Padding < Kernel, "lockstep::avg_pool2d: Padding must be smaller than Kernel");
+  using layer_concept = layer_tag;                  ///< opts in to the layer concept
+  static constexpr std::size_t expected_input = 0;  ///< the width comes with the image shape
+
+  /// True when the window fits image shape S.
+  template <class S>
+  static constexpr bool accepts_shape = detail::window_fits<S, Kernel, Stride, Padding>();
+
+  /// Average pooling bound to input images of shape S.
+  template <class S>
+  struct bind_shape {
+    static_assert(detail::window_fits<S, Kernel, Stride, Padding>(),
+                  "lockstep::avg_pool2d: the input must be an image shape<C, H, W> at least as large as the window");
+    static constexpr std::size_t C = S::dims[0], H = S::dims[1], W = S::dims[2];  ///< input image
+    static constexpr std::size_t OH = window_output(H, Kernel, Stride, Padding);  ///< output height
+    static constexpr std::size_t OW = window_output(W, Kernel, Stride, Padding);  ///< output width
+    using output_shape = shape<C, OH, OW>;                                         ///< output image
+    static constexpr std::size_t input_size = S::size;                             ///< features in
+    static constexpr std::size_t output_size = C * OH * OW;                        ///< features out
+    static constexpr std::size_t param_count = 0;                                  ///< no parameters
+    static constexpr std::size_t workspace_per_sample = 0;                         ///< no scratch
+
+    /// Nothing to initialise.
+    template <class T>
+    static void init(T*, const counter_rng&) {}
+
+    /// y = the mean of each window.
+    template <class T, class Ctx>
+    static void forward(Ctx& ctx, const T*, const T* x, T* y, T*, std::size_t batch, const pass_info&) {
+      for_each_index(ctx, batch * output_size, detail::avg_pool_op<T>{x, y, geometry()});
+    }
+
+    /// dx = dy spread evenly over each window.
+    template <class T, class Ctx>
+    static void backward(Ctx& ctx, const T*, const T*, const T*, const T* dy, T* dx, T*, T*, std::size_t batch,
+                         const pass_info&) {
+      if (dx) for_each_index(ctx, batch * C * H, detail::avg_pool_grad_op<T>{dy, dx, geometry()});
+    }
+
+  private:
+    static constexpr detail::window2d geometry() { return {C, H, W, Kernel, Stride, Padding, OH, OW}; }
+  };
+};
+
+/// Global average pooling: `shape<C, H, W>` to `shape<C>`, each channel's mean.
+struct global_avg_pool {
+  using layer_concept = layer_tag;                  ///< opts in to the layer concept
+  static constexpr std::size_t expected_input = 0;  ///< the width comes with the image shape
+
+  /// True for image shapes.
+  template <class S>
+  static constexpr bool accepts_shape = image_shape<S>;
+
+  /// Global average pooling bound to input images of shape S.
+  template <class S>
+  struct bind_shape {
+    static_assert(image_shape<S>, "lockstep::global_avg_pool: the input must be an image shape<C, H, W>");
+    static constexpr std::size_t C = S::dims[0];             ///< channels
+    static constexpr std::size_t P = S::dims[1] * S::dims[2];  ///< positions per channel
+    using output_shape = shape<C>;                            ///< one value per channel
+    static constexpr std::size_t input_size = S::size;        ///< features in
+    static constexpr std::size_t output_size = C;             ///< features out
+    static constexpr std::size_t param_count = 0;             ///< no parameters
+    static constexpr std::size_t workspace_per_sample = 0;    ///< no scratch
+
+    /// Nothing to initialise.
+    template <class T>
+    static void init(T*, const counter_rng&) {}
+
+    /// y[b][c] = mean of x[b][c].
+    template <class T, class Ctx>
+    static void forward(Ctx& ctx, const T*, const T* x, T* y, T*, std::size_t batch, const pass_info&) {
+      for_each_index(ctx, batch * C, detail::global_avg_op<T>{x, y, P});
+    }
+
+    /// dx[b][c][j] = dy[b][c] / P.
+    template <class T, class Ctx>
+    static void backward(Ctx& ctx, const T*, const T*, const T*, const T* dy, T* dx, T*, T*, std::size_t batch,
+                         const pass_info&) {
+      if (dx) for_each_index(ctx, batch * input_size, detail::global_avg_grad_op<T>{dy, dx, P});
+    }
+  };
+};
+
+namespace detail {
+/// A layer that copies its rows unchanged and gives them shape Out (reshape, flatten).
+template <class In, class Out>
+struct bound_relabel {
+  using output_shape = Out;                                ///< the new shape
+  static constexpr std::size_t input_size = In::size;      ///< features in
+  static constexpr std::size_t output_size = Out::size;    ///< the same features out
+  static constexpr std::size_t param_count = 0;            ///< no parameters
+  static constexpr std::size_t workspace_per_sample = 0;   ///< no scratch
+
+  /// Nothing to initialise.
+  template <class T>
+  static void init(T*, const counter_rng&) {}
+
+  /// y = x.
+  template <class T, class Ctx>
+  static void forward(Ctx& ctx, const T*, const T* x, T* y, T*, std::size_t batch, const pass_info&) {
+    copy(ctx, y, x, batch * input_size);
+  }
+
+  /// dx = dy.
+  template <class T, class Ctx>
+  static void backward(Ctx& ctx, const T*, const T*, const T*, const T* dy, T* dx, T*, T*, std::size_t batch,
+                       const pass_info&) {
+    if (dx) copy(ctx, dx, dy, batch * input_size);
+  }
+};
+}  // namespace detail
+
+/// Gives rows of `shape<Dims...>::size` features the shape `shape<Dims...>`: a network on 28 x 28
+/// grey images stored as flat rows of 784 starts with `reshape<1, 28, 28>`.
+template <std::size_t... Dims>
+struct reshape {
+  using layer_concept = layer_tag;                                     ///< opts in to the layer concept
+  static constexpr std::size_t expected_input = shape<Dims...>::size;  ///< the same number of features
+
+  /// True when S has as many elements as the target shape.
+  template <class S>
+  static constexpr bool accepts_shape = S::size == shape<Dims...>::size;
+
+  /// The reshape bound to input rows of shape S.
+  template <class S>
+  using bind_shape = detail::bound_relabel<S, shape<Dims...>>;
+};
+
+/// Flattens rows of any shape to `shape<N>` (N features), e.g. between convolutions and a dense
+/// layer. The data do not move: an NCHW row already is its flattened self.
+struct flatten {
+  using layer_concept = layer_tag;                  ///< opts in to the layer concept
+  static constexpr std::size_t expected_input = 0;  ///< any shape
+
+  /// Every shape.
+  template <class S>
+  static constexpr bool accepts_shape = true;
+
+  /// Flatten bound to input rows of shape S.
+  template <class S>
+  using bind_shape = detail::bound_relabel<S, shape<S::size>>;
+};
+
+}  // namespace lockstep

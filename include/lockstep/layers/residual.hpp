@@ -1,0 +1,121 @@
+#pragma once
+/// @file residual.hpp
+/// `residual<Layers...>`: y = x + f(x), where f is `sequential<Layers...>` and keeps the shape of
+/// its input; with convolutions and batch norm inside, a ResNet block is a type.
+
+#include <cstddef>
+
+#include <lockstep/backend/host/ops.hpp>
+#include <lockstep/config.hpp>
+#include <lockstep/layers/layer.hpp>
+#include <lockstep/layers/sequential.hpp>
+
+namespace lockstep {
+
+/// Reported when the body of a residual block maps rows of shape In to rows of another shape Out
+/// (y = x + f(x) needs them equal); see the template arguments.
+template <class In, class Out>
+struct residual_shape_mismatch {
+  static_assert(sizeof(In*) == 0,
+                "lockstep::residual: the body must keep the shape of its input (In is the input shape, Out the "
+                "body's output shape); see the template arguments");
+};
+
+namespace detail {
+/// a[i] += b[i].
+template <class T>
+struct add_into_op {
+  T* a;        ///< accumulated into
+  const T* b;  ///< added
+  /// Element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const { a[i] += b[i]; }
+};
+
+template <class S, class Body, bool Keeps = std::is_same_v<typename Body::output_shape, S>>
+struct residual_check {
+  static constexpr bool ok = true;
+};
+template <class S, class Body>
+struct residual_check<S, Body, false> : residual_shape_mismatch<S, typename Body::output_shape> {
+  static constexpr bool ok = false;
+};
+}  // namespace detail
+
+/// y = x + f(x) with f = `sequential<Layers...>`, whose output must have the input's shape.
+template <class... Layers>
+struct residual {
+  using body = sequential<Layers...>;                ///< f
+  using layer_concept = layer_tag;                   ///< opts in to the layer concept
+  static constexpr std::size_t expected_input = body::expected_input;  ///< the body's
+
+  /// True when the body accepts rows of shape S and gives back the same shape.
+  template <class S>
+  static constexpr bool accepts_shape = [] {
+    if constexpr (body::template accepts_shape<S>)
+      return std::is_same_v<typename body::template chain_at<S>::output, S>;
+    else
+      return false;
+  }();
+
+  /// The body's chain from S (a mismatch inside is reported with its position).
+  template <class S>
+  using chain_at = typename body::template chain_at<S>;
+
+  /// The block bound to input rows of shape S.
+  template <class S>
+  struct bind_shape {
+    using inner = typename body::template bind_shape<S>;  ///< the bound body
+    static_assert(detail::residual_check<S, inner>::ok);
+    using output_shape = S;                                       ///< the input's shape
+    static constexpr std::size_t input_size = S::size;            ///< features in
+    static constexpr std::size_t output_size = S::size;           ///< features out
+    static constexpr std::size_t param_count = inner::param_count;  ///< the body's parameters
+    static constexpr std::size_t state_count = inner::state_count;  ///< the body's state
+    static constexpr bool couples_rows = inner::couples_rows;      ///< when the body does
+    /// The body's scratch, then its output f(x) kept for its backward.
+    static constexpr std::size_t workspace_per_sample = inner::workspace_per_sample + S::size;
+    static constexpr std::size_t workspace_fixed = inner::workspace_fixed;  ///< the body's
+
+    /// Checks the body's layers (see check_bound_layer).
+    template <class T, class Ctx>
+    static constexpr bool check_layers() {
+      return inner::template check_layers<T, Ctx>();
+    }
+
+    /// The body's parameters.
+    template <class T>
+    static void init(T* params, const counter_rng& rng) {
+      inner::init(params, rng);
+    }
+    /// The body's state.
+    template <class T>
+    static void init_state(T* state) {
+      if constexpr (state_count > 0) inner::init_state(state);
+    }
+
+    /// y = x + f(x).
+    template <class T, class Ctx>
+    static void forward(Ctx& ctx, const T* params, const T* x, T* y, T* ws, std::size_t batch, const pass_info& info) {
+      T* fx = body_output(ws, batch);
+      inner::forward(ctx, params, x, fx, ws, batch, info);
+      copy(ctx, y, fx, batch * S::size);
+      for_each_index(ctx, batch * S::size, detail::add_into_op<T>{y, x});
+    }
+
+    /// dx = dy + f'(x)^T dy; the body's parameter gradients.
+    template <class T, class Ctx>
+    static void backward(Ctx& ctx, const T* params, const T* x, const T*, const T* dy, T* dx, T* dparams, T* ws,
+                         std::size_t batch, const pass_info& info) {
+      inner::backward(ctx, params, x, body_output(ws, batch), dy, dx, dparams, ws, batch, info);
+      if (dx) for_each_index(ctx, batch * S::size, detail::add_into_op<T>{dx, dy});
+    }
+
+  private:
+    template <class T>
+    static T* body_output(T* ws, std::size_t batch) {
+      return ws + batch * inner::workspace_per_sample + inner::workspace_fixed;
+    }
+  };
+};
+
+}  // namespace lockstep
