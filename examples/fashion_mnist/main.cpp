@@ -1,9 +1,9 @@
-// Trains an MLP on Fashion-MNIST with synchronous data parallelism over several replicas fed by
-// one input pipeline, then prints the exact test accuracy as the last line of stdout.
+// Trains an MLP or a CNN on Fashion-MNIST with synchronous data parallelism over several replicas
+// fed by one input pipeline, then prints the exact test accuracy as the last line of stdout.
 //
 //   fashion_mnist [--replicas N] [--device cpu|gpu] [--epochs E] [--batch B] [--lr LR] [--seed S]
-//                 [--model mlp|small] [--checkpoint-dir DIR] [--resume] [--data DIR] [--quiet]
-//                 [--workers W]
+//                 [--model mlp|small|cnn|cnn_bn] [--checkpoint-dir DIR] [--resume] [--data DIR]
+//                 [--quiet] [--workers W]
 //
 // The replica count is a run-time value: each model is instantiated once per device kind
 // (mirrored<cpus> / mirrored<gpus>), whatever N is.
@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include <lockstep/data.hpp>
@@ -43,6 +44,15 @@ using mlp = ls::sequential<ls::dense<784, 512>, ls::relu, ls::dropout<1, 5>, ls:
                            ls::dropout<1, 5>, ls::dense<256, 10>>;
 /// 784-256-10: a quicker, smaller model.
 using small = ls::sequential<ls::dense<784, 256>, ls::relu, ls::dropout<1, 10>, ls::dense<256, 10>>;
+/// The CNN of TensorFlow's layers tutorial: conv 5x5 (32) → max pool 2 → conv 5x5 (64) → max pool 2 →
+/// dense 1024 → dropout 0.4 → dense 10, ReLU after the convolutions and the first dense layer.
+using cnn = ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<32, 5, 1, 2>, ls::relu, ls::max_pool2d<2>,
+                           ls::conv2d<64, 5, 1, 2>, ls::relu, ls::max_pool2d<2>, ls::flatten, ls::dense<3136, 1024>,
+                           ls::relu, ls::dropout<2, 5>, ls::dense<1024, 10>>;
+/// The same with batch normalisation (statistics over the global batch) after each convolution.
+using cnn_bn = ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<32, 5, 1, 2>, ls::batch_norm<>, ls::relu,
+                              ls::max_pool2d<2>, ls::conv2d<64, 5, 1, 2>, ls::batch_norm<>, ls::relu, ls::max_pool2d<2>,
+                              ls::flatten, ls::dense<3136, 1024>, ls::relu, ls::dropout<2, 5>, ls::dense<1024, 10>>;
 
 /// A usage error: reported with the usage text, exit code 2.
 struct usage_error {
@@ -72,10 +82,11 @@ int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chie
   const auto test_set = images(c, "t10k") | ls::data::map(ls::data::scale(1.0f / 255)) | ls::data::batched(1000);
 
   const std::uint64_t steps_per_epoch = (60'000 + c.batch - 1) / c.batch;
+  const std::uint64_t epochs = epochs_of(c);
   ls::fit_options o;
-  o.epochs = c.epochs;
+  o.epochs = epochs;
   o.validation = test_set;
-  o.callbacks.push_back(ls::lr_schedule(ls::cosine_schedule{.total = c.epochs * steps_per_epoch, .min_lr = 0.0f}));
+  o.callbacks.push_back(ls::lr_schedule(ls::cosine_schedule{.total = epochs * steps_per_epoch, .min_lr = 0.0f}));
   o.quiet = c.quiet;
   o.metrics_file = c.metrics_file;
   o.checkpoint_dir = c.checkpoint_dir;
@@ -86,7 +97,7 @@ int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chie
     std::fprintf(stderr,
                  "training %s on %zu worker(s) x %zu %s replica(s): %llu epochs, global batch %zu, AdamW lr %g (cosine), "
                  "seed %llu\n",
-                 c.model.c_str(), workers, n, c.device.c_str(), static_cast<unsigned long long>(c.epochs), c.batch,
+                 c.model.c_str(), workers, n, c.device.c_str(), static_cast<unsigned long long>(epochs), c.batch,
                  static_cast<double>(c.lr), static_cast<unsigned long long>(c.seed));
   (void)ls::fit(strategy, model, ls::adamw{.lr = c.lr, .weight_decay = c.weight_decay}, ls::softmax_cross_entropy{},
                 train_set, o);
@@ -107,6 +118,10 @@ int train(const config& c) {
   ls::mirrored<Kind> strategy(devices);
   return train_on<Net, Kind>(strategy, c, 1, true);
 }
+
+/// True when every layer of Net runs on GPU replicas (batch_norm runs on host replicas only).
+template <class Net>
+constexpr bool runs_on_gpus = !std::is_same_v<Net, cnn_bn>;
 
 template <class Net>
 int run(const config& c) {
@@ -131,7 +146,10 @@ int run(const config& c) {
   }
   if (c.device == "cpu") return train<Net, ls::cpus>(c);
 #ifdef LOCKSTEP_HAS_CUDA
-  return train<Net, ls::gpus>(c);
+  if constexpr (runs_on_gpus<Net>)
+    return train<Net, ls::gpus>(c);
+  else
+    throw usage_error{"--model " + c.model + " --device gpu: batch_norm runs on cpu replicas only in this version"};
 #else
   std::fprintf(stderr, "error: --device gpu: this build has no CUDA support (configure with -DLOCKSTEP_CUDA=ON and nvcc)\n");
   return 2;
@@ -166,7 +184,10 @@ int main(int argc, char** argv) {
 #endif
   try {
     if (c.resume && c.checkpoint_dir.empty()) throw usage_error{"--resume needs --checkpoint-dir"};
-    return c.model == "small" ? run<small>(c) : run<mlp>(c);
+    if (c.model == "small") return run<small>(c);
+    if (c.model == "cnn") return run<cnn>(c);
+    if (c.model == "cnn_bn") return run<cnn_bn>(c);
+    return run<mlp>(c);
   } catch (const usage_error& e) {
     std::fprintf(stderr, "error: %s\n%s", e.message.c_str(), usage_text().c_str());
     return 2;

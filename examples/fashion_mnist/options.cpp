@@ -12,13 +12,17 @@ void describe(CLI::App& app, config& c) {
                  "number of replicas: cpu, any N >= 1 (default 2; beyond the allowed cores they share cores); "
                  "gpu, up to the visible GPUs (default: all of them)");
   app.add_option("--device", c.device, "device kind of the replicas")->check(CLI::IsMember({"cpu", "gpu"}));
-  app.add_option("--epochs", c.epochs, "epochs to train")->check(CLI::Range(1, 100000));
+  app.add_option("--epochs", c.epochs, "epochs to train (default 20 for mlp and small, 12 for cnn and cnn_bn)")
+      ->check(CLI::Range(1, 100000));
   app.add_option("--batch", c.batch, "global batch size (split across the replicas)")->check(CLI::Range(1, 60000));
   app.add_option("--lr", c.lr, "peak learning rate of AdamW (cosine decay to 0)")->check(CLI::PositiveNumber);
   app.add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", c.seed, "seed of initialisation, dropout and shuffling");
-  app.add_option("--model", c.model, "model preset: mlp (784-512-256-10, dropout 0.2) or small (784-256-10)")
-      ->check(CLI::IsMember({"mlp", "small"}));
+  app.add_option("--model", c.model,
+                 "model preset: mlp (784-512-256-10, dropout 0.2), small (784-256-10), cnn (TensorFlow's layers-tutorial "
+                 "CNN: conv5x5(32), maxpool2, conv5x5(64), maxpool2, dense 1024, dropout 0.4, dense 10) or cnn_bn "
+                 "(cnn with batch normalisation after each convolution)")
+      ->check(CLI::IsMember({"mlp", "small", "cnn", "cnn_bn"}));
   app.add_option("--data", c.data, "directory holding the Fashion-MNIST *-ubyte.gz files");
   app.add_option("--checkpoint-dir", c.checkpoint_dir, "write a checkpoint after every epoch into this directory");
   app.add_option("--metrics-file", c.metrics_file, "append one JSON object per epoch to this file");
@@ -30,7 +34,7 @@ void describe(CLI::App& app, config& c) {
 }
 
 constexpr const char* summary =
-    "Trains an MLP on Fashion-MNIST with lockstep's mirrored strategy; the last stdout line is test_accuracy=...";
+    "Trains an MLP or a CNN on Fashion-MNIST with lockstep's mirrored strategy; the last stdout line is test_accuracy=...";
 
 }  // namespace
 

@@ -11,12 +11,12 @@
 struct config {
   std::optional<std::size_t> replicas;  ///< default: 2 on cpu, every visible GPU on gpu
   std::string device = "cpu";           ///< cpu or gpu
-  std::uint64_t epochs = 20;            ///< epochs to train
+  std::optional<std::uint64_t> epochs;  ///< epochs to train (default: see epochs_of)
   std::size_t batch = 128;              ///< the global batch
   float lr = 1e-3f;                     ///< peak learning rate of AdamW
   float weight_decay = 0.02f;           ///< AdamW's decoupled weight decay
   std::uint64_t seed = 42;              ///< seed of initialisation, dropout and shuffling
-  std::string model = "mlp";            ///< mlp or small
+  std::string model = "mlp";            ///< mlp, small, cnn or cnn_bn
   std::string data = "/usr/share/datasets/fashion-mnist";  ///< directory of the *-ubyte.gz files
   std::string checkpoint_dir;           ///< where checkpoints go ("" = none)
   std::string metrics_file;             ///< JSON-lines metrics ("" = none)
@@ -24,6 +24,11 @@ struct config {
   bool quiet = false;                   ///< no progress output
   std::size_t workers = 0;              ///< expected worker processes (0: as launched)
 };
+
+/// The epochs to train: --epochs, else 20 for the MLPs and 12 for the CNNs.
+inline std::uint64_t epochs_of(const config& c) {
+  return c.epochs.value_or(c.model == "cnn" || c.model == "cnn_bn" ? 12 : 20);
+}
 
 /// Parses the command line into `c`. Returns -1 to go on, or the exit code to end with: 0 after
 /// printing the help, 2 after printing a bad option's message and the usage text.
