@@ -38,11 +38,13 @@ std::vector<float> reference_gemm(trans ta, trans tb, std::size_t m, std::size_t
   return c;
 }
 
-// Forward and backward of bound layer B = bind_t<Layer, In> on the host and on gpu<0>.
-template <class Layer, std::size_t In>
+// Forward and backward of bound layer B = bind_shape_t<Layer, S> on the host and on gpu<0>.
+template <class Layer, class S>
 void check_layer(const char* name, std::size_t batch, bool training) {
-  using B = ls::bind_t<Layer, In>;
+  using B = ls::bind_shape_t<Layer, S>;
+  constexpr std::size_t In = S::size;
   constexpr std::size_t out = B::output_size, np = B::param_count, nw = B::workspace_per_sample;
+  constexpr std::size_t nf = ls::workspace_fixed_v<B>;
   CAPTURE(name);
   CAPTURE(batch);
   CAPTURE(training);
@@ -53,7 +55,7 @@ void check_layer(const char* name, std::size_t batch, bool training) {
   const ls::pass_info info{.training = training, .seed = 99, .step = 5, .sample_offset = 11, .layer_stream = 3};
 
   ls::host_context hc;
-  std::vector<float> y(batch * out), ws(batch * nw), dx(batch * In, 0.0f), dp(np, 0.0f);
+  std::vector<float> y(batch * out), ws(batch * nw + nf), dx(batch * In, 0.0f), dp(np, 0.0f);
   B::forward(hc, params.data(), x.data(), y.data(), ws.data(), batch, info);
   B::backward(hc, params.data(), x.data(), y.data(), dy.data(), dx.data(), dp.data(), ws.data(), batch, info);
 
@@ -63,7 +65,7 @@ void check_layer(const char* name, std::size_t batch, bool training) {
   auto d_dy = to_device(ctx, dy);
   auto d_dx = to_device(ctx, std::vector<float>(batch * In, 0.0f));
   auto d_dp = to_device(ctx, std::vector<float>(np, 0.0f));
-  ls::buffer<float, ls::gpu<0>> d_y(batch * out), d_ws(batch * nw);
+  ls::buffer<float, ls::gpu<0>> d_y(batch * out), d_ws(batch * nw + nf);
   B::forward(ctx, d_params.data(), d_x.data(), d_y.data(), d_ws.data(), batch, info);
   B::backward(ctx, d_params.data(), d_x.data(), d_y.data(), d_dy.data(), d_dx.data(), d_dp.data(), d_ws.data(), batch,
               info);
@@ -72,10 +74,14 @@ void check_layer(const char* name, std::size_t batch, bool training) {
   check_close(to_host(ctx, d_dp.data(), dp.size()), dp, 1e-5, "parameter gradient");
 }
 
+template <class Layer, class S>
+void check_layer_all_batches_shaped(const char* name) {
+  for (std::size_t batch : {0u, 1u, 3u, 37u})
+    for (bool training : {true, false}) check_layer<Layer, S>(name, batch, training);
+}
 template <class Layer, std::size_t In>
 void check_layer_all_batches(const char* name) {
-  for (std::size_t batch : {0u, 1u, 3u, 37u})
-    for (bool training : {true, false}) check_layer<Layer, In>(name, batch, training);
+  check_layer_all_batches_shaped<Layer, ls::shape<In>>(name);
 }
 
 // Three updates of optimiser `opt` on n parameters, host against device.
@@ -271,6 +277,21 @@ TEST_CASE("cuda: every layer's forward and backward match the host within 1e-5")
   using block = ls::sequential<ls::dense<13, 16>, ls::gelu, ls::dropout<1, 2>, ls::dense<16, 5>, ls::tanh>;
   check_layer_all_batches<block, 13>("sequential<dense, gelu, dropout, dense, tanh>");
   check_layer_all_batches<ls::sequential<block, ls::sigmoid, ls::dense<5, 3>>, 13>("nested sequential");
+  // Image layers: the same kernels through for_each_index and cuBLAS.
+  using img = ls::shape<3, 9, 7>;
+  check_layer_all_batches_shaped<ls::conv2d<4, 3, 1, 1>, img>("conv2d<4, 3, 1, 1>");
+  check_layer_all_batches_shaped<ls::conv2d<5, 3, 2, 0>, img>("conv2d<5, 3, 2, 0>");
+  check_layer_all_batches_shaped<ls::conv2d<2, 5, 1, 2>, img>("conv2d<2, 5, 1, 2>");
+  check_layer_all_batches_shaped<ls::max_pool2d<2>, img>("max_pool2d<2>");
+  check_layer_all_batches_shaped<ls::max_pool2d<3, 2, 1>, img>("max_pool2d<3, 2, 1>");
+  check_layer_all_batches_shaped<ls::avg_pool2d<3, 2, 1>, img>("avg_pool2d<3, 2, 1>");
+  check_layer_all_batches_shaped<ls::global_avg_pool, img>("global_avg_pool");
+  check_layer_all_batches_shaped<ls::flatten, img>("flatten");
+  check_layer_all_batches_shaped<ls::residual<ls::conv2d<3, 3, 1, 1>, ls::relu, ls::conv2d<3, 3, 1, 1>>, img>(
+      "residual<conv2d, relu, conv2d>");
+  check_layer_all_batches<ls::sequential<ls::reshape<2, 4, 4>, ls::conv2d<3, 3, 1, 1>, ls::relu, ls::max_pool2d<2>,
+                                         ls::flatten, ls::dense<12, 5>>,
+                          32>("small CNN");
 }
 
 TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the device too") {
