@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Compile cost of lockstep programs: compiles each example, and a 40-layer dense+relu network
-# trained with fit (benchmarks/compile/deep_mlp.cpp), alone with the release flags of the library
+# Compile cost of lockstep programs: compiles each example, a 40-layer dense+relu network
+# trained with fit (benchmarks/compile/deep_mlp.cpp) and a LeNet-size CNN trained with fit
+# (benchmarks/compile/lenet.cpp), alone with the release flags of the library
 # target, under /usr/bin/time -v, and prints one line each:
 #   target=<name> compile_s=<wall seconds> peak_mib=<peak resident MiB>
 # A folder example's other translation units get lines of their own, e.g. fashion_mnist.options
@@ -18,7 +19,7 @@ echo "compiler: $($cxx --version | head -n 1)"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for src in examples/getting_started.cpp examples/mlp.cpp examples/fashion_mnist/main.cpp \
-           examples/fashion_mnist/options.cpp benchmarks/compile/deep_mlp.cpp; do
+           examples/fashion_mnist/options.cpp benchmarks/compile/deep_mlp.cpp benchmarks/compile/lenet.cpp; do
   [ -f "$src" ] || continue
   name=$(basename "$src" .cpp)
   if [ "$(basename "$(dirname "$src")")" != examples ] && [ "$(dirname "$src")" != benchmarks/compile ]; then
