@@ -54,8 +54,9 @@ struct batch_norm {
     static constexpr std::size_t input_size = S::size;     ///< features in
     static constexpr std::size_t output_size = S::size;    ///< features out
     static constexpr std::size_t param_count = 2 * C;      ///< γ then β
-    static constexpr std::size_t state_count = 4 * C;      ///< running mean, running var, batch mean, batch 1/σ
+    static constexpr std::size_t state_count = 2 * C;      ///< running mean, running var
     static constexpr std::size_t workspace_per_sample = 2 * C;  ///< each row's two sums per channel
+    static constexpr std::size_t workspace_fixed = 2 * C;       ///< the batch's mean and 1/σ, kept for backward
     static constexpr bool couples_rows = true;              ///< training statistics span the global batch
 
     /// γ = 1, β = 0.
@@ -70,7 +71,7 @@ struct batch_norm {
     /// Running mean 0 and variance 1.
     template <class T>
     static void init_state(T* state) {
-      for (std::size_t c = 0; c < 4 * C; ++c) state[c] = c >= C && c < 2 * C ? T(1) : T(0);
+      for (std::size_t c = 0; c < 2 * C; ++c) state[c] = c >= C ? T(1) : T(0);
     }
 
     /// Normalises with the global batch's statistics (training) or the running ones (evaluation).
@@ -80,8 +81,8 @@ struct batch_norm {
       T* state = layer_state(params, info);
       T* const run_mean = state;
       T* const run_var = state + C;
-      T* const mean = state + 2 * C;
-      T* const inv = state + 3 * C;
+      T* const mean = ws + batch * workspace_per_sample;
+      T* const inv = mean + C;
       const T* gamma = params;
       const T* beta = params + C;
       if (!info.training) {
@@ -158,8 +159,8 @@ struct batch_norm {
         }
         return;
       }
-      const T* mean = state + 2 * C;
-      const T* inv = state + 3 * C;
+      const T* mean = ws + batch * workspace_per_sample;  // from forward
+      const T* inv = mean + C;
       const std::size_t total = rows_of(info, batch);
       if (total == 0) {
         for (std::size_t c = 0; c < 2 * C; ++c) dparams[c] = T(0);

@@ -60,7 +60,8 @@ struct chain {
 };
 
 /// Where layer L at position Pos fails for input shape S: inside L when L is a chain (a nested
-/// sequential) that takes S at its entrance, else at L itself.
+/// sequential, a residual block's body) that takes S at its entrance and fails within, else at L
+/// itself (a residual block whose body chains but changes the shape).
 template <std::size_t Pos, class S, class L>
 struct mismatch_at {
   using path = layer_path<Pos>;
@@ -69,7 +70,8 @@ struct mismatch_at {
   static constexpr std::size_t given = S::size, expected = L::expected_input;
 };
 template <std::size_t Pos, class S, class L>
-  requires requires { L::template chain_at<S>::ok; } && (L::expected_input == 0 || L::expected_input == S::size)
+  requires requires { L::template chain_at<S>::ok; } && (L::expected_input == 0 || L::expected_input == S::size) &&
+           (!L::template chain_at<S>::ok)
 struct mismatch_at<Pos, S, L> {
   using inner = typename L::template chain_at<S>;
   using path = typename prepend_position<Pos, typename inner::bad_path>::type;
