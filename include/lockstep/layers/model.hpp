@@ -39,7 +39,7 @@ template <class Net, class T, class Kind>
 class basic_model {
   static_assert(layer<Net>, "lockstep::model: Net must be a layer (for example a lockstep::sequential)");
   static_assert(Net::expected_input > 0,
-                "lockstep::model: the network's first layer must fix the input width (start with a dense)");
+                "lockstep::model: the network's first layer must fix the input width (start with a dense layer, or with reshape<C, H, W> for images)");
 
 public:
   using network = Net;                                      ///< the unbound network type
