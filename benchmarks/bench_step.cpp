@@ -4,10 +4,12 @@
 // Three networks (ReLU between dense layers, softmax cross-entropy, plain SGD):
 //   S = 784-128-10 batch 64, M = 784-512-512-10 batch 256, L = 1024-4096-4096-1024 batch 512.
 // For each, the GEMMs the step performs (forward x W per layer, backward dW = x^T dy per layer,
-// dx = dy W^T for every layer but the first) are timed on their own with cblas_sgemm at exactly the
-// same shapes, transpositions and beta, and the sum of their times gives the ceiling: the samples/s
-// the step would reach if it did nothing but its GEMMs at the measured speeds. Prints once
-// `openblas_core=<name>` and per config
+// dx = dy W^T for every layer but the first) are timed on their own with the same host GEMM
+// (`gemm(host_context, ...)`: cblas_sgemm, or oneDNN's matmul primitive in the
+// LOCKSTEP_HOST_GEMM=onednn build) at exactly the same shapes, transpositions and beta, and the
+// sum of their times gives the ceiling: the samples/s the step would reach if it did nothing but
+// its GEMMs at the measured speeds. Prints once `openblas_core=<name> blas_threads=<n>` and
+// `host_gemm=<kernels>`, and per config
 //   config=<c> samples_per_s=<n> gflops=<n> fraction_of_sgemm_peak=<f> gemm_ceiling_samples_per_s=<n>
 //   config=<c> ratio_to_gemm_ceiling=<x> step_ms=<t> gemm_ms=<t> sgemm_gflops=<n>
 // gflops is the step's GEMM flops over the step time; fraction_of_sgemm_peak is that rate over the
@@ -64,11 +66,11 @@ struct gemm_operands {
   std::vector<float> a, b, c;
   explicit gemm_operands(const gemm_shape& shape)
       : s(shape), a(shape.m * shape.k, 0.01f), b(shape.k * shape.n, 0.02f), c(shape.m * shape.n, 0.0f) {}
-  void run() {
-    const int lda = static_cast<int>(s.ta ? s.m : s.k), ldb = static_cast<int>(s.tb ? s.k : s.n);
-    cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans, static_cast<int>(s.m),
-                static_cast<int>(s.n), static_cast<int>(s.k), 1.0f, a.data(), lda, b.data(), ldb, s.beta, c.data(),
-                static_cast<int>(s.n));
+  // The step's own GEMM kernel (the context caches oneDNN's primitives in the onednn build).
+  void run(const ls::host_context& ctx) {
+    using ls::backend::trans;
+    gemm(ctx, s.ta ? trans::yes : trans::no, s.tb ? trans::yes : trans::no, s.m, s.n, s.k, 1.0f, a.data(),
+         s.ta ? s.m : s.k, b.data(), s.tb ? s.k : s.n, s.beta, c.data(), s.n);
   }
 };
 
@@ -128,7 +130,8 @@ result measure(const std::vector<std::size_t>& widths, std::size_t batch, int st
   // Warm up both (first touch, OpenBLAS buffers, caches).
   one_step();
   one_step();
-  for (auto& o : ops) o.run();
+  const ls::host_context gemm_ctx(1);
+  for (auto& o : ops) o.run(gemm_ctx);
 
   // Short repeats, the step and each GEMM shape interleaved; each keeps its best repeat (the
   // minimum filters out other processes' cache and memory traffic). A shape's repeat runs it
@@ -140,7 +143,7 @@ result measure(const std::vector<std::size_t>& widths, std::size_t batch, int st
     r.step_s = std::min(r.step_s, seconds_since(t0) / steps_per_repeat);
     for (std::size_t g = 0; g < ops.size(); ++g) {
       t0 = clock_type::now();
-      for (int i = 0; i < steps_per_repeat; ++i) ops[g].run();
+      for (int i = 0; i < steps_per_repeat; ++i) ops[g].run(gemm_ctx);
       best_gemm[g] = std::min(best_gemm[g], seconds_since(t0) / steps_per_repeat);
     }
   }
@@ -197,6 +200,7 @@ int main(int argc, char** argv) {
   try {
     openblas_set_num_threads(1);
     fmt::print("openblas_core={} blas_threads={}\n", ls::blas_core_name(), openblas_get_num_threads());
+    fmt::print("host_gemm={}\n", ls::host_gemm_name());
     // Repeats are short (S: 20 steps of ~26 MFLOP, M: one step of ~0.82 GFLOP, L: one step of
     // ~73 GFLOP) and many, so the best ones fall between other processes' time slices; the whole
     // run takes about 30 s on one core.

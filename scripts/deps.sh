@@ -6,9 +6,10 @@
 # clang and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes): the fuzz harnesses, and
 # scripts/test.sh builds and runs the host tests with clang++ as well as g++.
 # libopenmpi-dev, openmpi-bin: Open MPI for the multi-worker strategies and their tests (label mpi).
+# libdnnl-dev: oneDNN, for the LOCKSTEP_HOST_GEMM=onednn build that scripts/test.sh tests as well.
 lockstep_packages=(cmake g++ clang make libopenblas-dev doctest-dev libfmt-dev libcli11-dev zlib1g-dev
                    libblas-dev libgfortran-12-dev dataset-fashion-mnist libclang-rt-14-dev libopenmpi-dev
-                   openmpi-bin)
+                   openmpi-bin libdnnl-dev)
 
 lockstep_install_deps() {
   local missing=() p

@@ -2,7 +2,8 @@
 # Installs what lockstep needs, builds every target with -Wall -Wextra -Wpedantic -Werror, runs all
 # tests with CTest (including a 20 s run of each fuzz harness of tests/fuzz under ASan and UBSan,
 # CTest label `fuzz`, built with clang in <build>/fuzz), builds the host tests, examples and
-# benchmarks with clang++ too and runs those tests, then runs the input-pipeline tests once more
+# benchmarks with clang++ too and runs those tests, builds and runs the host tests once more with
+# the oneDNN host GEMM (LOCKSTEP_HOST_GEMM=onednn), then runs the input-pipeline tests once more
 # under ThreadSanitizer.
 # The CUDA targets are built (compiled and linked) whenever nvcc is present; GPU tests skip
 # themselves when no GPU is usable, and the GPU bundle (scripts/gpu-bundle.sh) is collected from
@@ -42,6 +43,19 @@ clang_total=$(sed -n 's/.* tests passed, \([0-9]*\) tests failed out of \([0-9]*
   "$clang_build/ctest-summary.log" | tail -n 1)
 clang_skipped=$(grep -cE 'Test +#[0-9]+: .*Skipped' "$clang_build/ctest-summary.log" || true)
 
+# The host float GEMM through oneDNN's matmul primitive instead of CBLAS: the host tests again
+# (CUDA, MPI, the fuzz harnesses, examples and benchmarks left out; they ran above).
+onednn_build="${build}-onednn"
+cmake -S . -B "$onednn_build" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_WERROR=ON -DLOCKSTEP_HOST_GEMM=onednn \
+  -DLOCKSTEP_CUDA=OFF -DLOCKSTEP_FUZZ=OFF -DLOCKSTEP_MPI=OFF -DLOCKSTEP_BUILD_EXAMPLES=OFF \
+  -DLOCKSTEP_BUILD_BENCHMARKS=OFF
+cmake --build "$onednn_build" -j "$jobs"
+echo "lockstep: running the host tests with the oneDNN host GEMM"
+ctest --test-dir "$onednn_build" --output-on-failure --timeout 600 | tee "$onednn_build/ctest-summary.log"
+onednn_total=$(sed -n 's/.* tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2/p' \
+  "$onednn_build/ctest-summary.log" | tail -n 1)
+onednn_skipped=$(grep -cE 'Test +#[0-9]+: .*Skipped' "$onednn_build/ctest-summary.log" || true)
+
 # The pipeline's stages use threads (prefetch, parallel_map): run their tests under TSan too.
 tsan="${build}-tsan"
 cmake -S . -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_WERROR=ON -DLOCKSTEP_CUDA=OFF \
@@ -51,5 +65,5 @@ cmake --build "$tsan" -j "$jobs" --target test_data
 echo "lockstep: running the pipeline tests under ThreadSanitizer"
 TSAN_OPTIONS="halt_on_error=1" "$tsan/tests/test_data"
 echo "lockstep: all tests passed (GPU tests skip themselves where no GPU is usable)"
-echo "lockstep: g++ build $((total - skipped)) passed, ${skipped} skipped; clang++ build $((clang_total - clang_skipped)) passed, ${clang_skipped} skipped"
-echo "lockstep: $((total + clang_total - skipped - clang_skipped)) passed, 0 failed, $((skipped + clang_skipped)) skipped"
+echo "lockstep: g++ build $((total - skipped)) passed, ${skipped} skipped; clang++ build $((clang_total - clang_skipped)) passed, ${clang_skipped} skipped; oneDNN GEMM build $((onednn_total - onednn_skipped)) passed, ${onednn_skipped} skipped"
+echo "lockstep: $((total + clang_total + onednn_total - skipped - clang_skipped - onednn_skipped)) passed, 0 failed, $((skipped + clang_skipped + onednn_skipped)) skipped"

@@ -1,6 +1,7 @@
 # Builds and runs the consumer project in tests/build/consumer against lockstep.
 #   cmake -DMODE=install|subdirectory -DLOCKSTEP_SOURCE_DIR=... -DCONSUMER_DIR=... -DWORK_DIR=...
-#         [-DGENERATOR=...] [-DCXX_COMPILER=...] [-DLOCKSTEP_CUDA=AUTO|ON|OFF] -P check_consumer.cmake
+#         [-DGENERATOR=...] [-DCXX_COMPILER=...] [-DLOCKSTEP_CUDA=AUTO|ON|OFF]
+#         [-DLOCKSTEP_HOST_GEMM=openblas|onednn] -P check_consumer.cmake
 # MODE=install: configures lockstep with its tests, examples and benchmarks off, installs it into
 # WORK_DIR/prefix, and builds the consumer with find_package(lockstep).
 # MODE=subdirectory: builds the consumer with add_subdirectory(<lockstep source>).
@@ -17,7 +18,11 @@ if(NOT DEFINED LOCKSTEP_CUDA OR LOCKSTEP_CUDA STREQUAL "")
   set(LOCKSTEP_CUDA AUTO)
 endif()
 
-set(_common -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=${LOCKSTEP_CUDA})
+if(NOT DEFINED LOCKSTEP_HOST_GEMM OR LOCKSTEP_HOST_GEMM STREQUAL "")
+  set(LOCKSTEP_HOST_GEMM openblas)
+endif()
+
+set(_common -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=${LOCKSTEP_CUDA} -DLOCKSTEP_HOST_GEMM=${LOCKSTEP_HOST_GEMM})
 if(GENERATOR)
   list(APPEND _common -G ${GENERATOR})
 endif()
@@ -32,6 +37,7 @@ function(run_step what)
     message(FATAL_ERROR "${what} failed (${_rc}):\n${_out}")
   endif()
   message(STATUS "${_out}")
+  set(_last_output "${_out}" PARENT_SCOPE)
 endfunction()
 
 file(REMOVE_RECURSE ${WORK_DIR})
@@ -63,3 +69,13 @@ if(NOT _consumer_exe)
   message(FATAL_ERROR "the consumer executable was not built in ${WORK_DIR}/consumer")
 endif()
 run_step("run consumer" ${_consumer_exe})
+# The consumer prints the host GEMM it was built with: the configured one must reach it.
+if(LOCKSTEP_HOST_GEMM STREQUAL "onednn")
+  set(_expected_gemm "host GEMM: oneDNN")
+else()
+  set(_expected_gemm "host GEMM: OpenBLAS")
+endif()
+string(FIND "${_last_output}" "${_expected_gemm}" _found)
+if(_found EQUAL -1)
+  message(FATAL_ERROR "the consumer (LOCKSTEP_HOST_GEMM=${LOCKSTEP_HOST_GEMM}) did not print '${_expected_gemm}':\n${_last_output}")
+endif()

@@ -27,7 +27,7 @@ int main() {
     rep.apply(opt, ls::update_info{opt.lr, step + 1, 1.0 / double(l.count)});
     (step == 0 ? first : last) = l.sum / double(l.count);
   }
-  std::printf("lockstep %d.%d.%d consumer: loss %.4f -> %.4f\n", ls::version_major, ls::version_minor,
-              ls::version_patch, first, last);
+  std::printf("lockstep %d.%d.%d consumer: loss %.4f -> %.4f, host GEMM: %s\n", ls::version_major, ls::version_minor,
+              ls::version_patch, first, last, ls::host_gemm_name().c_str());
   return last < first ? 0 : 1;
 }

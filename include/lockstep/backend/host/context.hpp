@@ -1,7 +1,9 @@
 #pragma once
 /// @file context.hpp
-/// The execution context of a host replica: its BLAS thread budget. One exists per replica and
-/// is passed to every kernel the replica runs (the CUDA context carries a stream and handles).
+/// The execution context of a host replica: its BLAS thread budget (and, in the
+/// LOCKSTEP_HOST_GEMM=onednn build, the replica's cached oneDNN GEMM primitives). One exists per
+/// replica and is passed to every kernel the replica runs (the CUDA context carries a stream and
+/// handles).
 
 #include <cblas.h>
 
@@ -15,6 +17,10 @@
 #endif
 
 #include <lockstep/core/error.hpp>
+
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+#include <lockstep/backend/host/onednn_gemm.hpp>
+#endif
 
 namespace lockstep {
 
@@ -60,20 +66,42 @@ public:
   [[nodiscard]] int blas_threads() const noexcept { return blas_threads_; }
 
   /// Makes the calling thread's BLAS calls use this context's thread budget. OpenBLAS keeps
-  /// one process-wide setting, so replicas that run concurrently must all ask for 1 thread.
+  /// one process-wide setting, so replicas that run concurrently must all ask for 1 thread; the
+  /// oneDNN GEMMs of the onednn build use OpenMP, whose thread count is per calling thread.
   void activate() const noexcept {
     if (openblas_get_num_threads() != blas_threads_) openblas_set_num_threads(blas_threads_);
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+    detail::onednn_set_threads(blas_threads_);
+#endif
   }
 
   /// Waits for queued work: a no-op on the host, where every call is synchronous.
   void synchronize() const noexcept {}
 
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+  /// The oneDNN GEMM primitives of this context, created on its first float GEMM (onednn build only).
+  [[nodiscard]] detail::onednn_gemm_cache& gemm_cache() const { return gemm_cache_.get(); }
+#endif
+
 private:
   int blas_threads_;
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+  detail::onednn_gemm_slot gemm_cache_;
+#endif
 };
 
 /// The OpenBLAS kernel set in use (for example "Haswell" or "SkylakeX").
 inline std::string blas_core_name() { return openblas_get_corename(); }
+
+/// The kernels of the host float GEMM: "OpenBLAS <kernel set>" or, in the LOCKSTEP_HOST_GEMM=onednn
+/// build, "oneDNN <version> (<instruction set>)".
+inline std::string host_gemm_name() {
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+  return detail::onednn_name();
+#else
+  return "OpenBLAS " + blas_core_name();
+#endif
+}
 
 }  // namespace backend
 
@@ -81,6 +109,7 @@ using backend::allowed_cpu_count;
 using backend::allowed_cpus;
 using backend::blas_core_name;
 using backend::hardware_threads;
+using backend::host_gemm_name;
 using backend::host_context;
 
 }  // namespace lockstep

@@ -1,7 +1,8 @@
 #pragma once
 /// @file ops.hpp
-/// The host kernels every layer, loss and optimiser is written in: GEMM through CBLAS and plain
-/// loops the compiler vectorises. The CUDA backend overloads the same names for cuda_context.
+/// The host kernels every layer, loss and optimiser is written in: GEMM through CBLAS (float GEMM
+/// through oneDNN in the LOCKSTEP_HOST_GEMM=onednn build) and plain loops the compiler vectorises.
+/// The CUDA backend overloads the same names for cuda_context.
 
 #include <cblas.h>
 
@@ -9,6 +10,10 @@
 
 #include <lockstep/backend/host/context.hpp>
 #include <lockstep/config.hpp>
+
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+#include <lockstep/backend/host/onednn_gemm.hpp>
+#endif
 
 namespace lockstep::backend {
 
@@ -20,16 +25,28 @@ inline CBLAS_TRANSPOSE cblas_op(trans t) noexcept { return t == trans::yes ? Cbl
 }  // namespace detail
 
 /// C = alpha * op(A) * op(B) + beta * C, row-major, C is m x n, op(A) m x k, op(B) k x n.
-inline void gemm(const host_context&, trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha,
-                 const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
-                 std::size_t ldc) {
+/// beta = 0 never reads C (NaNs in it do not propagate).
+inline void gemm([[maybe_unused]] const host_context& ctx, trans ta, trans tb, std::size_t m, std::size_t n,
+                 std::size_t k, float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb,
+                 float beta, float* c, std::size_t ldc) {
   if (m == 0 || n == 0) return;
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+  if (k == 0 || alpha == 0.0f) {  // no product to add: C = beta * C, as CBLAS does
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  ctx.gemm_cache().sgemm(ctx.blas_threads(), ta == trans::yes, tb == trans::yes, m, n, k, alpha, a, lda, b, ldb, beta,
+                         c, ldc);
+#else
   cblas_sgemm(CblasRowMajor, detail::cblas_op(ta), detail::cblas_op(tb), static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
               static_cast<int>(ldc));
+#endif
 }
 
-/// Double-precision GEMM (used by gradient checks), same contract as the float overload.
+/// Double-precision GEMM (used by gradient checks), same contract as the float overload (CBLAS in
+/// every build: oneDNN has no f64 matmul on CPUs).
 inline void gemm(const host_context&, trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k, double alpha,
                  const double* a, std::size_t lda, const double* b, std::size_t ldb, double beta, double* c,
                  std::size_t ldc) {

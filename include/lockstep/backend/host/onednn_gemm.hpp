@@ -1,0 +1,316 @@
+#pragma once
+/// @file onednn_gemm.hpp
+/// Single-precision host GEMM through oneDNN's matmul primitive, the kernels of the
+/// LOCKSTEP_HOST_GEMM=onednn build (which defines LOCKSTEP_HOST_GEMM_ONEDNN). A primitive is
+/// created on the first GEMM of each shape and kept, with its memory objects, in a cache that its
+/// host_context owns; later calls of the shape only re-point the memory objects at the operands.
+/// oneDNN 2.x has no f64 matmul on CPUs, so double GEMMs stay on CBLAS.
+
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#if defined(__linux__) || defined(__APPLE__)
+#include <dlfcn.h>
+#endif
+
+#if DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
+#include <omp.h>
+#elif DNNL_CPU_THREADING_RUNTIME != DNNL_RUNTIME_SEQ
+#error "lockstep: the oneDNN GEMM backend needs oneDNN built with OpenMP or sequential CPU threading"
+#endif
+
+#include <lockstep/core/error.hpp>
+
+namespace lockstep::backend::detail {
+
+/// Throws device_error naming the oneDNN call, its status and `what` unless the call succeeded.
+inline void onednn_check(dnnl_status_t status, const char* call, const std::string& what = {}) {
+  if (status == dnnl_success) return;
+  std::string message = std::string("lockstep: oneDNN ") + call + " failed with " + dnnl_status2str(status);
+  if (!what.empty()) message += " (" + what + ")";
+  throw device_error(message);
+}
+
+/// Makes the calling thread's oneDNN calls use `threads` threads (an OpenMP per-thread setting).
+inline void onednn_set_threads([[maybe_unused]] int threads) noexcept {
+#if DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
+  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+#endif
+}
+
+/// "oneDNN <version> (<the widest instruction set it dispatches to here>)".
+inline std::string onednn_name() {
+  const dnnl_version_t* v = dnnl_version();
+  std::string_view isa = dnnl_cpu_isa2str(dnnl_get_effective_cpu_isa());
+  if (isa.starts_with("cpu_isa_")) isa.remove_prefix(8);
+  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
+         " (" + std::string(isa) + ")";
+}
+
+/// Whether the code address `pc` lies in the shared oneDNN library (false where it cannot be told
+/// apart from the program, for example when oneDNN is linked statically). Used by the tests'
+/// allocation counters to tell oneDNN's own allocations from lockstep's.
+inline bool onednn_owns_code([[maybe_unused]] const void* pc) noexcept {
+#if defined(__linux__) || defined(__APPLE__)
+  Dl_info library{}, here{}, at{};
+  if (dladdr(dnnl_version(), &library) == 0 || dladdr(reinterpret_cast<const void*>(&onednn_owns_code), &here) == 0 ||
+      dladdr(pc, &at) == 0)
+    return false;
+  return library.dli_fbase != here.dli_fbase && at.dli_fbase == library.dli_fbase;
+#else
+  return false;
+#endif
+}
+
+/// Destroys oneDNN handles (for std::unique_ptr).
+struct onednn_deleter {
+  void operator()(dnnl_engine_t p) const noexcept { dnnl_engine_destroy(p); }
+  void operator()(dnnl_stream_t p) const noexcept { dnnl_stream_destroy(p); }
+  void operator()(dnnl_primitive_t p) const noexcept { dnnl_primitive_destroy(p); }
+  void operator()(dnnl_primitive_desc_t p) const noexcept { dnnl_primitive_desc_destroy(p); }
+  void operator()(dnnl_primitive_attr_t p) const noexcept { dnnl_primitive_attr_destroy(p); }
+  void operator()(dnnl_post_ops_t p) const noexcept { dnnl_post_ops_destroy(p); }
+  void operator()(dnnl_memory_t p) const noexcept { dnnl_memory_destroy(p); }
+};
+
+/// An owning oneDNN handle.
+template <class Handle>
+using onednn_ptr = std::unique_ptr<std::remove_pointer_t<Handle>, onednn_deleter>;
+
+/// The oneDNN matmul primitives of one host context: one per GEMM shape (m, n, k, transpositions,
+/// leading dimensions, whether alpha is 1 and whether C is read), each with memory objects for A,
+/// B, C, the scratchpad and alpha, plus one scratchpad buffer that every primitive of the cache
+/// uses (primitives run one at a time on a context). Not safe for concurrent use: like its
+/// context, it belongs to one replica thread at a time.
+class onednn_gemm_cache {
+public:
+  /// A cache with a CPU engine and stream and no primitives yet.
+  onednn_gemm_cache() {
+    dnnl_engine_t engine = nullptr;
+    onednn_check(dnnl_engine_create(&engine, dnnl_cpu, 0), "dnnl_engine_create");
+    engine_.reset(engine);
+    dnnl_stream_t stream = nullptr;
+    onednn_check(dnnl_stream_create(&stream, engine_.get(), dnnl_stream_default_flags), "dnnl_stream_create");
+    stream_.reset(stream);
+  }
+
+  onednn_gemm_cache(const onednn_gemm_cache&) = delete;
+  onednn_gemm_cache& operator=(const onednn_gemm_cache&) = delete;
+  ~onednn_gemm_cache() = default;
+
+  /// C = alpha * op(A) * op(B) + beta * C, row-major, with m, n, k > 0 and alpha != 0 (the caller
+  /// handles those); `threads` is the context's thread budget. beta = 0 never reads C; another beta
+  /// than 0 or 1 scales C first. alpha != 1 is a run-time output scale, for which oneDNN 2.6 picks
+  /// its gemm-based matmul (which allocates packing buffers on every call); lockstep's layers
+  /// always pass alpha = 1.
+  void sgemm(int threads, bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+             std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+    onednn_set_threads(threads);
+    if (beta != 0.0f && beta != 1.0f) {  // the sum post-op's scale is fixed per primitive: scale C here
+      for (std::size_t i = 0; i < m; ++i)
+        for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] *= beta;
+    }
+    const key kk{static_cast<dnnl_dim_t>(m),
+                 static_cast<dnnl_dim_t>(n),
+                 static_cast<dnnl_dim_t>(k),
+                 static_cast<dnnl_dim_t>(lda),
+                 static_cast<dnnl_dim_t>(ldb),
+                 static_cast<dnnl_dim_t>(ldc),
+                 ta,
+                 tb,
+                 alpha != 1.0f,
+                 beta != 0.0f};
+    entry& e = find_or_create(kk);
+    e.alpha = alpha;
+    // oneDNN only reads the sources; its memory objects hold non-const pointers.
+    onednn_check(dnnl_memory_set_data_handle(e.a.get(), const_cast<float*>(a)), "dnnl_memory_set_data_handle");
+    onednn_check(dnnl_memory_set_data_handle(e.b.get(), const_cast<float*>(b)), "dnnl_memory_set_data_handle");
+    onednn_check(dnnl_memory_set_data_handle(e.c.get(), c), "dnnl_memory_set_data_handle");
+    if (e.scratchpad)
+      onednn_check(dnnl_memory_set_data_handle(e.scratchpad.get(), scratchpad_.get()), "dnnl_memory_set_data_handle");
+    const dnnl_status_t status = dnnl_primitive_execute(e.primitive.get(), stream_.get(), e.nargs, e.args.data());
+    if (status != dnnl_success) onednn_check(status, "dnnl_primitive_execute", describe(kk));  // names the shape
+    onednn_check(dnnl_stream_wait(stream_.get()), "dnnl_stream_wait");
+  }
+
+  /// Number of cached primitives (GEMM shapes seen).
+  [[nodiscard]] std::size_t primitives() const noexcept { return entries_.size(); }
+  /// Size of the shared scratchpad buffer in bytes (the largest any cached primitive asked for).
+  [[nodiscard]] std::size_t scratchpad_bytes() const noexcept { return scratchpad_size_; }
+  /// The implementation oneDNN chose for the most recently created primitive (for example
+  /// "brg:avx512_core"); empty before the first GEMM.
+  [[nodiscard]] const std::string& last_implementation() const noexcept { return last_impl_; }
+
+private:
+  struct key {
+    dnnl_dim_t m, n, k, lda, ldb, ldc;
+    bool ta, tb;
+    bool scaled;      // alpha != 1: a run-time output scale
+    bool accumulate;  // beta != 0: a sum post-op reads C
+    bool operator==(const key&) const = default;
+  };
+  struct key_hash {
+    std::size_t operator()(const key& k) const noexcept {
+      std::uint64_t h = 1469598103934665603ull;
+      const auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+      mix(static_cast<std::uint64_t>(k.m));
+      mix(static_cast<std::uint64_t>(k.n));
+      mix(static_cast<std::uint64_t>(k.k));
+      mix(static_cast<std::uint64_t>(k.lda));
+      mix(static_cast<std::uint64_t>(k.ldb));
+      mix(static_cast<std::uint64_t>(k.ldc));
+      mix((k.ta ? 1u : 0u) | (k.tb ? 2u : 0u) | (k.scaled ? 4u : 0u) | (k.accumulate ? 8u : 0u));
+      return static_cast<std::size_t>(h);
+    }
+  };
+  struct entry {
+    onednn_ptr<dnnl_primitive_t> primitive;
+    onednn_ptr<dnnl_memory_t> a, b, c, scratchpad, scale;
+    float alpha = 1.0f;  // what `scale` points at
+    std::array<dnnl_exec_arg_t, 5> args{};
+    int nargs = 0;
+  };
+  struct aligned_free {
+    void operator()(std::byte* p) const noexcept { ::operator delete[](p, std::align_val_t{page}); }
+  };
+  static constexpr std::size_t page = 4096;
+
+  static std::string describe(const key& k) {
+    return "matmul m=" + std::to_string(k.m) + " n=" + std::to_string(k.n) + " k=" + std::to_string(k.k) +
+           " lda=" + std::to_string(k.lda) + " ldb=" + std::to_string(k.ldb) + " ldc=" + std::to_string(k.ldc) +
+           " transa=" + (k.ta ? "yes" : "no") + " transb=" + (k.tb ? "yes" : "no");
+  }
+
+  entry& find_or_create(const key& k) {
+    if (const auto it = entries_.find(k); it != entries_.end()) return *it->second;
+    return create(k);
+  }
+
+  entry& create(const key& k) {
+    const std::string what = describe(k);
+    // Row-major operands; a transposed operand is the same matrix read through swapped strides.
+    dnnl_memory_desc_t a_md{}, b_md{}, c_md{};
+    const dnnl_dims_t a_dims{k.m, k.k}, b_dims{k.k, k.n}, c_dims{k.m, k.n};
+    const dnnl_dims_t a_strides{k.ta ? 1 : k.lda, k.ta ? k.lda : 1};
+    const dnnl_dims_t b_strides{k.tb ? 1 : k.ldb, k.tb ? k.ldb : 1};
+    const dnnl_dims_t c_strides{k.ldc, 1};
+    const char* init = "dnnl_memory_desc_init_by_strides";
+    onednn_check(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, dnnl_f32, a_strides), init, what + ", A");
+    onednn_check(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, dnnl_f32, b_strides), init, what + ", B");
+    onednn_check(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_strides), init, what + ", C");
+    dnnl_matmul_desc_t matmul{};
+    onednn_check(dnnl_matmul_desc_init(&matmul, &a_md, &b_md, nullptr, &c_md), "dnnl_matmul_desc_init", what);
+
+    dnnl_primitive_attr_t raw_attr = nullptr;
+    onednn_check(dnnl_primitive_attr_create(&raw_attr), "dnnl_primitive_attr_create");
+    const onednn_ptr<dnnl_primitive_attr_t> attr(raw_attr);
+    onednn_check(dnnl_primitive_attr_set_scratchpad_mode(attr.get(), dnnl_scratchpad_mode_user),
+                 "dnnl_primitive_attr_set_scratchpad_mode");
+    if (k.scaled) {
+      const float runtime = DNNL_RUNTIME_F32_VAL;
+      onednn_check(dnnl_primitive_attr_set_output_scales(attr.get(), 1, 0, &runtime),
+                   "dnnl_primitive_attr_set_output_scales");
+    }
+    if (k.accumulate) {
+      dnnl_post_ops_t raw_ops = nullptr;
+      onednn_check(dnnl_post_ops_create(&raw_ops), "dnnl_post_ops_create");
+      const onednn_ptr<dnnl_post_ops_t> ops(raw_ops);
+      onednn_check(dnnl_post_ops_append_sum(ops.get(), 1.0f), "dnnl_post_ops_append_sum");
+      onednn_check(dnnl_primitive_attr_set_post_ops(attr.get(), ops.get()), "dnnl_primitive_attr_set_post_ops");
+    }
+    dnnl_primitive_desc_t raw_pd = nullptr;
+    onednn_check(dnnl_primitive_desc_create(&raw_pd, &matmul, attr.get(), engine_.get(), nullptr),
+                 "dnnl_primitive_desc_create", what);
+    const onednn_ptr<dnnl_primitive_desc_t> pd(raw_pd);
+
+    auto e = std::make_unique<entry>();
+    dnnl_primitive_t raw_primitive = nullptr;
+    onednn_check(dnnl_primitive_create(&raw_primitive, pd.get()), "dnnl_primitive_create", what);
+    e->primitive.reset(raw_primitive);
+    const char* impl = nullptr;
+    if (dnnl_primitive_desc_query(pd.get(), dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+      last_impl_ = impl;
+
+    const auto make_memory = [&](onednn_ptr<dnnl_memory_t>& out, const dnnl_memory_desc_t* md, void* handle) {
+      dnnl_memory_t raw = nullptr;
+      onednn_check(dnnl_memory_create(&raw, md, engine_.get(), handle), "dnnl_memory_create", what);
+      out.reset(raw);
+    };
+    make_memory(e->a, &a_md, DNNL_MEMORY_NONE);
+    make_memory(e->b, &b_md, DNNL_MEMORY_NONE);
+    make_memory(e->c, &c_md, DNNL_MEMORY_NONE);
+    e->args[0] = {DNNL_ARG_SRC, e->a.get()};
+    e->args[1] = {DNNL_ARG_WEIGHTS, e->b.get()};
+    e->args[2] = {DNNL_ARG_DST, e->c.get()};
+    e->nargs = 3;
+    const dnnl_memory_desc_t* scratch_md = dnnl_primitive_desc_query_md(pd.get(), dnnl_query_scratchpad_md, 0);
+    const std::size_t scratch_bytes = scratch_md ? dnnl_memory_desc_get_size(scratch_md) : 0;
+    if (scratch_bytes > 0) {
+      if (scratch_bytes > scratchpad_size_) {  // grown only for a primitive that needs more
+        const std::size_t bytes = (scratch_bytes + page - 1) / page * page;
+        scratchpad_.reset(new (std::align_val_t{page}) std::byte[bytes]);
+        scratchpad_size_ = bytes;
+      }
+      make_memory(e->scratchpad, scratch_md, DNNL_MEMORY_NONE);
+      e->args[static_cast<std::size_t>(e->nargs++)] = {DNNL_ARG_SCRATCHPAD, e->scratchpad.get()};
+    }
+    if (k.scaled) {
+      dnnl_memory_desc_t scale_md{};
+      const dnnl_dims_t one{1};
+      onednn_check(dnnl_memory_desc_init_by_tag(&scale_md, 1, one, dnnl_f32, dnnl_a), "dnnl_memory_desc_init_by_tag");
+      make_memory(e->scale, &scale_md, &e->alpha);
+      e->args[static_cast<std::size_t>(e->nargs++)] = {DNNL_ARG_ATTR_OUTPUT_SCALES, e->scale.get()};
+    }
+    entry& result = *e;
+    entries_.emplace(k, std::move(e));
+    return result;
+  }
+
+  // Declared first, destroyed last: the primitives and memory objects go before the engine.
+  onednn_ptr<dnnl_engine_t> engine_;
+  onednn_ptr<dnnl_stream_t> stream_;
+  std::unique_ptr<std::byte[], aligned_free> scratchpad_;
+  std::size_t scratchpad_size_ = 0;
+  std::unordered_map<key, std::unique_ptr<entry>, key_hash> entries_;
+  std::string last_impl_;
+};
+
+/// Where a host_context keeps its oneDNN GEMM cache: created on the first GEMM, moved with the
+/// context; a copied context starts with an empty cache of its own.
+class onednn_gemm_slot {
+public:
+  /// An empty slot.
+  onednn_gemm_slot() = default;
+  /// A copy does not share the cache: it starts empty.
+  onednn_gemm_slot(const onednn_gemm_slot&) noexcept {}
+  /// Assignment from a copy empties this slot (the primitives of the source are not shared).
+  onednn_gemm_slot& operator=(const onednn_gemm_slot& other) noexcept {
+    if (this != &other) cache_.reset();
+    return *this;
+  }
+  /// Moves the cache.
+  onednn_gemm_slot(onednn_gemm_slot&&) noexcept = default;
+  /// Moves the cache.
+  onednn_gemm_slot& operator=(onednn_gemm_slot&&) noexcept = default;
+  ~onednn_gemm_slot() = default;
+
+  /// The cache, created on first use.
+  [[nodiscard]] onednn_gemm_cache& get() const {
+    if (!cache_) cache_ = std::make_unique<onednn_gemm_cache>();
+    return *cache_;
+  }
+
+private:
+  mutable std::unique_ptr<onednn_gemm_cache> cache_;
+};
+
+}  // namespace lockstep::backend::detail
