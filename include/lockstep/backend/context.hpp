@@ -23,7 +23,8 @@ namespace lockstep {
 
 /// Run-time settings a strategy hands to backend_traits<K>::make_context for each replica.
 struct replica_settings {
-  int blas_threads = 1;  ///< host kinds: threads one replica's GEMMs may use
+  int blas_threads = 1;          ///< host kinds: threads one replica's GEMMs may use
+  bool flush_denormals = true;   ///< host kinds: the replica's thread flushes subnormal floats to zero
 };
 
 /// What device kind Kind provides to the library. This primary template is chosen only for a
@@ -46,7 +47,9 @@ struct backend_traits<cpus> {
   /// The number of host devices: the cores this process may run on.
   static std::size_t device_count() { return static_cast<std::size_t>(allowed_cpu_count()); }
   /// The context of the replica on device `ordinal`.
-  static context_type make_context(std::size_t, const replica_settings& s) { return context_type(s.blas_threads); }
+  static context_type make_context(std::size_t, const replica_settings& s) {
+    return context_type(s.blas_threads, s.flush_denormals);
+  }
 };
 
 namespace detail {

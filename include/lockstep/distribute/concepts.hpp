@@ -31,6 +31,7 @@ struct strategy_options {
   std::size_t micro_shard_rows = 32;          ///< rows per micro-shard (replica_count_invariant only)
   int blas_threads = 1;                       ///< BLAS threads per host replica (replicas × threads <= cores)
   bool pin_replicas = true;                   ///< pin host replica r's worker to the r-th allowed CPU (when there are enough)
+  bool flush_denormals = true;                ///< host replicas flush subnormal floats to zero (see host_context)
 };
 
 /// What one synchronous training step returns: the loss summed over the global batch and the count.

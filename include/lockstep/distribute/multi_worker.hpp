@@ -302,7 +302,8 @@ public:
     check_usable();
     std::vector<context_type> contexts;
     for (const std::size_t o : ordinals_)
-      contexts.push_back(backend_traits<Kind>::make_context(o, replica_settings{options_.blas_threads}));
+      contexts.push_back(
+          backend_traits<Kind>::make_context(o, replica_settings{options_.blas_threads, options_.flush_denormals}));
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
     if (m.buckets().size > max_buckets - 1) throw config_error("lockstep::multi_worker: the model has too many buckets");
     channel_.reserve_floats(m.stored_count);

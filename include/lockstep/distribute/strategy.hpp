@@ -126,7 +126,8 @@ public:
     std::vector<context_type> contexts;
     contexts.reserve(num_replicas());
     for (const std::size_t o : ordinals_)
-      contexts.push_back(backend_traits<Kind>::make_context(o, replica_settings{options_.blas_threads}));
+      contexts.push_back(
+          backend_traits<Kind>::make_context(o, replica_settings{options_.blas_threads, options_.flush_denormals}));
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
     if (m.buckets().size > max_buckets - 1) throw config_error("lockstep::mirrored: the model has too many buckets");
     bind_workspaces(m, m.param_count * sizeof(T));
