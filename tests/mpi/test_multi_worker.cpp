@@ -44,8 +44,8 @@ int world_size() {
 const std::vector<std::size_t> sizes{64, 64, 48, 33, 64, 17, 64, 64, 5, 64, 64, 3, 64, 64, 1, 64, 2, 64, 64, 37};
 
 // 20 steps through strategy s (its own shards of each global batch); every replica identical.
-template <class Net, class S>
-std::vector<float> train20(S& s, const ls::adam& opt) {
+template <class Net, class S, class Opt>
+std::vector<float> train20(S& s, const Opt& opt) {
   auto m = s.template replicate<Net>(ls::seed{42});
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     const ls::shard_plan p = ls::detail::plan_of(s);
@@ -124,6 +124,38 @@ TEST_CASE("multi_worker replica_count_invariant: workers x replicas give bitwise
     CAPTURE(local);
     ls::multi_worker_mirrored<ls::cpus, ls::determinism::replica_count_invariant> s(ls::device_selection::first(local), o);
     CHECK(train20<mlp_dropout>(s, opt) == ref);
+  }
+}
+
+// A CNN with batch norm on 28 x 28 rows: its statistics span every replica of every worker.
+using cnn_bn = ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<2, 5, 3, 0>, ls::batch_norm<>, ls::relu,
+                              ls::max_pool2d<2>, ls::flatten, ls::dense<32, 10>>;
+
+TEST_CASE("multi_worker run_to_run: batch norm over the global batch of every worker equals one process (1e-5)") {
+  // SGD: the convolution's biases, followed by batch norm, have gradients that are zero up to
+  // rounding, which Adam would scale up to full steps.
+  const ls::sgd opt{.lr = 0.05f, .momentum = 0.9f};
+  ls::one_device<ls::cpu<0>> single;
+  const auto ref = train20<cnn_bn>(single, opt);  // parameters, then the running statistics
+  for (std::size_t local : {1u, 2u}) {
+    CAPTURE(local);
+    ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(local));
+    const auto got = train20<cnn_bn>(s, opt);
+    CHECK(max_diff(got, ref) < 1e-5);
+    CHECK(same_on_every_rank(got));
+  }
+}
+
+TEST_CASE("multi_worker replica_count_invariant: a network with batch norm is a config_error naming it") {
+  ls::multi_worker_mirrored<ls::cpus, ls::determinism::replica_count_invariant> s(ls::device_selection::first(1));
+  auto m = s.replicate<cnn_bn>(ls::seed{1});
+  const ls::shard_plan p = ls::detail::plan_of(s);
+  const auto db = ls::data::detail::make_sharded(make_batch(8, 0), p.parts, p.first, s.num_replicas());
+  try {
+    (void)ls::train_step(s, m, ls::adam{}, ls::softmax_cross_entropy{}, db);
+    FAIL("no exception");
+  } catch (const ls::replica_error& e) {
+    CHECK(std::string(e.what()).find("batch_norm") != std::string::npos);
   }
 }
 

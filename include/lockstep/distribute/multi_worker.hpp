@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -45,6 +46,7 @@
 #include <lockstep/data/shard_batches.hpp>
 #include <lockstep/distribute/concepts.hpp>
 #include <lockstep/distribute/detail/host_comm.hpp>
+#include <lockstep/distribute/detail/row_exchange.hpp>
 #include <lockstep/distribute/device_set.hpp>
 #include <lockstep/distribute/executor.hpp>
 #include <lockstep/distribute/mpi.hpp>
@@ -149,6 +151,56 @@ private:
 
 namespace detail {
 
+/// The rows of other workers for the row exchange of batch-coupled layers (batch_norm): an
+/// all-gather of every worker's row range, then an in-place all-gather of the rows themselves.
+class mpi_row_span final : public row_exchange_span {
+public:
+  /// A span over the workers of `ch`.
+  explicit mpi_row_span(mpi_channel& ch)
+      : channel_(&ch), ranges_(2 * static_cast<std::size_t>(ch.size())), counts_(ranges_.size() / 2),
+        displs_(ranges_.size() / 2) {}
+
+  /// See row_exchange_span::gather.
+  void gather(std::byte* table, std::size_t elem_bytes, std::size_t first_row, std::size_t rows, std::size_t width,
+              std::size_t total_rows) override {
+    const auto w = static_cast<std::size_t>(channel_->size()), me = static_cast<std::size_t>(channel_->rank());
+    std::fill(ranges_.begin(), ranges_.end(), 0.0);
+    ranges_[2 * me] = static_cast<double>(first_row);
+    ranges_[2 * me + 1] = static_cast<double>(rows);
+    mpi_channel::job j;
+    j.kind = mpi_channel::op::gather_doubles;
+    j.data = ranges_.data();
+    j.count = 2;
+    channel_->run(j);
+    std::size_t covered = 0;
+    for (std::size_t p = 0; p < w; ++p) {
+      const auto lo = static_cast<std::size_t>(ranges_[2 * p]), n = static_cast<std::size_t>(ranges_[2 * p + 1]);
+      if ((lo + n) * width > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+        throw config_error("lockstep::multi_worker: a batch-coupled layer's exchange exceeds MPI's int count");
+      counts_[p] = static_cast<int>(n * width);
+      displs_[p] = static_cast<int>(lo * width);
+      covered += n;
+    }
+    if (covered != total_rows)
+      throw shape_error("lockstep::multi_worker: the workers hold " + std::to_string(covered) + " rows of a global batch of " +
+                        std::to_string(total_rows) + " in a batch-coupled layer's exchange");
+    j.kind = elem_bytes == sizeof(double) ? mpi_channel::op::gather_doubles_v : mpi_channel::op::gather_floats_v;
+    j.data = table;
+    j.count = total_rows * width;
+    j.counts = &counts_;
+    j.displs = &displs_;
+    channel_->run(j);
+  }
+
+  /// True on rank 0.
+  [[nodiscard]] bool first_process() const noexcept override { return channel_->rank() == 0; }
+
+private:
+  mpi_channel* channel_;
+  std::vector<double> ranges_;
+  std::vector<int> counts_, displs_;
+};
+
 /// replica_count_invariant across workers: fixed micro-shards of the global batch, split over
 /// all replicas of all workers; their gradient sums are gathered from every worker and summed in
 /// micro-shard order on every worker.
@@ -164,6 +216,11 @@ public:
              const pass_info& info, const update_info& update) {
     using T = typename Replicated::value_type;
     static_assert(std::is_same_v<T, float>, "lockstep::multi_worker: replica_count_invariant sums float gradients");
+    if constexpr (Replicated::model_type::couples_rows)
+      throw config_error(
+          "lockstep: determinism::replica_count_invariant runs the micro-shards of a replica one after another, "
+          "so a layer that couples the rows of the global batch (batch_norm) cannot see them all; use "
+          "determinism::run_to_run, under which batch_norm still computes its statistics over the global batch");
     constexpr std::size_t P = Replicated::param_count;
     const data::batch& g = *b.global;
     const std::size_t n = ex.size();
@@ -267,6 +324,7 @@ public:
         channel_(comm, options_.timeout, options_.bucket_bytes / sizeof(float) + 1),
         identity_(std::make_shared<const strategy_identity>(strategy_identity{describe()})),
         reducer_(reducer_config{ordinals_.size(), options_.timeout, max_buckets, 0}, channel_),
+        span_(channel_),
         step_(make_step()),
         exec_(ordinals_.size(), false, &abort_all, &reset_all, this) {}
   multi_worker_mirrored(const multi_worker_mirrored&) = delete;
@@ -420,7 +478,7 @@ private:
 
   step_policy make_step() {
     if constexpr (Determinism == determinism::run_to_run)
-      return step_policy(ordinals_.size(), options_, true);
+      return step_policy(ordinals_.size(), options_, true, &span_);
     else
       return step_policy(ordinals_.size(), options_, channel_);
   }
@@ -481,6 +539,7 @@ private:
   detail::mpi_channel channel_;
   std::shared_ptr<const strategy_identity> identity_;
   mpi_host_allreduce reducer_;
+  detail::mpi_row_span span_;
   step_policy step_;
   std::vector<double> gather_;
   executor exec_;

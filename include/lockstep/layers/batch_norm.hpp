@@ -185,7 +185,7 @@ struct batch_norm {
           s1[c] += static_cast<double>(all[r * 2 * C + c]);
           s2[c] += static_cast<double>(all[r * 2 * C + C + c]);
         }
-      const bool writes_sums = info.exchange == nullptr || info.rank == 0;
+      const bool writes_sums = info.exchange == nullptr || info.exchange->leads(info.rank);
       for (std::size_t c = 0; c < C; ++c) {
         dparams[c] = writes_sums ? static_cast<T>(s2[c]) : T(0);
         dparams[C + c] = writes_sums ? static_cast<T>(s1[c]) : T(0);

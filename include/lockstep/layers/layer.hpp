@@ -29,6 +29,10 @@ public:
   /// The same for double rows.
   virtual const double* all_gather(std::size_t rank, const double* mine, std::size_t first_row, std::size_t rows,
                                    std::size_t width, std::size_t total_rows) = 0;
+  /// True for the one replica, over every process, that contributes the global sums a coupled
+  /// layer computes as its parameter gradient (the others contribute zeros, so the strategy's
+  /// sum over replicas returns them exactly).
+  [[nodiscard]] virtual bool leads(std::size_t rank) const noexcept { return rank == 0; }
 };
 
 /// Opt-in tag: a type is a layer only when it says `using layer_concept = lockstep::layer_tag;`.

@@ -6,6 +6,7 @@
 /// is large enough (grown by replica 0 only when a call needs more, so a steady state allocates
 /// nothing); every row is written. Waits are bounded and abortable like the reducers'.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
@@ -19,12 +20,26 @@
 
 namespace lockstep::detail {
 
+/// Extends a row exchange beyond this process: once the local replicas' rows are in the table,
+/// local replica 0 calls `gather` to fill in the rows of the other processes (multi-worker).
+class row_exchange_span {
+public:
+  virtual ~row_exchange_span() = default;
+  /// Fills the rows of `table` (total_rows x width elements of `elem_bytes` each) that other
+  /// processes hold; this process holds rows [first_row, first_row + rows).
+  virtual void gather(std::byte* table, std::size_t elem_bytes, std::size_t first_row, std::size_t rows,
+                      std::size_t width, std::size_t total_rows) = 0;
+  /// True in the process whose replica 0 leads the exchange (see row_exchange::leads).
+  [[nodiscard]] virtual bool first_process() const noexcept = 0;
+};
+
 /// The row exchange of `replicas` host threads (one per strategy step policy).
 class host_row_exchange final : public row_exchange {
 public:
-  /// An exchange for `replicas` replicas whose waits give up after `timeout`.
-  host_row_exchange(std::size_t replicas, std::chrono::milliseconds timeout)
-      : comm_(replicas, timeout, 0), rows_(replicas, 0) {}
+  /// An exchange for `replicas` replicas whose waits give up after `timeout`; `span`, when given,
+  /// brings in the rows of other processes.
+  host_row_exchange(std::size_t replicas, std::chrono::milliseconds timeout, row_exchange_span* span = nullptr)
+      : comm_(replicas, timeout, 0), rows_(replicas, 0), first_(replicas, 0), span_(span) {}
 
   /// See row_exchange::all_gather.
   const float* all_gather(std::size_t rank, const float* mine, std::size_t first_row, std::size_t rows,
@@ -35,6 +50,11 @@ public:
   const double* all_gather(std::size_t rank, const double* mine, std::size_t first_row, std::size_t rows,
                            std::size_t width, std::size_t total_rows) override {
     return gather(rank, mine, first_row, rows, width, total_rows);
+  }
+
+  /// True for replica 0 of the first process.
+  [[nodiscard]] bool leads(std::size_t rank) const noexcept override {
+    return rank == 0 && (!span_ || span_->first_process());
   }
 
   /// Releases replicas waiting in the exchange (they throw).
@@ -54,11 +74,22 @@ private:
     const std::size_t bytes = total_rows * width * sizeof(T);
     if (rank == 0 && table_.size() < bytes) table_ = buffer<std::byte, cpus>(bytes);
     rows_[rank] = rows;
+    first_[rank] = first_row;
     comm_.barrier(rank);  // the table is large enough
     if (rows) std::memcpy(table_.data() + first_row * width * sizeof(T), mine, rows * width * sizeof(T));
-    comm_.barrier(rank);  // every row is in
+    comm_.barrier(rank);  // every local row is in
     std::size_t covered = 0;
     for (const std::size_t r : rows_) covered += r;
+    if (span_) {
+      if (rank == 0) {  // this process's rows are contiguous: the shards of its replicas
+        std::size_t lo = total_rows;
+        for (std::size_t r = 0; r < rows_.size(); ++r)
+          if (rows_[r]) lo = std::min(lo, first_[r]);
+        span_->gather(table_.data(), sizeof(T), covered ? lo : 0, covered, width, total_rows);
+      }
+      comm_.barrier(rank);  // the other processes' rows are in
+      return reinterpret_cast<const T*>(table_.data());
+    }
     if (covered != total_rows)
       throw config_error("lockstep: a layer that couples the rows of the global batch (batch_norm) saw " +
                          std::to_string(covered) + " of its " + std::to_string(total_rows) +
@@ -67,7 +98,8 @@ private:
   }
 
   host_comm comm_;
-  std::vector<std::size_t> rows_;
+  std::vector<std::size_t> rows_, first_;
+  row_exchange_span* span_;
   buffer<std::byte, cpus> table_;
 };
 

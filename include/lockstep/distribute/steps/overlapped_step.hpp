@@ -24,9 +24,11 @@ namespace lockstep {
 class overlapped_step {
 public:
   /// The policy of a strategy with `replicas` replicas. A lone replica skips the reducer unless
-  /// `reduce_alone` (a replica whose reducer also spans other processes must take part).
-  overlapped_step(std::size_t replicas, const strategy_options& o, bool reduce_alone = false)
-      : loss_(replicas), reduce_alone_(reduce_alone), exchange_(replicas, o.timeout) {}
+  /// `reduce_alone` (a replica whose reducer also spans other processes must take part); `span`
+  /// extends the row exchange of batch-coupled layers to other processes.
+  overlapped_step(std::size_t replicas, const strategy_options& o, bool reduce_alone = false,
+                  detail::row_exchange_span* span = nullptr)
+      : loss_(replicas), reduce_alone_(reduce_alone), exchange_(replicas, o.timeout, span) {}
 
   /// One step of `m` on `b` through `ex` and `reducer`; returns the loss summed over the global batch.
   template <class Reducer, class Replicated, class Optimizer, class Loss>
