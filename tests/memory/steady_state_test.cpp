@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <lockstep/layers/conv.hpp>
 #include <lockstep/lockstep.hpp>
 
 namespace {
@@ -173,6 +174,35 @@ TEST_CASE_TEMPLATE("a steady-state replica step allocates nothing", T, float, do
     allocations = w.count();
     const std::size_t onednn = w.onednn_count();
     if (onednn > 0) MESSAGE("allocations inside oneDNN's primitive executions: " << onednn);
+  }
+  CHECK(allocations == 0);
+  CHECK(std::isfinite(loss_total));
+}
+
+TEST_CASE("a steady-state step of a small CNN allocates nothing") {
+  using net = ls::sequential<ls::reshape<2, 9, 7>, ls::conv2d<4, 3, 1, 1>, ls::relu, ls::max_pool2d<2>,
+                             ls::conv2d<3, 3, 2, 1>, ls::avg_pool2d<2, 1>, ls::flatten, ls::dense<3, 5>>;
+  ls::replica<net> rep(ls::host_context{1}, ls::seed{4});
+  const ls::data::batch big = make_batch(11, 126, 5, 7);
+  const ls::data::batch small = make_batch(4, 126, 5, 8);
+  const ls::data::shard big_all = ls::data::whole(big), small_all = ls::data::whole(small);
+  const ls::adam opt{.lr = 1e-3f};
+  const ls::softmax_cross_entropy loss;
+  auto step = [&](const ls::data::shard& s, std::uint64_t k) {
+    const ls::loss_sum l = rep.forward_backward(loss, s, ls::pass_info{true, 2, k, 0, 0});
+    rep.apply(opt, ls::update_info{opt.lr, k + 1, 1.0 / double(s.global_size)});
+    return l.sum;
+  };
+  step(big_all, 0);
+  std::size_t allocations = 0;
+  double loss_total = 0;
+  {
+    allocation_window w;
+    for (std::uint64_t k = 1; k <= 5; ++k) {
+      loss_total += step(big_all, k);
+      loss_total += step(small_all, k);
+    }
+    allocations = w.count();
   }
   CHECK(allocations == 0);
   CHECK(std::isfinite(loss_total));

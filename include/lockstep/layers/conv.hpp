@@ -18,7 +18,8 @@ namespace lockstep {
 
 namespace detail {
 
-/// Geometry of a 2-d window (kernel, stride, padding) over a C x H x W image.
+/// Geometry of a 2-d window (kernel, stride, padding) over a C x H x W image. A structural type:
+/// the convolution's kernels take it as a template argument, so that every size is a constant.
 struct window2d {
   std::size_t c, h, w;            ///< input channels, height, width
   std::size_t k, stride, pad;     ///< square window, its step and the zero padding on each side
@@ -41,89 +42,95 @@ struct window2d {
   }
 };
 
-/// im2col of `batch` images: cols[b] is (C K K) x (OH OW), row (c, kr, kc), column (oy, ox).
-/// One call fills one row of one image (OW... elements per (b, c, kr, kc, oy)).
-template <class T>
-struct im2col_op {
-  const T* x;    ///< batch x C x H x W
-  T* cols;       ///< batch x (C K K) x (OH OW)
-  window2d g;    ///< geometry
-  /// Fills the OW elements of (b, c, kr, kc, oy) with the image's values (0 in the padding).
+/// Zero-padded copy of one image: xp is C x (H + 2 pad) x (W + 2 pad), the image in the middle,
+/// zeros around it. One call writes one padded row (c, py).
+template <class T, window2d G>
+struct pad_image_op {
+  const T* x;  ///< C x H x W
+  T* xp;       ///< C x (H + 2 pad) x (W + 2 pad)
+  /// Writes padded row i = (c, py).
   LOCKSTEP_HD void operator()(std::size_t i) const {
-    const std::size_t oy = i % g.oh;
-    std::size_t r = i / g.oh;
-    const std::size_t kc = r % g.k;
-    r /= g.k;
-    const std::size_t kr = r % g.k;
-    r /= g.k;
-    const std::size_t c = r % g.c;
-    const std::size_t b = r / g.c;
-    T* out = cols + i * g.ow;
-    const long y = g.in_row(oy, kr);
-    if (y < 0 || y >= static_cast<long>(g.h)) {
-      for (std::size_t ox = 0; ox < g.ow; ++ox) out[ox] = T(0);
-      return;
-    }
-    const T* in = x + ((b * g.c + c) * g.h + static_cast<std::size_t>(y)) * g.w;
-    for (std::size_t ox = 0; ox < g.ow; ++ox) {
-      const long xx = g.in_col(ox, kc);
-      out[ox] = xx < 0 || xx >= static_cast<long>(g.w) ? T(0) : in[xx];
-    }
+    constexpr std::size_t ph = G.h + 2 * G.pad, pw = G.w + 2 * G.pad;
+    const std::size_t y = i % ph - G.pad, c = i / ph;  // y wraps past H in the top padding
+    T* out = xp + i * pw;
+    for (std::size_t j = 0; j < pw; ++j) out[j] = T(0);
+    if (y >= G.h) return;
+    const T* in = x + (c * G.h + y) * G.w;
+    for (std::size_t j = 0; j < G.w; ++j) out[G.pad + j] = in[j];
   }
 };
 
-/// col2im of one image in gather form: dx (C x H x W) = the sum of the columns entries that read
-/// each input element. One call does one input row (c, y).
-template <class T>
+/// im2col of one image from its padded copy: cols is (C K K) x (OH OW), row (c, kr, kc), column
+/// (oy, ox), cols[(c, kr, kc)][(oy, ox)] = xp[c][oy stride + kr][ox stride + kc]. One call fills
+/// the OH OW elements of one row (c, kr, kc): with the padding already in xp and the geometry G a
+/// constant, that is a copy without a branch, and for stride 1 a run of contiguous row copies.
+template <class T, window2d G>
+struct im2col_op {
+  const T* xp;   ///< C x (H + 2 pad) x (W + 2 pad), from pad_image_op
+  T* cols;       ///< (C K K) x (OH OW)
+  /// Fills row i = (c, kr, kc) of cols.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    constexpr std::size_t ph = G.h + 2 * G.pad, pw = G.w + 2 * G.pad;
+    const std::size_t kc = i % G.k, kr = (i / G.k) % G.k, c = i / (G.k * G.k);
+    const T* in = xp + (c * ph + kr) * pw + kc;
+    T* out = cols + i * (G.oh * G.ow);
+    for (std::size_t oy = 0; oy < G.oh; ++oy)
+      for (std::size_t ox = 0; ox < G.ow; ++ox) out[oy * G.ow + ox] = in[oy * G.stride * pw + ox * G.stride];
+  }
+};
+
+/// col2im of one image: dx (C x H x W) = the sum of the column entries that read each input
+/// element, each element's terms added in a fixed order (output row oy ascending, then output
+/// column ox ascending). One call does one channel c and owns it: it zeroes a padded plane acc
+/// ((H + 2 pad) x (W + 2 pad), so that no bound is checked in the inner loop), adds the OH x OW
+/// block of every column row (c, kr, kc) into it at offset (kr, kc), reading dcols in order, then
+/// copies the middle H x W to dx. (kr, kc) both descending is (oy, ox) ascending for every element.
+template <class T, window2d G>
 struct col2im_op {
   const T* dcols;  ///< (C K K) x (OH OW) of one image
   T* dx;           ///< C x H x W of the same image
-  window2d g;      ///< geometry
-  /// Writes the W elements of input row (c, y).
-  LOCKSTEP_HD void operator()(std::size_t i) const {
-    const std::size_t y = i % g.h, c = i / g.h;
-    std::size_t oy0, oy1;
-    g.covering(y, g.oh, oy0, oy1);
-    for (std::size_t xx = 0; xx < g.w; ++xx) {
-      std::size_t ox0, ox1;
-      g.covering(xx, g.ow, ox0, ox1);
-      T s = T(0);
-      for (std::size_t oy = oy0; oy < oy1; ++oy) {
-        const std::size_t kr = y + g.pad - oy * g.stride;
-        for (std::size_t ox = ox0; ox < ox1; ++ox) {
-          const std::size_t kc = xx + g.pad - ox * g.stride;
-          s += dcols[((c * g.k + kr) * g.k + kc) * (g.oh * g.ow) + oy * g.ow + ox];
+  T* acc;          ///< C x (H + 2 pad) x (W + 2 pad) (scratch)
+  /// Writes channel c of dx.
+  LOCKSTEP_HD void operator()(std::size_t c) const {
+    constexpr std::size_t ph = G.h + 2 * G.pad, pw = G.w + 2 * G.pad;  // (OH - 1) stride + K <= ph, same for pw
+    T* a = acc + c * ph * pw;
+    for (std::size_t j = 0; j < ph * pw; ++j) a[j] = T(0);
+    for (std::size_t kr = G.k; kr-- > 0;)
+      for (std::size_t kc = G.k; kc-- > 0;) {
+        const T* src = dcols + ((c * G.k + kr) * G.k + kc) * (G.oh * G.ow);
+        for (std::size_t oy = 0; oy < G.oh; ++oy) {
+          T* row = a + (oy * G.stride + kr) * pw + kc;
+          for (std::size_t ox = 0; ox < G.ow; ++ox) row[ox * G.stride] += src[oy * G.ow + ox];
         }
       }
-      dx[(c * g.h + y) * g.w + xx] = s;
-    }
+    T* out = dx + c * G.h * G.w;
+    for (std::size_t y = 0; y < G.h; ++y)
+      for (std::size_t xx = 0; xx < G.w; ++xx) out[y * G.w + xx] = a[(y + G.pad) * pw + G.pad + xx];
   }
 };
 
-/// y[b][f][p] = bias[f] for the batch x F x P outputs.
-template <class T>
-struct channel_fill_op {
-  const T* bias;      ///< F values
-  T* y;               ///< batch x F x P
-  std::size_t f, p;   ///< channels and positions per channel
-  /// Writes element i.
-  LOCKSTEP_HD void operator()(std::size_t i) const { y[i] = bias[(i / p) % f]; }
+/// The filters with their biases as one F x (Q + 1) matrix: row f is filter f's Q weights, then
+/// its bias (which meets the row of ones under the columns). One call per element.
+template <class T, std::size_t F, std::size_t Q>
+struct append_bias_op {
+  const T* params;  ///< F x Q filters, then F biases
+  T* wb;            ///< F x (Q + 1)
+  /// Writes element i of wb.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const std::size_t f = i / (Q + 1), j = i % (Q + 1);
+    wb[i] = j < Q ? params[f * Q + j] : params[F * Q + f];
+  }
 };
 
-/// out[f] = sum over b and p of dy[b][f][p] (in that order), for one f per call.
-template <class T>
-struct channel_sum_op {
-  const T* dy;                ///< batch x F x P
-  T* out;                     ///< F sums
-  std::size_t batch, f, p;    ///< sizes
-  /// Sums channel i.
+/// The parameter gradient from its transpose: g is (Q + 1) x F (row j < Q: weight j of every
+/// filter; row Q: the biases), dparams is F x Q filters then F biases. One call per element.
+template <class T, std::size_t F, std::size_t Q>
+struct gradient_from_transpose_op {
+  const T* g;    ///< (Q + 1) x F
+  T* dparams;    ///< F Q + F
+  /// Writes element i of dparams.
   LOCKSTEP_HD void operator()(std::size_t i) const {
-    T s = T(0);
-    for (std::size_t b = 0; b < batch; ++b) {
-      const T* row = dy + (b * f + i) * p;
-      for (std::size_t j = 0; j < p; ++j) s += row[j];
-    }
-    out[i] = s;
+    dparams[i] = i < F * Q ? g[(i % Q) * F + i / Q] : g[F * Q + (i - F * Q)];
   }
 };
 
@@ -170,8 +177,12 @@ struct conv2d {
     static constexpr std::size_t input_size = S::size;                             ///< features in
     static constexpr std::size_t output_size = Filters * OH * OW;                  ///< features out
     static constexpr std::size_t param_count = Filters * patch + Filters;          ///< filters then biases
-    static constexpr std::size_t workspace_per_sample = patch * OH * OW;           ///< each image's columns
-    static constexpr std::size_t workspace_fixed = patch * OH * OW;                ///< one image's column gradient
+    static constexpr std::size_t padded = C * (H + 2 * Padding) * (W + 2 * Padding);  ///< one padded image
+    static constexpr std::size_t workspace_per_sample = 0;  ///< nothing is kept per image: backward recomputes
+    /// One image's columns and a row of ones (the columns are reused for their gradient), one
+    /// padded image (reused for col2im's sums) and the filters with their biases (reused for the
+    /// transposed parameter gradient).
+    static constexpr std::size_t workspace_fixed = (patch + 1) * OH * OW + padded + (patch + 1) * Filters;
 
     /// Initialises the filters with Init (fan-in C K K, fan-out Filters K K) and the biases with zeros.
     template <class T>
@@ -180,23 +191,29 @@ struct conv2d {
       for (std::size_t f = 0; f < Filters; ++f) params[Filters * patch + f] = T(0);
     }
 
-    /// y[b] = W cols(x[b]) + bias, keeping cols(x[b]) for backward.
+    /// y[b] = [W bias] [cols(x[b]); 1...1]: one GEMM per image, right after the image's columns
+    /// (still in cache), with the bias as one more column of the filters over a row of ones.
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const T* params, const T* x, T* y, T* ws, std::size_t batch, const pass_info&) {
       using backend::trans;
-      if (batch == 0) return;
       constexpr std::size_t P = OH * OW;
-      for_each_index(ctx, batch * patch * OH, detail::im2col_op<T>{x, ws, geometry()});
-      for_each_index(ctx, batch * Filters * P, detail::channel_fill_op<T>{params + Filters * patch, y, Filters, P});
-      for (std::size_t b = 0; b < batch; ++b)
-        gemm(ctx, trans::no, trans::no, Filters, P, patch, T(1), params, patch, ws + b * patch * P, P, T(1),
-             y + b * Filters * P, P);
+      if (batch == 0) return;
+      const scratch<T> s(ws);
+      for_each_index(ctx, Filters * (patch + 1), detail::append_bias_op<T, Filters, patch>{params, s.wb});
+      fill(ctx, s.cols + patch * P, P, T(1));
+      for (std::size_t b = 0; b < batch; ++b) {
+        columns(ctx, x + b * input_size, s);
+        gemm(ctx, trans::no, trans::no, Filters, P, patch + 1, T(1), s.wb, patch + 1, s.cols, P, T(0),
+             y + b * output_size, P);
+      }
     }
 
-    /// dW = sum over images of dy[b] cols[b]^T, dbias = sums of dy per filter, and, when dx is not
-    /// null, dx[b] = col2im(W^T dy[b]).
+    /// [dW dbias]^T = the sum over images (in order) of [cols(x[b]); 1...1] dy[b]^T, with the
+    /// columns computed again and the biases' gradient given by the row of ones (the transposed
+    /// product is the faster GEMM shape; one transposition at the end), and, when dx is not null,
+    /// dx[b] = col2im(W^T dy[b]).
     template <class T, class Ctx>
-    static void backward(Ctx& ctx, const T* params, const T*, const T*, const T* dy, T* dx, T* dparams, T* ws,
+    static void backward(Ctx& ctx, const T* params, const T* x, const T*, const T* dy, T* dx, T* dparams, T* ws,
                          std::size_t batch, const pass_info&) {
       using backend::trans;
       constexpr std::size_t P = OH * OW;
@@ -204,20 +221,40 @@ struct conv2d {
         fill(ctx, dparams, param_count, T(0));
         return;
       }
-      for (std::size_t b = 0; b < batch; ++b)
-        gemm(ctx, trans::no, trans::yes, Filters, patch, P, T(1), dy + b * Filters * P, P, ws + b * patch * P, P,
-             b == 0 ? T(0) : T(1), dparams, patch);
-      for_each_index(ctx, Filters, detail::channel_sum_op<T>{dy, dparams + Filters * patch, batch, Filters, P});
-      if (!dx) return;
-      T* dcols = ws + batch * workspace_per_sample;  // the fixed part: one image's column gradient
+      const scratch<T> s(ws);
+      T* gt = s.wb;  // (patch + 1) x Filters
+      fill(ctx, s.cols + patch * P, P, T(1));
       for (std::size_t b = 0; b < batch; ++b) {
-        gemm(ctx, trans::yes, trans::no, patch, P, Filters, T(1), params, patch, dy + b * Filters * P, P, T(0), dcols, P);
-        for_each_index(ctx, C * H, detail::col2im_op<T>{dcols, dx + b * input_size, geometry()});
+        const T* dyb = dy + b * output_size;
+        columns(ctx, x + b * input_size, s);
+        gemm(ctx, trans::no, trans::yes, patch + 1, Filters, P, T(1), s.cols, P, dyb, P, b == 0 ? T(0) : T(1), gt,
+             Filters);
+        if (!dx) continue;
+        gemm(ctx, trans::yes, trans::no, patch, P, Filters, T(1), params, patch, dyb, P, T(0), s.cols, P);
+        for_each_index(ctx, C, detail::col2im_op<T, geometry>{s.cols, dx + b * input_size, s.xp});
       }
+      for_each_index(ctx, param_count, detail::gradient_from_transpose_op<T, Filters, patch>{gt, dparams});
     }
 
   private:
-    static constexpr detail::window2d geometry() { return {C, H, W, Kernel, Stride, Padding, OH, OW}; }
+    static constexpr detail::window2d geometry{C, H, W, Kernel, Stride, Padding, OH, OW};  ///< as a constant
+
+    /// The parts of the workspace.
+    template <class T>
+    struct scratch {
+      T* cols;  ///< (patch + 1) x OH OW: one image's columns over a row of ones, or their gradient
+      T* xp;    ///< one padded image, or col2im's padded planes
+      T* wb;    ///< Filters x (patch + 1) filters with biases, or the transposed gradient
+      /// Splits ws.
+      explicit scratch(T* ws) : cols(ws), xp(ws + (patch + 1) * OH * OW), wb(xp + padded) {}
+    };
+
+    /// The first `patch` rows of s.cols = im2col of one image, through its padded copy in s.xp.
+    template <class T, class Ctx>
+    static void columns(Ctx& ctx, const T* x, const scratch<T>& s) {
+      for_each_index(ctx, C * (H + 2 * Padding), detail::pad_image_op<T, geometry>{x, s.xp});
+      for_each_index(ctx, patch, detail::im2col_op<T, geometry>{s.xp, s.cols});
+    }
   };
 };
 

@@ -1,0 +1,177 @@
+// conv2d against a direct convolution (the defining sums, one loop per index) over many
+// geometries: strides 1 to 5, every padding below the kernel, 1 x 1 kernels, windows larger than
+// the image, prime and uneven sizes, batches 0, 1 and more. Also: nothing read from workspace the
+// layer did not write in the same call (backward recomputes what it needs from x), nothing written
+// past the outputs, the same parameter gradient with and without dx, and bitwise repeatable results.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include <lockstep/layers.hpp>
+#include <lockstep/layers/conv.hpp>
+
+namespace ls = lockstep;
+
+namespace {
+
+template <class T>
+std::vector<T> random_values(std::size_t n, std::uint64_t stream) {
+  std::vector<T> v(n);
+  const ls::counter_rng rng(91, stream);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<T>(rng.uniform_double(i) * 2 - 1);
+  return v;
+}
+
+/// Everything one forward + backward of B produces, from fixed inputs.
+template <class T>
+struct outputs {
+  std::vector<T> y, dparams, dx, dparams_without_dx;
+};
+
+/// Runs B forward and backward (with and without dx) on `batch` images. The workspace is filled
+/// with `junk` (NaN by default) before each call, so a value read from it that the call did not
+/// write shows up, and one guard element past each output must survive.
+template <class B, class T>
+outputs<T> run_layer(const std::vector<T>& params, const std::vector<T>& x, const std::vector<T>& dy, std::size_t batch,
+                     T junk = std::numeric_limits<T>::quiet_NaN()) {
+  const ls::host_context ctx(1);
+  const T nan = std::numeric_limits<T>::quiet_NaN(), guard = T(12345);
+  const std::size_t ws_size = batch * B::workspace_per_sample + B::workspace_fixed;
+  std::vector<T> ws(ws_size + 1);
+  auto poison = [&] { std::fill(ws.begin(), ws.end(), junk); };
+  outputs<T> o;
+  o.y.assign(batch * B::output_size + 1, nan);
+  o.dparams.assign(B::param_count + 1, nan);
+  o.dx.assign(batch * B::input_size + 1, nan);
+  o.dparams_without_dx.assign(B::param_count + 1, nan);
+  o.y.back() = o.dparams.back() = o.dx.back() = o.dparams_without_dx.back() = guard;
+  const ls::pass_info info{.training = true, .seed = 3, .step = 1};
+  poison();
+  B::forward(ctx, params.data(), x.data(), o.y.data(), ws.data(), batch, info);
+  poison();
+  B::backward(ctx, params.data(), x.data(), o.y.data(), dy.data(), o.dx.data(), o.dparams.data(), ws.data(), batch,
+              info);
+  poison();
+  B::backward(ctx, params.data(), x.data(), o.y.data(), dy.data(), static_cast<T*>(nullptr),
+              o.dparams_without_dx.data(), ws.data(), batch, info);
+  CHECK(o.y.back() == guard);
+  CHECK(o.dparams.back() == guard);
+  CHECK(o.dx.back() == guard);
+  CHECK(o.dparams_without_dx.back() == guard);
+  o.y.pop_back();
+  o.dparams.pop_back();
+  o.dx.pop_back();
+  o.dparams_without_dx.pop_back();
+  return o;
+}
+
+bool same_bits(const auto& a, const auto& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0);
+}
+
+/// conv2d<F, K, S, Pd> on shape<C, H, W> at `batch` against the direct sums, in precision T.
+template <class T, std::size_t F, std::size_t K, std::size_t S, std::size_t Pd, std::size_t C, std::size_t H,
+          std::size_t W>
+void check_direct(std::size_t batch) {
+  using B = ls::bind_shape_t<ls::conv2d<F, K, S, Pd>, ls::shape<C, H, W>>;
+  constexpr std::size_t OH = B::OH, OW = B::OW;
+  static_assert(OH == (H + 2 * Pd - K) / S + 1 && OW == (W + 2 * Pd - K) / S + 1);
+  static_assert(B::param_count == F * C * K * K + F && B::output_size == F * OH * OW);
+  CAPTURE(F);
+  CAPTURE(K);
+  CAPTURE(S);
+  CAPTURE(Pd);
+  CAPTURE(C);
+  CAPTURE(H);
+  CAPTURE(W);
+  CAPTURE(batch);
+  const auto params = random_values<T>(B::param_count, 1);
+  const auto x = random_values<T>(batch * B::input_size, 2);
+  const auto dy = random_values<T>(batch * B::output_size, 3);
+  const outputs<T> got = run_layer<B>(params, x, dy, batch);
+
+  // Direct sums in long double: wi(f, c, kr, kc), xi(b, c, y, x), dyi(b, f, oy, ox).
+  auto wi = [&](std::size_t f, std::size_t c, std::size_t kr, std::size_t kc) {
+    return static_cast<long double>(params[((f * C + c) * K + kr) * K + kc]);
+  };
+  std::vector<long double> y(batch * B::output_size), dw(B::param_count, 0.0L), dx(batch * B::input_size, 0.0L);
+  for (std::size_t b = 0; b < batch; ++b)
+    for (std::size_t f = 0; f < F; ++f)
+      for (std::size_t oy = 0; oy < OH; ++oy)
+        for (std::size_t ox = 0; ox < OW; ++ox) {
+          const std::size_t o = ((b * F + f) * OH + oy) * OW + ox;
+          long double s = params[F * C * K * K + f];
+          dw[F * C * K * K + f] += dy[o];
+          for (std::size_t c = 0; c < C; ++c)
+            for (std::size_t kr = 0; kr < K; ++kr)
+              for (std::size_t kc = 0; kc < K; ++kc) {
+                const long yy = static_cast<long>(oy * S + kr) - static_cast<long>(Pd);
+                const long xx = static_cast<long>(ox * S + kc) - static_cast<long>(Pd);
+                if (yy < 0 || xx < 0 || yy >= static_cast<long>(H) || xx >= static_cast<long>(W)) continue;
+                const std::size_t i = ((b * C + c) * H + static_cast<std::size_t>(yy)) * W + static_cast<std::size_t>(xx);
+                s += wi(f, c, kr, kc) * x[i];
+                dw[((f * C + c) * K + kr) * K + kc] += static_cast<long double>(dy[o]) * x[i];
+                dx[i] += wi(f, c, kr, kc) * dy[o];
+              }
+          y[o] = s;
+        }
+
+  // Each result is a sum of at most (terms) products of values in [-1, 1].
+  const double terms = static_cast<double>(std::max({C * K * K + 1, batch * OH * OW, F * K * K, std::size_t{1}}));
+  const double tol = (std::is_same_v<T, float> ? 1e-6 : 1e-14) * terms;
+  auto check_close = [&](const std::vector<T>& a, const std::vector<long double>& e, const char* what) {
+    REQUIRE(a.size() == e.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(a[i]) - static_cast<double>(e[i])));
+    CAPTURE(what);
+    CHECK(worst <= tol);
+  };
+  check_close(got.y, y, "y");
+  check_close(got.dparams, dw, "dparams");
+  check_close(got.dx, dx, "dx");
+  CHECK(same_bits(got.dparams_without_dx, got.dparams));
+
+  // Bitwise repeatable, whatever the workspace held before.
+  const outputs<T> again = run_layer<B>(params, x, dy, batch, T(-3.5));
+  CHECK(same_bits(again.y, got.y));
+  CHECK(same_bits(again.dparams, got.dparams));
+  CHECK(same_bits(again.dx, got.dx));
+}
+
+template <class T>
+void check_geometries(std::size_t batch) {
+  check_direct<T, 3, 3, 1, 1, 2, 5, 7>(batch);    // "same" 3 x 3
+  check_direct<T, 4, 5, 1, 2, 3, 11, 13>(batch);  // "same" 5 x 5, prime sizes
+  check_direct<T, 2, 3, 1, 0, 1, 3, 3>(batch);    // "valid": a single output
+  check_direct<T, 5, 1, 1, 0, 3, 4, 6>(batch);    // 1 x 1
+  check_direct<T, 3, 3, 2, 1, 2, 9, 8>(batch);    // stride 2
+  check_direct<T, 2, 4, 3, 0, 2, 11, 16>(batch);  // stride 3, rows left over
+  check_direct<T, 2, 4, 3, 3, 2, 11, 16>(batch);  // stride 3, padding K - 1
+  check_direct<T, 3, 5, 2, 4, 2, 5, 5>(batch);    // padding wider than half the window
+  check_direct<T, 2, 7, 1, 3, 1, 3, 3>(batch);    // window larger than the image
+  check_direct<T, 2, 3, 5, 1, 3, 13, 9>(batch);   // stride larger than the window
+  check_direct<T, 1, 2, 1, 1, 1, 1, 1>(batch);    // 1 x 1 image, even window
+  check_direct<T, 6, 5, 1, 2, 8, 7, 7>(batch);    // more channels than positions
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("conv2d matches the direct convolution: outputs, parameter and input gradients", T, float, double) {
+  for (std::size_t batch : {0u, 1u, 2u, 5u}) check_geometries<T>(batch);
+}
+
+TEST_CASE("conv2d keeps nothing per image and needs one image's columns of workspace") {
+  using B = ls::bind_shape_t<ls::conv2d<64, 5, 1, 2>, ls::shape<32, 14, 14>>;
+  static_assert(B::workspace_per_sample == 0);
+  // columns with a row of ones, one padded image, the filters with their biases
+  static_assert(B::workspace_fixed == (32 * 25 + 1) * 196 + 32 * 18 * 18 + (32 * 25 + 1) * 64);
+  check_direct<float, 64, 5, 1, 2, 32, 14, 14>(3);  // the tutorial CNN's second convolution
+  check_direct<float, 32, 5, 1, 2, 1, 28, 28>(2);   // and its first
+}
