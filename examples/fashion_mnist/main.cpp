@@ -119,9 +119,11 @@ int train(const config& c) {
   return train_on<Net, Kind>(strategy, c, 1, true);
 }
 
+#ifdef LOCKSTEP_HAS_CUDA
 /// True when every layer of Net runs on GPU replicas (batch_norm runs on host replicas only).
 template <class Net>
 constexpr bool runs_on_gpus = !std::is_same_v<Net, cnn_bn>;
+#endif
 
 template <class Net>
 int run(const config& c) {
