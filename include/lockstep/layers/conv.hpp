@@ -395,6 +395,30 @@ struct global_avg_grad_op {
 
 }  // namespace detail
 
+namespace detail {
+/// What max and average pooling bound to image shape S share: the output image of the window
+/// (Kernel, Stride, Padding), no parameters, and the window's geometry for the kernels.
+template <class S, std::size_t Kernel, std::size_t Stride, std::size_t Padding>
+struct bound_pool {
+  static_assert(window_fits<S, Kernel, Stride, Padding>(),
+                "lockstep: a pooling layer's input must be an image shape<C, H, W> at least as large as its window");
+  static constexpr std::size_t C = S::dims[0], H = S::dims[1], W = S::dims[2];  ///< input image
+  static constexpr std::size_t OH = window_output(H, Kernel, Stride, Padding);  ///< output height
+  static constexpr std::size_t OW = window_output(W, Kernel, Stride, Padding);  ///< output width
+  using output_shape = shape<C, OH, OW>;                                         ///< output image
+  static constexpr std::size_t input_size = S::size;                             ///< features in
+  static constexpr std::size_t output_size = C * OH * OW;                        ///< features out
+  static constexpr std::size_t param_count = 0;                                  ///< no parameters
+
+  /// Nothing to initialise.
+  template <class T>
+  static void init(T*, const counter_rng&) {}
+
+  /// The window over this image, for the pooling kernels.
+  static constexpr window2d geometry() { return {C, H, W, Kernel, Stride, Padding, OH, OW}; }
+};
+}  // namespace detail
+
 /// Max pooling over `Kernel` x `Kernel` windows moved by `Stride` (default: Kernel, windows that
 /// do not overlap) with `Padding` ignored cells on every side; rows that do not fill a last
 /// window are dropped (floor), as in TensorFlow's "valid" and PyTorch's default. Input
@@ -412,26 +436,15 @@ struct max_pool2d {
 
   /// Max pooling bound to input images of shape S.
   template <class S>
-  struct bind_shape {
-    static_assert(detail::window_fits<S, Kernel, Stride, Padding>(),
-                  "lockstep::max_pool2d: the input must be an image shape<C, H, W> at least as large as the window");
-    static constexpr std::size_t C = S::dims[0], H = S::dims[1], W = S::dims[2];  ///< input image
-    static constexpr std::size_t OH = window_output(H, Kernel, Stride, Padding);  ///< output height
-    static constexpr std::size_t OW = window_output(W, Kernel, Stride, Padding);  ///< output width
-    using output_shape = shape<C, OH, OW>;                                         ///< output image
-    static constexpr std::size_t input_size = S::size;                             ///< features in
-    static constexpr std::size_t output_size = C * OH * OW;                        ///< features out
-    static constexpr std::size_t param_count = 0;                                  ///< no parameters
-    static constexpr std::size_t workspace_per_sample = C * OH * OW;               ///< where each maximum was
-
-    /// Nothing to initialise.
-    template <class T>
-    static void init(T*, const counter_rng&) {}
+  struct bind_shape : detail::bound_pool<S, Kernel, Stride, Padding> {
+    using pool = detail::bound_pool<S, Kernel, Stride, Padding>;  ///< the shared shape and geometry
+    using pool::C, pool::H, pool::output_size, pool::geometry;
+    static constexpr std::size_t workspace_per_sample = output_size;  ///< where each maximum was
 
     /// y = the maximum of each window (its position kept for backward).
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const T*, const T* x, T* y, T* ws, std::size_t batch, const pass_info&) {
-      static_assert(H * W < (std::size_t{1} << 24), "lockstep::max_pool2d: channels of 2^24 elements or more");
+      static_assert(H * pool::W < (std::size_t{1} << 24), "lockstep::max_pool2d: channels of 2^24 elements or more");
       for_each_index(ctx, batch * output_size, detail::max_pool_op<T>{x, y, ws, geometry()});
     }
 
@@ -441,9 +454,6 @@ struct max_pool2d {
                          const pass_info&) {
       if (dx) for_each_index(ctx, batch * C * H, detail::max_pool_grad_op<T>{dy, ws, dx, geometry()});
     }
-
-  private:
-    static constexpr detail::window2d geometry() { return {C, H, W, Kernel, Stride, Padding, OH, OW}; }
   };
 };
 
@@ -463,21 +473,10 @@ struct avg_pool2d {
 
   /// Average pooling bound to input images of shape S.
   template <class S>
-  struct bind_shape {
-    static_assert(detail::window_fits<S, Kernel, Stride, Padding>(),
-                  "lockstep::avg_pool2d: the input must be an image shape<C, H, W> at least as large as the window");
-    static constexpr std::size_t C = S::dims[0], H = S::dims[1], W = S::dims[2];  ///< input image
-    static constexpr std::size_t OH = window_output(H, Kernel, Stride, Padding);  ///< output height
-    static constexpr std::size_t OW = window_output(W, Kernel, Stride, Padding);  ///< output width
-    using output_shape = shape<C, OH, OW>;                                         ///< output image
-    static constexpr std::size_t input_size = S::size;                             ///< features in
-    static constexpr std::size_t output_size = C * OH * OW;                        ///< features out
-    static constexpr std::size_t param_count = 0;                                  ///< no parameters
-    static constexpr std::size_t workspace_per_sample = 0;                         ///< no scratch
-
-    /// Nothing to initialise.
-    template <class T>
-    static void init(T*, const counter_rng&) {}
+  struct bind_shape : detail::bound_pool<S, Kernel, Stride, Padding> {
+    using pool = detail::bound_pool<S, Kernel, Stride, Padding>;  ///< the shared shape and geometry
+    using pool::C, pool::H, pool::output_size, pool::geometry;
+    static constexpr std::size_t workspace_per_sample = 0;  ///< no scratch
 
     /// y = the mean of each window.
     template <class T, class Ctx>
@@ -491,9 +490,6 @@ struct avg_pool2d {
                          const pass_info&) {
       if (dx) for_each_index(ctx, batch * C * H, detail::avg_pool_grad_op<T>{dy, dx, geometry()});
     }
-
-  private:
-    static constexpr detail::window2d geometry() { return {C, H, W, Kernel, Stride, Padding, OH, OW}; }
   };
 };
 
