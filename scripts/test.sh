@@ -26,10 +26,16 @@ fi
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_WERROR=ON -DLOCKSTEP_CUDA="$cuda" \
   -DLOCKSTEP_CUDA_STATIC_RUNTIME=ON -DLOCKSTEP_GPU_PORTABLE=ON
 cmake --build "$build" -j "$jobs"
-ctest_log="$build/ctest-summary.log"
-ctest --test-dir "$build" --output-on-failure --timeout 600 | tee "$ctest_log"
-total=$(sed -n 's/.* tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2/p' "$ctest_log" | tail -n 1)
-skipped=$(grep -cE 'Test +#[0-9]+: .*Skipped' "$ctest_log" || true)
+# Runs the tests of build directory $1 (log in $1/ctest-summary.log); sets ran_total and
+# ran_skipped from the summary. A failing test ends the script (set -e, pipefail).
+run_tests() {
+  local log="$1/ctest-summary.log"
+  ctest --test-dir "$1" --output-on-failure --timeout 600 | tee "$log"
+  ran_total=$(sed -n 's/.* tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2/p' "$log" | tail -n 1)
+  ran_skipped=$(grep -cE 'Test +#[0-9]+: .*Skipped' "$log" || true)
+}
+run_tests "$build"
+total=$ran_total skipped=$ran_skipped
 
 # The host path compiles warning-free with clang++ as well (CUDA left out; the fuzz harnesses and
 # the MPI tests already ran above): tests, examples and benchmarks are built, the tests run.
@@ -38,10 +44,8 @@ CC=clang CXX=clang++ cmake -S . -B "$clang_build" -DCMAKE_BUILD_TYPE=Release -DL
   -DLOCKSTEP_CUDA=OFF -DLOCKSTEP_FUZZ=OFF -DLOCKSTEP_MPI=OFF
 cmake --build "$clang_build" -j "$jobs"
 echo "lockstep: running the host tests built with clang++"
-ctest --test-dir "$clang_build" --output-on-failure --timeout 600 | tee "$clang_build/ctest-summary.log"
-clang_total=$(sed -n 's/.* tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2/p' \
-  "$clang_build/ctest-summary.log" | tail -n 1)
-clang_skipped=$(grep -cE 'Test +#[0-9]+: .*Skipped' "$clang_build/ctest-summary.log" || true)
+run_tests "$clang_build"
+clang_total=$ran_total clang_skipped=$ran_skipped
 
 # The host float GEMM through oneDNN's matmul primitive instead of CBLAS: the host tests again
 # (CUDA, MPI, the fuzz harnesses, examples and benchmarks left out; they ran above).
@@ -51,10 +55,8 @@ cmake -S . -B "$onednn_build" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_WERROR=ON -D
   -DLOCKSTEP_BUILD_BENCHMARKS=OFF
 cmake --build "$onednn_build" -j "$jobs"
 echo "lockstep: running the host tests with the oneDNN host GEMM"
-ctest --test-dir "$onednn_build" --output-on-failure --timeout 600 | tee "$onednn_build/ctest-summary.log"
-onednn_total=$(sed -n 's/.* tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2/p' \
-  "$onednn_build/ctest-summary.log" | tail -n 1)
-onednn_skipped=$(grep -cE 'Test +#[0-9]+: .*Skipped' "$onednn_build/ctest-summary.log" || true)
+run_tests "$onednn_build"
+onednn_total=$ran_total onednn_skipped=$ran_skipped
 
 # The pipeline's stages use threads (prefetch, parallel_map): run their tests under TSan too.
 tsan="${build}-tsan"
