@@ -13,7 +13,10 @@
 /// deterministic in train and in evaluation mode and leaves its input alone; and micro-shard
 /// invariance: a row's output does not depend on the other rows, nor on how the batch is split
 /// into shards (with `pass_info::sample_offset` set as a strategy sets it), the property that
-/// `determinism::replica_count_invariant` relies on. In the one file of a test binary that defines
+/// `determinism::replica_count_invariant` relies on; for a layer that `couples_rows` (batch norm),
+/// instead, that the batch split over 1 to 4 threads through a row exchange gives one call's
+/// results. Layers with non-trainable state get it after their parameters, as a model stores
+/// them. In the one file of a test binary that defines
 /// LOCKSTEP_TESTING_COUNT_ALLOCATIONS (see allocations.hpp), it also checks that a second forward
 /// and backward of a batch allocate nothing on the heap.
 ///
