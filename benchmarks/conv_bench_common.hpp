@@ -16,6 +16,7 @@
 
 #include <lockstep/layers/conv.hpp>
 #include <lockstep/lockstep.hpp>
+#include <lockstep/testing/drive.hpp>
 
 namespace conv_bench {
 
@@ -112,9 +113,9 @@ pass_times time_lockstep_conv(std::size_t batch, int repeats) {
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = rng.uniform(i) - 0.5f;
   for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = rng.uniform(x.size() + i) - 0.5f;
   const lockstep::pass_info info{.training = true, .seed = 1, .step = 1};
-  auto fwd = [&] { B::forward(ctx, params.data(), x.data(), y.data(), ws.data(), batch, info); };
+  auto fwd = [&] { lockstep::testing::run_forward<B>(ctx, params.data(), x.data(), y.data(), ws.data(), batch, info); };
   auto bwd = [&] {
-    B::backward(ctx, params.data(), x.data(), y.data(), dy.data(), dx.data(), dparams.data(), ws.data(), batch, info);
+    lockstep::testing::run_backward<B>(ctx, params.data(), x.data(), y.data(), dy.data(), dx.data(), dparams.data(), ws.data(), batch, info);
   };
   fwd();
   bwd();

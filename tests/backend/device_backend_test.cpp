@@ -32,6 +32,7 @@ struct staged {
 /// The archetype context: activation and synchronisation counted, staging into its own buffers.
 class context {
 public:
+  using device_kind = cells;  ///< the kind this context runs on
   void activate() const noexcept {}
   void synchronize() const noexcept {}
   staged stage_shard(const float* f, std::size_t nf, const std::int32_t* l, std::size_t nl, const float* t, std::size_t nt) {

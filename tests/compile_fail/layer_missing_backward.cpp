@@ -11,7 +11,7 @@ struct no_backward {
     template <class T>
     static void init(T*, const lockstep::counter_rng&) {}
     template <class T, class Ctx>
-    static void forward(Ctx&, const T*, const T*, T*, T*, std::size_t, const lockstep::pass_info&) {}
+    static void forward(Ctx&, const lockstep::forward_args<T, Ctx, lockstep::shape<In>, lockstep::shape<In>>&) {}
   };
 };
 

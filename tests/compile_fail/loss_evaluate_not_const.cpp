@@ -5,9 +5,9 @@
 struct mutable_loss {
   using loss_concept = lockstep::loss_tag;
   static constexpr std::size_t scratch_per_row = 0;
-  template <class T, class Ctx>
-  lockstep::loss_sum evaluate(Ctx&, const T*, std::size_t rows, std::size_t, const lockstep::targets<T>&, T*, T*) {
-    return {0, rows, 0};
+  template <class T, class Ctx, class Shape>
+  lockstep::loss_sum evaluate(Ctx&, const lockstep::loss_args<T, Ctx, Shape>& a) {
+    return {0, a.rows(), 0};
   }
 };
 

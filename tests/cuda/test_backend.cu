@@ -3,6 +3,7 @@
 // (doctest's TEST_CASE_TEMPLATE misbehaves under nvcc).
 
 #include "gpu_test.hpp"
+#include "../losses/xent_reference.hpp"
 
 #include <cstdint>
 #include <string>
@@ -56,8 +57,8 @@ void check_layer(const char* name, std::size_t batch, bool training) {
 
   ls::host_context hc;
   std::vector<float> y(batch * out), ws(batch * nw + nf), dx(batch * In, 0.0f), dp(np, 0.0f);
-  B::forward(hc, params.data(), x.data(), y.data(), ws.data(), batch, info);
-  B::backward(hc, params.data(), x.data(), y.data(), dy.data(), dx.data(), dp.data(), ws.data(), batch, info);
+  lockstep::testing::run_forward<B>(hc, params.data(), x.data(), y.data(), ws.data(), batch, info);
+  lockstep::testing::run_backward<B>(hc, params.data(), x.data(), y.data(), dy.data(), dx.data(), dp.data(), ws.data(), batch, info);
 
   ls::cuda_context ctx(0);
   auto d_params = to_device(ctx, params);
@@ -66,8 +67,8 @@ void check_layer(const char* name, std::size_t batch, bool training) {
   auto d_dx = to_device(ctx, std::vector<float>(batch * In, 0.0f));
   auto d_dp = to_device(ctx, std::vector<float>(np, 0.0f));
   ls::buffer<float, ls::gpu<0>> d_y(batch * out), d_ws(batch * nw + nf);
-  B::forward(ctx, d_params.data(), d_x.data(), d_y.data(), d_ws.data(), batch, info);
-  B::backward(ctx, d_params.data(), d_x.data(), d_y.data(), d_dy.data(), d_dx.data(), d_dp.data(), d_ws.data(), batch,
+  lockstep::testing::run_forward<B>(ctx, d_params.data(), d_x.data(), d_y.data(), d_ws.data(), batch, info);
+  lockstep::testing::run_backward<B>(ctx, d_params.data(), d_x.data(), d_y.data(), d_dy.data(), d_dx.data(), d_dp.data(), d_ws.data(), batch,
               info);
   check_close(to_host(ctx, d_y.data(), y.size()), y, 1e-5, "forward output");
   check_close(to_host(ctx, d_dx.data(), dx.size()), dx, 1e-5, "input gradient");
@@ -312,23 +313,21 @@ TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the d
       ls::buffer<float, ls::gpu<0>> d_grad(rows * cols), d_scratch(rows * ls::softmax_cross_entropy::scratch_per_row);
       std::vector<float> grad(rows * cols), scratch(rows * ls::softmax_cross_entropy::scratch_per_row);
 
-      const ls::loss_sum hx = ls::softmax_cross_entropy{}.evaluate(hc, z.data(), rows, cols,
+      const ls::loss_sum hx = xent_ref::evaluate_cols(ls::softmax_cross_entropy{}, hc, z.data(), rows, cols,
                                                                    ls::targets<float>{labels.data(), nullptr, 0},
                                                                    grad.data(), scratch.data());
-      const ls::loss_sum dx = ls::softmax_cross_entropy{}.evaluate(
-          ctx, d_z.data(), rows, cols, ls::targets<float>{d_labels.data(), nullptr, 0}, d_grad.data(), d_scratch.data());
+      const ls::loss_sum dx = xent_ref::evaluate_cols(ls::softmax_cross_entropy{}, ctx, d_z.data(), rows, cols, ls::targets<float>{d_labels.data(), nullptr, 0}, d_grad.data(), d_scratch.data());
       CHECK(dx.count == hx.count);
       CHECK(dx.correct == hx.correct);
       CHECK(std::abs(dx.sum - hx.sum) <= 1e-5 * (1.0 + std::abs(hx.sum)));
-      const ls::loss_sum again = ls::softmax_cross_entropy{}.evaluate(
-          ctx, d_z.data(), rows, cols, ls::targets<float>{d_labels.data(), nullptr, 0}, d_grad.data(), d_scratch.data());
+      const ls::loss_sum again = xent_ref::evaluate_cols(ls::softmax_cross_entropy{}, ctx, d_z.data(), rows, cols, ls::targets<float>{d_labels.data(), nullptr, 0}, d_grad.data(), d_scratch.data());
       CHECK(again.sum == dx.sum);  // the totals are added in a fixed order: run-to-run identical
       check_close(to_host(ctx, d_grad.data(), grad.size()), grad, 1e-5, "softmax cross-entropy gradient");
 
       const ls::loss_sum hm =
-          ls::mse{}.evaluate(hc, z.data(), rows, cols, ls::targets<float>{nullptr, t.data(), cols}, grad.data(),
+          xent_ref::evaluate_cols(ls::mse{}, hc, z.data(), rows, cols, ls::targets<float>{nullptr, t.data(), cols}, grad.data(),
                              scratch.data());
-      const ls::loss_sum dm = ls::mse{}.evaluate(ctx, d_z.data(), rows, cols,
+      const ls::loss_sum dm = xent_ref::evaluate_cols(ls::mse{}, ctx, d_z.data(), rows, cols,
                                                  ls::targets<float>{nullptr, d_t.data(), cols}, d_grad.data(),
                                                  d_scratch.data());
       CHECK(dm.count == hm.count);
@@ -343,8 +342,7 @@ TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the d
     auto d_z = to_device(ctx, z);
     auto d_labels = to_device(ctx, labels);
     ls::buffer<float, ls::gpu<0>> d_grad(15), d_scratch(3 * ls::softmax_cross_entropy::scratch_per_row);
-    const ls::loss_sum got = ls::softmax_cross_entropy{}.evaluate(
-        ctx, d_z.data(), 3, 5, ls::targets<float>{d_labels.data(), nullptr, 0}, d_grad.data(), d_scratch.data());
+    const ls::loss_sum got = xent_ref::evaluate_cols(ls::softmax_cross_entropy{}, ctx, d_z.data(), 3, 5, ls::targets<float>{d_labels.data(), nullptr, 0}, d_grad.data(), d_scratch.data());
     const auto grad = to_host(ctx, d_grad.data(), 15);
     double want_sum = 0;
     for (std::size_t r = 0; r < 3; ++r) {
@@ -369,7 +367,7 @@ TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the d
   auto d_bad = to_device(ctx, bad);
   auto d_z = to_device(ctx, random_vector(30, 42));
   ls::buffer<float, ls::gpu<0>> d_scratch(3 * ls::softmax_cross_entropy::scratch_per_row);
-  CHECK_THROWS_AS(ls::softmax_cross_entropy{}.evaluate(ctx, d_z.data(), 3, 10,
+  CHECK_THROWS_AS(xent_ref::evaluate_cols(ls::softmax_cross_entropy{}, ctx, d_z.data(), 3, 10,
                                                         ls::targets<float>{d_bad.data(), nullptr, 0}, static_cast<float*>(nullptr),
                                                         d_scratch.data()),
                   ls::data_error);

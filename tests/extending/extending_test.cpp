@@ -67,14 +67,16 @@ struct scale_shift {
         p[In + j] = T(0);
       }
     }
+    // a.x and a.y view a.batch() rows of shape<In> on Ctx's device; a.params is this layer's slice.
     template <class T, class Ctx>
-    static void forward(Ctx& ctx, const T* p, const T* x, T* y, T*, std::size_t batch, const ls::pass_info&) {
-      for_each_index(ctx, In, scale_shift_forward<T>{p, x, y, batch, In});  // found by ADL on Ctx
+    static void forward(Ctx& ctx, const ls::forward_args<T, Ctx, ls::shape<In>, ls::shape<In>>& a) {
+      for_each_index(ctx, In, scale_shift_forward<T>{a.params, a.x.data(), a.y.data(), a.batch(), In});  // ADL on Ctx
     }
+    // a.dx is empty (data() null) when nobody needs the input gradient: the model's first layer.
     template <class T, class Ctx>
-    static void backward(Ctx& ctx, const T* p, const T* x, const T*, const T* dy, T* dx, T* dp, T*,
-                         std::size_t batch, const ls::pass_info&) {
-      for_each_index(ctx, In, scale_shift_backward<T>{p, x, dy, dx, dp, batch, In});
+    static void backward(Ctx& ctx, const ls::backward_args<T, Ctx, ls::shape<In>, ls::shape<In>>& a) {
+      for_each_index(ctx, In,
+                     scale_shift_backward<T>{a.params, a.x.data(), a.dy.data(), a.dx.data(), a.dparams, a.batch(), In});
     }
   };
 };
@@ -108,14 +110,17 @@ struct huber {
   static constexpr std::size_t scratch_per_row = 1;  // one per-row loss (at most 4)
 
   // const: fit and evaluate call it on a const loss. Returns the SUM over the rows and their
-  // count; the replicas' sums are added and divided by the global count.
-  template <class T, class Ctx>
-  lockstep::loss_sum evaluate(Ctx& ctx, const T* out, std::size_t rows, std::size_t cols,
-                              const lockstep::targets<T>& t, T* grad, T* scratch) const {
+  // count; the replicas' sums are added and divided by the global count. Shape is the model's
+  // output row; a.grad is empty when only the value is wanted (evaluation).
+  template <class T, class Ctx, class Shape>
+  lockstep::loss_sum evaluate(Ctx& ctx, const lockstep::loss_args<T, Ctx, Shape>& a) const {
+    constexpr std::size_t cols = Shape::size;
+    const std::size_t rows = a.rows();
     if (rows == 0) return {};
-    if (!t.values || t.width != cols) throw lockstep::shape_error("my::huber: targets must be as wide as the output");
-    for_each_index(ctx, rows, huber_row<T>{out, t.values, grad, scratch, cols});
-    return {sum(ctx, scratch, rows), rows};
+    if (!a.target.values || a.target.width != cols)
+      throw lockstep::shape_error("my::huber: targets must be as wide as the output");
+    for_each_index(ctx, rows, huber_row<T>{a.out.data(), a.target.values, a.grad.data(), a.scratch, cols});
+    return {sum(ctx, a.scratch, rows), rows};
   }
 };
 

@@ -15,6 +15,7 @@
 
 #include <lockstep/layers.hpp>
 #include <lockstep/layers/conv.hpp>
+#include <lockstep/testing/drive.hpp>
 
 namespace ls = lockstep;
 
@@ -53,12 +54,12 @@ outputs<T> run_layer(const std::vector<T>& params, const std::vector<T>& x, cons
   o.y.back() = o.dparams.back() = o.dx.back() = o.dparams_without_dx.back() = guard;
   const ls::pass_info info{.training = true, .seed = 3, .step = 1};
   poison();
-  B::forward(ctx, params.data(), x.data(), o.y.data(), ws.data(), batch, info);
+  lockstep::testing::run_forward<B>(ctx, params.data(), x.data(), o.y.data(), ws.data(), batch, info);
   poison();
-  B::backward(ctx, params.data(), x.data(), o.y.data(), dy.data(), o.dx.data(), o.dparams.data(), ws.data(), batch,
+  lockstep::testing::run_backward<B>(ctx, params.data(), x.data(), o.y.data(), dy.data(), o.dx.data(), o.dparams.data(), ws.data(), batch,
               info);
   poison();
-  B::backward(ctx, params.data(), x.data(), o.y.data(), dy.data(), static_cast<T*>(nullptr),
+  lockstep::testing::run_backward<B>(ctx, params.data(), x.data(), o.y.data(), dy.data(), static_cast<T*>(nullptr),
               o.dparams_without_dx.data(), ws.data(), batch, info);
   CHECK(o.y.back() == guard);
   CHECK(o.dparams.back() == guard);

@@ -15,6 +15,7 @@
 #include <lockstep/layers/batch_norm.hpp>
 #include <lockstep/layers/conv.hpp>
 #include <lockstep/layers/residual.hpp>
+#include <lockstep/testing/drive.hpp>
 
 namespace ls = lockstep;
 
@@ -140,7 +141,7 @@ template <class B>
 std::vector<double> forward_of(const std::vector<double>& p, const std::vector<double>& x, std::size_t rows) {
   ls::host_context ctx{1};
   std::vector<double> y(rows * B::output_size), ws(rows * B::workspace_per_sample + ls::workspace_fixed_v<B> + 1);
-  B::forward(ctx, p.data(), x.data(), y.data(), ws.data(), rows, ls::pass_info{});
+  lockstep::testing::run_forward<B>(ctx, p.data(), x.data(), y.data(), ws.data(), rows, ls::pass_info{});
   return y;
 }
 
@@ -298,8 +299,8 @@ TEST_CASE("max_pool2d: the gradient of a tied window goes to its first maximum")
   ls::host_context ctx{1};
   const std::vector<double> x(9, 0.5), dy{1.0, 10.0, 100.0, 1000.0};
   std::vector<double> y(4), ws(B::workspace_per_sample), dx(9, -1.0);
-  B::forward(ctx, static_cast<const double*>(nullptr), x.data(), y.data(), ws.data(), 1, ls::pass_info{});
-  B::backward(ctx, static_cast<const double*>(nullptr), x.data(), y.data(), dy.data(), dx.data(),
+  lockstep::testing::run_forward<B>(ctx, static_cast<const double*>(nullptr), x.data(), y.data(), ws.data(), 1, ls::pass_info{});
+  lockstep::testing::run_backward<B>(ctx, static_cast<const double*>(nullptr), x.data(), y.data(), dy.data(), dx.data(),
               static_cast<double*>(nullptr), ws.data(), 1, ls::pass_info{});
   CHECK(y == std::vector<double>(4, 0.5));
   // Each window's first cell in row-major order: (0,0), (0,1), (1,0), (1,1).
@@ -320,7 +321,7 @@ TEST_CASE("batch_norm: training normalises each channel over the batch and posit
   ls::pass_info info;
   info.training = true;
   info.state_offset = static_cast<std::ptrdiff_t>(B::param_count);
-  B::forward(ctx, p.data(), x.data(), y.data(), ws.data(), rows, info);
+  lockstep::testing::run_forward<B>(ctx, p.data(), x.data(), y.data(), ws.data(), rows, info);
   for (std::size_t c = 0; c < C; ++c) {
     double mean = 0, var = 0;
     for (std::size_t b = 0; b < rows; ++b)
@@ -341,7 +342,7 @@ TEST_CASE("batch_norm: training normalises each channel over the batch and posit
   }
   // Evaluation: the running statistics, not the batch's; each row on its own.
   info.training = false;
-  B::forward(ctx, p.data(), x.data(), y.data(), ws.data(), rows, info);
+  lockstep::testing::run_forward<B>(ctx, p.data(), x.data(), y.data(), ws.data(), rows, info);
   const double* state = p.data() + B::param_count;
   for (std::size_t i = 0; i < x.size(); ++i) {
     const std::size_t c = (i / P) % C;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <lockstep/layers.hpp>
+#include <lockstep/testing/drive.hpp>
 
 namespace ls = lockstep;
 
@@ -24,19 +25,19 @@ struct scale_shift {
       for (std::size_t i = 0; i < I; ++i) p[i] = T(1), p[I + i] = T(0);
     }
     template <class T, class Ctx>
-    static void forward(Ctx&, const T* p, const T* x, T* y, T*, std::size_t batch, const ls::pass_info&) {
-      for (std::size_t r = 0; r < batch; ++r)
-        for (std::size_t i = 0; i < I; ++i) y[r * I + i] = p[i] * x[r * I + i] + p[I + i];
+    static void forward(Ctx&, const ls::forward_args<T, Ctx, ls::shape<I>, ls::shape<I>>& a) {
+      for (std::size_t r = 0; r < a.batch(); ++r)
+        for (std::size_t i = 0; i < I; ++i) a.y(r, i) = a.params[i] * a.x(r, i) + a.params[I + i];
     }
     template <class T, class Ctx>
-    static void backward(Ctx&, const T* p, const T* x, const T*, const T* dy, T* dx, T* dp, T*, std::size_t batch,
-                         const ls::pass_info&) {
+    static void backward(Ctx&, const ls::backward_args<T, Ctx, ls::shape<I>, ls::shape<I>>& a) {
+      T* dp = a.dparams;
       for (std::size_t i = 0; i < 2 * I; ++i) dp[i] = T(0);
-      for (std::size_t r = 0; r < batch; ++r)
+      for (std::size_t r = 0; r < a.batch(); ++r)
         for (std::size_t i = 0; i < I; ++i) {
-          dp[i] += dy[r * I + i] * x[r * I + i];
-          dp[I + i] += dy[r * I + i];
-          if (dx) dx[r * I + i] = dy[r * I + i] * p[i];
+          dp[i] += a.dy(r, i) * a.x(r, i);
+          dp[I + i] += a.dy(r, i);
+          if (a.dx) a.dx(r, i) = a.dy(r, i) * a.params[i];
         }
     }
   };
@@ -52,14 +53,14 @@ struct square_cached {
     template <class T>
     static void init(T*, const ls::counter_rng&) {}
     template <class T, class Ctx>
-    static void forward(Ctx&, const T*, const T* x, T* y, T* ws, std::size_t batch, const ls::pass_info&) {
-      for (std::size_t i = 0; i < batch * I; ++i) y[i] = x[i] * x[i], ws[i] = 2 * x[i];
+    static void forward(Ctx&, const ls::forward_args<T, Ctx, ls::shape<I>, ls::shape<I>>& a) {
+      const T* x = a.x.data();
+      for (std::size_t i = 0; i < a.x.size(); ++i) a.y.data()[i] = x[i] * x[i], a.workspace[i] = 2 * x[i];
     }
     template <class T, class Ctx>
-    static void backward(Ctx&, const T*, const T*, const T*, const T* dy, T* dx, T*, T* ws, std::size_t batch,
-                         const ls::pass_info&) {
-      if (dx)
-        for (std::size_t i = 0; i < batch * I; ++i) dx[i] = dy[i] * ws[i];
+    static void backward(Ctx&, const ls::backward_args<T, Ctx, ls::shape<I>, ls::shape<I>>& a) {
+      if (a.dx)
+        for (std::size_t i = 0; i < a.dx.size(); ++i) a.dx.data()[i] = a.dy.data()[i] * a.workspace[i];
     }
   };
 };
@@ -100,7 +101,7 @@ struct gradient_check {
   }
 
   double objective() {
-    B::forward(ctx, p.data(), x.data(), y.data(), ws.data(), batch, info);
+    lockstep::testing::run_forward<B>(ctx, p.data(), x.data(), y.data(), ws.data(), batch, info);
     double s = 0;
     for (std::size_t i = 0; i < batch * O; ++i) s += proj[i] * y[i];
     return s;
@@ -125,14 +126,14 @@ struct gradient_check {
     dp[P] = 12345.0;
     dx[batch * I] = 12345.0;
     objective();
-    B::backward(ctx, p.data(), x.data(), y.data(), proj.data(), dx.data(), dp.data(), ws.data(), batch, info);
+    lockstep::testing::run_backward<B>(ctx, p.data(), x.data(), y.data(), proj.data(), dx.data(), dp.data(), ws.data(), batch, info);
     CHECK(dp[P] == 12345.0);          // nothing written past the parameters
     CHECK(dx[batch * I] == 12345.0);  // nor past the input gradient
 
     // the same parameter gradients when the input gradient is not asked for
     std::vector<double> dp2(P + 1, nan);
     objective();
-    B::backward(ctx, p.data(), x.data(), y.data(), proj.data(), static_cast<double*>(nullptr), dp2.data(), ws.data(),
+    lockstep::testing::run_backward<B>(ctx, p.data(), x.data(), y.data(), proj.data(), static_cast<double*>(nullptr), dp2.data(), ws.data(),
                 batch, info);
     for (std::size_t i = 0; i < P; ++i) CHECK(dp2[i] == dp[i]);
 
@@ -235,7 +236,7 @@ TEST_CASE("dropout: training zeroes about Rate of the features and scales the re
   const std::size_t rows = 100;
   std::vector<float> x(rows * 64), y(rows * 64);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = 1.0f + float(i % 7);
-  B::forward(ctx, static_cast<const float*>(nullptr), x.data(), y.data(), static_cast<float*>(nullptr), rows,
+  lockstep::testing::run_forward<B>(ctx, static_cast<const float*>(nullptr), x.data(), y.data(), static_cast<float*>(nullptr), rows,
              ls::pass_info{true, 1, 0, 0, 0});
   std::size_t zeros = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {
@@ -247,7 +248,7 @@ TEST_CASE("dropout: training zeroes about Rate of the features and scales the re
   // another step, seed or layer draws another mask
   auto mask = [&](const ls::pass_info& info) {
     std::vector<float> out(x.size());
-    B::forward(ctx, static_cast<const float*>(nullptr), x.data(), out.data(), static_cast<float*>(nullptr), rows, info);
+    lockstep::testing::run_forward<B>(ctx, static_cast<const float*>(nullptr), x.data(), out.data(), static_cast<float*>(nullptr), rows, info);
     return out;
   };
   CHECK(mask({true, 1, 0, 0, 0}) == y);
@@ -270,24 +271,24 @@ TEST_CASE("dropout: the mask does not depend on how the global batch is split") 
     const ls::counter_rng rng(3, 3);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = rng.uniform_double(i) + 0.5;
     const ls::pass_info info{true, 99, 17, 0, 4};
-    B::forward(ctx, static_cast<const double*>(nullptr), x.data(), whole.data(), ws.data(), rows, info);
+    lockstep::testing::run_forward<B>(ctx, static_cast<const double*>(nullptr), x.data(), whole.data(), ws.data(), rows, info);
     for (std::size_t cut : {0u, 1u, 10u, 22u, 23u}) {
       CAPTURE(cut);
       std::fill(parts.begin(), parts.end(), -1.0);
       ls::pass_info a = info, b = info;
       a.sample_offset = 0;
       b.sample_offset = cut;
-      B::forward(ctx, static_cast<const double*>(nullptr), x.data(), parts.data(), ws_a.data(), cut, a);
-      B::forward(ctx, static_cast<const double*>(nullptr), x.data() + cut * W, parts.data() + cut * W, ws_b.data(),
+      lockstep::testing::run_forward<B>(ctx, static_cast<const double*>(nullptr), x.data(), parts.data(), ws_a.data(), cut, a);
+      lockstep::testing::run_forward<B>(ctx, static_cast<const double*>(nullptr), x.data() + cut * W, parts.data() + cut * W, ws_b.data(),
                  rows - cut, b);
       CHECK(parts == whole);  // bitwise
       // backward: the same mask applied to the gradient
       std::vector<double> dx_whole(rows * W), dx_parts(rows * W);
-      B::backward(ctx, static_cast<const double*>(nullptr), x.data(), whole.data(), x.data(), dx_whole.data(),
+      lockstep::testing::run_backward<B>(ctx, static_cast<const double*>(nullptr), x.data(), whole.data(), x.data(), dx_whole.data(),
                   static_cast<double*>(nullptr), ws.data(), rows, info);
-      B::backward(ctx, static_cast<const double*>(nullptr), x.data(), parts.data(), x.data(), dx_parts.data(),
+      lockstep::testing::run_backward<B>(ctx, static_cast<const double*>(nullptr), x.data(), parts.data(), x.data(), dx_parts.data(),
                   static_cast<double*>(nullptr), ws_a.data(), cut, a);
-      B::backward(ctx, static_cast<const double*>(nullptr), x.data() + cut * W, parts.data() + cut * W,
+      lockstep::testing::run_backward<B>(ctx, static_cast<const double*>(nullptr), x.data() + cut * W, parts.data() + cut * W,
                   x.data() + cut * W, dx_parts.data() + cut * W, static_cast<double*>(nullptr), ws_b.data(), rows - cut,
                   b);
       CHECK(dx_parts == dx_whole);

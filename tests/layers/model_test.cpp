@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <lockstep/layers.hpp>
+#include <lockstep/testing/drive.hpp>
 
 namespace ls = lockstep;
 using ls::composable;
@@ -86,10 +87,9 @@ struct dx_probe {
   template <std::size_t In>
   struct bind : ls::bind_t<dense<3, 4>, In> {
     template <class T, class Ctx>
-    static void backward(Ctx& ctx, const T* p, const T* x, const T* y, const T* dy, T* dx, T* dp, T* ws,
-                         std::size_t batch, const ls::pass_info& info) {
-      ++(dx ? non_null_dx : null_dx);
-      ls::bind_t<dense<3, 4>, In>::backward(ctx, p, x, y, dy, dx, dp, ws, batch, info);
+    static void backward(Ctx& ctx, const ls::backward_args<T, Ctx, ls::shape<3>, ls::shape<4>>& a) {
+      ++(a.dx ? non_null_dx : null_dx);
+      ls::bind_t<dense<3, 4>, In>::backward(ctx, a);
     }
   };
 };
@@ -170,8 +170,8 @@ TEST_CASE("model: the first layer computes no input gradient, and the parameter 
   ls::host_context ctx;
   std::vector<double> p(B::param_count, 0.1), x(2 * 3, 0.5), y(2 * 2), dy(2 * 2, 1.0), dx(2 * 3, -1.0),
       dp(B::param_count), ws(2 * B::workspace_per_sample);
-  B::forward(ctx, p.data(), x.data(), y.data(), ws.data(), 2, {});
-  B::backward(ctx, p.data(), x.data(), y.data(), dy.data(), dx.data(), dp.data(), ws.data(), 2, {});
+  lockstep::testing::run_forward<B>(ctx, p.data(), x.data(), y.data(), ws.data(), 2, {});
+  lockstep::testing::run_backward<B>(ctx, p.data(), x.data(), y.data(), dy.data(), dx.data(), dp.data(), ws.data(), 2, {});
   CHECK(dx_probe::non_null_dx == 1);
   CHECK(dx[0] != -1.0);
 

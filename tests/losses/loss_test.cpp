@@ -72,13 +72,13 @@ void check_loss(std::size_t rows, std::size_t cols, std::uint64_t seed) {
   problem p(rows, cols, seed);
   std::vector<double> grad(rows * cols + 1, std::nan("")), scratch(rows * Loss::scratch_per_row + 1);
   grad[rows * cols] = 7.0;
-  const ls::loss_sum l = loss.evaluate(ctx, p.z.data(), rows, cols, p.targets(), grad.data(), scratch.data());
+  const ls::loss_sum l = xent_ref::evaluate_cols(loss, ctx, p.z.data(), rows, cols, p.targets(), grad.data(), scratch.data());
   CHECK(l.count == rows);
   CHECK(l.sum == doctest::Approx(reference<Loss>(p)).epsilon(1e-12));
   CHECK(grad[rows * cols] == 7.0);
   // without a gradient: the same sum
   const ls::loss_sum l2 =
-      loss.evaluate(ctx, p.z.data(), rows, cols, p.targets(), static_cast<double*>(nullptr), scratch.data());
+      xent_ref::evaluate_cols(loss, ctx, p.z.data(), rows, cols, p.targets(), static_cast<double*>(nullptr), scratch.data());
   CHECK(l2.sum == l.sum);
   CHECK(l2.count == rows);
   // the gradient of the SUM against 5-point central differences
@@ -89,7 +89,7 @@ void check_loss(std::size_t rows, std::size_t cols, std::uint64_t seed) {
     const double v0 = p.z[i];
     auto at = [&](double d) {
       p.z[i] = v0 + d;
-      return loss.evaluate(ctx, p.z.data(), rows, cols, p.targets(), static_cast<double*>(nullptr), scratch.data())
+      return xent_ref::evaluate_cols(loss, ctx, p.z.data(), rows, cols, p.targets(), static_cast<double*>(nullptr), scratch.data())
           .sum;
     };
     numeric[i] = (8 * (at(h) - at(-h)) - (at(2 * h) - at(-2 * h))) / (12 * h);
@@ -118,7 +118,7 @@ TEST_CASE_TEMPLATE("losses: value and gradient of the sum over several shapes", 
 TEST_CASE_TEMPLATE("losses: an empty shard sums to zero over zero samples", L, ls::softmax_cross_entropy, ls::mse) {
   const ls::host_context ctx;
   const L loss;
-  const ls::loss_sum l = loss.evaluate(ctx, static_cast<const float*>(nullptr), 0, 4, ls::targets<float>{},
+  const ls::loss_sum l = xent_ref::evaluate_cols(loss, ctx, static_cast<const float*>(nullptr), 0, 4, ls::targets<float>{},
                                        static_cast<float*>(nullptr), static_cast<float*>(nullptr));
   CHECK(l.sum == 0.0);
   CHECK(l.count == 0);
@@ -132,7 +132,7 @@ TEST_CASE("losses: the sum is additive over row splits, so shards can be summed"
     CAPTURE(cut);
     auto part = [&](const auto& loss, std::size_t first, std::size_t n) {
       ls::targets<double> t{p.labels.data() + first, p.t.data() + first * 4, 4};
-      return loss.evaluate(ctx, p.z.data() + first * 4, n, 4, t, static_cast<double*>(nullptr), scratch.data());
+      return xent_ref::evaluate_cols(loss, ctx, p.z.data() + first * 4, n, 4, t, static_cast<double*>(nullptr), scratch.data());
     };
     for (int which = 0; which < 2; ++which) {
       ls::loss_sum whole, a, b;
@@ -157,7 +157,7 @@ TEST_CASE("softmax_cross_entropy is stable for large logits and in float") {
   std::vector<float> z = {1000.0f, 0.0f, -1000.0f, 88.0f, 89.0f, 90.0f};
   std::vector<std::int32_t> labels = {0, 1};
   std::vector<float> grad(6), scratch(2 * ls::softmax_cross_entropy::scratch_per_row);
-  const ls::loss_sum l = loss.evaluate(ctx, z.data(), 2, 3, ls::targets<float>{labels.data(), nullptr, 0},
+  const ls::loss_sum l = xent_ref::evaluate_cols(loss, ctx, z.data(), 2, 3, ls::targets<float>{labels.data(), nullptr, 0},
                                        grad.data(), scratch.data());
   // row 0: loss ~ 0; row 1: log(e^-1 + 1 + e^1) - 0 + ... relative to label 1 (89)
   const double row1 = std::log(std::exp(-1.0) + 1.0 + std::exp(1.0));
@@ -176,22 +176,22 @@ TEST_CASE("softmax_cross_entropy: labels outside 0 .. classes-1 raise data_error
   for (std::int32_t bad : {-1, 4, 1000}) {
     CAPTURE(bad);
     std::vector<std::int32_t> labels = {0, bad, 2};
-    CHECK_THROWS_AS(loss.evaluate(ctx, z.data(), 3, 4, ls::targets<float>{labels.data(), nullptr, 0}, grad.data(),
+    CHECK_THROWS_AS(xent_ref::evaluate_cols(loss, ctx, z.data(), 3, 4, ls::targets<float>{labels.data(), nullptr, 0}, grad.data(),
                                   scratch.data()),
                     ls::data_error);
   }
   CHECK_THROWS_AS(
-      loss.evaluate(ctx, z.data(), 3, 4, ls::targets<float>{}, grad.data(), scratch.data()), ls::shape_error);
+      xent_ref::evaluate_cols(loss, ctx, z.data(), 3, 4, ls::targets<float>{}, grad.data(), scratch.data()), ls::shape_error);
 }
 
 TEST_CASE("mse: targets of the wrong width raise shape_error") {
   const ls::host_context ctx;
   const ls::mse loss;
   std::vector<float> z(6), t(6), grad(6), scratch(2);
-  CHECK_THROWS_AS(loss.evaluate(ctx, z.data(), 2, 3, ls::targets<float>{nullptr, t.data(), 2}, grad.data(),
+  CHECK_THROWS_AS(xent_ref::evaluate_cols(loss, ctx, z.data(), 2, 3, ls::targets<float>{nullptr, t.data(), 2}, grad.data(),
                                 scratch.data()),
                   ls::shape_error);
-  CHECK_THROWS_AS(loss.evaluate(ctx, z.data(), 2, 3, ls::targets<float>{}, grad.data(), scratch.data()),
+  CHECK_THROWS_AS(xent_ref::evaluate_cols(loss, ctx, z.data(), 2, 3, ls::targets<float>{}, grad.data(), scratch.data()),
                   ls::shape_error);
 }
 
@@ -269,7 +269,7 @@ TEST_CASE("softmax_cross_entropy counts top-1 hits as the arg-max with ties to t
       }
       std::vector<double> scratch(rows * ls::softmax_cross_entropy::scratch_per_row + 1);
       const ls::host_context ctx;
-      const ls::loss_sum l = ls::softmax_cross_entropy{}.evaluate(ctx, p.z.data(), rows, cols, p.targets(),
+      const ls::loss_sum l = xent_ref::evaluate_cols(ls::softmax_cross_entropy{}, ctx, p.z.data(), rows, cols, p.targets(),
                                                                    static_cast<double*>(nullptr), scratch.data());
       CHECK(l.count == rows);
       CHECK(l.correct == expected);
@@ -292,7 +292,7 @@ TEST_CASE("softmax_cross_entropy: confident rows in float match a double referen
       const std::int32_t labels[1] = {y};
       std::vector<float> grad(z.size()), scratch(2);
       const ls::loss_sum l =
-          loss.evaluate(ctx, z.data(), 1, z.size(), ls::targets<float>{labels, nullptr, z.size()}, grad.data(), scratch.data());
+          xent_ref::evaluate_cols(loss, ctx, z.data(), 1, z.size(), ls::targets<float>{labels, nullptr, z.size()}, grad.data(), scratch.data());
       xent_ref::check_row(l.sum, grad, z, y);
     }
   }
@@ -307,7 +307,7 @@ TEST_CASE("softmax_cross_entropy: a logit that is not finite is a data_error") {
       CAPTURE(y);
       const std::int32_t labels[1] = {y};
       std::vector<float> scratch(2);
-      CHECK_THROWS_AS(loss.evaluate(ctx, z.data(), 1, z.size(), ls::targets<float>{labels, nullptr, z.size()},
+      CHECK_THROWS_AS(xent_ref::evaluate_cols(loss, ctx, z.data(), 1, z.size(), ls::targets<float>{labels, nullptr, z.size()},
                                     static_cast<float*>(nullptr), scratch.data()),
                       ls::data_error);
     }

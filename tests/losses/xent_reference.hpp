@@ -6,13 +6,35 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include <doctest/doctest.h>
 
 #include <lockstep/core/random.hpp>
+#include <lockstep/layers/shape.hpp>
+#include <lockstep/losses/loss.hpp>
 
 namespace xent_ref {
+
+/// loss.evaluate on `rows` rows of `cols` outputs, with cols (1..16) known here only at run time
+/// (a loss sees the model's output shape at compile time).
+template <class Loss, class Ctx, class T>
+lockstep::loss_sum evaluate_cols(const Loss& loss, Ctx& ctx, const T* z, std::size_t rows, std::size_t cols,
+                                 const lockstep::targets<T>& t, T* grad, T* scratch) {
+  lockstep::loss_sum r;
+  bool done = false;
+  [&]<std::size_t... C>(std::index_sequence<C...>) {
+    ((cols == C + 1 ? (r = loss.evaluate(ctx, lockstep::loss_args<T, Ctx, lockstep::shape<C + 1>>{
+                                                  {z, rows}, t, {grad, rows}, scratch}),
+                       done = true)
+                    : false),
+     ...);
+  }(std::make_index_sequence<16>{});
+  if (!done) throw std::invalid_argument("evaluate_cols: cols must be 1..16");
+  return r;
+}
 
 /// Loss and gradient of one row.
 struct row {

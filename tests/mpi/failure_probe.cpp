@@ -29,11 +29,10 @@ struct failing_loss {
   using loss_concept = ls::loss_tag;
   static constexpr std::size_t scratch_per_row = ls::softmax_cross_entropy::scratch_per_row;
   const bool* fail;
-  template <class T, class Ctx, class G>
-  ls::loss_sum evaluate(Ctx& ctx, const T* out, std::size_t rows, std::size_t cols, const ls::targets<T>& t, G* grad,
-                        T* scratch) const {
+  template <class T, class Ctx, class Shape>
+  ls::loss_sum evaluate(Ctx& ctx, const ls::loss_args<T, Ctx, Shape>& a) const {
     if (*fail) throw ls::data_error("injected failure in the loss");
-    return ls::softmax_cross_entropy{}.evaluate(ctx, out, rows, cols, t, grad, scratch);
+    return ls::softmax_cross_entropy{}.evaluate(ctx, a);
   }
 };
 

@@ -32,37 +32,36 @@ struct layer {
     static void init(float* p, const ls::counter_rng& rng) {
       for (std::size_t j = 0; j < In; ++j) p[j] = 0.5f + rng.uniform(j);
     }
-    static void forward(ls::host_context&, const float* p, const float* x, float* y, float*, std::size_t batch,
-                        const ls::pass_info&) {
-      for (std::size_t r = 0; r < batch; ++r)
-        for (std::size_t j = 0; j < In; ++j) y[r * In + j] = x[r * In + j] * p[j];
+    static void forward(ls::host_context&, const ls::forward_args<float, ls::host_context, ls::shape<In>, ls::shape<In>>& a) {
+      for (std::size_t r = 0; r < a.batch(); ++r)
+        for (std::size_t j = 0; j < In; ++j) a.y(r, j) = a.x(r, j) * a.params[j];
     }
-    static void backward(ls::host_context&, const float* p, const float* x, const float*, const float* dy, float* dx,
-                         float* dp, float*, std::size_t batch, const ls::pass_info&) {
-      for (std::size_t j = 0; j < In; ++j) dp[j] = 0;
-      for (std::size_t r = 0; r < batch; ++r)
+    static void backward(ls::host_context&, const ls::backward_args<float, ls::host_context, ls::shape<In>, ls::shape<In>>& a) {
+      for (std::size_t j = 0; j < In; ++j) a.dparams[j] = 0;
+      for (std::size_t r = 0; r < a.batch(); ++r)
         for (std::size_t j = 0; j < In; ++j) {
-          dp[j] += x[r * In + j] * dy[r * In + j];
-          if (dx) dx[r * In + j] = dy[r * In + j] * p[j];
+          a.dparams[j] += a.x(r, j) * a.dy(r, j);
+          if (a.dx) a.dx(r, j) = a.dy(r, j) * a.params[j];
         }
     }
   };
 };
 
-/// Loss: half the squared distance to the one-hot label, summed over rows.
+/// Loss: half the squared distance to the one-hot label, summed over rows (generic only over the
+/// output row's shape, which the loss sees at compile time).
 struct loss {
   using loss_concept = ls::loss_tag;
   static constexpr std::size_t scratch_per_row = 0;
-  ls::loss_sum evaluate(ls::host_context&, const float* out, std::size_t rows, std::size_t cols,
-                        const ls::targets<float>& t, float* grad, float*) const {
+  template <class Shape>
+  ls::loss_sum evaluate(ls::host_context&, const ls::loss_args<float, ls::host_context, Shape>& a) const {
     double s = 0;
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t c = 0; c < cols; ++c) {
-        const float d = out[r * cols + c] - (static_cast<std::size_t>(t.labels[r]) == c ? 1.0f : 0.0f);
+    for (std::size_t r = 0; r < a.rows(); ++r)
+      for (std::size_t c = 0; c < Shape::size; ++c) {
+        const float d = a.out.row(r)[c] - (static_cast<std::size_t>(a.target.labels[r]) == c ? 1.0f : 0.0f);
         s += 0.5 * static_cast<double>(d) * d;
-        if (grad) grad[r * cols + c] = d;
+        if (a.grad) a.grad.row(r)[c] = d;
       }
-    return {s, rows, 0};
+    return {s, a.rows(), 0};
   }
 };
 

@@ -62,8 +62,7 @@ public:
     const T* x = stage(s);
     const T* out = model_.forward(ctx_, x, s.size, i);
     check_loss<Loss>();
-    const loss_sum l = loss.evaluate(ctx_, out, s.size, model_type::output_size, targets_of(s), dout_.data(),
-                                     scratch_.data());
+    const loss_sum l = loss.evaluate(ctx_, loss_args_t{{out, s.size}, targets_of(s), {dout_.data(), s.size}, scratch_.data()});
     model_.backward(ctx_, dout_.data(), on_layer_done);
     return l;
   }
@@ -88,8 +87,7 @@ public:
   template <class Loss>
   loss_sum loss_of(const Loss& loss, const data::shard& s, const T* out) {
     check_loss<Loss>();
-    return loss.evaluate(ctx_, out, s.size, model_type::output_size, targets_of(s), static_cast<T*>(nullptr),
-                         scratch_.data());
+    return loss.evaluate(ctx_, loss_args_t{{out, s.size}, targets_of(s), {}, scratch_.data()});
   }
 
   /// Applies the optimiser to the (already aggregated) gradient sums. The state is created
@@ -132,9 +130,11 @@ public:
 private:
   /// Loss scratch reserved per row; a loss that needs more is a compile error.
   static constexpr std::size_t max_loss_scratch_per_row = 4;
+  /// What the loss receives: views of the model's output rows.
+  using loss_args_t = loss_args<T, context_type, typename model_type::output_shape>;
   template <class Loss>
   static constexpr void check_loss() {
-    static_assert(detail::check_loss<Loss, T, context_type>());  // names a missing member
+    static_assert(detail::check_loss<Loss, T, context_type, typename model_type::output_shape>());  // names a missing member
     static_assert(Loss::scratch_per_row <= max_loss_scratch_per_row,
                   "lockstep::replica: this loss asks for more scratch per row than a replica reserves");
   }

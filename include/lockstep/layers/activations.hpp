@@ -65,15 +65,16 @@ struct activation {
 
     /// y = f(x) elementwise.
     template <class T, class Ctx>
-    static void forward(Ctx& ctx, const T*, const T* x, T* y, T*, std::size_t batch, const pass_info&) {
-      for_each_index(ctx, batch * I, detail::activation_forward_op<Fn, T>{x, y});
+    static void forward(Ctx& ctx, const forward_args<T, Ctx, shape<I>, shape<I>>& a) {
+      for_each_index(ctx, a.x.size(), detail::activation_forward_op<Fn, T>{a.x.data(), a.y.data()});
     }
 
-    /// dx = dy * f'(x) elementwise (skipped when dx is null).
+    /// dx = dy * f'(x) elementwise (skipped when dx is empty).
     template <class T, class Ctx>
-    static void backward(Ctx& ctx, const T*, const T* x, const T* y, const T* dy, T* dx, T*, T*, std::size_t batch,
-                         const pass_info&) {
-      if (dx) for_each_index(ctx, batch * I, detail::activation_backward_op<Fn, T>{x, y, dy, dx});
+    static void backward(Ctx& ctx, const backward_args<T, Ctx, shape<I>, shape<I>>& a) {
+      if (a.dx)
+        for_each_index(ctx, a.x.size(),
+                       detail::activation_backward_op<Fn, T>{a.x.data(), a.y.data(), a.dy.data(), a.dx.data()});
     }
   };
 };

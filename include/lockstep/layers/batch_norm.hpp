@@ -50,6 +50,7 @@ struct batch_norm {
   struct bind_shape {
     static constexpr std::size_t C = S::dims[0];           ///< channels (features of a flat row)
     static constexpr std::size_t P = S::size / C;          ///< positions per channel
+    using input_shape = S;                                  ///< an input row
     using output_shape = S;                                 ///< the shape is kept
     static constexpr std::size_t input_size = S::size;     ///< features in
     static constexpr std::size_t output_size = S::size;    ///< features out
@@ -76,8 +77,14 @@ struct batch_norm {
 
     /// Normalises with the global batch's statistics (training) or the running ones (evaluation).
     template <class T, class Ctx>
-    static void forward(Ctx&, const T* params, const T* x, T* y, T* ws, std::size_t batch, const pass_info& info) {
+    static void forward(Ctx&, const forward_args<T, Ctx, S, S>& a) {
       static_assert(std::is_same_v<Ctx, backend::host_context>, "lockstep::batch_norm runs on host contexts");
+      const T* params = a.params;
+      const T* x = a.x.data();
+      T* y = a.y.data();
+      T* ws = a.workspace;
+      const std::size_t batch = a.batch();
+      const pass_info& info = a.info;
       T* state = layer_state(params, info);
       T* const run_mean = state;
       T* const run_var = state + C;
@@ -134,9 +141,16 @@ struct batch_norm {
     /// dγ = Σ dy x̂, dβ = Σ dy (global sums, written by replica 0 of the exchange). Evaluation:
     /// the gradient of the affine map with the running statistics (local sums).
     template <class T, class Ctx>
-    static void backward(Ctx&, const T* params, const T* x, const T*, const T* dy, T* dx, T* dparams, T* ws,
-                         std::size_t batch, const pass_info& info) {
+    static void backward(Ctx&, const backward_args<T, Ctx, S, S>& args) {
       static_assert(std::is_same_v<Ctx, backend::host_context>, "lockstep::batch_norm runs on host contexts");
+      const T* params = args.params;
+      const T* x = args.x.data();
+      const T* dy = args.dy.data();
+      T* dx = args.dx.data();  // null when not wanted
+      T* dparams = args.dparams;
+      T* ws = args.workspace;
+      const std::size_t batch = args.batch();
+      const pass_info& info = args.info;
       const T* state = layer_state(params, info);
       const T* gamma = params;
       std::array<double, C> s1{}, s2{};

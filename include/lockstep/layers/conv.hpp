@@ -173,6 +173,7 @@ struct conv2d {
     static constexpr std::size_t OH = window_output(H, Kernel, Stride, Padding);  ///< output height
     static constexpr std::size_t OW = window_output(W, Kernel, Stride, Padding);  ///< output width
     static constexpr std::size_t patch = C * Kernel * Kernel;                      ///< one filter's weights
+    using input_shape = S;                                                         ///< input image
     using output_shape = shape<Filters, OH, OW>;                                   ///< output image
     static constexpr std::size_t input_size = S::size;                             ///< features in
     static constexpr std::size_t output_size = Filters * OH * OW;                  ///< features out
@@ -194,46 +195,47 @@ struct conv2d {
     /// y[b] = [W bias] [cols(x[b]); 1...1]: one GEMM per image, right after the image's columns
     /// (still in cache), with the bias as one more column of the filters over a row of ones.
     template <class T, class Ctx>
-    static void forward(Ctx& ctx, const T* params, const T* x, T* y, T* ws, std::size_t batch, const pass_info&) {
+    static void forward(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a) {
       using backend::trans;
       constexpr std::size_t P = OH * OW;
+      const std::size_t batch = a.batch();
       if (batch == 0) return;
-      const scratch<T> s(ws);
+      const T* params = a.params;
+      const scratch<T> s(a.workspace);
       for_each_index(ctx, Filters * (patch + 1), detail::append_bias_op<T, Filters, patch>{params, s.wb});
       fill(ctx, s.cols + patch * P, P, T(1));
       for (std::size_t b = 0; b < batch; ++b) {
-        columns(ctx, x + b * input_size, s);
-        gemm(ctx, trans::no, trans::no, Filters, P, patch + 1, T(1), s.wb, patch + 1, s.cols, P, T(0),
-             y + b * output_size, P);
+        columns(ctx, a.x.row(b), s);
+        gemm(ctx, trans::no, trans::no, Filters, P, patch + 1, T(1), s.wb, patch + 1, s.cols, P, T(0), a.y.row(b), P);
       }
     }
 
     /// [dW dbias]^T = the sum over images (in order) of [cols(x[b]); 1...1] dy[b]^T, with the
     /// columns computed again and the biases' gradient given by the row of ones (the transposed
-    /// product is the faster GEMM shape; one transposition at the end), and, when dx is not null,
+    /// product is the faster GEMM shape; one transposition at the end), and, when dx is not empty,
     /// dx[b] = col2im(W^T dy[b]).
     template <class T, class Ctx>
-    static void backward(Ctx& ctx, const T* params, const T* x, const T*, const T* dy, T* dx, T* dparams, T* ws,
-                         std::size_t batch, const pass_info&) {
+    static void backward(Ctx& ctx, const backward_args<T, Ctx, S, output_shape>& a) {
       using backend::trans;
       constexpr std::size_t P = OH * OW;
+      const std::size_t batch = a.batch();
       if (batch == 0) {
-        fill(ctx, dparams, param_count, T(0));
+        fill(ctx, a.dparams, param_count, T(0));
         return;
       }
-      const scratch<T> s(ws);
+      const scratch<T> s(a.workspace);
       T* gt = s.wb;  // (patch + 1) x Filters
       fill(ctx, s.cols + patch * P, P, T(1));
       for (std::size_t b = 0; b < batch; ++b) {
-        const T* dyb = dy + b * output_size;
-        columns(ctx, x + b * input_size, s);
+        const T* dyb = a.dy.row(b);
+        columns(ctx, a.x.row(b), s);
         gemm(ctx, trans::no, trans::yes, patch + 1, Filters, P, T(1), s.cols, P, dyb, P, b == 0 ? T(0) : T(1), gt,
              Filters);
-        if (!dx) continue;
-        gemm(ctx, trans::yes, trans::no, patch, P, Filters, T(1), params, patch, dyb, P, T(0), s.cols, P);
-        for_each_index(ctx, C, detail::col2im_op<T, geometry>{s.cols, dx + b * input_size, s.xp});
+        if (!a.dx) continue;
+        gemm(ctx, trans::yes, trans::no, patch, P, Filters, T(1), a.params, patch, dyb, P, T(0), s.cols, P);
+        for_each_index(ctx, C, detail::col2im_op<T, geometry>{s.cols, a.dx.row(b), s.xp});
       }
-      for_each_index(ctx, param_count, detail::gradient_from_transpose_op<T, Filters, patch>{gt, dparams});
+      for_each_index(ctx, param_count, detail::gradient_from_transpose_op<T, Filters, patch>{gt, a.dparams});
     }
 
   private:
@@ -405,6 +407,7 @@ struct bound_pool {
   static constexpr std::size_t C = S::dims[0], H = S::dims[1], W = S::dims[2];  ///< input image
   static constexpr std::size_t OH = window_output(H, Kernel, Stride, Padding);  ///< output height
   static constexpr std::size_t OW = window_output(W, Kernel, Stride, Padding);  ///< output width
+  using input_shape = S;                                                         ///< input image
   using output_shape = shape<C, OH, OW>;                                         ///< output image
   static constexpr std::size_t input_size = S::size;                             ///< features in
   static constexpr std::size_t output_size = C * OH * OW;                        ///< features out
@@ -443,16 +446,17 @@ struct max_pool2d {
 
     /// y = the maximum of each window (its position kept for backward).
     template <class T, class Ctx>
-    static void forward(Ctx& ctx, const T*, const T* x, T* y, T* ws, std::size_t batch, const pass_info&) {
+    static void forward(Ctx& ctx, const forward_args<T, Ctx, S, typename pool::output_shape>& a) {
       static_assert(H * pool::W < (std::size_t{1} << 24), "lockstep::max_pool2d: channels of 2^24 elements or more");
-      for_each_index(ctx, batch * output_size, detail::max_pool_op<T>{x, y, ws, geometry()});
+      for_each_index(ctx, a.y.size(), detail::max_pool_op<T>{a.x.data(), a.y.data(), a.workspace, geometry()});
     }
 
     /// dx = dy routed to each window's maximum (sums where windows overlap).
     template <class T, class Ctx>
-    static void backward(Ctx& ctx, const T*, const T*, const T*, const T* dy, T* dx, T*, T* ws, std::size_t batch,
-                         const pass_info&) {
-      if (dx) for_each_index(ctx, batch * C * H, detail::max_pool_grad_op<T>{dy, ws, dx, geometry()});
+    static void backward(Ctx& ctx, const backward_args<T, Ctx, S, typename pool::output_shape>& a) {
+      if (a.dx)
+        for_each_index(ctx, a.batch() * C * H,
+                       detail::max_pool_grad_op<T>{a.dy.data(), a.workspace, a.dx.data(), geometry()});
     }
   };
 };
@@ -480,15 +484,14 @@ struct avg_pool2d {
 
     /// y = the mean of each window.
     template <class T, class Ctx>
-    static void forward(Ctx& ctx, const T*, const T* x, T* y, T*, std::size_t batch, const pass_info&) {
-      for_each_index(ctx, batch * output_size, detail::avg_pool_op<T>{x, y, geometry()});
+    static void forward(Ctx& ctx, const forward_args<T, Ctx, S, typename pool::output_shape>& a) {
+      for_each_index(ctx, a.y.size(), detail::avg_pool_op<T>{a.x.data(), a.y.data(), geometry()});
     }
 
     /// dx = dy spread evenly over each window.
     template <class T, class Ctx>
-    static void backward(Ctx& ctx, const T*, const T*, const T*, const T* dy, T* dx, T*, T*, std::size_t batch,
-                         const pass_info&) {
-      if (dx) for_each_index(ctx, batch * C * H, detail::avg_pool_grad_op<T>{dy, dx, geometry()});
+    static void backward(Ctx& ctx, const backward_args<T, Ctx, S, typename pool::output_shape>& a) {
+      if (a.dx) for_each_index(ctx, a.batch() * C * H, detail::avg_pool_grad_op<T>{a.dy.data(), a.dx.data(), geometry()});
     }
   };
 };
@@ -508,6 +511,7 @@ struct global_avg_pool {
     static_assert(image_shape<S>, "lockstep::global_avg_pool: the input must be an image shape<C, H, W>");
     static constexpr std::size_t C = S::dims[0];             ///< channels
     static constexpr std::size_t P = S::dims[1] * S::dims[2];  ///< positions per channel
+    using input_shape = S;                                    ///< input image
     using output_shape = shape<C>;                            ///< one value per channel
     static constexpr std::size_t input_size = S::size;        ///< features in
     static constexpr std::size_t output_size = C;             ///< features out
@@ -520,15 +524,14 @@ struct global_avg_pool {
 
     /// y[b][c] = mean of x[b][c].
     template <class T, class Ctx>
-    static void forward(Ctx& ctx, const T*, const T* x, T* y, T*, std::size_t batch, const pass_info&) {
-      for_each_index(ctx, batch * C, detail::global_avg_op<T>{x, y, P});
+    static void forward(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a) {
+      for_each_index(ctx, a.y.size(), detail::global_avg_op<T>{a.x.data(), a.y.data(), P});
     }
 
     /// dx[b][c][j] = dy[b][c] / P.
     template <class T, class Ctx>
-    static void backward(Ctx& ctx, const T*, const T*, const T*, const T* dy, T* dx, T*, T*, std::size_t batch,
-                         const pass_info&) {
-      if (dx) for_each_index(ctx, batch * input_size, detail::global_avg_grad_op<T>{dy, dx, P});
+    static void backward(Ctx& ctx, const backward_args<T, Ctx, S, output_shape>& a) {
+      if (a.dx) for_each_index(ctx, a.dx.size(), detail::global_avg_grad_op<T>{a.dy.data(), a.dx.data(), P});
     }
   };
 };
@@ -537,6 +540,7 @@ namespace detail {
 /// A layer that copies its rows unchanged and gives them shape Out (reshape, flatten).
 template <class In, class Out>
 struct bound_relabel {
+  using input_shape = In;                                 ///< the old shape
   using output_shape = Out;                                ///< the new shape
   static constexpr std::size_t input_size = In::size;      ///< features in
   static constexpr std::size_t output_size = Out::size;    ///< the same features out
@@ -549,15 +553,14 @@ struct bound_relabel {
 
   /// y = x.
   template <class T, class Ctx>
-  static void forward(Ctx& ctx, const T*, const T* x, T* y, T*, std::size_t batch, const pass_info&) {
-    copy(ctx, y, x, batch * input_size);
+  static void forward(Ctx& ctx, const forward_args<T, Ctx, In, Out>& a) {
+    copy(ctx, a.y.data(), a.x.data(), a.x.size());
   }
 
   /// dx = dy.
   template <class T, class Ctx>
-  static void backward(Ctx& ctx, const T*, const T*, const T*, const T* dy, T* dx, T*, T*, std::size_t batch,
-                       const pass_info&) {
-    if (dx) copy(ctx, dx, dy, batch * input_size);
+  static void backward(Ctx& ctx, const backward_args<T, Ctx, In, Out>& a) {
+    if (a.dx) copy(ctx, a.dx.data(), a.dy.data(), a.dx.size());
   }
 };
 }  // namespace detail

@@ -36,21 +36,21 @@ struct dense {
 
     /// y (batch x Out) = x (batch x In) W + b.
     template <class T, class Ctx>
-    static void forward(Ctx& ctx, const T* params, const T* x, T* y, T*, std::size_t batch, const pass_info&) {
+    static void forward(Ctx& ctx, const forward_args<T, Ctx, shape<In>, shape<Out>>& a) {
       using backend::trans;
-      broadcast_rows(ctx, y, params + In * Out, batch, Out);
-      gemm(ctx, trans::no, trans::no, batch, Out, In, T(1), x, In, params, Out, T(1), y, Out);
+      broadcast_rows(ctx, a.y.data(), a.params + In * Out, a.batch(), Out);
+      gemm(ctx, trans::no, trans::no, a.batch(), Out, In, T(1), a.x.data(), In, a.params, Out, T(1), a.y.data(), Out);
     }
 
-    /// dW = x^T dy, db = column sums of dy, and dx = dy W^T when dx is not null (the first layer
+    /// dW = x^T dy, db = column sums of dy, and dx = dy W^T when dx is not empty (the first layer
     /// of a model skips its input gradient).
     template <class T, class Ctx>
-    static void backward(Ctx& ctx, const T* params, const T* x, const T*, const T* dy, T* dx, T* dparams, T*,
-                         std::size_t batch, const pass_info&) {
+    static void backward(Ctx& ctx, const backward_args<T, Ctx, shape<In>, shape<Out>>& a) {
       using backend::trans;
-      gemm(ctx, trans::yes, trans::no, In, Out, batch, T(1), x, In, dy, Out, T(0), dparams, Out);
-      column_sums(ctx, dy, batch, Out, dparams + In * Out);
-      if (dx) gemm(ctx, trans::no, trans::yes, batch, In, Out, T(1), dy, Out, params, Out, T(0), dx, In);
+      const std::size_t batch = a.batch();
+      gemm(ctx, trans::yes, trans::no, In, Out, batch, T(1), a.x.data(), In, a.dy.data(), Out, T(0), a.dparams, Out);
+      column_sums(ctx, a.dy.data(), batch, Out, a.dparams + In * Out);
+      if (a.dx) gemm(ctx, trans::no, trans::yes, batch, In, Out, T(1), a.dy.data(), Out, a.params, Out, T(0), a.dx.data(), In);
     }
   };
 };

@@ -70,15 +70,14 @@ struct dropout {
 
     /// y = x * mask / (1 - rate) in training, y = x in evaluation.
     template <class T, class Ctx>
-    static void forward(Ctx& ctx, const T*, const T* x, T* y, T*, std::size_t batch, const pass_info& info) {
-      apply(ctx, x, y, batch, info);
+    static void forward(Ctx& ctx, const forward_args<T, Ctx, shape<I>, shape<I>>& a) {
+      apply(ctx, a.x.data(), a.y.data(), a.batch(), a.info);
     }
 
     /// dx = dy * mask / (1 - rate) (the same mask as forward), or dx = dy in evaluation.
     template <class T, class Ctx>
-    static void backward(Ctx& ctx, const T*, const T*, const T*, const T* dy, T* dx, T*, T*, std::size_t batch,
-                         const pass_info& info) {
-      if (dx) apply(ctx, dy, dx, batch, info);
+    static void backward(Ctx& ctx, const backward_args<T, Ctx, shape<I>, shape<I>>& a) {
+      if (a.dx) apply(ctx, a.dy.data(), a.dx.data(), a.batch(), a.info);
     }
 
   private:

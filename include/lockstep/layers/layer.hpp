@@ -12,6 +12,7 @@
 
 #include <lockstep/core/random.hpp>
 #include <lockstep/layers/shape.hpp>
+#include <lockstep/layers/views.hpp>
 
 namespace lockstep {
 
@@ -76,6 +77,79 @@ constexpr std::uint64_t layer_rng_stream(std::uint64_t layer_stream, rng_purpose
   return mix_stream(mix_stream(layer_stream, static_cast<std::uint64_t>(purpose)), step);
 }
 
+/// The shape of an input row of bound layer B: its `input_shape`, or `shape<input_size>`.
+template <class B>
+struct bound_input_shape {
+  using type = shape<B::input_size>;  ///< a flat row
+};
+template <class B>
+  requires requires { typename B::input_shape; }
+struct bound_input_shape<B> {
+  using type = typename B::input_shape;  ///< the layer says
+};
+/// Shorthand for bound_input_shape<B>::type.
+template <class B>
+using bound_input_shape_t = typename bound_input_shape<B>::type;
+
+/// The shape of an output row of bound layer B: its `output_shape`, or `shape<output_size>`.
+template <class B>
+struct bound_output_shape {
+  using type = shape<B::output_size>;  ///< a flat row
+};
+template <class B>
+  requires requires { typename B::output_shape; }
+struct bound_output_shape<B> {
+  using type = typename B::output_shape;  ///< the layer says
+};
+/// Shorthand for bound_output_shape<B>::type.
+template <class B>
+using bound_output_shape_t = typename bound_output_shape<B>::type;
+
+/// What a bound layer's forward receives, for element type T on context type Ctx, input rows of
+/// shape In and output rows of shape Out: typed views of its input and output rows (same row
+/// count, the batch) and its flat parameter and scratch slices.
+template <class T, class Ctx, class In, class Out>
+struct forward_args {
+  using kind = kind_of_context_t<Ctx>;                    ///< the device kind every pointer lives on
+  using input_view = rows_view<const T, In, kind>;        ///< type of x
+  using output_view = rows_view<T, Out, kind>;            ///< type of y
+  const T* params = nullptr;  ///< the layer's `param_count` parameters (then, at info.state_offset, its state)
+  input_view x;               ///< the input rows
+  output_view y;              ///< the output rows to write (as many as x)
+  T* workspace = nullptr;     ///< x.rows() * workspace_per_sample + workspace_fixed elements kept for backward
+  pass_info info;             ///< mode, randomness keys and the row exchange
+  /// Rows in this pass (x.rows()).
+  [[nodiscard]] constexpr std::size_t batch() const noexcept { return x.rows(); }
+};
+
+/// What a bound layer's backward receives: the forward's views and workspace, the gradient of the
+/// loss sum with respect to y, where to write the input gradient (an EMPTY view when nobody needs
+/// it: the model's first layer) and the parameter gradient to OVERWRITE.
+template <class T, class Ctx, class In, class Out>
+struct backward_args {
+  using kind = kind_of_context_t<Ctx>;                   ///< the device kind
+  using input_view = rows_view<const T, In, kind>;       ///< type of x
+  using output_view = rows_view<const T, Out, kind>;     ///< type of y and dy
+  using input_grad_view = rows_view<T, In, kind>;        ///< type of dx
+  const T* params = nullptr;  ///< the layer's parameters, as in forward
+  input_view x;               ///< forward's input rows
+  output_view y;              ///< forward's output rows
+  output_view dy;             ///< gradient of the loss sum with respect to y
+  input_grad_view dx;         ///< input gradient to write; empty when not wanted
+  T* dparams = nullptr;       ///< the layer's `param_count` parameter gradients, to OVERWRITE
+  T* workspace = nullptr;     ///< the workspace forward filled
+  pass_info info;             ///< as in forward
+  /// Rows in this pass (x.rows()).
+  [[nodiscard]] constexpr std::size_t batch() const noexcept { return x.rows(); }
+};
+
+/// The forward_args of bound layer B (its input_shape and output_shape, or flat rows).
+template <class T, class Ctx, class B>
+using forward_args_for = forward_args<T, Ctx, bound_input_shape_t<B>, bound_output_shape_t<B>>;
+/// The backward_args of bound layer B.
+template <class T, class Ctx, class B>
+using backward_args_for = backward_args<T, Ctx, bound_input_shape_t<B>, bound_output_shape_t<B>>;
+
 /// A bound layer's shape, each a `static constexpr std::size_t`:
 ///   - `input_size`, `output_size`: features in and out per row;
 ///   - `param_count`: elements of the layer's slice of the flat parameter (and gradient) buffer;
@@ -86,7 +160,9 @@ constexpr std::uint64_t layer_rng_stream(std::uint64_t layer_stream, rng_purpose
 ///     `static void init_state(T* state)`;
 ///   - `couples_rows`: true when the training forward of a row depends on the other rows of the
 ///     global batch (it then uses `pass_info::exchange`);
-///   - `output_shape`: the `shape<...>` of an output row (else `shape<output_size>`).
+///   - `input_shape`, `output_shape`: the `shape<...>` of an input and output row (else
+///     `shape<input_size>`, `shape<output_size>`); they type the views of forward_args and
+///     backward_args.
 template <class B>
 concept bound_layer = requires {
   { B::input_size } -> std::convertible_to<std::size_t>;
@@ -101,16 +177,15 @@ template <class B, class T>
 concept bound_layer_init = requires(T* p, const counter_rng& rng) {
   { B::init(p, rng) } -> std::same_as<void>;
 };
-/// B has `static void forward(Ctx&, const T*, const T*, T*, T*, std::size_t, const pass_info&)`.
+/// B has `static void forward(Ctx&, const forward_args<T, Ctx, In, Out>&)`.
 template <class B, class T, class Ctx>
-concept bound_layer_forward = requires(Ctx& ctx, const T* c, T* m, std::size_t n, const pass_info& info) {
-  { B::forward(ctx, c, c, m, m, n, info) } -> std::same_as<void>;
+concept bound_layer_forward = requires(Ctx& ctx, const forward_args_for<T, Ctx, B>& a) {
+  { B::forward(ctx, a) } -> std::same_as<void>;
 };
-/// B has `static void backward(Ctx&, const T*, const T*, const T*, const T*, T*, T*, T*,
-/// std::size_t, const pass_info&)`.
+/// B has `static void backward(Ctx&, const backward_args<T, Ctx, In, Out>&)`.
 template <class B, class T, class Ctx>
-concept bound_layer_backward = requires(Ctx& ctx, const T* c, T* m, std::size_t n, const pass_info& info) {
-  { B::backward(ctx, c, c, c, c, m, m, m, n, info) } -> std::same_as<void>;
+concept bound_layer_backward = requires(Ctx& ctx, const backward_args_for<T, Ctx, B>& a) {
+  { B::backward(ctx, a) } -> std::same_as<void>;
 };
 }  // namespace detail
 
@@ -118,12 +193,14 @@ concept bound_layer_backward = requires(Ctx& ctx, const T* c, T* m, std::size_t 
 /// (`bound_layer`) and the three static functions the library calls, exactly:
 ///   - `static void init(T* params, const counter_rng& rng)`: fills the layer's parameters (host
 ///     memory) from its own random stream;
-///   - `static void forward(Ctx& ctx, const T* params, const T* x, T* y, T* workspace,
-///     std::size_t batch, const pass_info& info)`: y (batch x output_size) from x (batch x
-///     input_size); may keep up to batch * workspace_per_sample elements in workspace;
-///   - `static void backward(Ctx& ctx, const T* params, const T* x, const T* y, const T* dy, T* dx,
-///     T* dparams, T* workspace, std::size_t batch, const pass_info& info)`: OVERWRITES dparams
-///     with the gradient of the loss sum and, when dx is not null, writes the input gradient.
+///   - `static void forward(Ctx& ctx, const forward_args<T, Ctx, In, Out>& a)`: writes a.y from
+///     a.x; may keep up to a.batch() * workspace_per_sample (+ workspace_fixed) elements in
+///     a.workspace;
+///   - `static void backward(Ctx& ctx, const backward_args<T, Ctx, In, Out>& a)`: OVERWRITES
+///     a.dparams with the gradient of the loss sum and, when a.dx is not empty, writes the input
+///     gradient.
+/// In and Out are B's input and output row shapes (`input_shape`/`output_shape`, else
+/// `shape<input_size>`/`shape<output_size>`): `forward_args<T, Ctx, shape<784>, shape<128>>`.
 /// Nothing else of a bound layer is used (an optional `layer_count` marks a nested sequential).
 template <class B, class T, class Ctx>
 concept bound_layer_for = bound_layer<B> && detail::bound_layer_init<B, T> && detail::bound_layer_forward<B, T, Ctx> &&
@@ -162,12 +239,11 @@ constexpr bool check_bound_layer() {
     static_assert(bound_layer_init<B, T>,
                   "lockstep: a bound layer needs `static void init(T* params, const lockstep::counter_rng& rng)`");
     static_assert(bound_layer_forward<B, T, Ctx>,
-                  "lockstep: a bound layer needs `static void forward(Ctx& ctx, const T* params, const T* x, T* y, "
-                  "T* workspace, std::size_t batch, const lockstep::pass_info& info)`");
+                  "lockstep: a bound layer needs `static void forward(Ctx& ctx, const lockstep::forward_args<T, "
+                  "Ctx, In, Out>& a)` with In, Out its input and output row shapes");
     static_assert(bound_layer_backward<B, T, Ctx>,
-                  "lockstep: a bound layer needs `static void backward(Ctx& ctx, const T* params, const T* x, "
-                  "const T* y, const T* dy, T* dx, T* dparams, T* workspace, std::size_t batch, "
-                  "const lockstep::pass_info& info)`");
+                  "lockstep: a bound layer needs `static void backward(Ctx& ctx, const lockstep::backward_args<T, "
+                  "Ctx, In, Out>& a)` with In, Out its input and output row shapes");
     if constexpr (requires { B::template check_layers<T, Ctx>(); })
       return B::template check_layers<T, Ctx>();  // a sequential: its layers too
     else

@@ -50,6 +50,8 @@ public:
   static_assert(detail::check_bound_layer<bound, T, context_type>());  // names a missing member
   static constexpr std::size_t input_size = bound::input_size;    ///< features per input row
   static constexpr std::size_t output_size = bound::output_size;  ///< outputs per row
+  using input_shape = bound_input_shape_t<bound>;                 ///< shape of an input row
+  using output_shape = bound_output_shape_t<bound>;               ///< shape of an output row (what the loss sees)
   static constexpr std::size_t param_count = bound::param_count;  ///< trainable parameters (length of the gradients)
   static constexpr std::size_t state_count = state_count_v<bound>;  ///< non-trainable state after the parameters
   static constexpr std::size_t stored_count = param_count + state_count;  ///< length of the parameter buffer
@@ -90,7 +92,11 @@ public:
     reserve(rows);
     last_info_ = info;
     last_info_.state_offset = static_cast<std::ptrdiff_t>(param_count);  // the state follows the parameters
-    bound::forward(ctx, params_.data(), x, output_.data(), workspace_.data(), rows, last_info_);
+    bound::forward(ctx, forward_args_for<T, context_type, bound>{params_.data(),
+                                                             {x, rows},
+                                                             {output_.data(), rows},
+                                                             workspace_.data(),
+                                                             last_info_});
     last_x_ = x;
     last_rows_ = rows;
     return output_.data();
@@ -101,12 +107,18 @@ public:
   /// `on_layer_done(layer, offset, count)` runs as each top-level layer's gradients become final.
   template <class Hook = no_layer_hook>
   void backward(context_type& ctx, const T* dy, const Hook& on_layer_done = {}) {
+    const backward_args_for<T, context_type, bound> a{params_.data(),
+                                                  {last_x_, last_rows_},
+                                                  {output_.data(), last_rows_},
+                                                  {dy, last_rows_},
+                                                  {},  // the first layer computes no input gradient
+                                                  grads_.data(),
+                                                  workspace_.data(),
+                                                  last_info_};
     if constexpr (requires { bound::layer_count; })
-      bound::backward(ctx, params_.data(), last_x_, output_.data(), dy, static_cast<T*>(nullptr), grads_.data(),
-                      workspace_.data(), last_rows_, last_info_, on_layer_done);
+      bound::backward(ctx, a, on_layer_done);
     else {
-      bound::backward(ctx, params_.data(), last_x_, output_.data(), dy, static_cast<T*>(nullptr), grads_.data(),
-                      workspace_.data(), last_rows_, last_info_);
+      bound::backward(ctx, a);
       on_layer_done(std::size_t{0}, std::size_t{0}, param_count);
     }
   }

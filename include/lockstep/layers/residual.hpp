@@ -66,6 +66,7 @@ struct residual {
   struct bind_shape {
     using inner = typename body::template bind_shape<S>;  ///< the bound body
     static_assert(detail::residual_check<S, inner>::ok);
+    using input_shape = S;                                        ///< an input row
     using output_shape = S;                                       ///< the input's shape
     static constexpr std::size_t input_size = S::size;            ///< features in
     static constexpr std::size_t output_size = S::size;           ///< features out
@@ -95,19 +96,21 @@ struct residual {
 
     /// y = x + f(x).
     template <class T, class Ctx>
-    static void forward(Ctx& ctx, const T* params, const T* x, T* y, T* ws, std::size_t batch, const pass_info& info) {
-      T* fx = body_output(ws, batch);
-      inner::forward(ctx, params, x, fx, ws, batch, info);
-      copy(ctx, y, fx, batch * S::size);
-      for_each_index(ctx, batch * S::size, detail::add_into_op<T>{y, x});
+    static void forward(Ctx& ctx, const forward_args<T, Ctx, S, S>& a) {
+      const std::size_t batch = a.batch();
+      T* fx = body_output(a.workspace, batch);
+      inner::forward(ctx, forward_args_for<T, Ctx, inner>{a.params, a.x, {fx, batch}, a.workspace, a.info});
+      copy(ctx, a.y.data(), fx, a.y.size());
+      for_each_index(ctx, a.y.size(), detail::add_into_op<T>{a.y.data(), a.x.data()});
     }
 
     /// dx = dy + f'(x)^T dy; the body's parameter gradients.
     template <class T, class Ctx>
-    static void backward(Ctx& ctx, const T* params, const T* x, const T*, const T* dy, T* dx, T* dparams, T* ws,
-                         std::size_t batch, const pass_info& info) {
-      inner::backward(ctx, params, x, body_output(ws, batch), dy, dx, dparams, ws, batch, info);
-      if (dx) for_each_index(ctx, batch * S::size, detail::add_into_op<T>{dx, dy});
+    static void backward(Ctx& ctx, const backward_args<T, Ctx, S, S>& a) {
+      const std::size_t batch = a.batch();
+      inner::backward(ctx, backward_args_for<T, Ctx, inner>{a.params, a.x, {body_output(a.workspace, batch), batch}, a.dy,
+                                                        a.dx, a.dparams, a.workspace, a.info});
+      if (a.dx) for_each_index(ctx, a.dx.size(), detail::add_into_op<T>{a.dx.data(), a.dy.data()});
     }
 
   private:

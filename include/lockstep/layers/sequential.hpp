@@ -264,34 +264,36 @@ public:
     }(std::make_index_sequence<layer_count>{});
   }
 
-  /// Runs the layers in order; x is batch x In, y is batch x output_size, ws holds
-  /// batch * workspace_per_sample + workspace_fixed elements kept for backward.
+  /// Runs the layers in order; a.workspace holds batch * workspace_per_sample + workspace_fixed
+  /// elements kept for backward.
   template <class T, class Ctx>
-  static void forward(Ctx& ctx, const T* p, const T* x, T* y, T* ws, std::size_t batch, const pass_info& info) {
+  static void forward(Ctx& ctx, const forward_args<T, Ctx, S, Out>& a) {
     static_assert(check_layers<T, Ctx>());
+    const std::size_t batch = a.batch();
+    T* ws = a.workspace;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (layer_type<I>::forward(ctx, p + param_offsets[I], input_of<I>(x, ws, batch), output_of<I>(y, ws, batch),
-                              scratch_of<I>(ws, batch), batch, child(info, I)),
+      (layer_type<I>::forward(ctx, forward_args_for<T, Ctx, layer_type<I>>{a.params + param_offsets[I],
+                                                                        {input_of<I>(a.x.data(), ws, batch), batch},
+                                                                        {output_of<I>(a.y.data(), ws, batch), batch},
+                                                                        scratch_of<I>(ws, batch), child(a.info, I)}),
        ...);
     }(std::make_index_sequence<layer_count>{});
   }
 
-  /// Runs backward in reverse order, writing every parameter gradient and, when dx is not null,
-  /// the input gradient. `on_layer_done(i, offset, count)` is called after layer i's gradients are
-  /// final (the hook the strategy uses to start a gradient bucket's all-reduce early).
+  /// Runs backward in reverse order, writing every parameter gradient and, when a.dx is not
+  /// empty, the input gradient. `on_layer_done(i, offset, count)` is called after layer i's
+  /// gradients are final (the hook the strategy uses to start a gradient bucket's all-reduce early).
   template <class T, class Ctx, class Hook>
-  static void backward(Ctx& ctx, const T* p, const T* x, const T* y, const T* dy, T* dx, T* dp, T* ws,
-                       std::size_t batch, const pass_info& info, const Hook& on_layer_done) {
+  static void backward(Ctx& ctx, const backward_args<T, Ctx, S, Out>& a, const Hook& on_layer_done) {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (backward_one<layer_count - 1 - I>(ctx, p, x, y, dy, dx, dp, ws, batch, info, on_layer_done), ...);
+      (backward_one<layer_count - 1 - I>(ctx, a, on_layer_done), ...);
     }(std::make_index_sequence<layer_count>{});
   }
 
   /// backward without a completion hook (the bound-layer interface).
   template <class T, class Ctx>
-  static void backward(Ctx& ctx, const T* p, const T* x, const T* y, const T* dy, T* dx, T* dp, T* ws,
-                       std::size_t batch, const pass_info& info) {
-    backward(ctx, p, x, y, dy, dx, dp, ws, batch, info, [](std::size_t, std::size_t, std::size_t) {});
+  static void backward(Ctx& ctx, const backward_args<T, Ctx, S, Out>& a) {
+    backward(ctx, a, [](std::size_t, std::size_t, std::size_t) {});
   }
 
 private:
@@ -326,16 +328,24 @@ private:
     return ws + batch * (grads_offset + which * max_inner) + workspace_fixed;
   }
   template <std::size_t J, class T, class Ctx, class Hook>
-  static void backward_one(Ctx& ctx, const T* p, const T* x, const T* y, const T* dy, T* dx, T* dp, T* ws,
-                           std::size_t batch, const pass_info& info, const Hook& on_layer_done) {
+  static void backward_one(Ctx& ctx, const backward_args<T, Ctx, S, Out>& a, const Hook& on_layer_done) {
+    const std::size_t batch = a.batch();
+    T* ws = a.workspace;
     const T* g_out;
-    if constexpr (J + 1 == layer_count) g_out = dy;
+    if constexpr (J + 1 == layer_count) g_out = a.dy.data();
     else g_out = pingpong(ws, batch, J % 2);
     T* g_in;
-    if constexpr (J == 0) g_in = dx;
+    if constexpr (J == 0) g_in = a.dx.data();
     else g_in = pingpong(ws, batch, (J - 1) % 2);
-    layer_type<J>::backward(ctx, p + param_offsets[J], input_of<J>(x, ws, batch), output_of<J>(y, ws, batch), g_out,
-                            g_in, dp + param_offsets[J], scratch_of<J>(ws, batch), batch, child(info, J));
+    layer_type<J>::backward(
+        ctx, backward_args_for<T, Ctx, layer_type<J>>{a.params + param_offsets[J],
+                                                  {input_of<J>(a.x.data(), ws, batch), batch},
+                                                  {output_of<J>(a.y.data(), ws, batch), batch},
+                                                  {g_out, batch},
+                                                  {g_in, batch},
+                                                  a.dparams + param_offsets[J],
+                                                  scratch_of<J>(ws, batch),
+                                                  child(a.info, J)});
     on_layer_done(J, param_offsets[J], params[J]);
   }
 };

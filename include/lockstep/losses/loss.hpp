@@ -8,6 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <lockstep/layers/shape.hpp>
+#include <lockstep/layers/views.hpp>
+
 namespace lockstep {
 
 /// Opt-in tag: a type is a loss only when it says `using loss_concept = lockstep::loss_tag;`.
@@ -20,6 +23,21 @@ struct targets {
   const std::int32_t* labels = nullptr;  ///< one class label per row (classification)
   const T* values = nullptr;             ///< rows x width targets (regression)
   std::size_t width = 0;                 ///< targets per row
+};
+
+/// What a loss's evaluate receives, for element type T on context type Ctx and output rows of
+/// shape Shape (the model's output row): typed views of the outputs and of where the gradient goes.
+template <class T, class Ctx, class Shape>
+struct loss_args {
+  using kind = kind_of_context_t<Ctx>;                  ///< the device kind every pointer lives on
+  using output_view = rows_view<const T, Shape, kind>;  ///< type of out
+  using grad_view = rows_view<T, Shape, kind>;          ///< type of grad
+  output_view out;                 ///< the network's output rows (may be 0 rows)
+  lockstep::targets<T> target;     ///< what each row is compared with
+  grad_view grad;                  ///< where the gradient of the sum goes; empty in evaluation
+  T* scratch = nullptr;            ///< out.rows() * scratch_per_row elements of scratch
+  /// Rows in this evaluation (out.rows()).
+  [[nodiscard]] constexpr std::size_t rows() const noexcept { return out.rows(); }
 };
 
 /// A loss evaluation over one shard: the sum over its samples and how many there were.
@@ -48,35 +66,36 @@ concept loss = requires {
 };
 
 namespace detail {
-/// L has `loss_sum evaluate(Ctx&, const T*, std::size_t, std::size_t, const targets<T>&, T*, T*) const`.
-template <class L, class T, class Ctx>
-concept loss_evaluate = requires(const L& l, Ctx& ctx, const T* out, std::size_t n, const targets<T>& t, T* m) {
-  { l.evaluate(ctx, out, n, n, t, m, m) } -> std::same_as<loss_sum>;
+/// L has `loss_sum evaluate(Ctx&, const loss_args<T, Ctx, Shape>&) const`.
+template <class L, class T, class Ctx, class Shape>
+concept loss_evaluate = requires(const L& l, Ctx& ctx, const loss_args<T, Ctx, Shape>& a) {
+  { l.evaluate(ctx, a) } -> std::same_as<loss_sum>;
 };
 }  // namespace detail
 
-/// A loss the library can evaluate with element type T on contexts of type Ctx: `loss<L>` and
-/// the one member function the library calls, on a const loss (a loss holds no batch state):
-///   - `loss_sum evaluate(Ctx& ctx, const T* out, std::size_t rows, std::size_t cols,
-///     const targets<T>& t, T* grad, T* scratch) const`: returns the SUM of the per-sample losses
-///     of the `rows` rows of `out` (rows x cols) and the count of samples summed; writes the
-///     gradient of that sum into grad (rows x cols) unless grad is null; may use
-///     rows * scratch_per_row elements of scratch. rows may be 0.
-template <class L, class T, class Ctx>
-concept loss_for = loss<L> && detail::loss_evaluate<L, T, Ctx>;
+/// A loss the library can evaluate with element type T on contexts of type Ctx, for output rows
+/// of shape Shape: `loss<L>` and the one member function the library calls, on a const loss (a
+/// loss holds no batch state):
+///   - `template <class T, class Ctx, class Shape> loss_sum evaluate(Ctx& ctx,
+///     const loss_args<T, Ctx, Shape>& a) const`: returns the SUM of the per-sample losses of the
+///     rows of a.out against a.target and the count of samples summed; writes the gradient of
+///     that sum into a.grad unless it is empty; may use a.rows() * scratch_per_row elements of
+///     a.scratch. a.rows() may be 0.
+template <class L, class T, class Ctx, class Shape = shape<1>>
+concept loss_for = loss<L> && detail::loss_evaluate<L, T, Ctx, Shape>;
 
 namespace detail {
 /// Checks loss L for element type T and context Ctx member by member, so that a loss that lacks
 /// one is told which.
-template <class L, class T, class Ctx>
+template <class L, class T, class Ctx, class Shape>
 constexpr bool check_loss() {
   static_assert(requires { requires std::same_as<typename L::loss_concept, loss_tag>; },
                 "lockstep: a loss opts in with `using loss_concept = lockstep::loss_tag;`");
   static_assert(requires { { L::scratch_per_row } -> std::convertible_to<std::size_t>; },
                 "lockstep: a loss needs `static constexpr std::size_t scratch_per_row`");
-  static_assert(loss_evaluate<L, T, Ctx>,
-                "lockstep: a loss needs `lockstep::loss_sum evaluate(Ctx& ctx, const T* out, std::size_t rows, "
-                "std::size_t cols, const lockstep::targets<T>& t, T* grad, T* scratch) const` (note the const)");
+  static_assert(loss_evaluate<L, T, Ctx, Shape>,
+                "lockstep: a loss needs `lockstep::loss_sum evaluate(Ctx& ctx, const lockstep::loss_args<T, Ctx, "
+                "Shape>& a) const` (note the const)");
   return true;  // each missing member was named above
 }
 }  // namespace detail

@@ -40,17 +40,19 @@ struct mse {
   using loss_concept = loss_tag;                    ///< opts in to the loss concept
   static constexpr std::size_t scratch_per_row = 1; ///< one per-row loss value
 
-  /// Sum of the per-sample losses of `rows` rows; writes the gradient of that sum into grad when
-  /// it is not null. The targets must be as wide as the output.
-  template <class T, class Ctx>
-  loss_sum evaluate(Ctx& ctx, const T* out, std::size_t rows, std::size_t cols, const targets<T>& t, T* grad,
-                    T* scratch) const {
+  /// Sum of the per-sample losses of the rows of a.out; writes the gradient of that sum into
+  /// a.grad when it is not empty. The targets must be as wide as the output.
+  template <class T, class Ctx, class Shape>
+  loss_sum evaluate(Ctx& ctx, const loss_args<T, Ctx, Shape>& a) const {
+    constexpr std::size_t cols = Shape::size;
+    const std::size_t rows = a.rows();
     if (rows == 0) return {};
+    const targets<T>& t = a.target;
     if (!t.values || t.width != cols)
       throw shape_error("lockstep::mse: targets have width " + std::to_string(t.values ? t.width : 0) +
                         " but the model outputs " + std::to_string(cols));
-    for_each_index(ctx, rows, detail::mse_row_op<T>{out, t.values, grad, scratch, cols});
-    return {sum(ctx, scratch, rows), rows};
+    for_each_index(ctx, rows, detail::mse_row_op<T>{a.out.data(), t.values, a.grad.data(), a.scratch, cols});
+    return {sum(ctx, a.scratch, rows), rows};
   }
 };
 

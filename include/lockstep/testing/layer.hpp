@@ -43,6 +43,7 @@
 #include <lockstep/distribute/detail/row_exchange.hpp>
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/testing/allocations.hpp>
+#include <lockstep/testing/drive.hpp>
 
 namespace lockstep::testing {
 
@@ -99,7 +100,7 @@ struct layer_harness {
   std::vector<double> forward(const std::vector<double>& p, const std::vector<double>& x, std::size_t rows,
                               const pass_info& info) {
     std::vector<double> y(rows * B::output_size + 1), ws(workspace_size<B>(rows) + 1);
-    B::forward(ctx, p.data(), x.data(), y.data(), ws.data(), rows, info);
+    lockstep::testing::run_forward<B>(ctx, p.data(), x.data(), y.data(), ws.data(), rows, info);
     y.pop_back();
     return y;
   }
@@ -142,8 +143,8 @@ void coupled_split_check(std::size_t rows, std::size_t n) {
   layer_harness<B> whole;
   std::vector<double> y(rows * B::output_size), dx(rows * B::input_size), dp(B::param_count),
       ws(workspace_size<B>(rows) + 1);
-  B::forward(whole.ctx, whole.params.data(), x.data(), y.data(), ws.data(), rows, info);
-  B::backward(whole.ctx, whole.params.data(), x.data(), y.data(), w.data(), dx.data(), dp.data(), ws.data(), rows, info);
+  lockstep::testing::run_forward<B>(whole.ctx, whole.params.data(), x.data(), y.data(), ws.data(), rows, info);
+  lockstep::testing::run_backward<B>(whole.ctx, whole.params.data(), x.data(), y.data(), w.data(), dx.data(), dp.data(), ws.data(), rows, info);
 
   lockstep::detail::host_row_exchange exchange(n, std::chrono::milliseconds(20'000));
   std::vector<layer_harness<B>> parts(n);
@@ -161,9 +162,9 @@ void coupled_split_check(std::size_t rows, std::size_t n) {
         i.exchange = &exchange;
         i.rank = r;
         std::vector<double> wsr(workspace_size<B>(len) + 1);
-        B::forward(parts[r].ctx, parts[r].params.data(), x.data() + lo * B::input_size, y2.data() + lo * B::output_size,
+        lockstep::testing::run_forward<B>(parts[r].ctx, parts[r].params.data(), x.data() + lo * B::input_size, y2.data() + lo * B::output_size,
                    wsr.data(), len, i);
-        B::backward(parts[r].ctx, parts[r].params.data(), x.data() + lo * B::input_size, y2.data() + lo * B::output_size,
+        lockstep::testing::run_backward<B>(parts[r].ctx, parts[r].params.data(), x.data() + lo * B::input_size, y2.data() + lo * B::output_size,
                     w.data() + lo * B::output_size, dx2.data() + lo * B::input_size, part_dp[r].data(), wsr.data(), len, i);
       } catch (const std::exception& e) {
         failures[r] = e.what();
@@ -222,9 +223,9 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
             dp(B::param_count + 1, -7.0);
         {  // forward again into the workspace backward reads
           std::vector<double> y2(rows * B::output_size + 1);
-          B::forward(h.ctx, h.params.data(), x.data(), y2.data(), ws.data(), rows, info);
+          lockstep::testing::run_forward<B>(h.ctx, h.params.data(), x.data(), y2.data(), ws.data(), rows, info);
         }
-        B::backward(h.ctx, h.params.data(), x.data(), y.data(), w.data(), dx.data(), dp.data(), ws.data(), rows, info);
+        lockstep::testing::run_backward<B>(h.ctx, h.params.data(), x.data(), y.data(), w.data(), dx.data(), dp.data(), ws.data(), rows, info);
         CHECK(dx.back() == -7.0);  // nothing written past the input gradient
         CHECK(dp.back() == -7.0);  // nor past the parameter gradient
         // Parameters: probe up to 40 of them, spread over the buffer.
@@ -250,7 +251,7 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
         }
         // Without dx the parameter gradient is the same and nothing is written to the input side.
         std::vector<double> dp2(B::param_count + 1, 3.0);
-        B::backward(h.ctx, h.params.data(), x.data(), y.data(), w.data(), static_cast<double*>(nullptr), dp2.data(),
+        lockstep::testing::run_backward<B>(h.ctx, h.params.data(), x.data(), y.data(), w.data(), static_cast<double*>(nullptr), dp2.data(),
                     ws.data(), rows, info);
         for (std::size_t k = 0; k < B::param_count; ++k) CHECK(dp2[k] == doctest::Approx(dp[k]).epsilon(1e-12));
       }
@@ -303,8 +304,8 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
         dp(B::param_count + 1);
     const lockstep::pass_info info = lt::suite_info<B>(true);
     const auto step = [&] {
-      B::forward(h.ctx, h.params.data(), x.data(), y.data(), ws.data(), rows, info);
-      B::backward(h.ctx, h.params.data(), x.data(), y.data(), w.data(), dx.data(), dp.data(), ws.data(), rows, info);
+      lockstep::testing::run_forward<B>(h.ctx, h.params.data(), x.data(), y.data(), ws.data(), rows, info);
+      lockstep::testing::run_backward<B>(h.ctx, h.params.data(), x.data(), y.data(), w.data(), dx.data(), dp.data(), ws.data(), rows, info);
     };
     step();  // the first step may set things up
     const lt::allocation_window window;

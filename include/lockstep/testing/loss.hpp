@@ -33,9 +33,12 @@ inline constexpr bool loss_uses_labels = counts_correct_v<L>;
 
 namespace detail {
 
+/// Outputs per row in the loss suite.
+inline constexpr std::size_t loss_cols = 5;
+
 /// A batch of outputs and targets for the loss suite.
 struct loss_batch {
-  std::size_t rows = 0, cols = 5;
+  std::size_t rows = 0, cols = loss_cols;
   std::vector<double> out, values;
   std::vector<std::int32_t> labels;
 
@@ -66,7 +69,8 @@ loss_sum evaluate_rows(const L& loss, const std::vector<double>& out, const loss
                        std::size_t n, double* grad) {
   host_context ctx{1};
   std::vector<double> scratch(n * L::scratch_per_row + 1);
-  return loss.evaluate(ctx, out.data() + first * b.cols, n, b.cols, b.targets_from(first), grad, scratch.data());
+  using args = loss_args<double, host_context, shape<loss_cols>>;
+  return loss.evaluate(ctx, args{{out.data() + first * b.cols, n}, b.targets_from(first), {grad, n}, scratch.data()});
 }
 
 }  // namespace detail
@@ -75,7 +79,8 @@ loss_sum evaluate_rows(const L& loss, const std::vector<double>& out, const loss
 /// The conformance suite of a loss L (see this file's comment).
 TEST_CASE_TEMPLATE_DEFINE("lockstep loss conformance", L, lockstep_loss_conformance) {
   namespace lt = lockstep::testing;
-  static_assert(lockstep::loss_for<L, double, lockstep::host_context>, "the loss suite runs the loss in double on the host");
+  static_assert(lockstep::loss_for<L, double, lockstep::host_context, lockstep::shape<lt::detail::loss_cols>>,
+                "the loss suite runs the loss in double on the host");
   static_assert(L::scratch_per_row <= 4, "a replica reserves at most 4 scratch elements per row for its loss");
   const L loss{};
   constexpr bool labels = lt::loss_uses_labels<L>;

@@ -199,8 +199,9 @@ metric_sums shard_metrics(Rep& rep, const Loss& loss, const data::shard& sh, con
     const float* out = rep.predict(sh, info);
     auto& ls = scratch.loss_scratch[r];
     ls.resize(std::max<std::size_t>(1, sh.size * Loss::scratch_per_row));
-    const loss_sum l = loss.evaluate(rep.context(), out, sh.size, cols, targets<float>{sh.labels, sh.targets, sh.target_width},
-                                     static_cast<float*>(nullptr), ls.data());
+    using args = loss_args<float, typename Rep::context_type, typename model_type::output_shape>;
+    const loss_sum l =
+        loss.evaluate(rep.context(), args{{out, sh.size}, targets<float>{sh.labels, sh.targets, sh.target_width}, {}, ls.data()});
     m.loss_sum = l.sum;
     m.count = l.count;
     count_predictions(out, sh.size, cols, sh.labels, k, m);
@@ -272,7 +273,8 @@ evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eva
 /// are taken last. Every sample is counted exactly once — uneven last batches are split, never padded.
 template <class Strategy, class Replicated, class Loss>
 evaluation evaluate(Strategy& s, Replicated& m, const Loss& loss, const eval_data& data, const evaluate_options& o = {}) {
-  static_assert(detail::check_loss<Loss, typename Replicated::value_type, typename Replicated::context_type>());
+  static_assert(detail::check_loss<Loss, typename Replicated::value_type, typename Replicated::context_type,
+                                   typename Replicated::model_type::output_shape>());
   return detail::evaluate_core(detail::core_of(s), m, loss, data, o);
 }
 
@@ -678,7 +680,8 @@ history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& 
             const fit_options& o = {}) {
   // Member by member, so that a type that lacks one is told which.
   static_assert(detail::check_optimizer<Optimizer, typename Replicated::value_type, typename Replicated::context_type>());
-  static_assert(detail::check_loss<Loss, typename Replicated::value_type, typename Replicated::context_type>());
+  static_assert(detail::check_loss<Loss, typename Replicated::value_type, typename Replicated::context_type,
+                                   typename Replicated::model_type::output_shape>());
   return detail::fit_core(detail::core_of(s), m, optimizer, loss, train, o);
 }
 

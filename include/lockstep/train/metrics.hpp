@@ -99,12 +99,14 @@ struct counting_loss {
   const Loss* inner;                                                ///< the loss being trained
   accuracy_counters* counters;                                      ///< where hits are added
 
-  /// Counts the hits of `out`, then evaluates the wrapped loss.
-  template <class T, class Ctx, class G>
-  loss_sum evaluate(Ctx& ctx, const T* out, std::size_t rows, std::size_t cols, const targets<T>& t, G* grad,
-                    T* scratch) const {
+  /// Counts the hits of `a.out`, then evaluates the wrapped loss.
+  template <class T, class Ctx, class Shape>
+  loss_sum evaluate(Ctx& ctx, const loss_args<T, Ctx, Shape>& a) const {
+    constexpr std::size_t cols = Shape::size;
+    const std::size_t rows = a.rows();
+    const targets<T>& t = a.target;
     if constexpr (counts_correct_v<Loss>) {
-      const loss_sum l = inner->evaluate(ctx, out, rows, cols, t, grad, scratch);
+      const loss_sum l = inner->evaluate(ctx, a);
       if (t.labels && rows > 0) {
         counters->correct.fetch_add(l.correct, std::memory_order_relaxed);
         counters->labelled.fetch_add(rows, std::memory_order_relaxed);
@@ -116,14 +118,14 @@ struct counting_loss {
           std::uint64_t hits = 0;
           for (std::size_t i = 0; i < rows; ++i)
             if (t.labels[i] >= 0 && static_cast<std::size_t>(t.labels[i]) < cols)
-              hits += rank_of(out + i * cols, cols, static_cast<std::size_t>(t.labels[i])) == 0 ? 1 : 0;
+              hits += rank_of(a.out.row(i), cols, static_cast<std::size_t>(t.labels[i])) == 0 ? 1 : 0;
           counters->correct.fetch_add(hits, std::memory_order_relaxed);
           counters->labelled.fetch_add(rows, std::memory_order_relaxed);
         } else {
           counters->unavailable.store(true, std::memory_order_relaxed);
         }
       }
-      return inner->evaluate(ctx, out, rows, cols, t, grad, scratch);
+      return inner->evaluate(ctx, a);
     }
   }
 };

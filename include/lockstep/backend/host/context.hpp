@@ -19,6 +19,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
 
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
@@ -59,6 +60,7 @@ inline int allowed_cpu_count() {
 /// on the context type, so contexts and their kernels share namespace lockstep::backend.
 class host_context {
 public:
+  using device_kind = cpus;  ///< host replicas run on cpu devices
   /// A context whose GEMMs may use `blas_threads` threads (1 when several replicas share the cores)
   /// and whose thread computes with subnormal floats flushed to zero when `flush_denormals`.
   explicit host_context(int blas_threads = 1, bool flush_denormals = true)
