@@ -5,6 +5,8 @@
 #include "gpu_test.hpp"
 #include "../losses/xent_reference.hpp"
 
+#include <lockstep/testing/drive.hpp>
+
 #include <cstdint>
 #include <string>
 #include <vector>
