@@ -175,6 +175,13 @@ TEST_CASE("model: the first layer computes no input gradient, and the parameter 
   CHECK(dx_probe::non_null_dx == 1);
   CHECK(dx[0] != -1.0);
 
+  // after parameter-free layers at the start (reshape, an activation), nothing needs the probe's
+  // input gradient either: it gets none, and the gradients stay right
+  dx_probe::null_dx = dx_probe::non_null_dx = 0;
+  CHECK(model_gradient_error<sequential<ls::reshape<3>, ls::tanh, dx_probe, ls::tanh, dense<4, 2>>>(4, {}, 11) < 1e-6);
+  CHECK(dx_probe::null_dx > 0);
+  CHECK(dx_probe::non_null_dx == 0);
+
   // a probe that is not first is asked for its input gradient by the model
   dx_probe::null_dx = dx_probe::non_null_dx = 0;
   CHECK(model_gradient_error<sequential<dense<2, 3>, dx_probe, dense<4, 1>>>(3, {}, 10) < 1e-6);

@@ -331,12 +331,20 @@ private:
   static void backward_one(Ctx& ctx, const backward_args<T, Ctx, S, Out>& a, const Hook& on_layer_done) {
     const std::size_t batch = a.batch();
     T* ws = a.workspace;
+    // When the caller wants no input gradient and no layer below J owns parameters, nothing needs
+    // layer J's input gradient: J gets an empty dx, and a parameter-free J is skipped (a network
+    // that starts with reshape, or an activation, computes no gradient nobody reads).
+    const bool nothing_below = param_offsets[J] == 0 && a.dx.empty();
+    if (nothing_below && params[J] == 0) {
+      on_layer_done(J, param_offsets[J], params[J]);
+      return;
+    }
     const T* g_out;
     if constexpr (J + 1 == layer_count) g_out = a.dy.data();
     else g_out = pingpong(ws, batch, J % 2);
     T* g_in;
     if constexpr (J == 0) g_in = a.dx.data();
-    else g_in = pingpong(ws, batch, (J - 1) % 2);
+    else g_in = nothing_below ? nullptr : pingpong(ws, batch, (J - 1) % 2);
     layer_type<J>::backward(
         ctx, backward_args_for<T, Ctx, layer_type<J>>{a.params + param_offsets[J],
                                                   {input_of<J>(a.x.data(), ws, batch), batch},
