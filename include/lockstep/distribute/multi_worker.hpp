@@ -26,6 +26,11 @@
 /// rank; the strategy is unusable afterwards (the workers' collectives no longer match): end the
 /// job (mpi_environment::abort_on_exit or abort). A worker that waits for another longer than
 /// strategy_options::timeout throws timeout_error naming the missing rank(s) and the bucket.
+///
+/// GPU replicas (`multi_worker_mirrored<gpus>`): one NCCL communicator over every GPU of every
+/// worker, bootstrapped through this strategy's MPI channel; see multi_worker_nccl.cuh, which
+/// this header includes itself when compiled by nvcc with lockstep::nccl (LOCKSTEP_HAS_CUDA and
+/// LOCKSTEP_HAS_NCCL).
 
 #include <algorithm>
 #include <cstddef>
@@ -79,6 +84,18 @@ public:
         bytes_(c.max_buckets + 2, 0) {
     comm_.self = this;
     for (std::size_t i = 0; i < c.max_buckets + 2; ++i) arrived_[i].store(0);
+  }
+  /// The strategy's form: as above (host replicas need nothing of their ordinals).
+  mpi_host_allreduce(const reducer_config& c, detail::mpi_channel& channel, const std::vector<std::size_t>&)
+      : mpi_host_allreduce(c, channel) {}
+
+  /// Replicas over all workers: every worker has as many as this one.
+  [[nodiscard]] std::size_t global_replicas() const noexcept {
+    return comm_.replicas() * static_cast<std::size_t>(channel_->size());
+  }
+  /// The global index of this worker's first replica.
+  [[nodiscard]] std::size_t first_replica() const noexcept {
+    return comm_.replicas() * static_cast<std::size_t>(channel_->rank());
   }
 
   /// Local replica `replica` contributes `count` elements at `data` to bucket `bucket`.
@@ -291,16 +308,31 @@ private:
   std::vector<int> counts_, displs_, loss_counts_, loss_displs_;
 };
 
+/// The gradient reducer of multi_worker_mirrored<Kind>: the hierarchical MPI reducer for kinds
+/// with host memory. A backend adds its own by specialising this trait (gpus: one NCCL
+/// communicator over every GPU of every worker, in multi_worker_nccl.cuh).
+template <class Kind>
+struct multi_worker_reducer {
+  static constexpr bool available = device_memory<Kind>::host_accessible;  ///< the kind has a multi-worker path
+  using type = mpi_host_allreduce;                                         ///< the reducer
+};
+
 }  // namespace detail
 
 /// Synchronous data parallelism over MPI processes, each with local replicas of kind Kind.
-/// @tparam Kind        the device kind of the local replicas (host memory: cpus)
-/// @tparam Determinism run_to_run or replica_count_invariant
+/// @tparam Kind        the device kind of the local replicas: cpus, or gpus with
+///                     multi_worker_nccl.cuh (nvcc, lockstep::nccl)
+/// @tparam Determinism run_to_run, or replica_count_invariant (cpus only)
 template <class Kind = cpus, determinism Determinism = determinism::run_to_run>
 class multi_worker_mirrored {
-  static_assert(device_memory<Kind>::host_accessible,
-                "lockstep::multi_worker_mirrored: the MPI path aggregates host memory (cpus); for gpus use the NCCL "
-                "path (lockstep/distribute/multi_worker_nccl.cuh)");
+  static_assert(detail::multi_worker_reducer<Kind>::available,
+                "lockstep::multi_worker_mirrored: no multi-worker path for this device kind; the MPI path aggregates "
+                "host memory (cpus); for gpus compile with nvcc and include <lockstep/distribute/multi_worker_nccl.cuh> "
+                "(link lockstep::nccl and lockstep::mpi)");
+  static_assert(Determinism == determinism::run_to_run || device_memory<Kind>::host_accessible,
+                "lockstep::multi_worker_mirrored: determinism::replica_count_invariant is implemented for host memory "
+                "(cpus) only; multi_worker_mirrored<gpus> trains under determinism::run_to_run");
+  using reducer_type = typename detail::multi_worker_reducer<Kind>::type;
 
 public:
   using strategy_concept = strategy_tag;                        ///< opts in to the strategy concept
@@ -323,7 +355,7 @@ public:
         options_(check(options)),
         channel_(comm, options_.timeout, options_.bucket_bytes / sizeof(float) + 1),
         identity_(std::make_shared<const strategy_identity>(strategy_identity{describe()})),
-        reducer_(reducer_config{ordinals_.size(), options_.timeout, max_buckets, 0}, channel_),
+        reducer_(reducer_config{ordinals_.size(), options_.timeout, max_buckets, 0}, channel_, ordinals_),
         span_(channel_),
         step_(make_step()),
         exec_(ordinals_.size(), false, &abort_all, &reset_all, this) {}
@@ -336,8 +368,9 @@ public:
   [[nodiscard]] std::size_t world_size() const noexcept { return static_cast<std::size_t>(channel_.size()); }
   /// This worker's rank.
   [[nodiscard]] std::size_t rank() const noexcept { return static_cast<std::size_t>(channel_.rank()); }
-  /// Replicas over all workers (every worker has the same number).
-  [[nodiscard]] std::size_t global_replicas() const noexcept { return num_replicas() * world_size(); }
+  /// Replicas over all workers (cpus: every worker has the same number; gpus: the workers'
+  /// counts may differ).
+  [[nodiscard]] std::size_t global_replicas() const noexcept { return reducer_.global_replicas(); }
   /// True on rank 0, the worker that writes progress, metrics and checkpoints.
   [[nodiscard]] bool is_chief() const noexcept { return rank() == 0; }
   /// The MPI thread level in force (MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE).
@@ -350,8 +383,9 @@ public:
   [[nodiscard]] const strategy_options& options() const noexcept { return options_; }
   /// The strategy in words, for messages.
   [[nodiscard]] const std::string& description() const noexcept { return identity_->description; }
-  /// How global batches are cut: worker w's replicas take shards w·L .. w·L + L - 1 of W·L.
-  [[nodiscard]] shard_plan plan() const noexcept { return {global_replicas(), rank() * num_replicas()}; }
+  /// How global batches are cut: this worker's replicas take shards o .. o + L - 1 of all
+  /// global_replicas(), o being the replicas of the workers of lower rank (w·L with L each).
+  [[nodiscard]] shard_plan plan() const noexcept { return {global_replicas(), reducer_.first_replica()}; }
 
   /// Makes one replica of Net per local device from `s`, identical on every worker (broadcast
   /// from rank 0's replica 0). Collective.
@@ -364,7 +398,7 @@ public:
           backend_traits<Kind>::make_context(o, replica_settings{options_.blas_threads, options_.flush_denormals}));
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
     if (m.buckets().size > max_buckets - 1) throw config_error("lockstep::multi_worker: the model has too many buckets");
-    channel_.reserve_floats(m.stored_count);
+    if constexpr (device_memory<Kind>::host_accessible) channel_.reserve_floats(m.stored_count);
     broadcast(m);
     return m;
   }
@@ -513,11 +547,13 @@ private:
       f();
     } catch (const replica_error& e) {
       channel_.abort(e.what());
+      reducer_.abort();
       std::throw_with_nested(replica_error("lockstep: worker rank " + std::to_string(rank()) + " of " +
                                                std::to_string(world_size()) + ": " + e.what(),
                                            e.replica(), e.step()));
     } catch (const std::exception& e) {
       channel_.abort(e.what());
+      reducer_.abort();
       std::throw_with_nested(replica_error("lockstep: worker rank " + std::to_string(rank()) + " of " +
                                            std::to_string(world_size()) + ": " + e.what()));
     }
@@ -538,7 +574,7 @@ private:
   strategy_options options_;
   detail::mpi_channel channel_;
   std::shared_ptr<const strategy_identity> identity_;
-  mpi_host_allreduce reducer_;
+  reducer_type reducer_;
   detail::mpi_row_span span_;
   step_policy step_;
   std::vector<double> gather_;
@@ -546,3 +582,7 @@ private:
 };
 
 }  // namespace lockstep
+
+#if defined(__CUDACC__) && defined(LOCKSTEP_HAS_CUDA) && defined(LOCKSTEP_HAS_NCCL)
+#include <lockstep/distribute/multi_worker_nccl.cuh>  // multi_worker_mirrored<gpus>
+#endif
