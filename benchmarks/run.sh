@@ -18,7 +18,8 @@
 #
 # The peers are installed by benchmarks/peers/setup.sh (run here unless --skip-peers); one that
 # cannot be installed is skipped with its reason. Everything runs one program at a time; results
-# and logs go to DIR/bench-results/. A full run takes about 20-25 minutes on 2 cores.
+# and logs go to DIR/bench-results/. A full run takes about 12-15 minutes on 2 cores, a few more
+# the first time (the peers' installation and lockstep's build).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD

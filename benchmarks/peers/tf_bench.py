@@ -78,13 +78,11 @@ def step_bench():
         return loss
 
     step(); step()
-    flops = None
     # Calls per repeat: about 0.05-0.5 s each, as bench_step's short repeats.
     calls = {"S": 20, "M": 2, "L": 1, "cnn": 1}[config]
     rate = common.best_rate(lambda: step().numpy(), batch, repeats, calls)
     common.result(peer="tensorflow", bench="step", config=config, batch=batch, samples_per_s=f"{rate:.1f}",
                   threads=1, version=VERSION)
-    del flops
 
 
 UNROLL = 4
