@@ -96,6 +96,8 @@ case $coretype in
   keep) coretype="" ;;
   auto)
     coretype=""
+    # A kernel set the machine already chose (some OpenBLAS builds crash on some CPUs) stays.
+    [ -n "${OPENBLAS_CORETYPE:-}" ] && auto_core=kept
     case $auto_core in
       Prescott|Core2|Penryn|Dunnington|Nehalem|Atom|Katmai|Coppermine|Northwood|Banias|unknown|"")
         if [[ " $flags " == *" avx512f "* ]]; then coretype=SkylakeX
