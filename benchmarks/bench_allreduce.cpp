@@ -5,12 +5,14 @@
 // Built with MPI and launched by mpirun (`mpirun -np 2 bench_allreduce`), it measures the
 // inter-process path instead: multi_worker_mirrored's reduction of the same sizes over W
 // processes of one replica each (shared memory between the processes on one machine), with
-// n = W in busbw; rank 0 prints.
+// n = W in busbw; rank 0 prints, adding Open MPI's own MPI_Allreduce of the same buffer
+// (mpi_allreduce_busbw_gb_per_s) when MPI provides MPI_THREAD_MULTIPLE.
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <fmt/core.h>
@@ -78,9 +80,23 @@ void bench_workers(ls::multi_worker_mirrored<ls::cpus>& s, std::size_t bytes) {
   }
   const double algbw = static_cast<double>(bytes) / best / 1e9;
   const double busbw = algbw * 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
+  // Open MPI's own MPI_Allreduce of the same floats, from the main thread while the strategy's
+  // communication thread is idle (needs MPI_THREAD_MULTIPLE).
+  std::string mpi = " mpi_allreduce_busbw_gb_per_s=skipped";
+  if (s.mpi_thread_level() >= MPI_THREAD_MULTIPLE) {
+    double best_mpi = 1e30;
+    for (int rep = 0; rep < reps; ++rep) {
+      s.barrier();
+      const auto t0 = clock_type::now();
+      MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      best_mpi = std::min(best_mpi, std::chrono::duration<double>(clock_type::now() - t0).count());
+    }
+    mpi = fmt::format(" mpi_allreduce_busbw_gb_per_s={:.2f}",
+                      static_cast<double>(bytes) / best_mpi / 1e9 * 2.0 * static_cast<double>(n - 1) / static_cast<double>(n));
+  }
   if (s.is_chief())
-    fmt::print("workers={} replicas=1 allreduce_bytes={} algbw_gb_per_s={:.2f} busbw_gb_per_s={:.2f} memcpy_gb_per_s={:.2f}\n",
-               n, bytes, algbw, busbw, memcpy_gbps(bytes));
+    fmt::print("workers={} replicas=1 allreduce_bytes={} algbw_gb_per_s={:.2f} busbw_gb_per_s={:.2f} memcpy_gb_per_s={:.2f}{}\n",
+               n, bytes, algbw, busbw, memcpy_gbps(bytes), mpi);
 }
 #endif
 
