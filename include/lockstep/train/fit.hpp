@@ -140,6 +140,7 @@ public:
   }
 
 private:
+  /// Passes `src` on, refusing (at compile time, by name) a source that cannot be copied.
   template <class Source>
   static Source&& check_copyable(Source&& src) noexcept {
     static_assert(std::copy_constructible<std::remove_cvref_t<Source>>,
