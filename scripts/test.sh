@@ -3,8 +3,8 @@
 # tests with CTest (including a 20 s run of each fuzz harness of tests/fuzz under ASan and UBSan,
 # CTest label `fuzz`, built with clang in <build>/fuzz), builds the host tests, examples and
 # benchmarks with clang++ too and runs those tests, builds and runs the host tests once more with
-# the oneDNN host GEMM (LOCKSTEP_HOST_GEMM=onednn), then runs the input-pipeline tests once more
-# under ThreadSanitizer.
+# the oneDNN host GEMM (LOCKSTEP_HOST_GEMM=onednn), then runs the input-pipeline tests and the
+# reducer and stage conformance suites once more under ThreadSanitizer.
 # The CUDA targets are built (compiled and linked) whenever nvcc is present; GPU tests skip
 # themselves when no GPU is usable, and the GPU bundle (scripts/gpu-bundle.sh) is collected from
 # them and checked. Exit code: 0 when everything passed.
@@ -58,14 +58,16 @@ echo "lockstep: running the host tests with the oneDNN host GEMM"
 run_tests "$onednn_build"
 onednn_total=$ran_total onednn_skipped=$ran_skipped
 
-# The pipeline's stages use threads (prefetch, parallel_map): run their tests under TSan too.
+# The pipeline's stages use threads (prefetch, parallel_map), and so do the reducers: run the
+# pipeline tests and the reducer and stage conformance suites (test_threads) under TSan too.
 tsan="${build}-tsan"
 cmake -S . -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOCKSTEP_WERROR=ON -DLOCKSTEP_CUDA=OFF \
   -DLOCKSTEP_BUILD_EXAMPLES=OFF -DLOCKSTEP_BUILD_BENCHMARKS=OFF -DLOCKSTEP_FUZZ=OFF -DLOCKSTEP_MPI=OFF \
   -DCMAKE_CXX_FLAGS="-fsanitize=thread -fno-omit-frame-pointer"
-cmake --build "$tsan" -j "$jobs" --target test_data
-echo "lockstep: running the pipeline tests under ThreadSanitizer"
+cmake --build "$tsan" -j "$jobs" --target test_data test_threads
+echo "lockstep: running the pipeline tests and the reducer and stage suites under ThreadSanitizer"
 TSAN_OPTIONS="halt_on_error=1" "$tsan/tests/test_data"
+TSAN_OPTIONS="halt_on_error=1" "$tsan/tests/test_threads"
 echo "lockstep: all tests passed (GPU tests skip themselves where no GPU is usable)"
 echo "lockstep: g++ build $((total - skipped)) passed, ${skipped} skipped; clang++ build $((clang_total - clang_skipped)) passed, ${clang_skipped} skipped; oneDNN GEMM build $((onednn_total - onednn_skipped)) passed, ${onednn_skipped} skipped"
 echo "lockstep: $((total + clang_total + onednn_total - skipped - clang_skipped - onednn_skipped)) passed, 0 failed, $((skipped + clang_skipped + onednn_skipped)) skipped"

@@ -1,17 +1,16 @@
-// The library's own layers, losses, optimisers, schedules and pipeline stages through the public
-// conformance suites of include/lockstep/testing/ (the suites a user runs on their own types).
+// The library's own layers, losses, optimisers and schedules through the public conformance
+// suites of include/lockstep/testing/ (the suites a user runs on their own types); the pipeline
+// stages are in stage_conformance_test.cpp.
 #define LOCKSTEP_TESTING_COUNT_ALLOCATIONS  // this file counts heap allocations (see allocations.hpp)
 #include <lockstep/testing/layer.hpp>
 #include <lockstep/testing/loss.hpp>
 #include <lockstep/testing/optimizer.hpp>
-#include <lockstep/testing/stage.hpp>
 
 #include <cmath>
 
 #include <lockstep/layers.hpp>
 #include <lockstep/losses.hpp>
 #include <lockstep/optimizers.hpp>
-#include <lockstep/data.hpp>
 
 namespace ls = lockstep;
 
@@ -50,44 +49,3 @@ TEST_CASE_TEMPLATE_INVOKE(lockstep_optimizer_conformance, ls::sgd, ls::adam, ls:
 
 TEST_CASE_TEMPLATE_INVOKE(lockstep_schedule_conformance, ls::constant_schedule, ls::step_schedule,
                           ls::cosine_schedule, ls::warmup_schedule<ls::cosine_schedule>);
-
-namespace stages {
-namespace ld = lockstep::data;
-struct identity {
-  int operator()(int x) const { return x; }
-};
-struct shuffle {
-  static auto make(std::uint64_t seed) { return ld::shuffle(64, seed); }
-};
-struct shuffle_whole {
-  static auto make(std::uint64_t seed) { return ld::shuffle(5000, seed); }
-};
-struct prefetch {
-  static auto make(std::uint64_t) { return ld::prefetch(3); }
-};
-struct parallel_map {
-  static auto make(std::uint64_t) { return ld::parallel_map(identity{}, 3); }
-};
-struct map {
-  static auto make(std::uint64_t) { return ld::map(identity{}); }
-};
-struct filter {
-  static auto make(std::uint64_t) { return ld::filter([](int x) { return x % 3 != 1; }); }
-  static constexpr bool keeps_all = false;
-};
-struct skip {
-  static auto make(std::uint64_t) { return ld::skip(5); }
-  static constexpr bool keeps_all = false;
-};
-struct take {
-  static auto make(std::uint64_t) { return ld::take(5); }
-  static constexpr bool keeps_all = false;
-  static constexpr bool pulls_all = false;
-};
-struct chain {
-  static auto make(std::uint64_t seed) { return ld::shuffle(100, seed) | ld::parallel_map(identity{}, 2) | ld::prefetch(2); }
-};
-}  // namespace stages
-
-TEST_CASE_TEMPLATE_INVOKE(lockstep_stage_conformance, stages::shuffle, stages::shuffle_whole, stages::prefetch,
-                          stages::parallel_map, stages::map, stages::filter, stages::skip, stages::take, stages::chain);

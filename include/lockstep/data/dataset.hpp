@@ -72,24 +72,40 @@ template <class C, class T>
 concept pipeline_stage = pipe_closure<C> && std::invocable<const std::remove_cvref_t<C>&, dataset<T>> &&
                          is_dataset_v<std::invoke_result_t<const std::remove_cvref_t<C>&, dataset<T>>>;
 
+namespace detail {
+/// Checks stage C for a dataset<T> member by member, so that a stage that lacks one is told which.
+template <class C, class T>
+constexpr bool check_stage() {
+  static_assert(pipe_closure<C>, "lockstep::data: a pipeline stage derives from `lockstep::data::closure<Self>`");
+  static_assert(std::invocable<const C&, dataset<T>>,
+                "lockstep::data: a pipeline stage needs `template <class T> dataset<U> operator()(dataset<T> d) const` "
+                "accepting the elements of the dataset it is applied to (note the const)");
+  if constexpr (std::invocable<const C&, dataset<T>>)
+    static_assert(is_dataset_v<std::remove_cvref_t<std::invoke_result_t<const C&, dataset<T>>>>,
+                  "lockstep::data: a pipeline stage's `operator()(dataset<T>) const` must return a lockstep::data::dataset");
+  return true;  // each missing member was named above
+}
+}  // namespace detail
+
+/// Applies a stage to a dataset: `d | stage` is `stage(d)`. A type that is not a pipeline_stage
+/// for T is told which member it lacks.
+template <class T, class C>
+auto operator|(dataset<T> d, const C& c) {
+  static_assert(detail::check_stage<C, T>());
+  return c(std::move(d));
+}
+
 /// Two closures applied one after the other; itself a closure.
 template <class First, class Second>
 struct composed : closure<composed<First, Second>> {
   First first;    ///< applied first
   Second second;  ///< applied to the result of first
-  /// Applies first, then second.
+  /// Applies first, then second (each through `|`, which names what a stage lacks).
   template <class D>
   auto operator()(D d) const {
-    return second(first(std::move(d)));
+    return (std::move(d) | first) | second;
   }
 };
-
-/// Applies a stage to a dataset: `d | stage` is `stage(d)`.
-template <class T, pipe_closure C>
-  requires std::invocable<const std::remove_cvref_t<C>&, dataset<T>>
-auto operator|(dataset<T> d, const C& c) {
-  return c(std::move(d));
-}
 
 /// Chains two stages into one reusable closure.
 template <pipe_closure A, pipe_closure B>

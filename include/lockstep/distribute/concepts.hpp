@@ -7,6 +7,8 @@
 #include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <ranges>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -103,8 +105,10 @@ template <class... Devices>
 inline constexpr bool valid_device_set_v = detail::valid_device_set<Devices...>();
 
 /// A strategy: a set of replicas on devices of one kind (`kind_type`), fixed at construction, that
-/// run a function on their shards of a distributed batch and combine per-replica values (see
-/// mirrored_strategy for the full interface).
+/// run a function on their shards of a distributed batch (returning the per-replica results as a
+/// range) and combine per-replica values (see mirrored_strategy for the full interface). What
+/// `fit` calls besides is `train_step`, checked for a given model by `strategy_for`; the optional
+/// multi-process hooks are checked by `detail::check_strategy` when declared.
 template <class S>
 concept strategy = requires(S& s, const S& cs, const data::distributed_batch& b, const std::vector<double>& v) {
   typename S::strategy_concept;
@@ -112,8 +116,76 @@ concept strategy = requires(S& s, const S& cs, const data::distributed_batch& b,
   typename S::kind_type;
   requires device_kind_tag<typename S::kind_type>;
   { cs.num_replicas() } -> std::convertible_to<std::size_t>;
-  s.run(detail::run_archetype{}, b);
+  { s.run(detail::run_archetype{}, b) } -> std::ranges::input_range;
+  requires std::convertible_to<std::ranges::range_reference_t<decltype(s.run(detail::run_archetype{}, b))>, int>;
   { cs.reduce(reduce_op::sum, v) } -> std::convertible_to<double>;
 };
+
+/// A strategy that can train model M (a replicated model it made) with optimiser O and loss L:
+/// `s.train_step(m, opt, loss, batch)` returns the step's step_stats.
+template <class S, class M, class O, class L>
+concept strategy_for = strategy<S> && requires(S& s, M& m, const O& o, const L& l, const data::distributed_batch& b) {
+  { s.train_step(m, o, l, b) } -> std::convertible_to<step_stats>;
+};
+
+namespace detail {
+
+/// Checks strategy S member by member for what fit, evaluate and predict call, so that a strategy
+/// that lacks one (or declares an optional hook with another signature, which would otherwise be
+/// ignored silently) is told which.
+template <class S>
+constexpr bool check_strategy() {
+  static_assert(requires { requires std::same_as<typename S::strategy_concept, strategy_tag>; },
+                "lockstep: a strategy opts in with `using strategy_concept = lockstep::strategy_tag;`");
+  static_assert(requires { requires device_kind_tag<typename S::kind_type>; },
+                "lockstep: a strategy needs `using kind_type = K;` naming the device kind of its replicas "
+                "(lockstep::cpus or lockstep::gpus)");
+  static_assert(requires(const S& s) { { s.num_replicas() } -> std::convertible_to<std::size_t>; },
+                "lockstep: a strategy needs `std::size_t num_replicas() const`");
+  static_assert(requires(S& s, const data::distributed_batch& b) {
+                  { s.run(run_archetype{}, b) } -> std::ranges::input_range;
+                  requires std::convertible_to<std::ranges::range_reference_t<decltype(s.run(run_archetype{}, b))>, int>;
+                },
+                "lockstep: a strategy needs `template <class F> auto run(F&& fn, const lockstep::data::distributed_batch& "
+                "b)` that calls fn(std::size_t replica, const lockstep::data::shard&) for every replica and returns "
+                "the results in replica order (a std::vector<R>)");
+  static_assert(requires(const S& s, const std::vector<double>& v) {
+                  { s.reduce(reduce_op::sum, v) } -> std::convertible_to<double>;
+                },
+                "lockstep: a strategy needs `double reduce(lockstep::reduce_op op, const std::vector<double>& values) "
+                "const`");
+  if constexpr (requires { typename S::core_type; })
+    static_assert(std::derived_from<S, typename S::core_type>,
+                  "lockstep: a strategy's optional `using core_type = C;` must name a base class of the strategy (fit "
+                  "and evaluate run on that class)");
+  if constexpr (requires { &S::plan; })
+    static_assert(requires(const S& s) { { s.plan() } -> std::convertible_to<shard_plan>; },
+                  "lockstep: a strategy's optional hook must be `lockstep::shard_plan plan() const`");
+  if constexpr (requires { &S::sum_over_workers; })
+    static_assert(requires(S& s, std::span<double> v) { s.sum_over_workers(v); },
+                  "lockstep: a strategy's optional hook must be `void sum_over_workers(std::span<double> values)`");
+  if constexpr (requires { &S::is_chief; })
+    static_assert(requires(const S& s) { { s.is_chief() } -> std::convertible_to<bool>; },
+                  "lockstep: a strategy's optional hook must be `bool is_chief() const`");
+  if constexpr (requires { &S::global_replicas; })
+    static_assert(requires(const S& s) { { s.global_replicas() } -> std::convertible_to<std::size_t>; },
+                  "lockstep: a strategy's optional hook must be `std::size_t global_replicas() const`");
+  return true;  // each missing member was named above
+}
+
+/// check_strategy, and that S trains model M with optimiser O and loss L (what fit calls).
+template <class S, class M, class O, class L>
+constexpr bool check_training_strategy() {
+  static_assert(check_strategy<S>());
+  static_assert(requires(S& s, M& m, const O& o, const L& l, const data::distributed_batch& b) {
+                  { s.train_step(m, o, l, b) } -> std::convertible_to<step_stats>;
+                },
+                "lockstep: a strategy needs `template <class Optimizer, class Loss> lockstep::step_stats "
+                "train_step(Model& m, const Optimizer& opt, const Loss& loss, const lockstep::data::distributed_batch& "
+                "b)` for the model fit is given (one synchronous step of every replica)");
+  return true;
+}
+
+}  // namespace detail
 
 }  // namespace lockstep

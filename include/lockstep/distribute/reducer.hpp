@@ -56,6 +56,37 @@ concept reducer = requires(R& r, const R& cr, std::size_t i, host_context& ctx, 
   r.reset();
 };
 
+namespace detail {
+/// Checks reducer R with context Ctx and float data member by member, so that a reducer that
+/// lacks one is told which (the members of the `reducer` concept, and `supports`).
+template <class R, class Ctx = host_context>
+constexpr bool check_reducer() {
+  static_assert(requires { requires std::same_as<typename R::reducer_concept, reducer_tag>; },
+                "lockstep: a reducer opts in with `using reducer_concept = lockstep::reducer_tag;`");
+  static_assert(requires { { R::template supports<cpu<0>> } -> std::convertible_to<bool>; },
+                "lockstep: a reducer needs `template <class... Devices> static constexpr bool supports` (the device "
+                "sets it serves)");
+  static_assert(std::constructible_from<R, const reducer_config&>,
+                "lockstep: a reducer needs a constructor `explicit R(const lockstep::reducer_config& config)`");
+  static_assert(requires(const R& r, std::size_t n) { { r.workspace_bytes(n) } -> std::convertible_to<std::size_t>; },
+                "lockstep: a reducer needs `std::size_t workspace_bytes(std::size_t max_bucket_bytes) const`");
+  static_assert(requires(R& r, std::size_t i, void* p) { r.bind(i, p, i); },
+                "lockstep: a reducer needs `void bind(std::size_t replica, void* workspace, std::size_t bytes)`");
+  static_assert(requires(R& r, std::size_t i, Ctx& ctx, float* p) { r.start(i, ctx, p, i, i); },
+                "lockstep: a reducer needs `template <class Ctx, class T> void start(std::size_t replica, Ctx& ctx, T* "
+                "data, std::size_t count, std::size_t bucket)`");
+  static_assert(requires(R& r, std::size_t i, Ctx& ctx) { r.wait(i, ctx, i); },
+                "lockstep: a reducer needs `template <class Ctx> void wait(std::size_t replica, Ctx& ctx, std::size_t "
+                "bucket)`");
+  static_assert(requires(R& r, std::size_t i, Ctx& ctx, float* p) { r.broadcast(i, ctx, p, i, i); },
+                "lockstep: a reducer needs `template <class Ctx, class T> void broadcast(std::size_t replica, Ctx& ctx, "
+                "T* data, std::size_t count, std::size_t root)`");
+  static_assert(requires(R& r) { r.abort(); }, "lockstep: a reducer needs `void abort()` (callable from any thread)");
+  static_assert(requires(R& r) { r.reset(); }, "lockstep: a reducer needs `void reset()`");
+  return true;  // each missing member was named above
+}
+}  // namespace detail
+
 /// The reducer of a single replica: nothing to aggregate; every call returns at once.
 struct single_device_reducer {
   using reducer_concept = reducer_tag;  ///< opts in to the reducer concept

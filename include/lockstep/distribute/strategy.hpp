@@ -72,7 +72,7 @@ template <class Kind, class Reducer, determinism Determinism>
 class mirrored_strategy {
   static_assert(device_backend<Kind>,
                 "lockstep::mirrored: Kind must be a device kind with a complete backend (lockstep::device_backend)");
-  static_assert(reducer<Reducer>, "lockstep::mirrored: Reducer must satisfy lockstep::reducer (see reducer.hpp)");
+  static_assert(detail::check_reducer<Reducer, context_t<Kind>>());  // names a missing member
   static_assert(Determinism == determinism::run_to_run || device_memory<Kind>::host_accessible,
                 "lockstep::mirrored: replica_count_invariant is implemented for devices with host memory (cpu<I>)");
 
@@ -291,7 +291,7 @@ private:
 /// grad_scale = 1 / (global sample count). Returns the loss summed over the global batch and the
 /// count; increments m.step(). An empty global batch changes nothing and returns {0, 0}.
 template <class Strategy, class Model, class Optimizer, class Loss>
-  requires strategy<Strategy>
+  requires strategy_for<Strategy, Model, Optimizer, Loss>
 step_stats train_step(Strategy& s, Model& m, const Optimizer& opt, const Loss& loss, const data::distributed_batch& b) {
   return s.train_step(m, opt, loss, b);
 }

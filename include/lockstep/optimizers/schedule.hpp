@@ -21,6 +21,18 @@ concept learning_rate_schedule = std::copy_constructible<S> && requires(const S&
   { s(base, step) } -> std::convertible_to<float>;
 };
 
+namespace detail {
+/// Checks schedule S member by member, so that a type that lacks one is told which.
+template <class S>
+constexpr bool check_schedule() {
+  static_assert(requires(const S& s, float base, std::uint64_t step) { { s(base, step) } -> std::convertible_to<float>; },
+                "lockstep: a learning-rate schedule needs `float operator()(float base, std::uint64_t step) const` "
+                "(note the const: a schedule is a pure function of the step)");
+  static_assert(std::copy_constructible<S>, "lockstep: a learning-rate schedule must be copyable");
+  return true;  // each missing member was named above
+}
+}  // namespace detail
+
 /// The base learning rate at every step.
 struct constant_schedule {
   /// The rate at `step`.

@@ -78,7 +78,7 @@ std::vector<int> drain(const D& d, std::uint64_t epoch) {
 TEST_CASE_TEMPLATE_DEFINE("lockstep stage conformance", C, lockstep_stage_conformance) {
   namespace lt = lockstep::testing;
   using stage_type = decltype(C::make(std::uint64_t{1}));
-  static_assert(lockstep::data::pipeline_stage<stage_type, int>, "the stage must map a dataset<int> to a dataset");
+  static_assert(lockstep::data::detail::check_stage<stage_type, int>());  // names a missing member
 
   SUBCASE("exactly once, in a deterministic order from (seed, epoch)") {
     for (const int n : {0, 1, 7, 1000}) {

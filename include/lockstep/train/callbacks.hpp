@@ -98,9 +98,32 @@ template <class F>
 concept step_callback = std::copy_constructible<F> && (std::invocable<F&, double> ||
                                                        std::invocable<F&, double, training_control&>);
 
-/// A callback running `f(stats)` or `f(stats, control)` after every epoch.
-template <epoch_callback F>
+namespace detail {
+/// Checks epoch callback F member by member, so that a type that lacks one is told which.
+template <class F>
+constexpr bool check_epoch_callback() {
+  static_assert(std::invocable<F&, const epoch_stats&> || std::invocable<F&, const epoch_stats&, training_control&>,
+                "lockstep: an epoch callback needs `void operator()(const lockstep::epoch_stats& stats)` or `void "
+                "operator()(const lockstep::epoch_stats& stats, lockstep::training_control& control)`");
+  static_assert(std::copy_constructible<F>, "lockstep: an epoch callback must be copyable (fit keeps it in a std::function)");
+  return true;  // each missing member was named above
+}
+/// Checks step callback F member by member, so that a type that lacks one is told which.
+template <class F>
+constexpr bool check_step_callback() {
+  static_assert(std::invocable<F&, double> || std::invocable<F&, double, training_control&>,
+                "lockstep: a step callback needs `void operator()(double mean_loss)` or `void operator()(double "
+                "mean_loss, lockstep::training_control& control)`");
+  static_assert(std::copy_constructible<F>, "lockstep: a step callback must be copyable (fit keeps it in a std::function)");
+  return true;  // each missing member was named above
+}
+}  // namespace detail
+
+/// A callback running `f(stats)` or `f(stats, control)` after every epoch (F: an epoch_callback;
+/// a type that is not one is told which member it lacks).
+template <class F>
 callback on_epoch_end(F f) {
+  static_assert(detail::check_epoch_callback<F>());
   callback c;
   if constexpr (std::invocable<F&, const epoch_stats&, training_control&>)
     c.epoch_end = std::move(f);
@@ -109,9 +132,11 @@ callback on_epoch_end(F f) {
   return c;
 }
 
-/// A callback running `f(loss)` or `f(loss, control)` after every update.
-template <step_callback F>
+/// A callback running `f(loss)` or `f(loss, control)` after every update (F: a step_callback; a
+/// type that is not one is told which member it lacks).
+template <class F>
 callback on_step_end(F f) {
+  static_assert(detail::check_step_callback<F>());
   callback c;
   if constexpr (std::invocable<F&, double, training_control&>)
     c.step_end = std::move(f);
@@ -122,9 +147,11 @@ callback on_step_end(F f) {
 
 /// A callback applying a learning-rate schedule (constant_schedule, cosine_schedule, ... or any
 /// `float(float base, uint64 step)`). A schedule is a pure function of the step, so a resumed run
-/// continues it exactly.
-template <learning_rate_schedule Schedule>
+/// continues it exactly. (Schedule: a learning_rate_schedule; a type that is not one is told which
+/// member it lacks.)
+template <class Schedule>
 callback lr_schedule(Schedule s) {
+  static_assert(detail::check_schedule<Schedule>());
   callback c;
   c.schedule = [s = std::move(s)](float base, std::uint64_t step) { return static_cast<float>(s(base, step)); };
   return c;

@@ -121,7 +121,7 @@ public:
   template <batch_source Source>
     requires(!std::same_as<std::remove_cvref_t<Source>, eval_data>)
   eval_data(Source src)  // NOLINT(google-explicit-constructor): lets `.validation = test_set` read naturally
-      : make_([src = std::move(src)](std::size_t parts, std::size_t first, std::size_t count) {
+      : make_([src = check_copyable(std::move(src))](std::size_t parts, std::size_t first, std::size_t count) {
           return detail::distributed_epoch(src, 0, parts, first, count);
         }) {}
 
@@ -140,6 +140,14 @@ public:
   }
 
 private:
+  /// Passes `src` on, refusing (at compile time, by name) a source that cannot be copied.
+  template <class Source>
+  static Source&& check_copyable(Source&& src) noexcept {
+    static_assert(std::copy_constructible<std::remove_cvref_t<Source>>,
+                  "lockstep: evaluation data (a batch source given to evaluate, predict or fit_options::validation) "
+                  "must be copyable: it is kept as a copy");
+    return std::move(src);
+  }
   std::function<data::generator<data::distributed_batch>(std::size_t, std::size_t, std::size_t)> make_;
 };
 
@@ -273,6 +281,7 @@ evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eva
 /// are taken last. Every sample is counted exactly once — uneven last batches are split, never padded.
 template <class Strategy, class Replicated, class Loss>
 evaluation evaluate(Strategy& s, Replicated& m, const Loss& loss, const eval_data& data, const evaluate_options& o = {}) {
+  static_assert(detail::check_strategy<Strategy>());  // names a missing member
   static_assert(detail::check_loss<Loss, typename Replicated::value_type, typename Replicated::context_type,
                                    typename Replicated::model_type::output_shape>());
   return detail::evaluate_core(detail::core_of(s), m, loss, data, o);
@@ -297,6 +306,7 @@ struct predictions {
 /// row's outputs on the host.
 template <class Strategy, class Replicated>
 predictions predict(Strategy& strategy, Replicated& m, const eval_data& data) {
+  static_assert(detail::check_strategy<Strategy>());  // names a missing member
   auto& s = detail::core_of(strategy);
   detail::check_bound(s, m);
   using net = io::network_of<Replicated>;
@@ -679,6 +689,7 @@ template <class Strategy, class Replicated, class Optimizer, class Loss, batch_s
 history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& loss, const Source& train,
             const fit_options& o = {}) {
   // Member by member, so that a type that lacks one is told which.
+  static_assert(detail::check_training_strategy<Strategy, Replicated, Optimizer, detail::counting_loss<Loss>>());
   static_assert(detail::check_optimizer<Optimizer, typename Replicated::value_type, typename Replicated::context_type>());
   static_assert(detail::check_loss<Loss, typename Replicated::value_type, typename Replicated::context_type,
                                    typename Replicated::model_type::output_shape>());

@@ -13,6 +13,14 @@
 #include <immintrin.h>
 #endif
 
+#if defined(__SANITIZE_THREAD__)
+#define LOCKSTEP_DETAIL_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define LOCKSTEP_DETAIL_TSAN 1
+#endif
+#endif
+
 namespace lockstep::detail {
 
 /// One pause of a spin loop.
@@ -32,9 +40,21 @@ public:
   explicit wake_hub(unsigned spins = 1024) noexcept : spins_(spins) {}
 
   /// Wakes sleeping waiters; call after storing the value they wait for.
+  ///
+  /// The store of that value and the load of `sleepers_` must not be reordered (nor the waiter's
+  /// increment of `sleepers_` and its check of the value), or a waiter that has just counted
+  /// itself could sleep through the wake-up until its next 20 ms tick. Two seq_cst fences order
+  /// them. ThreadSanitizer does not model fences (g++ refuses them under -fsanitize=thread), so
+  /// there both sides use read-modify-writes of `sleepers_` instead: they are totally ordered on
+  /// that one atomic, and the later one acquires what the earlier one released — the same
+  /// guarantee, in a form the sanitizer checks.
   void notify() noexcept {
+#if defined(LOCKSTEP_DETAIL_TSAN)
+    if (sleepers_.fetch_add(0, std::memory_order_acq_rel) > 0) {
+#else
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (sleepers_.load(std::memory_order_relaxed) > 0) {
+#endif
       std::lock_guard<std::mutex> lock(mutex_);
       cv_.notify_all();
     }
@@ -49,8 +69,12 @@ public:
     }
     if (pred()) return true;
     std::unique_lock<std::mutex> lock(mutex_);
+#if defined(LOCKSTEP_DETAIL_TSAN)
+    sleepers_.fetch_add(1, std::memory_order_acq_rel);
+#else
     sleepers_.fetch_add(1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
     bool ok = true;
     while (!pred()) {
       const auto now = std::chrono::steady_clock::now();

@@ -1,0 +1,392 @@
+// The archetypes of the strategy, pipeline-element and batch-source concepts: types outside the
+// library's namespace with exactly the members their concepts list, used through fit, evaluate and
+// predict and through the pipeline stages. That this compiles proves the library calls nothing
+// beyond the concepts; the runs check that the archetypes give bitwise what the library's own
+// strategy and sources give.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <memory>
+#include <span>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <lockstep/lockstep.hpp>
+
+namespace archetype {
+
+namespace ls = lockstep;
+
+/// Strategy: n host replicas run one after the other on the calling thread, their gradient sums
+/// added in replica order by hand. The members of the strategy concept, and train_step for the
+/// replicated models made by make_replicas below.
+class strategy {
+public:
+  using strategy_concept = ls::strategy_tag;
+  using kind_type = ls::cpus;
+
+  explicit strategy(std::size_t replicas) : n_(replicas) {}
+
+  std::size_t num_replicas() const { return n_; }
+
+  template <class F>
+  auto run(F&& fn, const ls::data::distributed_batch& b) {
+    std::vector<std::invoke_result_t<F&, std::size_t, const ls::data::shard&>> out;
+    for (std::size_t r = 0; r < n_; ++r) out.push_back(fn(r, b.shards[r]));
+    return out;
+  }
+
+  double reduce(ls::reduce_op op, const std::vector<double>& v) const {
+    double s = v.at(0);
+    for (std::size_t r = 1; r < v.size(); ++r)
+      s = op == ls::reduce_op::min ? std::min(s, v[r]) : op == ls::reduce_op::max ? std::max(s, v[r]) : s + v[r];
+    return op == ls::reduce_op::mean ? s / static_cast<double>(v.size()) : s;
+  }
+
+  template <class Net, class Optimizer, class Loss>
+  ls::step_stats train_step(ls::replicated<Net>& m, const Optimizer& opt, const Loss& loss,
+                            const ls::data::distributed_batch& b) {
+    std::size_t total = 0;
+    for (const auto& sh : b.shards) total += sh.size;
+    if (total == 0) return {};
+    const ls::pass_info info{true, m.seed().value, m.step(), 0, 0};
+    ls::step_stats st;
+    for (std::size_t r = 0; r < n_; ++r) st.loss_sum += m.replica(r).forward_backward(loss, b.shards[r], info).sum;
+    float* sum = m.replica(0).model().gradients().data();
+    for (std::size_t r = 1; r < n_; ++r) {
+      const float* g = m.replica(r).model().gradients().data();
+      for (std::size_t i = 0; i < m.param_count; ++i) sum[i] += g[i];
+    }
+    for (std::size_t r = 1; r < n_; ++r) std::copy(sum, sum + m.param_count, m.replica(r).model().gradients().data());
+    const ls::update_info u{opt.lr, m.step() + 1, 1.0 / static_cast<double>(total)};
+    for (std::size_t r = 0; r < n_; ++r) m.replica(r).apply(opt, u);
+    m.set_step(m.step() + 1);
+    st.count = total;
+    return st;
+  }
+
+private:
+  std::size_t n_;
+};
+
+/// n host replicas of Net from `seed` (what a strategy's replicate does; not a member fit calls).
+/// The contexts leave the calling thread's floating-point mode alone.
+template <class Net>
+ls::replicated<Net> make_replicas(std::size_t n, ls::seed seed) {
+  std::vector<ls::host_context> contexts;
+  for (std::size_t r = 0; r < n; ++r) contexts.emplace_back(1, false);
+  return ls::replicated<Net>(std::move(contexts), seed, 0);
+}
+
+/// The processes of a multi-process job, simulated by threads of this one: each worker's sums
+/// are added in rank order through shared memory (what MPI does between processes).
+class world {
+public:
+  explicit world(std::size_t workers) : sync_(static_cast<std::ptrdiff_t>(workers)), doubles_(workers), floats_(workers) {}
+  /// Every worker's v becomes the sum over workers, in rank order.
+  template <class T>
+  void sum(std::size_t rank, std::span<T> v) {
+    auto& slots = slots_of<T>();
+    slots[rank] = v;
+    sync_.arrive_and_wait();
+    std::vector<T> s(slots[0].begin(), slots[0].end());
+    for (std::size_t w = 1; w < slots.size(); ++w)
+      for (std::size_t i = 0; i < s.size(); ++i) s[i] += slots[w][i];
+    sync_.arrive_and_wait();  // every worker has read every worker's values
+    std::copy(s.begin(), s.end(), v.begin());
+  }
+
+private:
+  template <class T>
+  std::vector<std::span<T>>& slots_of() {
+    if constexpr (std::is_same_v<T, double>)
+      return doubles_;
+    else
+      return floats_;
+  }
+  std::barrier<> sync_;
+  std::vector<std::span<double>> doubles_;
+  std::vector<std::span<float>> floats_;
+};
+
+/// Strategy with the optional multi-process hooks: worker `rank` of `workers`, one replica each;
+/// fit cuts every global batch into one shard per worker (plan), adds the workers' counts
+/// (sum_over_workers), and lets only rank 0 report (is_chief).
+class worker_strategy {
+public:
+  using strategy_concept = ls::strategy_tag;
+  using kind_type = ls::cpus;
+
+  worker_strategy(world& w, std::size_t rank, std::size_t workers) : world_(&w), rank_(rank), workers_(workers) {}
+
+  std::size_t num_replicas() const { return 1; }
+  ls::shard_plan plan() const { return {workers_, rank_}; }
+  std::size_t global_replicas() const { return workers_; }
+  bool is_chief() const { return rank_ == 0; }
+  void sum_over_workers(std::span<double> v) { world_->sum(rank_, v); }
+
+  template <class F>
+  auto run(F&& fn, const ls::data::distributed_batch& b) {
+    return std::vector{fn(std::size_t{0}, b.shards.at(0))};
+  }
+  double reduce(ls::reduce_op, const std::vector<double>& v) const { return v.at(0); }
+
+  template <class Net, class Optimizer, class Loss>
+  ls::step_stats train_step(ls::replicated<Net>& m, const Optimizer& opt, const Loss& loss,
+                            const ls::data::distributed_batch& b) {
+    const std::size_t total = b.global_size();  // over every worker
+    if (total == 0) return {};
+    const ls::pass_info info{true, m.seed().value, m.step(), 0, 0};
+    double sums[1] = {m.replica(0).forward_backward(loss, b.shards.at(0), info).sum};
+    world_->sum(rank_, std::span<float>(m.replica(0).model().gradients().data(), m.param_count));
+    world_->sum(rank_, std::span<double>(sums));
+    m.replica(0).apply(opt, ls::update_info{opt.lr, m.step() + 1, 1.0 / static_cast<double>(total)});
+    m.set_step(m.step() + 1);
+    return {sums[0], total};
+  }
+
+private:
+  world* world_;
+  std::size_t rank_, workers_;
+};
+
+/// Pipeline element: exactly what `batched` assembles (feature_width, target_width,
+/// copy_features, copy_targets, found by argument-dependent lookup, and `label`, `index`), and
+/// move-only, so no stage may copy it.
+struct row {
+  std::vector<float> x;
+  std::int32_t label = 0;
+  std::uint64_t index = 0;
+  row(std::vector<float> v, std::int32_t l, std::uint64_t i) : x(std::move(v)), label(l), index(i) {}
+  row(row&&) = default;
+  row& operator=(row&&) = default;
+  row(const row&) = delete;
+  row& operator=(const row&) = delete;
+};
+std::size_t feature_width(const row& r) { return r.x.size(); }
+std::size_t target_width(const row&) { return 0; }
+void copy_features(const row& r, float* dst) { std::copy(r.x.begin(), r.x.end(), dst); }
+void copy_targets(const row&, float*) {}
+
+/// Batch source for fit and evaluate: `epoch(e) const` returning an input range of
+/// `lockstep::data::batch` (here a hand-written one over fixed batches), and copyable.
+struct batch_list {
+  struct iterator {
+    using iterator_concept = std::input_iterator_tag;
+    using value_type = ls::data::batch;
+    using difference_type = std::ptrdiff_t;
+    const ls::data::batch* at = nullptr;
+    const ls::data::batch* last = nullptr;
+    const ls::data::batch& operator*() const { return *at; }
+    iterator& operator++() {
+      ++at;
+      return *this;
+    }
+    void operator++(int) { ++at; }
+    bool operator==(std::default_sentinel_t) const { return at == last; }
+  };
+  struct range {
+    std::shared_ptr<const std::vector<ls::data::batch>> all;
+    iterator begin() const { return {all->data(), all->data() + all->size()}; }
+    std::default_sentinel_t end() const { return {}; }
+  };
+  std::shared_ptr<const std::vector<ls::data::batch>> all;
+  range epoch(std::uint64_t) const { return {all}; }
+};
+
+}  // namespace archetype
+
+namespace ls = lockstep;
+
+static_assert(ls::strategy<archetype::strategy> && ls::strategy<archetype::worker_strategy>);
+static_assert(ls::strategy_for<archetype::strategy, ls::replicated<ls::sequential<ls::dense<2, 2>>>, ls::sgd,
+                               ls::softmax_cross_entropy>);
+static_assert(!ls::strategy<int>);
+static_assert(ls::data::batchable<archetype::row> && !std::copy_constructible<archetype::row>);
+static_assert(ls::batch_source<archetype::batch_list>);
+// The library's own types model the same concepts.
+static_assert(ls::strategy_for<ls::mirrored<ls::cpus>, ls::replicated<ls::sequential<ls::dense<2, 2>>>, ls::sgd, ls::mse>);
+static_assert(ls::data::batchable<ls::data::sample> && ls::data::batchable<ls::data::owned_sample>);
+
+namespace {
+
+using net = ls::sequential<ls::dense<6, 8>, ls::tanh, ls::dense<8, 3>>;
+constexpr std::size_t rows = 53, width = 6;  // a prime: uneven shards and a short last batch
+
+std::vector<float> features() {
+  std::vector<float> x(rows * width);
+  const ls::counter_rng rng(21, 22);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = rng.uniform(i) * 2 - 1;
+  return x;
+}
+std::int32_t label_of(std::size_t r) { return static_cast<std::int32_t>((r * 7 + r / 5) % 3); }
+std::vector<std::int32_t> labels() {
+  std::vector<std::int32_t> y(rows);
+  for (std::size_t r = 0; r < rows; ++r) y[r] = label_of(r);
+  return y;
+}
+
+/// The library's source and stages.
+auto library_pipeline() {
+  return ls::data::from_memory(features(), width, labels()) | ls::data::shuffle(16, 5) | ls::data::batched(8) |
+         ls::data::prefetch(2);
+}
+
+/// The same rows as move-only archetype rows from a user factory, through the same stages.
+auto archetype_pipeline(std::shared_ptr<std::uint64_t> epochs_made) {
+  const auto x = std::make_shared<const std::vector<float>>(features());
+  const ls::data::dataset<archetype::row> source{[x, epochs_made](std::uint64_t) {
+    ++*epochs_made;
+    return [](std::shared_ptr<const std::vector<float>> v) -> ls::data::generator<archetype::row> {
+      for (std::size_t r = 0; r < rows; ++r)
+        co_yield archetype::row({v->begin() + static_cast<std::ptrdiff_t>(r * width),
+                                 v->begin() + static_cast<std::ptrdiff_t>((r + 1) * width)},
+                                label_of(r), r);
+    }(x);
+  }};
+  return source | ls::data::shuffle(16, 5) | ls::data::batched(8) | ls::data::prefetch(2);
+}
+
+ls::fit_options options() { return {.epochs = 3, .quiet = true}; }
+
+}  // namespace
+
+TEST_CASE("archetypes: a strategy with only the concept's members trains, evaluates and predicts as mirrored does") {
+  const auto data = library_pipeline();
+  for (const std::size_t n : {1u, 2u, 3u}) {
+    CAPTURE(n);
+    archetype::strategy mine(n);
+    auto a = archetype::make_replicas<net>(n, ls::seed{4});
+    const ls::history ha = ls::fit(mine, a, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, data,
+                                   {.epochs = 3, .validation = data, .quiet = true});
+
+    ls::mirrored<ls::cpus> library(ls::device_selection::first(n), ls::strategy_options{.flush_denormals = false});
+    auto b = library.replicate<net>(ls::seed{4});
+    const ls::history hb = ls::fit(library, b, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, data,
+                                   {.epochs = 3, .validation = data, .quiet = true});
+
+    CHECK(a.step() == 21);  // 7 batches of at most 8 rows, 3 epochs
+    CHECK(a.parameters_to_host() == b.parameters_to_host());  // gradient sums in replica order: bitwise equal
+    REQUIRE(ha.epochs.size() == 3);
+    CHECK(ha.last().samples == rows);
+    CHECK(ha.last().val_samples == rows);
+    CHECK(ha.last().train_loss < ha.epochs.front().train_loss);
+    CHECK(ha.last().val_loss == doctest::Approx(hb.last().val_loss).epsilon(1e-12));
+    CHECK(ha.last().train_accuracy == hb.last().train_accuracy);
+
+    const ls::evaluation ea = ls::evaluate(mine, a, ls::softmax_cross_entropy{}, data, {.top_k = 2});
+    const ls::evaluation eb = ls::evaluate(library, b, ls::softmax_cross_entropy{}, data, {.top_k = 2});
+    CHECK(ea.samples == rows);
+    CHECK(ea.sums.correct == eb.sums.correct);
+    CHECK(ea.sums.top_k_correct == eb.sums.top_k_correct);
+    CHECK(ea.loss == doctest::Approx(eb.loss).epsilon(1e-12));
+
+    const ls::predictions pa = ls::predict(mine, a, data), pb = ls::predict(library, b, data);
+    CHECK(pa.rows() == rows);
+    CHECK(pa.indices == pb.indices);
+    CHECK(pa.outputs == pb.outputs);
+  }
+}
+
+TEST_CASE("archetypes: a strategy's multi-process hooks (plan, sum_over_workers, is_chief, global_replicas)") {
+  // Two workers on two threads, one replica each, against one process with two replicas.
+  const auto data = library_pipeline();
+  archetype::world w(2);
+  std::vector<float> params[2];
+  ls::history hist[2];
+  ls::evaluation ev[2];
+  {
+    std::vector<std::jthread> workers;
+    for (std::size_t rank = 0; rank < 2; ++rank)
+      workers.emplace_back([&, rank] {
+        archetype::worker_strategy s(w, rank, 2);
+        auto m = archetype::make_replicas<net>(1, ls::seed{4});
+        hist[rank] = ls::fit(s, m, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, data,
+                             {.epochs = 3, .validation = data, .quiet = true});
+        ev[rank] = ls::evaluate(s, m, ls::softmax_cross_entropy{}, data);
+        params[rank] = m.parameters_to_host();
+      });
+  }
+  archetype::strategy one(2);
+  auto m = archetype::make_replicas<net>(2, ls::seed{4});
+  const ls::history h = ls::fit(one, m, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, data,
+                                {.epochs = 3, .validation = data, .quiet = true});
+  const ls::evaluation e = ls::evaluate(one, m, ls::softmax_cross_entropy{}, data);
+
+  CHECK(params[0] == m.parameters_to_host());  // rank order is replica order: bitwise equal
+  CHECK(params[1] == params[0]);
+  for (std::size_t rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    REQUIRE(hist[rank].epochs.size() == 3);
+    CHECK(hist[rank].last().samples == rows);      // the global batch's rows, not this worker's
+    CHECK(hist[rank].last().val_samples == rows);  // every worker's counts, added
+    CHECK(hist[rank].last().train_accuracy == h.last().train_accuracy);
+    CHECK(hist[rank].last().val_loss == doctest::Approx(h.last().val_loss).epsilon(1e-12));
+    CHECK(ev[rank].samples == rows);
+    CHECK(ev[rank].sums.correct == e.sums.correct);
+    CHECK(ev[rank].loss == doctest::Approx(e.loss).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("archetypes: move-only rows from a user factory go through shuffle, batched and prefetch into fit") {
+  auto epochs_made = std::make_shared<std::uint64_t>(0);
+  const auto mine = archetype_pipeline(epochs_made);
+  const auto library = library_pipeline();
+
+  // The same batches, in the same order, as the library's source gives for the same rows.
+  for (const std::uint64_t epoch : {0u, 1u, 4u}) {
+    std::vector<std::vector<float>> xa, xb;
+    std::vector<std::vector<std::uint64_t>> ia, ib;
+    for (auto&& b : mine.epoch(epoch)) {
+      CHECK(b.labels.size() == b.rows());
+      xa.push_back(b.features);
+      ia.push_back(b.indices);
+    }
+    for (auto&& b : library.epoch(epoch)) {
+      xb.push_back(b.features);
+      ib.push_back(b.indices);
+    }
+    CHECK(xa == xb);
+    CHECK(ia == ib);
+  }
+  CHECK(*epochs_made == 3);  // one factory call per epoch iterated
+
+  ls::mirrored<ls::cpus> s(ls::device_selection::first(2));
+  auto a = s.replicate<net>(ls::seed{8});
+  auto b = s.replicate<net>(ls::seed{8});
+  (void)ls::fit(s, a, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, mine, options());
+  (void)ls::fit(s, b, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, library, options());
+  CHECK(a.parameters_to_host() == b.parameters_to_host());
+  CHECK(ls::evaluate(s, a, ls::softmax_cross_entropy{}, mine).samples == rows);
+}
+
+TEST_CASE("archetypes: a batch source with a hand-written input range trains and evaluates through fit") {
+  std::vector<ls::data::batch> batches;
+  for (auto&& b : library_pipeline().epoch(0)) batches.push_back(b);  // the pooled batches, copied out
+  REQUIRE(batches.size() == 7);
+  const archetype::batch_list mine{std::make_shared<const std::vector<ls::data::batch>>(batches)};
+  const auto library = ls::data::from_vector(batches);
+
+  ls::mirrored<ls::cpus> s(ls::device_selection::first(3));
+  auto a = s.replicate<net>(ls::seed{6});
+  auto b = s.replicate<net>(ls::seed{6});
+  const ls::history ha = ls::fit(s, a, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, mine,
+                                 {.epochs = 2, .validation = mine, .quiet = true});
+  (void)ls::fit(s, b, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, library, options());
+  CHECK(a.step() == 14);
+  CHECK(ha.last().val_samples == rows);
+  const ls::evaluation ea = ls::evaluate(s, a, ls::softmax_cross_entropy{}, mine);
+  CHECK(ea.samples == rows);
+  CHECK(std::isfinite(ea.loss));
+  (void)ls::fit(s, a, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, mine, {.epochs = 1, .quiet = true});
+  CHECK(a.parameters_to_host() == b.parameters_to_host());  // 3 epochs of the same batches either way
+  CHECK(ls::predict(s, a, mine).indices == ls::predict(s, b, library).indices);
+}
