@@ -97,10 +97,10 @@ TEST_CASE("dropout: training zeroes about Rate of the features and scales the re
   using B = ls::bind_t<ls::dropout<1, 4>, 64>;
   const ls::host_context ctx;
   const std::size_t rows = 100;
-  std::vector<float> x(rows * 64), y(rows * 64);
+  std::vector<float> x(rows * 64), y(rows * 64), ws(rows * B::workspace_per_sample);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = 1.0f + float(i % 7);
-  lockstep::testing::run_forward<B>(ctx, static_cast<const float*>(nullptr), x.data(), y.data(), static_cast<float*>(nullptr), rows,
-             ls::pass_info{true, 1, 0, 0, 0});
+  lockstep::testing::run_forward<B>(ctx, static_cast<const float*>(nullptr), x.data(), y.data(), ws.data(), rows,
+                                    ls::pass_info{true, 1, 0, 0, 0});
   std::size_t zeros = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {
     if (y[i] == 0.0f) ++zeros;
@@ -111,7 +111,7 @@ TEST_CASE("dropout: training zeroes about Rate of the features and scales the re
   // another step, seed or layer draws another mask
   auto mask = [&](const ls::pass_info& info) {
     std::vector<float> out(x.size());
-    lockstep::testing::run_forward<B>(ctx, static_cast<const float*>(nullptr), x.data(), out.data(), static_cast<float*>(nullptr), rows, info);
+    lockstep::testing::run_forward<B>(ctx, static_cast<const float*>(nullptr), x.data(), out.data(), ws.data(), rows, info);
     return out;
   };
   CHECK(mask({true, 1, 0, 0, 0}) == y);

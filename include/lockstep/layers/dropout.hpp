@@ -2,8 +2,8 @@
 /// @file dropout.hpp
 /// `dropout<Num, Den>`: inverted dropout with rate Num / Den (a rational, so that the rate is a
 /// compile-time constant that every C++20 compiler accepts as a template argument), whose mask is keyed by (seed, layer, step, global sample
-/// position, feature) through the counter-based RNG. The mask is recomputed in backward, so the
-/// layer keeps no state, and it does not depend on how the global batch is split into shards.
+/// position, feature) through the counter-based RNG, so it does not depend on how the global batch
+/// is split into shards. Forward keeps the mask in the workspace; backward applies it again.
 
 #include <cstddef>
 #include <cstdint>
@@ -23,6 +23,7 @@ template <class T>
 struct dropout_op {
   const T* in;               ///< x in forward, dy in backward
   T* out;                    ///< y in forward, dx in backward
+  T* keep;                   ///< where each element's mask (1 kept, 0 dropped) goes
   counter_rng rng;           ///< this layer's stream for this step
   std::uint64_t first;       ///< global element index of element 0 (sample_offset * width)
   std::uint64_t n;           ///< elements
@@ -37,11 +38,24 @@ struct dropout_op {
       if (g < first || g >= first + n) continue;
       const std::uint64_t i = g - first;
       const float u = static_cast<float>(bits.v[w] >> 8) * (1.0f / 16777216.0f);
-      out[i] = u >= rate ? in[i] * scale : T(0);
+      const bool kept = u >= rate;
+      out[i] = kept ? in[i] * scale : T(0);
+      keep[i] = kept ? T(1) : T(0);
     }
   }
   /// Number of Philox blocks the elements span.
   [[nodiscard]] LOCKSTEP_HD std::uint64_t blocks() const { return n == 0 ? 0 : (first + n - 1) / 4 - first / 4 + 1; }
+};
+
+/// dx[i] = dy[i] / (1 - rate) where forward kept element i, else 0.
+template <class T>
+struct dropout_mask_op {
+  const T* dy;    ///< output gradient
+  const T* keep;  ///< forward's mask
+  T* dx;          ///< input gradient
+  T scale;        ///< 1 / (1 - rate)
+  /// Computes element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const { dx[i] = keep[i] != T(0) ? dy[i] * scale : T(0); }
 };
 }  // namespace detail
 
@@ -62,7 +76,7 @@ struct dropout {
     static constexpr std::size_t input_size = I;            ///< features in
     static constexpr std::size_t output_size = I;           ///< features out
     static constexpr std::size_t param_count = 0;           ///< no parameters
-    static constexpr std::size_t workspace_per_sample = 0;  ///< the mask is recomputed, not stored
+    static constexpr std::size_t workspace_per_sample = I;  ///< the mask forward drew, for backward
 
     /// Nothing to initialise.
     template <class T>
@@ -71,26 +85,32 @@ struct dropout {
     /// y = x * mask / (1 - rate) in training, y = x in evaluation.
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const forward_args<T, Ctx, shape<I>, shape<I>>& a) {
-      apply(ctx, a.x.data(), a.y.data(), a.batch(), a.info);
+      if (!a.info.training || Num == 0) {
+        copy(ctx, a.y.data(), a.x.data(), a.x.size());
+        return;
+      }
+      const pass_info& info = a.info;
+      const counter_rng rng(info.seed, layer_rng_stream(info.layer_stream, rng_purpose::dropout, info.step));
+      const detail::dropout_op<T> op{a.x.data(), a.y.data(), a.workspace, rng, info.sample_offset * I, a.x.size(),
+                                     static_cast<float>(rate), scale<T>()};
+      for_each_index(ctx, op.blocks(), op);
     }
 
-    /// dx = dy * mask / (1 - rate) (the same mask as forward), or dx = dy in evaluation.
+    /// dx = dy * mask / (1 - rate) (forward's mask), or dx = dy in evaluation.
     template <class T, class Ctx>
     static void backward(Ctx& ctx, const backward_args<T, Ctx, shape<I>, shape<I>>& a) {
-      if (a.dx) apply(ctx, a.dy.data(), a.dx.data(), a.batch(), a.info);
+      if (!a.dx) return;
+      if (!a.info.training || Num == 0) {
+        copy(ctx, a.dx.data(), a.dy.data(), a.dx.size());
+        return;
+      }
+      for_each_index(ctx, a.dx.size(), detail::dropout_mask_op<T>{a.dy.data(), a.workspace, a.dx.data(), scale<T>()});
     }
 
   private:
-    template <class T, class Ctx>
-    static void apply(Ctx& ctx, const T* in, T* out, std::size_t batch, const pass_info& info) {
-      if (!info.training || Num == 0) {
-        copy(ctx, out, in, batch * I);
-        return;
-      }
-      const counter_rng rng(info.seed, layer_rng_stream(info.layer_stream, rng_purpose::dropout, info.step));
-      const detail::dropout_op<T> op{in,  out, rng, info.sample_offset * I, batch * I, static_cast<float>(rate),
-                                     static_cast<T>(1.0 / (1.0 - rate))};
-      for_each_index(ctx, op.blocks(), op);
+    template <class T>
+    static constexpr T scale() {
+      return static_cast<T>(1.0 / (1.0 - rate));
     }
   };
 };

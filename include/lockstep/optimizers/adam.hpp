@@ -19,15 +19,18 @@ struct adam_op {
   const T* g;   ///< gradient sums
   T* m;         ///< first moments
   T* v;         ///< second moments
-  T lr, beta1, beta2, eps, l2, decoupled, scale, c1, c2;  ///< hyper-parameters, bias corrections
-  /// Updates element i.
+  T lr, beta1, beta2, eps, l2, decoupled, scale;  ///< hyper-parameters
+  T step;           ///< lr / (1 - b1^t): the step size with the first bias correction
+  T inv_sqrt_c2;    ///< 1 / sqrt(1 - b2^t): the second bias correction, on sqrt(v)
+  /// Updates element i: the bias corrections are folded into two constants (as PyTorch does),
+  /// leaving one division and one square root per element.
   LOCKSTEP_HD void operator()(std::size_t i) const {
     const T gi = g[i] * scale + l2 * p[i];
     const T mi = beta1 * m[i] + (T(1) - beta1) * gi;
     const T vi = beta2 * v[i] + (T(1) - beta2) * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    p[i] -= lr * (decoupled * p[i] + (mi / c1) / (std::sqrt(vi / c2) + eps));
+    p[i] -= lr * decoupled * p[i] + step * mi / (std::sqrt(vi) * inv_sqrt_c2 + eps);
   }
 };
 
@@ -39,7 +42,8 @@ void adam_update(Ctx& ctx, T* p, const T* g, T* state, std::size_t n, const upda
   for_each_index(ctx, n,
                  adam_op<T>{p, g, state, state + n, static_cast<T>(u.lr), static_cast<T>(beta1),
                             static_cast<T>(beta2), static_cast<T>(eps), static_cast<T>(l2), static_cast<T>(decoupled),
-                            static_cast<T>(u.grad_scale), static_cast<T>(c1), static_cast<T>(c2)});
+                            static_cast<T>(u.grad_scale), static_cast<T>(static_cast<double>(u.lr) / c1),
+                            static_cast<T>(1.0 / std::sqrt(c2))});
 }
 }  // namespace detail
 
