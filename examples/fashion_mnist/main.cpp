@@ -115,7 +115,7 @@ int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chie
 template <class Net, class Kind>
 int train(const config& c) {
   const auto devices = c.replicas ? ls::device_selection::first(*c.replicas) : ls::device_selection::all();
-  ls::mirrored<Kind> strategy(devices);
+  ls::mirrored<Kind> strategy(devices, ls::strategy_options{.shard_optimizer = c.shard_optimizer});
   return train_on<Net, Kind>(strategy, c, 1, true);
 }
 
@@ -130,7 +130,8 @@ int run(const config& c) {
 #ifdef LOCKSTEP_HAS_MPI
   if (ls::launched_by_mpi()) {
     if (c.device != "cpu") throw usage_error{"under mpirun only --device cpu is supported by this build"};
-    ls::multi_worker_mirrored<ls::cpus> strategy(ls::device_selection::first(c.replicas.value_or(1)));
+    ls::multi_worker_mirrored<ls::cpus> strategy(ls::device_selection::first(c.replicas.value_or(1)),
+                                                 ls::strategy_options{.shard_optimizer = c.shard_optimizer});
     if (c.workers) ls::require_world_size(c.workers);
     if (strategy.is_chief() && !c.quiet)
       std::fprintf(stderr, "MPI: %zu workers, thread level %s\n", strategy.world_size(),

@@ -27,6 +27,8 @@ void describe(CLI::App& app, config& c) {
   app.add_option("--checkpoint-dir", c.checkpoint_dir, "write a checkpoint after every epoch into this directory");
   app.add_option("--metrics-file", c.metrics_file, "append one JSON object per epoch to this file");
   app.add_flag("--resume", c.resume, "continue from the newest checkpoint in --checkpoint-dir");
+  app.add_flag("--shard-optimizer", c.shard_optimizer,
+               "each replica updates 1/N of the parameters and keeps 1/N of the AdamW state (cpu, one process)");
   app.add_flag("-q,--quiet", c.quiet, "no progress output (the result line is still printed)");
   app.add_option("--workers", c.workers,
                  "expected number of worker processes (launch them with mpirun -np W; default: as launched)")

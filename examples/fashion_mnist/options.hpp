@@ -21,6 +21,7 @@ struct config {
   std::string checkpoint_dir;           ///< where checkpoints go ("" = none)
   std::string metrics_file;             ///< JSON-lines metrics ("" = none)
   bool resume = false;                  ///< continue from the newest checkpoint
+  bool shard_optimizer = false;         ///< split the optimiser update and its state over the replicas
   bool quiet = false;                   ///< no progress output
   std::size_t workers = 0;              ///< expected worker processes (0: as launched)
 };

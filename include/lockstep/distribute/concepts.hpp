@@ -34,6 +34,11 @@ struct strategy_options {
   int blas_threads = 1;                       ///< BLAS threads per host replica (replicas × threads <= cores)
   bool pin_replicas = true;                   ///< pin host replica r's worker to the r-th allowed CPU (when there are enough)
   bool flush_denormals = true;                ///< host replicas flush subnormal floats to zero (see host_context)
+  /// Splits the optimiser update and its state over the replicas (as ZeRO stage 1): replica r
+  /// updates its 1/N of the parameters, then each copies the others' slices; optimiser state
+  /// memory per replica ÷ N, the same bits as unsharded. Host replicas of mirrored, elementwise
+  /// optimisers (sgd, adam, adamw; see optimizer_elementwise_v).
+  bool shard_optimizer = false;
 };
 
 /// What one synchronous training step returns: the loss summed over the global batch and the count.

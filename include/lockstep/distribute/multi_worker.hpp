@@ -529,6 +529,9 @@ private:
       throw config_error("lockstep: strategy_options::blas_threads must be >= 1, got " + std::to_string(o.blas_threads));
     if (Determinism == determinism::replica_count_invariant && o.blas_threads != 1)
       throw config_error("lockstep: strategy_options::blas_threads must be 1 under replica_count_invariant");
+    if (o.shard_optimizer)
+      throw config_error("lockstep::multi_worker_mirrored: strategy_options::shard_optimizer is implemented for "
+                         "mirrored (one process) only");
     o.pin_replicas = false;  // several processes share the machine's cores
     return o;
   }

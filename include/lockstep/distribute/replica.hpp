@@ -90,12 +90,24 @@ public:
     return loss.evaluate(ctx_, loss_args_t{{out, s.size}, targets_of(s), {}, scratch_.data()});
   }
 
-  /// Applies the optimiser to the (already aggregated) gradient sums. The state is created
-  /// (zeroed) on the first call and must keep its size: one optimiser kind per replica.
+  /// Applies the optimiser to the (already aggregated) gradient sums of parameters [lo, hi) (all
+  /// of them by default; a slice under strategy_options::shard_optimizer, for an elementwise
+  /// optimiser). The state, state_size(hi - lo) elements, is created (zeroed) on the first call
+  /// and must keep its size: one optimiser kind and one slice per replica.
   template <class Optimizer>
-  void apply(const Optimizer& opt, const update_info& u) {
+  void apply(const Optimizer& opt, const update_info& u, std::size_t lo = 0, std::size_t hi = model_type::param_count) {
     static_assert(detail::check_optimizer<Optimizer, T, context_type>());  // names a missing member
-    const std::size_t need = opt.state_size(model_type::param_count);
+    if (lo > hi || hi > model_type::param_count)
+      throw config_error("lockstep::replica::apply: the slice [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                         ") is not within the " + std::to_string(model_type::param_count) + " parameters");
+    if constexpr (!optimizer_elementwise_v<Optimizer>) {
+      if (hi - lo != model_type::param_count)
+        throw config_error("lockstep: strategy_options::shard_optimizer needs an elementwise optimiser (one that says "
+                           "`static constexpr bool elementwise = true;`: each parameter's update reads only its own "
+                           "gradient and state); this optimiser updates all parameters together");
+    }
+    const std::size_t n = hi - lo;
+    const std::size_t need = opt.state_size(n);
     if (state_.size() != need) {
       on_device(ctx_);
       if (state_initialised_)
@@ -106,7 +118,7 @@ public:
       fill(ctx_, state_.data(), need, T(0));
     }
     state_initialised_ = true;
-    opt.update(ctx_, model_.parameters().data(), model_.gradients().data(), state_.data(), model_type::param_count, u);
+    opt.update(ctx_, model_.parameters().data() + lo, model_.gradients().data() + lo, state_.data(), n, u);
   }
 
   /// The model instance.

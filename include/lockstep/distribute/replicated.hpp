@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <lockstep/backend/host/ops.hpp>
@@ -57,6 +58,39 @@ public:
   /// Replica r (run-time index).
   [[nodiscard]] const replica_type& replica(std::size_t r) const { return *replicas_.at(r); }
 
+  /// Splits the optimiser update over the replicas (strategy_options::shard_optimizer): replica
+  /// r updates only update_slice(r) of the parameters and keeps only that slice's optimiser state;
+  /// gather_updated_parameters(r) then copies the other slices into it. Host memory only.
+  void set_optimizer_sharding(bool on) {
+    if (on && !device_memory<Kind>::host_accessible)
+      throw config_error("lockstep: strategy_options::shard_optimizer is implemented for devices with host memory (cpu<I>)");
+    if (on != sharded_ && step_ > 0)
+      throw config_error("lockstep: strategy_options::shard_optimizer cannot change after the first update");
+    sharded_ = on && replicas_.size() > 1;
+  }
+  /// True when the optimiser update is split over the replicas.
+  [[nodiscard]] bool optimizer_sharded() const noexcept { return sharded_; }
+  /// The parameters [first, second) replica r updates: all of them, or its 1/N share when sharded
+  /// (the first param_count % N replicas one more).
+  [[nodiscard]] std::pair<std::size_t, std::size_t> update_slice(std::size_t r) const noexcept {
+    if (!sharded_) return {0, param_count};
+    const std::size_t n = replicas_.size();
+    return {param_count * r / n, param_count * (r + 1) / n};
+  }
+  /// After every replica updated its slice: copies the other replicas' slices into replica r's
+  /// parameters (an all-gather through shared host memory; call on replica r's worker).
+  void gather_updated_parameters(std::size_t r) {
+    if (!sharded_) return;
+    if constexpr (device_memory<Kind>::host_accessible) {
+      T* mine = replicas_[r]->model().parameters().data();
+      for (std::size_t s = 0; s < replicas_.size(); ++s) {
+        if (s == r) continue;
+        const auto [lo, hi] = update_slice(s);
+        copy(replicas_[r]->context(), mine + lo, replicas_[s]->model().parameters().data() + lo, hi - lo);
+      }
+    }
+  }
+
   /// Number of updates done so far.
   [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
   /// Sets the update counter (when resuming from a checkpoint).
@@ -94,19 +128,47 @@ public:
     for (auto& r : replicas_) copy_from_host(r->context(), r->model().parameters().data(), in.data(), stored_count);
   }
 
-  /// Replica 0's optimiser state as a host vector (empty before the first update).
+  /// The optimiser state of all parameters as a host vector (empty before the first update):
+  /// replica 0's, or, when the update is sharded, the replicas' slices put together in the layout
+  /// of an unsharded state (k arrays of param_count), so a checkpoint does not depend on sharding.
   [[nodiscard]] std::vector<T> optimizer_state_to_host() const {
-    auto& r = const_cast<replica_type&>(*replicas_.front());
-    std::vector<T> v(r.optimizer_state().size());
-    if (!v.empty()) copy_to_host(r.context(), v.data(), r.optimizer_state().data(), v.size());
+    if (!sharded_) {
+      auto& r = const_cast<replica_type&>(*replicas_.front());
+      std::vector<T> v(r.optimizer_state().size());
+      if (!v.empty()) copy_to_host(r.context(), v.data(), r.optimizer_state().data(), v.size());
+      return v;
+    }
+    const std::size_t k = state_arrays();
+    std::vector<T> v(k * param_count);
+    for (std::size_t s = 0; s < replicas_.size(); ++s) {
+      auto& rep = const_cast<replica_type&>(*replicas_[s]);
+      const auto [lo, hi] = update_slice(s);
+      for (std::size_t c = 0; c < k && hi > lo; ++c)
+        copy_to_host(rep.context(), v.data() + c * param_count + lo, rep.optimizer_state().data() + c * (hi - lo), hi - lo);
+    }
     return v;
   }
-  /// Loads the same optimiser state into every replica (the next update continues from it).
+  /// Loads an optimiser state of all parameters (as optimizer_state_to_host returns it) into
+  /// every replica, or each replica's slice of it when the update is sharded; the next update
+  /// continues from it.
   void load_optimizer_state(std::span<const T> in) {
-    for (auto& r : replicas_) {
-      auto& st = r->optimizer_state();
-      if (st.size() != in.size()) st = basic_buffer<T, Kind>(in.size());
-      if (!in.empty()) copy_from_host(r->context(), st.data(), in.data(), in.size());
+    if (sharded_ && in.size() % param_count != 0)
+      throw shape_error("lockstep::replicated::load_optimizer_state: " + std::to_string(in.size()) +
+                        " elements of optimiser state are not a whole number of arrays of " +
+                        std::to_string(param_count) + " (the update is sharded, which needs an elementwise optimiser)");
+    const std::size_t k = param_count ? in.size() / param_count : 0;
+    for (std::size_t s = 0; s < replicas_.size(); ++s) {
+      auto& r = *replicas_[s];
+      auto& st = r.optimizer_state();
+      const auto [lo, hi] = update_slice(s);
+      const std::size_t size = sharded_ ? k * (hi - lo) : in.size();
+      if (st.size() != size) st = basic_buffer<T, Kind>(size);
+      if (!sharded_) {
+        if (!in.empty()) copy_from_host(r.context(), st.data(), in.data(), in.size());
+        continue;
+      }
+      for (std::size_t c = 0; c < k && hi > lo; ++c)
+        copy_from_host(r.context(), st.data() + c * (hi - lo), in.data() + c * param_count + lo, hi - lo);
     }
   }
 
@@ -120,7 +182,26 @@ private:
   std::vector<std::unique_ptr<replica_type>> replicas_;
   lockstep::seed seed_;
   layout_type layout_;
+  // Arrays of param_count in a sharded optimiser state (the slices' states are k arrays each).
+  std::size_t state_arrays() const {
+    std::size_t k = 0;
+    bool known = false;
+    for (std::size_t s = 0; s < replicas_.size(); ++s) {
+      const auto [lo, hi] = update_slice(s);
+      const std::size_t have = replicas_[s]->optimizer_state().size();
+      if (hi == lo) continue;
+      if (have % (hi - lo) != 0 || (known && have / (hi - lo) != k))
+        throw shape_error("lockstep::replicated: the sharded optimiser state of replica " + std::to_string(s) + " has " +
+                          std::to_string(have) + " elements for " + std::to_string(hi - lo) +
+                          " parameters: not an elementwise optimiser's state");
+      k = have / (hi - lo);
+      known = true;
+    }
+    return k;
+  }
+
   std::uint64_t step_ = 0;
+  bool sharded_ = false;
   std::weak_ptr<const strategy_identity> owner_;
   std::string owner_description_;
 };

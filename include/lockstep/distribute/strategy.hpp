@@ -129,6 +129,7 @@ public:
       contexts.push_back(
           backend_traits<Kind>::make_context(o, replica_settings{options_.blas_threads, options_.flush_denormals}));
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
+    m.set_optimizer_sharding(options_.shard_optimizer);
     if (m.buckets().size > max_buckets - 1) throw config_error("lockstep::mirrored: the model has too many buckets");
     bind_workspaces(m, m.param_count * sizeof(T));
     broadcast(m, 0);
@@ -144,13 +145,14 @@ public:
                          "); make it with this strategy's replicate(), or load its checkpoint into one that is");
   }
 
-  /// Copies replica `root`'s parameters and optimiser state to every other replica.
+  /// Copies replica `root`'s parameters and optimiser state to every other replica (only the
+  /// parameters when the update is sharded: each replica owns its slice of the state).
   template <class Net, class T>
   void broadcast(model_type<Net, T>& m, std::size_t root = 0) {
     check_model(m);
     if (root >= num_replicas())
       throw config_error("lockstep::mirrored::broadcast: root " + std::to_string(root) + " is not a replica");
-    const std::size_t state = m.replica(root).optimizer_state().size();
+    const std::size_t state = m.optimizer_sharded() ? 0 : m.replica(root).optimizer_state().size();
     auto job = [&](std::size_t r) {
       auto& rep = m.replica(r);
       rep.context().activate();
@@ -243,6 +245,9 @@ private:
                            std::to_string(replicas * static_cast<std::size_t>(o.blas_threads)) + " BLAS threads on " +
                            std::to_string(cores) + " cores");
     }
+    if (o.shard_optimizer && !device_memory<Kind>::host_accessible)
+      throw config_error(std::string("lockstep: strategy_options::shard_optimizer is implemented for devices with host "
+                                     "memory (cpu<I>), not for ") + backend_traits<Kind>::name + " devices");
     if (Determinism == determinism::replica_count_invariant && o.blas_threads != 1)
       throw config_error("lockstep: strategy_options::blas_threads must be 1 under replica_count_invariant "
                          "(a GEMM's result must not depend on the thread count)");

@@ -51,6 +51,7 @@ void adam_update(Ctx& ctx, T* p, const T* g, T* state, std::size_t n, const upda
 /// corrections m^ = m / (1 - b1^t), v^ = v / (1 - b2^t); weight_decay adds an L2 term to g.
 struct adam {
   using optimizer_concept = optimizer_tag;  ///< opts in to the optimizer concept
+  static constexpr bool elementwise = true;  ///< per-parameter update and state (see optimizer_elementwise_v)
   float lr = 1e-3f;           ///< learning rate
   float beta1 = 0.9f;         ///< first-moment decay
   float beta2 = 0.999f;       ///< second-moment decay
@@ -70,6 +71,7 @@ struct adam {
 /// AdamW: Adam with decoupled weight decay, p -= lr * (weight_decay * p + m^ / (sqrt(v^) + eps)).
 struct adamw {
   using optimizer_concept = optimizer_tag;  ///< opts in to the optimizer concept
+  static constexpr bool elementwise = true;  ///< per-parameter update and state (see optimizer_elementwise_v)
   float lr = 1e-3f;            ///< learning rate
   float beta1 = 0.9f;          ///< first-moment decay
   float beta2 = 0.999f;        ///< second-moment decay

@@ -54,6 +54,14 @@ concept optimizer_update = requires(const O& o, Ctx& ctx, T* p, const T* g, std:
 template <class O, class T, class Ctx>
 concept optimizer_for = optimizer<O> && detail::optimizer_update<O, T, Ctx>;
 
+/// True when optimiser O says `static constexpr bool elementwise = true;`: the update of each
+/// parameter reads only that parameter, its gradient and its own state, and the state of n
+/// parameters is k arrays of n elements (state_size(n) == k n). Then any slice of the parameters
+/// can be updated on its own with a state of state_size(slice) elements, with the same bits as
+/// the whole update — what strategy_options::shard_optimizer needs.
+template <class O>
+inline constexpr bool optimizer_elementwise_v = requires { requires O::elementwise; };
+
 namespace detail {
 /// Checks optimiser O for element type T and context Ctx member by member, so that an optimiser
 /// that lacks one is told which.

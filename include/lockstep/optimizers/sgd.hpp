@@ -37,6 +37,7 @@ struct sgd_op {
 /// for Nesterov); p -= lr * d.
 struct sgd {
   using optimizer_concept = optimizer_tag;  ///< opts in to the optimizer concept
+  static constexpr bool elementwise = true;  ///< per-parameter update and state (see optimizer_elementwise_v)
   float lr = 0.01f;           ///< learning rate
   float momentum = 0.0f;      ///< momentum factor (0: plain SGD)
   bool nesterov = false;      ///< Nesterov momentum (needs momentum > 0)

@@ -13,7 +13,10 @@
 /// the optimiser's definition); that the gradient is used only through `grads * grad_scale`; that
 /// it touches nothing outside its n parameters and state_size(n) state elements; and the state
 /// save/load round trip: k updates, a copy of the parameters and the state (what a checkpoint
-/// keeps), m more updates on the copy and on the original give bitwise the same buffers. The
+/// keeps), m more updates on the copy and on the original give bitwise the same buffers; and, for
+/// an optimiser that says it is elementwise (optimizer_elementwise_v, what
+/// strategy_options::shard_optimizer needs), that updating slices of the parameters on their own,
+/// each with state_size(slice) state laid out as k arrays, gives the whole update's bits. The
 /// optimiser is value-initialised (`O{}`) with its `lr` set to 0.01.
 ///
 /// The schedule suite checks that a schedule is a pure, finite, non-negative function of
@@ -153,6 +156,40 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep optimizer conformance", O, lockstep_optimize
     }
     CHECK(a.p == b.p);
     CHECK(a.state == b.state);
+  }
+
+  if constexpr (lockstep::optimizer_elementwise_v<O>) {
+    SUBCASE("elementwise: slices updated on their own, each with its own state, give the whole update's bits") {
+      constexpr std::size_t n = 103;
+      const std::size_t k = n ? o.state_size(n) / n : 0;
+      CHECK(o.state_size(n) == k * n);  // k arrays of n
+      for (const std::size_t parts : {std::size_t{2}, std::size_t{3}, std::size_t{7}}) {
+        CAPTURE(parts);
+        lt::detail::optimizer_buffers<O> w(o, n);
+        std::vector<lt::detail::optimizer_buffers<O>> slices;
+        for (std::size_t q = 0; q < parts; ++q) {
+          const std::size_t lo = n * q / parts, hi = n * (q + 1) / parts;
+          slices.emplace_back(o, hi - lo);
+          for (std::size_t i = lo; i < hi; ++i) slices.back().p[i - lo + 1] = w.p[i + 1];
+          CHECK(o.state_size(hi - lo) == k * (hi - lo));
+        }
+        for (std::uint64_t step = 1; step <= 4; ++step) {
+          w.new_gradients(step);
+          w.step(o, lt::detail::info_at(step));
+          for (std::size_t q = 0; q < parts; ++q) {
+            const std::size_t lo = n * q / parts, hi = n * (q + 1) / parts;
+            for (std::size_t i = lo; i < hi; ++i) slices[q].g[i - lo + 1] = w.g[i + 1];
+            slices[q].step(o, lt::detail::info_at(step));
+          }
+        }
+        for (std::size_t q = 0; q < parts; ++q) {
+          const std::size_t lo = n * q / parts, hi = n * (q + 1) / parts, len = hi - lo;
+          for (std::size_t i = 0; i < len; ++i) CHECK(slices[q].p[i + 1] == w.p[lo + i + 1]);
+          for (std::size_t c = 0; c < k; ++c)
+            for (std::size_t i = 0; i < len; ++i) CHECK(slices[q].state[c * len + i + 1] == w.state[c * n + lo + i + 1]);
+        }
+      }
+    }
   }
 }
 

@@ -98,7 +98,12 @@ public:
       sync_.barrier(r);
       detail::sum_slots_into_replicas(m, slots, P, k_total, r, n);
       sync_.barrier(r);
-      rep.apply(opt, update);
+      const auto [lo, hi] = m.update_slice(r);
+      rep.apply(opt, update, lo, hi);
+      if (m.optimizer_sharded()) {  // every slice is updated before anyone copies it
+        sync_.barrier(r);
+        m.gather_updated_parameters(r);
+      }
     };
     ex.execute(job, info.step);
     double total = 0;

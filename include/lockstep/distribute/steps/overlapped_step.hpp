@@ -3,8 +3,9 @@
 /// The run_to_run training step: every replica runs forward and backward on its own shard; each
 /// gradient bucket's all-reduce starts from the backward hook as soon as the bucket's lowest
 /// layer is done, while the layers below it still compute; then every replica waits for its
-/// buckets and applies the same update. Summation order is the reducer's (fixed for a given
-/// replica count), so repeated runs are bitwise equal.
+/// buckets and applies the same update (sharded: its slice of it, then copies the others'
+/// slices). Summation order is the reducer's (fixed for a given replica count), so repeated runs
+/// are bitwise equal.
 
 #include <cstddef>
 #include <vector>
@@ -58,9 +59,15 @@ public:
         loss_[r] = rep.forward_backward(loss, b.shards[r], info_r, hook);
         for (std::size_t k = 0; k < layout.size; ++k) reducer.wait(r, ctx, k);
       }
-      rep.apply(opt, update);
+      const auto [lo, hi] = m.update_slice(r);
+      rep.apply(opt, update, lo, hi);
     };
     ex.execute(job, info.step);
+    // A sharded update: once every replica has updated its slice, each copies the others' slices.
+    if (m.optimizer_sharded()) {
+      auto gather = [&](std::size_t r) { m.gather_updated_parameters(r); };
+      ex.execute(gather, info.step);
+    }
     double total = 0;
     for (const auto& l : loss_) total += l.sum;
     return total;
