@@ -308,3 +308,34 @@ TEST_CASE("resume: a checkpoint with another number of callback states is refuse
   }
   fs::remove_all(dir);
 }
+
+namespace {
+/// Strategy S with the optimiser update sharded over its replicas (strategy_options::shard_optimizer).
+template <class S>
+struct sharded : S {
+  sharded() : S(ls::strategy_options{.shard_optimizer = true}) {}
+};
+}  // namespace
+
+TEST_CASE("resume: checkpoints of a sharded optimiser update resume bitwise, sharded or not, on other replica counts") {
+  const auto straight = train_to<invariant<ls::cpu<0>>>(9);
+  SUBCASE("sharded on 3 replicas, resumed sharded on 2") {
+    const auto dir = temp_dir("shard32");
+    (void)train_to<sharded<invariant<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>>>>(4, dir);
+    CHECK(train_to<sharded<invariant<ls::cpu<0>, ls::cpu<1>>>>(9, dir, true) == straight);
+    fs::remove_all(dir);
+  }
+  SUBCASE("sharded on 2 replicas, resumed unsharded on 1") {
+    const auto dir = temp_dir("shard21");
+    (void)train_to<sharded<invariant<ls::cpu<0>, ls::cpu<1>>>>(5, dir);
+    CHECK(train_to<invariant<ls::cpu<0>>>(9, dir, true) == straight);
+    fs::remove_all(dir);
+  }
+  SUBCASE("run_to_run: sharded K steps, resumed sharded, is the unsharded run") {
+    const auto plain = train_to<two>(9);
+    const auto dir = temp_dir("shardrr");
+    (void)train_to<sharded<two>>(3, dir);
+    CHECK(train_to<sharded<two>>(9, dir, true) == plain);
+    fs::remove_all(dir);
+  }
+}
