@@ -131,6 +131,7 @@ run ours_allreduce "$b/bench_allreduce"
 run ours_allreduce_mpi mpirun "${mpi_env[@]}" -np 2 "$b/bench_allreduce"
 run ours_pipeline "$b/bench_pipeline" --epochs "$pipe_epochs"
 run ours_mainjob "$build/examples/fashion_mnist" --quiet --epochs "$epochs"
+run ours_mainjob_sharded "$build/examples/fashion_mnist" --quiet --epochs "$epochs" --shard-optimizer
 run ours_compile benchmarks/compile_cost.sh
 
 # --- peers --------------------------------------------------------------------------------------

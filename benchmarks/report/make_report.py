@@ -239,6 +239,7 @@ def step_section(run, peak, sgemm, sgemm_where):
 def scaling_section(run):
     o1 = run.find("ours_scaling", "samples_per_s", replicas=1)
     o2 = run.find("ours_scaling", "samples_per_s", replicas=2)
+    o2s = run.find("ours_scaling", "samples_per_s", replicas=2, shard_optimizer=1)
     m1 = run.find("ours_scaling_mpi", "samples_per_s", replicas=1)
     m2 = run.find("ours_scaling_mpi", "samples_per_s", workers=2)
     t1, t2 = run.find("tf_mirrored_1", "samples_per_s"), run.find("tf_mirrored_2", "samples_per_s")
@@ -246,6 +247,7 @@ def scaling_section(run):
     rows = []
     for what, a, b, na, nb, peer in [
             ("lockstep `mirrored<cpu<0>, cpu<1>>` (threads)", o1, o2, "ours_scaling", "ours_scaling", None),
+            ("the same with `shard_optimizer`", o1, o2s, "ours_scaling", "ours_scaling", None),
             ("lockstep `multi_worker_mirrored`, `mpirun -np 2`", m1, m2, "ours_scaling_mpi", "ours_scaling_mpi", None),
             ("TensorFlow MirroredStrategy, 2 logical CPUs, tf.data", t1, t2, "tf_mirrored_1", "tf_mirrored_2", "tensorflow"),
             ("PyTorch DDP, gloo, 2 processes", p1, p2, "torch_ddp_1", "torch_ddp_2", "pytorch")]:
@@ -305,7 +307,10 @@ def pipeline_section(run):
 def mainjob_section(run, peak, epochs):
     ow = run.cmds.get("ours_mainjob", (1, None, ""))[1] if run.cmds.get("ours_mainjob", (1,))[0] == 0 else None
     oa = run.find("ours_mainjob", "test_accuracy")
+    sw = run.cmds.get("ours_mainjob_sharded", (1, None, ""))[1] if run.cmds.get("ours_mainjob_sharded", (1,))[0] == 0 else None
     systems = [("lockstep, 2 CPU replicas (`fashion_mnist`)", ow, oa, "ours_mainjob", None),
+               ("the same with `--shard-optimizer`", sw, run.find("ours_mainjob_sharded", "test_accuracy"),
+                "ours_mainjob_sharded", None),
                ("Keras fit, one device, 2 threads", run.find("tf_mainjob_one", "wall_s"),
                 run.find("tf_mainjob_one", "test_accuracy"), "tf_mainjob_one", "tensorflow"),
                ("Keras fit, MirroredStrategy, 2 logical CPUs", run.find("tf_mainjob_mirrored", "wall_s"),
@@ -320,7 +325,7 @@ def mainjob_section(run, peak, epochs):
                      ratio(w, ow) if peer else "—",
                      f"{(oa - a) * 100:+.2f}" if peer and a is not None and oa is not None else "—",
                      ratio(lim, w)])
-    keras = [w for _, w, _, _, p in systems[1:3] if w is not None]
+    keras = [w for _, w, _, _, p in systems[2:4] if w is not None]
     text = (f"From the gz files to the test accuracy: read, decode, shuffle, batch, train {epochs} epochs of "
             f"784-512-256-10 (ReLU, dropout 0.2) with AdamW (lr 1e-3, weight decay 0.02) and cosine decay to 0, "
             f"global batch 128, then evaluate on the 10 000 test images. lockstep's time is the process's wall time; "
