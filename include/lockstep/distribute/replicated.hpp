@@ -64,14 +64,15 @@ public:
   void set_optimizer_sharding(bool on) {
     if (on && !device_memory<Kind>::host_accessible)
       throw config_error("lockstep: strategy_options::shard_optimizer is implemented for devices with host memory (cpu<I>)");
-    if (on != sharded_ && step_ > 0)
+    const bool sharded = on && replicas_.size() > 1;  // one replica has nothing to split
+    if (sharded != sharded_ && step_ > 0)
       throw config_error("lockstep: strategy_options::shard_optimizer cannot change after the first update");
-    sharded_ = on && replicas_.size() > 1;
+    sharded_ = sharded;
   }
   /// True when the optimiser update is split over the replicas.
   [[nodiscard]] bool optimizer_sharded() const noexcept { return sharded_; }
   /// The parameters [first, second) replica r updates: all of them, or its 1/N share when sharded
-  /// (the first param_count % N replicas one more).
+  /// ([P r / N, P (r + 1) / N): the slices differ in length by at most one).
   [[nodiscard]] std::pair<std::size_t, std::size_t> update_slice(std::size_t r) const noexcept {
     if (!sharded_) return {0, param_count};
     const std::size_t n = replicas_.size();
