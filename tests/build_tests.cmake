@@ -58,3 +58,9 @@ add_test(NAME build/add_subdirectory
                  -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/consumer_subdirectory
                  -P ${CMAKE_CURRENT_SOURCE_DIR}/build/check_consumer.cmake)
 set_tests_properties(build/install_and_find_package build/add_subdirectory PROPERTIES LABELS "build" TIMEOUT 900)
+
+# --- collective ids have one owner ---------------------------------------------------------------
+add_test(NAME build/collective_ids_one_owner
+         COMMAND ${CMAKE_COMMAND} -DINCLUDE_DIR=${PROJECT_SOURCE_DIR}/include
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/build/check_collective_ids.cmake)
+set_tests_properties(build/collective_ids_one_owner PROPERTIES LABELS "build")

@@ -58,7 +58,7 @@ void reducer_bandwidth() {
   fill(c0, b.data(), n, 2.0f);
   c0.synchronize();
   // The strategy's calls, from one thread: replica 0 joins, replica 1 joins (and launches), both wait.
-  ls::same_device_allreduce red(ls::reducer_config{.replicas = 2, .max_buckets = 1});
+  ls::same_device_allreduce red(ls::reducer_config{.replicas = 2});
   auto step = [&] {
     red.start(0, c0, a.data(), n, 0);
     red.start(1, c1, b.data(), n, 0);

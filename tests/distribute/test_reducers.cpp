@@ -29,7 +29,7 @@ void check_all_reduce(std::size_t replicas, std::size_t length) {
     for (std::size_t r = 1; r < replicas; ++r) s += data[r][i];
     expect[i] = s;
   }
-  Reducer red(ls::reducer_config{replicas, std::chrono::milliseconds(20'000), 4, replicas - 1});
+  Reducer red(ls::reducer_config{replicas, std::chrono::milliseconds(20'000), ls::collective_ids::count, replicas - 1});
   std::vector<std::thread> threads;
   for (std::size_t r = 0; r < replicas; ++r)
     threads.emplace_back([&, r] {
@@ -70,7 +70,7 @@ TEST_CASE("broadcast copies the root's data to every replica") {
       std::vector<std::vector<double>> data(n, std::vector<double>(101));
       for (std::size_t r = 0; r < n; ++r)
         for (std::size_t i = 0; i < 101; ++i) data[r][i] = static_cast<double>(r * 1000 + i);
-      ls::host_allreduce red(ls::reducer_config{n, std::chrono::milliseconds(20'000), 4, 0});
+      ls::host_allreduce red(ls::reducer_config{n, std::chrono::milliseconds(20'000), ls::collective_ids::count, 0});
       std::vector<std::thread> threads;
       for (std::size_t r = 0; r < n; ++r)
         threads.emplace_back([&, r] {

@@ -31,7 +31,7 @@ public:
   static constexpr bool supports = (lockstep::is_cpu_v<Devices> && ...);
 
   explicit rendezvous_reducer(const lockstep::reducer_config& c)
-      : replicas_(c.replicas), timeout_(c.timeout), buckets_(c.max_buckets + 1, bucket(c.replicas)) {}
+      : replicas_(c.replicas), timeout_(c.timeout), buckets_(c.ids, bucket(c.replicas)) {}
 
   // Sums in place in the replicas' own buffers: no workspace.
   std::size_t workspace_bytes(std::size_t /*max_bucket_bytes*/) const { return 0; }

@@ -24,7 +24,7 @@ public:
   static constexpr bool supports = (lockstep::is_cpu_v<Ds> && ...);
 
   explicit rendezvous_reducer(const lockstep::reducer_config& c)
-      : n_(c.replicas), timeout_(c.timeout), buckets_(c.max_buckets + 1, bucket(c.replicas)) {}
+      : n_(c.replicas), timeout_(c.timeout), buckets_(c.ids, bucket(c.replicas)) {}
 
   std::size_t workspace_bytes(std::size_t) const { return 0; }
   void bind(std::size_t, void*, std::size_t) {}

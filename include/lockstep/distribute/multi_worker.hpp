@@ -77,13 +77,13 @@ class mpi_host_allreduce {
 public:
   /// A reducer for `c.replicas` local replicas whose inter-worker part runs on `channel`.
   mpi_host_allreduce(const reducer_config& c, detail::mpi_channel& channel)
-      : comm_(c.replicas, c.timeout, c.max_buckets, 0),
+      : comm_(c.replicas, c.timeout, c.ids, 0),
         channel_(&channel),
-        arrived_(new std::atomic<std::uint64_t>[c.max_buckets + 2]),
-        tickets_(c.max_buckets + 2, 0),
-        bytes_(c.max_buckets + 2, 0) {
+        arrived_(new std::atomic<std::uint64_t>[c.ids]),
+        tickets_(c.ids, 0),
+        bytes_(c.ids, 0) {
     comm_.self = this;
-    for (std::size_t i = 0; i < c.max_buckets + 2; ++i) arrived_[i].store(0);
+    for (std::size_t i = 0; i < c.ids; ++i) arrived_[i].store(0);
   }
   /// The strategy's form: as above (host replicas need nothing of their ordinals).
   mpi_host_allreduce(const reducer_config& c, detail::mpi_channel& channel, const std::vector<std::size_t>&)
@@ -224,7 +224,7 @@ private:
 class multi_worker_micro_step {
 public:
   multi_worker_micro_step(std::size_t replicas, const strategy_options& o, mpi_channel& ch)
-      : sync_(replicas, o.timeout, 0), rows_(o.micro_shard_rows), channel_(&ch) {
+      : sync_(replicas, o.timeout), rows_(o.micro_shard_rows), channel_(&ch) {
     if (rows_ == 0) throw config_error("lockstep: strategy_options::micro_shard_rows must be >= 1");
   }
 
@@ -355,7 +355,7 @@ public:
         options_(check(options)),
         channel_(comm, options_.timeout, options_.bucket_bytes / sizeof(float) + 1),
         identity_(std::make_shared<const strategy_identity>(strategy_identity{describe()})),
-        reducer_(reducer_config{ordinals_.size(), options_.timeout, max_buckets, 0}, channel_, ordinals_),
+        reducer_(reducer_config{ordinals_.size(), options_.timeout, collective_ids::count, 0}, channel_, ordinals_),
         span_(channel_),
         step_(make_step()),
         exec_(ordinals_.size(), false, &abort_all, &reset_all, this) {}
@@ -397,7 +397,7 @@ public:
       contexts.push_back(
           backend_traits<Kind>::make_context(o, replica_settings{options_.blas_threads, options_.flush_denormals}));
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
-    if (m.buckets().size > max_buckets - 1) throw config_error("lockstep::multi_worker: the model has too many buckets");
+    collective_ids::check_buckets(m.buckets().size, "lockstep::multi_worker");
     if constexpr (device_memory<Kind>::host_accessible) channel_.reserve_floats(m.stored_count);
     broadcast(m);
     return m;
@@ -461,11 +461,11 @@ public:
   }
 
   /// In-place sum of `count` floats over every replica of every worker, called by every local
-  /// replica from inside run_each (synchronous; uses the bucket id after the model's buckets).
+  /// replica from inside run_each (synchronous; collective_ids::all_reduce).
   template <class Ctx>
   void all_reduce(std::size_t replica, Ctx& ctx, float* data, std::size_t count) {
-    reducer_.start(replica, ctx, data, count, max_buckets - 1);
-    reducer_.wait(replica, ctx, max_buckets - 1);
+    reducer_.start(replica, ctx, data, count, collective_ids::all_reduce);
+    reducer_.wait(replica, ctx, collective_ids::all_reduce);
   }
 
   /// Every replica of every worker arrives. Collective.
@@ -504,7 +504,6 @@ public:
   }
 
 private:
-  static constexpr std::size_t max_buckets = 256;
   // run_to_run: the overlapped step, whose reductions run also with one local replica, since the
   // other workers take part.
   using step_policy =

@@ -69,7 +69,7 @@ public:
   /// @throws device_error when NCCL fails (naming the rank), timeout_error when the workers do not
   ///         all join within `c.timeout`.
   mpi_nccl_allreduce(const reducer_config& c, detail::mpi_channel& channel, const std::vector<std::size_t>& ordinals)
-      : channel_(&channel), timeout_(c.timeout), ids_(c.max_buckets + 1), rank_(channel.rank()), devices_(ordinals.size()),
+      : channel_(&channel), timeout_(c.timeout), ids_(c.ids), rank_(channel.rank()), devices_(ordinals.size()),
         comms_(ordinals.size(), nullptr), done_(ordinals.size() * ids_) {
     if (ordinals.size() != c.replicas)
       throw config_error("lockstep::multi_worker_mirrored<gpus>: " + std::to_string(ordinals.size()) +
@@ -131,7 +131,7 @@ public:
   void broadcast(std::size_t r, Ctx& ctx, T* data, std::size_t count, std::size_t root) {
     detail::require_cuda_context<Ctx>();
     if (root >= total_) throw config_error("lockstep::mpi_nccl_allreduce: broadcast root " + std::to_string(root) + " is not a GPU of the job");
-    const std::size_t id = ids_ - 1;
+    const std::size_t id = collective_ids::broadcast;
     backend::device_guard g(ctx.ordinal());
     ctx.fork_to_comm();
     {
@@ -227,7 +227,7 @@ private:
                          ": joining the NCCL communicator (NCCL ranks " + ranks_text() + ") failed: " + why +
                          " (every GPU may belong to one worker only: give each worker its own GPUs)");
     }
-    for (std::size_t i = 0; i < comms_.size(); ++i) settle(i, ids_, "ncclCommInitRankConfig");
+    for (std::size_t i = 0; i < comms_.size(); ++i) settle(i, collective_ids::setup, "ncclCommInitRankConfig");
   }
 
   // Polls replica r's communicator until its last call is no longer in progress (at most the
@@ -310,19 +310,15 @@ private:
   }
 
   void check_bucket(std::size_t bucket) const {
-    if (bucket + 1 >= ids_)
-      throw config_error("lockstep::mpi_nccl_allreduce: bucket id " + std::to_string(bucket) + " out of range");
+    if (!collective_ids::is_sum(bucket))
+      throw config_error("lockstep::mpi_nccl_allreduce: " + collective_ids::name(bucket) + " is not a sum");
   }
 
   std::string where(std::size_t r) const {
     return "local replica " + std::to_string(r) + " on CUDA device " + std::to_string(devices_[r]) + ", NCCL rank " +
            std::to_string(offset_ + r) + " of " + std::to_string(total_);
   }
-  std::string bucket_text(std::size_t id) const {
-    if (id >= ids_) return "the communicator's setup";
-    if (id == ids_ - 1) return "a broadcast";
-    return "bucket " + std::to_string(id);
-  }
+  static std::string bucket_text(std::size_t id) { return collective_ids::name(id); }
   std::string ranks_text() const {
     return std::to_string(offset_) + ".." + std::to_string(offset_ + devices_.size() - 1) + " of " + std::to_string(total_);
   }
@@ -378,7 +374,7 @@ private:
 
   detail::mpi_channel* channel_;
   std::chrono::milliseconds timeout_;
-  std::size_t ids_;                    // bucket ids 0..ids_-2; ids_-1: broadcast
+  std::size_t ids_;                    // collective ids [0, ids_) (collective_ids)
   int rank_;                           // this worker's MPI rank
   std::size_t offset_ = 0, total_ = 0; // this worker's first NCCL rank; GPUs of the job
   std::vector<int> devices_;           // CUDA device of each local replica

@@ -4,7 +4,7 @@
 /// calls it from each replica's own worker thread. The interface (documented in
 /// docs/distribute.md) fits both the host engine and device libraries (NCCL, CUB):
 ///
-///  - construction from a `reducer_config` (replica count, timeout, bucket ids, root replica);
+///  - construction from a `reducer_config` (replica count, timeout, the collective ids it serves, root replica);
 ///  - two-phase workspace: `workspace_bytes(max_bucket_bytes)` first, then `bind(replica, ptr,
 ///    bytes)` on each replica's thread with memory the strategy allocated on that device; the
 ///    steady state allocates nothing;
@@ -23,6 +23,7 @@
 
 #include <lockstep/backend/context.hpp>
 #include <lockstep/backend/host/context.hpp>
+#include <lockstep/distribute/collective_ids.hpp>
 #include <lockstep/distribute/concepts.hpp>
 
 namespace lockstep {
@@ -34,7 +35,7 @@ struct reducer_tag {};
 struct reducer_config {
   std::size_t replicas = 1;                    ///< number of replicas taking part
   std::chrono::milliseconds timeout{60'000};   ///< longest wait before timeout_error
-  std::size_t max_buckets = 256;               ///< bucket ids 0..max_buckets-1 may be used
+  std::size_t ids = collective_ids::count;     ///< collective ids [0, ids) may be used (see collective_ids)
   std::size_t root = 0;                        ///< the replica a reduce-to-one scheme aggregates on
 };
 

@@ -97,7 +97,7 @@ public:
       : ordinals_(check_ordinals(std::move(ordinals))),
         options_(check(options, ordinals_.size())),
         identity_(std::make_shared<const strategy_identity>(strategy_identity{describe(ordinals_)})),
-        reducer_(reducer_config{ordinals_.size(), options_.timeout, max_buckets,
+        reducer_(reducer_config{ordinals_.size(), options_.timeout, collective_ids::count,
                                 detail::aggregation_root<Reducer, Kind>(ordinals_)}),
         step_(ordinals_.size(), options_),
         exec_(ordinals_.size(), options_.pin_replicas && backend_traits<Kind>::replica_owns_core, &abort_all, &reset_all,
@@ -130,7 +130,7 @@ public:
           backend_traits<Kind>::make_context(o, replica_settings{options_.blas_threads, options_.flush_denormals}));
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
     m.set_optimizer_sharding(options_.shard_optimizer);
-    if (m.buckets().size > max_buckets - 1) throw config_error("lockstep::mirrored: the model has too many buckets");
+    collective_ids::check_buckets(m.buckets().size, "lockstep::mirrored");
     bind_workspaces(m, m.param_count * sizeof(T));
     broadcast(m, 0);
     return m;
@@ -186,11 +186,11 @@ public:
   }
 
   /// In-place sum of `count` elements across replicas, called by every replica from inside run()
-  /// (synchronous; uses the bucket id after the model's buckets).
+  /// (synchronous; collective_ids::all_reduce).
   template <class Ctx, class T>
   void all_reduce(std::size_t replica, Ctx& ctx, T* data, std::size_t count) {
-    reducer_.start(replica, ctx, data, count, max_buckets - 1);
-    reducer_.wait(replica, ctx, max_buckets - 1);
+    reducer_.start(replica, ctx, data, count, collective_ids::all_reduce);
+    reducer_.wait(replica, ctx, collective_ids::all_reduce);
   }
 
   /// Cuts every global batch of `batches` into one shard per replica (see data::shard_batches).
@@ -222,7 +222,6 @@ public:
   }
 
 private:
-  static constexpr std::size_t max_buckets = 256;
 
   static std::vector<std::size_t> check_ordinals(std::vector<std::size_t> o) {
     if (o.empty()) throw config_error("lockstep::mirrored: needs at least one device");

@@ -68,7 +68,7 @@ std::vector<std::vector<float>> reducer_sums(std::size_t replicas, std::size_t l
   std::vector<std::vector<float>> data(replicas, std::vector<float>(length));
   for (std::size_t r = 0; r < replicas; ++r)
     for (std::size_t i = 0; i < length; ++i) data[r][i] = reducer_value(i, r);
-  R red(reducer_config{replicas, std::chrono::milliseconds(60'000), 4, 0});
+  R red(reducer_config{replicas, std::chrono::milliseconds(60'000), collective_ids::count, 0});
   const auto errors = on_replicas(red, replicas, length * sizeof(float), [&](std::size_t r, host_context& ctx) {
     const std::size_t half = length / 2;
     red.start(r, ctx, data[r].data(), half, 0);
@@ -131,7 +131,7 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
         std::vector<std::vector<float>> data(replicas, std::vector<float>(101));
         for (std::size_t r = 0; r < replicas; ++r)
           for (std::size_t i = 0; i < 101; ++i) data[r][i] = lt::reducer_value(i, r);
-        R red(lockstep::reducer_config{replicas, ms(60'000), 4, 0});
+        R red(lockstep::reducer_config{replicas, ms(60'000), lockstep::collective_ids::count, 0});
         const auto errors = lt::on_replicas(red, replicas, 101 * sizeof(float), [&](std::size_t r, lockstep::host_context& ctx) {
           red.broadcast(r, ctx, data[r].data(), 101, root);
         });
@@ -143,7 +143,7 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
   }
 
   SUBCASE("a replica that never arrives: the others time out, and the message names it") {
-    R red(lockstep::reducer_config{3, ms(150), 4, 0});
+    R red(lockstep::reducer_config{3, ms(150), lockstep::collective_ids::count, 0});
     std::vector<float> v(3 * 17, 1.0f);
     const auto t0 = std::chrono::steady_clock::now();
     const auto errors = lt::on_replicas(red, 3, 17 * sizeof(float), [&](std::size_t r, lockstep::host_context& ctx) {
@@ -169,7 +169,7 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
   }
 
   SUBCASE("abort releases every waiter at once; after reset the reducer works again") {
-    R red(lockstep::reducer_config{3, ms(30'000), 4, 0});
+    R red(lockstep::reducer_config{3, ms(30'000), lockstep::collective_ids::count, 0});
     std::vector<float> v(3 * 5, 1.0f);
     std::thread aborter([&] {
       std::this_thread::sleep_for(ms(200));

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <lockstep/core/error.hpp>
+#include <lockstep/distribute/collective_ids.hpp>
 #include <lockstep/distribute/detail/wake.hpp>
 
 namespace lockstep::detail {
@@ -43,26 +44,31 @@ public:
   /// Work of one collective on one replica: (engine, replica, bucket, count, sequence).
   using work_fn = void (*)(host_comm&, std::size_t, std::size_t, std::size_t, std::uint64_t);
 
-  /// An engine for `replicas` threads with buckets 0..max_buckets-1 (plus one reserved id).
-  host_comm(std::size_t replicas, std::chrono::milliseconds timeout, std::size_t max_buckets, std::size_t root = 0)
+  /// An engine for `replicas` threads serving collective ids [0, ids) (collective_ids; its
+  /// barrier and broadcast use the reserved ids, so `ids` must cover them).
+  host_comm(std::size_t replicas, std::chrono::milliseconds timeout, std::size_t ids = collective_ids::count,
+            std::size_t root = 0)
       : n_(replicas),
         timeout_(timeout),
-        max_buckets_(max_buckets),
+        ids_(ids),
         root_(root),
         arrived_(new padded_counter[replicas]),
         finished_(new padded_counter[replicas]),
         stage_(new padded_counter[replicas]),
-        ptrs_((max_buckets + 2) * replicas, nullptr),
-        counts_((max_buckets + 2) * replicas, 0),
+        ptrs_(ids * replicas, nullptr),
+        counts_(ids * replicas, 0),
         local_(replicas),
         hub_(replicas <= std::max(1u, std::thread::hardware_concurrency()) ? 1024u : 0u) {
     if (replicas == 0) throw config_error("lockstep: a reducer needs at least one replica");
+    if (ids < collective_ids::count)
+      throw config_error("lockstep: a reducer must serve collective ids [0, " + std::to_string(collective_ids::count) +
+                         ") (lockstep::collective_ids), got " + std::to_string(ids));
     if (root >= replicas)
       throw config_error("lockstep: the reducer's root replica " + std::to_string(root) + " is not below the replica count " +
                          std::to_string(replicas));
     for (auto& l : local_) {
-      l.ring.resize(max_buckets + 3);
-      l.bucket_seq.assign(max_buckets + 2, 0);
+      l.ring.resize(1 + ids);  // every id in flight at once, and a free slot
+      l.bucket_seq.assign(ids, 0);
     }
   }
 
@@ -70,8 +76,6 @@ public:
   [[nodiscard]] std::size_t replicas() const noexcept { return n_; }
   /// The replica two-phase algorithms aggregate on.
   [[nodiscard]] std::size_t root() const noexcept { return root_; }
-  /// The bucket id reserved for barriers and broadcasts.
-  [[nodiscard]] std::size_t reserved_bucket() const noexcept { return max_buckets_; }
   /// Collective deadline.
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
 
@@ -82,9 +86,9 @@ public:
   /// this thread once everyone has arrived (here if they already have, else in a later start or wait).
   void start(std::size_t r, std::size_t bucket, void* data, std::size_t count, work_fn work) {
     throw_if_aborted(r, bucket);
-    if (bucket > max_buckets_ + 1)
-      throw config_error("lockstep: bucket id " + std::to_string(bucket) + " is beyond the reducer's " +
-                         std::to_string(max_buckets_) + " buckets");
+    if (bucket >= ids_)
+      throw config_error("lockstep: collective id " + std::to_string(bucket) + " is beyond the reducer's " +
+                         std::to_string(ids_) + " ids");
     local_state& l = local_[r];
     if (l.tail - l.head >= l.ring.size())
       throw config_error("lockstep: too many collectives in flight on replica " + std::to_string(r) +
@@ -133,15 +137,15 @@ public:
 
   /// Every replica calls this; returns once all have arrived.
   void barrier(std::size_t r) {
-    start(r, max_buckets_, nullptr, 0, nullptr);
-    wait(r, max_buckets_);
+    start(r, collective_ids::barrier, nullptr, 0, nullptr);
+    wait(r, collective_ids::barrier);
   }
 
   /// Copies `count` elements of `bytes_each` from the root replica's `data` to every replica's
   /// `data` (every replica calls it; synchronous).
   void broadcast(std::size_t r, void* data, std::size_t count, std::size_t bytes_each, std::size_t root) {
     if (root >= n_) throw config_error("lockstep: broadcast root " + std::to_string(root) + " is not a replica");
-    const std::size_t id = max_buckets_ + 1;
+    const std::size_t id = collective_ids::broadcast;
     start(r, id, data, count, nullptr);
     wait(r, id);
     if (r != root && count) std::memcpy(data, pointer(id, root), count * bytes_each);
@@ -210,11 +214,7 @@ private:
     return true;
   }
 
-  std::string bucket_name(std::size_t bucket) const {
-    if (bucket == max_buckets_) return "a barrier";
-    if (bucket == max_buckets_ + 1) return "a broadcast";
-    return "bucket " + std::to_string(bucket);
-  }
+  static std::string bucket_name(std::size_t bucket) { return collective_ids::name(bucket); }
 
   void throw_if_aborted(std::size_t r, std::size_t bucket) const {
     if (aborted_.load(std::memory_order_acquire))
@@ -244,7 +244,7 @@ private:
 
   std::size_t n_;
   std::chrono::milliseconds timeout_;
-  std::size_t max_buckets_;
+  std::size_t ids_;
   std::size_t root_;
   std::unique_ptr<padded_counter[]> arrived_, finished_, stage_;
   std::vector<void*> ptrs_;

@@ -39,7 +39,7 @@ public:
   /// An exchange for `replicas` replicas whose waits give up after `timeout`; `span`, when given,
   /// brings in the rows of other processes.
   host_row_exchange(std::size_t replicas, std::chrono::milliseconds timeout, row_exchange_span* span = nullptr)
-      : comm_(replicas, timeout, 0), rows_(replicas, 0), first_(replicas, 0), span_(span) {}
+      : comm_(replicas, timeout), rows_(replicas, 0), first_(replicas, 0), span_(span) {}
 
   /// See row_exchange::all_gather.
   const float* all_gather(std::size_t rank, const float* mine, std::size_t first_row, std::size_t rows,

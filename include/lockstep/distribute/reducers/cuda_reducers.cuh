@@ -99,7 +99,7 @@ constexpr bool distinct_gpus() {
 /// bounded by the timeout and released by abort().
 class device_rendezvous {
 public:
-  /// A meeting point for `replicas` replicas and collective ids 0..ids-1.
+  /// A meeting point for `replicas` replicas and collective ids [0, ids).
   device_rendezvous(std::size_t replicas, std::chrono::milliseconds timeout, std::size_t ids)
       : n_(replicas), timeout_(timeout), ids_(ids), arrivals_(ids, 0), completed_(ids, 0),
         generation_(replicas * ids, 0), ptrs_(replicas * ids, nullptr), counts_(replicas * ids, 0) {
@@ -219,7 +219,7 @@ public:
 
   /// A reducer for `c.replicas` replicas (at most 16 on one GPU).
   explicit same_device_allreduce(const reducer_config& c = {})
-      : rv_(c.replicas, c.timeout, c.max_buckets + 1), ids_(c.max_buckets + 1), ready_(c.replicas * ids_),
+      : rv_(c.replicas, c.timeout, c.ids), ids_(c.ids), ready_(c.replicas * ids_),
         done_(ids_), contexts_(c.replicas, nullptr) {
     if (c.replicas > detail::max_replicas_per_gpu)
       throw config_error("lockstep::same_device_allreduce: at most " + std::to_string(detail::max_replicas_per_gpu) +
@@ -236,7 +236,8 @@ public:
   void start(std::size_t r, Ctx& ctx, T* data, std::size_t count, std::size_t bucket) {
     detail::require_cuda_context<Ctx>();
     static_assert(std::is_arithmetic_v<T>, "lockstep::same_device_allreduce sums arithmetic elements");
-    if (bucket + 1 >= ids_) throw config_error("lockstep::same_device_allreduce: bucket id " + std::to_string(bucket) + " out of range");
+    if (!collective_ids::is_sum(bucket))
+      throw config_error("lockstep::same_device_allreduce: " + collective_ids::name(bucket) + " is not a sum");
     collective(r, ctx, data, count, bucket, [&] { launch_sum<T>(ctx, bucket, count); });
   }
 
@@ -255,7 +256,7 @@ public:
   void broadcast(std::size_t r, Ctx& ctx, T* data, std::size_t count, std::size_t root) {
     detail::require_cuda_context<Ctx>();
     if (root >= rv_.replicas()) throw config_error("lockstep: broadcast root " + std::to_string(root) + " is not a replica");
-    const std::size_t id = ids_ - 1;
+    const std::size_t id = collective_ids::broadcast;
     collective(r, ctx, data, count, id, [&] {
       const cudaStream_t s = ctx.comm_stream();
       for (std::size_t j = 0; j < rv_.replicas(); ++j)
@@ -451,7 +452,7 @@ public:
 
   /// A reducer aggregating on replica `c.root` (the strategy sets it to gpu<K>'s position; at most 16 replicas).
   explicit reduce_to_one_device(const reducer_config& c = {})
-      : rv_(c.replicas, c.timeout, c.max_buckets + 2), ids_(c.max_buckets + 2), root_(c.root),
+      : rv_(c.replicas, c.timeout, c.ids), ids_(c.ids), root_(c.root),
         ready_(c.replicas * ids_), done_(ids_), ordinals_(c.replicas, -1), streams_(c.replicas, nullptr) {
     if (c.replicas > detail::max_replicas_per_gpu)
       throw config_error("lockstep::reduce_to_one_device<gpu<" + std::to_string(K) + ">>: at most " +
@@ -486,9 +487,9 @@ public:
   void start(std::size_t r, Ctx& ctx, T* data, std::size_t count, std::size_t bucket) {
     detail::require_cuda_context<Ctx>();
     static_assert(std::is_arithmetic_v<T>, "lockstep::reduce_to_one_device sums arithmetic elements");
-    if (bucket + 2 >= ids_)
-      throw config_error("lockstep::reduce_to_one_device<gpu<" + std::to_string(K) + ">>: bucket id " +
-                         std::to_string(bucket) + " out of range");
+    if (!collective_ids::is_sum(bucket))
+      throw config_error("lockstep::reduce_to_one_device<gpu<" + std::to_string(K) + ">>: " +
+                         collective_ids::name(bucket) + " is not a sum");
     join(r, ctx, data, count, bucket, [&] { launch_sum<T>(bucket, count); });
   }
 
@@ -509,7 +510,7 @@ public:
   void broadcast(std::size_t r, Ctx& ctx, T* data, std::size_t count, std::size_t root) {
     detail::require_cuda_context<Ctx>();
     if (root >= rv_.replicas()) throw config_error("lockstep: broadcast root " + std::to_string(root) + " is not a replica");
-    const std::size_t id = ids_ - 2, done = ids_ - 1;
+    const std::size_t id = collective_ids::broadcast, done = collective_ids::broadcast_done;
     join(r, ctx, data, count, id, [] {});
     rv_.await(r, id);
     backend::device_guard g(ctx.ordinal());
@@ -636,7 +637,7 @@ public:
 
   /// A reducer for `c.replicas` replicas (communicators are made on first use).
   explicit nccl_allreduce(const reducer_config& c = {})
-      : rv_(c.replicas, c.timeout, c.max_buckets + 2), ids_(c.max_buckets + 2), timeout_(c.timeout),
+      : rv_(c.replicas, c.timeout, c.ids), ids_(c.ids), timeout_(c.timeout),
         comms_(c.replicas, nullptr), devices_(c.replicas, -1) {}
   nccl_allreduce(const nccl_allreduce&) = delete;
   nccl_allreduce& operator=(const nccl_allreduce&) = delete;
@@ -652,7 +653,8 @@ public:
   template <class Ctx, class T>
   void start(std::size_t r, Ctx& ctx, T* data, std::size_t count, std::size_t bucket) {
     detail::require_cuda_context<Ctx>();
-    if (bucket + 2 >= ids_) throw config_error("lockstep::nccl_allreduce: bucket id " + std::to_string(bucket) + " out of range");
+    if (!collective_ids::is_sum(bucket))
+      throw config_error("lockstep::nccl_allreduce: " + collective_ids::name(bucket) + " is not a sum");
     (void)communicator(r, ctx);
     rv_.arrive(r, bucket, data, count, [] {});
     backend::device_guard g(ctx.ordinal());
@@ -675,7 +677,7 @@ public:
   void broadcast(std::size_t r, Ctx& ctx, T* data, std::size_t count, std::size_t root) {
     detail::require_cuda_context<Ctx>();
     (void)communicator(r, ctx);
-    const std::size_t id = ids_ - 2;
+    const std::size_t id = collective_ids::broadcast;
     rv_.arrive(r, id, data, count, [] {});
     backend::device_guard g(ctx.ordinal());
     ctx.fork_to_comm();
@@ -727,7 +729,7 @@ private:
       std::lock_guard<std::mutex> lock(m_);
       if (comms_[r]) return comms_[r];
     }
-    const std::size_t id = ids_ - 1;
+    const std::size_t id = collective_ids::setup;
     devices_[r] = ctx.ordinal();
     rv_.arrive(r, id, nullptr, 0, [&] {
       std::lock_guard<std::mutex> lock(m_);

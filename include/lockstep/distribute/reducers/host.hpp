@@ -111,7 +111,7 @@ inline constexpr bool host_aggregation_serves = false;
 class host_reducer_base {
 public:
   explicit host_reducer_base(const reducer_config& c, std::size_t root)
-      : comm_(c.replicas, c.timeout, c.max_buckets, root) {}
+      : comm_(c.replicas, c.timeout, c.ids, root) {}
   /// Host memory needs no workspace.
   [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
   /// Nothing to bind.

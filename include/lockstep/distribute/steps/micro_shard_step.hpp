@@ -65,7 +65,7 @@ public:
   /// The policy of a strategy with `replicas` replicas.
   /// @throws config_error when options.micro_shard_rows is 0.
   micro_shard_step(std::size_t replicas, const strategy_options& o)
-      : sync_(replicas, o.timeout, 0), rows_(o.micro_shard_rows) {
+      : sync_(replicas, o.timeout), rows_(o.micro_shard_rows) {
     if (rows_ == 0) throw config_error("lockstep: strategy_options::micro_shard_rows must be >= 1");
   }
 
