@@ -65,8 +65,8 @@ void bench(std::size_t bytes) {
 
 #ifdef LOCKSTEP_HAS_MPI
 void bench_workers(ls::multi_worker_mirrored<ls::cpus>& s, std::size_t bytes) {
-  const std::size_t count = bytes / sizeof(float), n = s.world_size();
-  std::vector<float> data(count, static_cast<float>(s.rank()));
+  const std::size_t count = bytes / sizeof(float), n = s.world().size();
+  std::vector<float> data(count, static_cast<float>(s.world().rank()));
   const int reps = bytes >= (std::size_t{16} << 20) ? 10 : 50;
   double best = 1e30;
   for (int rep = 0; rep < reps; ++rep) {
@@ -83,7 +83,7 @@ void bench_workers(ls::multi_worker_mirrored<ls::cpus>& s, std::size_t bytes) {
   // Open MPI's own MPI_Allreduce of the same floats, from the main thread while the strategy's
   // communication thread is idle (needs MPI_THREAD_MULTIPLE).
   std::string mpi = " mpi_allreduce_busbw_gb_per_s=skipped";
-  if (s.mpi_thread_level() >= MPI_THREAD_MULTIPLE) {
+  if (s.world().thread_level() >= MPI_THREAD_MULTIPLE) {
     double best_mpi = 1e30;
     for (int rep = 0; rep < reps; ++rep) {
       s.barrier();
@@ -94,7 +94,7 @@ void bench_workers(ls::multi_worker_mirrored<ls::cpus>& s, std::size_t bytes) {
     mpi = fmt::format(" mpi_allreduce_busbw_gb_per_s={:.2f}",
                       static_cast<double>(bytes) / best_mpi / 1e9 * 2.0 * static_cast<double>(n - 1) / static_cast<double>(n));
   }
-  if (s.is_chief())
+  if (s.world().is_chief())
     fmt::print("workers={} replicas=1 allreduce_bytes={} algbw_gb_per_s={:.2f} busbw_gb_per_s={:.2f} memcpy_gb_per_s={:.2f}{}\n",
                n, bytes, algbw, busbw, memcpy_gbps(bytes), mpi);
 }

@@ -74,7 +74,7 @@ int multi_worker_main() {
   const ls::sgd opt{.lr = 0.01f, .momentum = 0.9f};
   for (int i = 0; i < 5; ++i) ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, d);
   std::unique_ptr<run<ls::one_device<ls::cpu<0>>>> one;
-  if (s.is_chief()) one = std::make_unique<run<ls::one_device<ls::cpu<0>>>>(g);
+  if (s.world().is_chief()) one = std::make_unique<run<ls::one_device<ls::cpu<0>>>>(g);
   double best_one = 0, best_w = 0;
   for (int round = 0; round < 8; ++round) {
     if (one) best_one = std::max(best_one, one->measure(40));
@@ -85,9 +85,9 @@ int multi_worker_main() {
     best_w = std::max(best_w, 40.0 * 256.0 / sec);
     s.barrier();
   }
-  if (s.is_chief()) {
+  if (s.world().is_chief()) {
     fmt::print("replicas=1 samples_per_s={:.0f} speedup=1.00\n", best_one);
-    fmt::print("workers={} replicas=1 samples_per_s={:.0f} speedup={:.2f}\n", s.world_size(), best_w, best_w / best_one);
+    fmt::print("workers={} replicas=1 samples_per_s={:.0f} speedup={:.2f}\n", s.world().size(), best_w, best_w / best_one);
   }
   return 0;
 }

@@ -133,10 +133,10 @@ int run(const config& c) {
     ls::multi_worker_mirrored<ls::cpus> strategy(ls::device_selection::first(c.replicas.value_or(1)),
                                                  ls::strategy_options{.shard_optimizer = c.shard_optimizer});
     if (c.workers) ls::require_world_size(c.workers);
-    if (strategy.is_chief() && !c.quiet)
-      std::fprintf(stderr, "MPI: %zu workers, thread level %s\n", strategy.world_size(),
-                   ls::mpi_thread_level_name(strategy.mpi_thread_level()));
-    return train_on<Net, ls::cpus>(strategy, c, strategy.world_size(), strategy.is_chief());
+    if (strategy.world().is_chief() && !c.quiet)
+      std::fprintf(stderr, "MPI: %zu workers, thread level %s\n", strategy.world().size(),
+                   ls::mpi_thread_level_name(strategy.world().thread_level()));
+    return train_on<Net, ls::cpus>(strategy, c, strategy.world().size(), strategy.world().is_chief());
   }
 #endif
   if (c.workers > 1) {

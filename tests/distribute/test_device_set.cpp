@@ -32,8 +32,12 @@ using runtime_host = ls::mirrored<ls::cpus>;
 using runtime_invariant = ls::basic_mirrored<ls::host_allreduce, ls::determinism::replica_count_invariant, ls::cpus>;
 
 // One instantiation per kind: every host mirrored form shares its core class and model type.
-static_assert(std::is_same_v<ls::mirrored<ls::cpu<0>, ls::cpu<1>>::core_type, runtime_host::core_type>);
-static_assert(std::is_same_v<ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>>::core_type, runtime_host::core_type>);
+template <class S>
+using core_t = std::remove_reference_t<decltype(ls::detail::core_of(std::declval<S&>()))>;
+static_assert(std::is_same_v<core_t<ls::mirrored<ls::cpu<0>, ls::cpu<1>>>, core_t<runtime_host>>);
+static_assert(std::is_same_v<core_t<ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>>>, core_t<runtime_host>>);
+static_assert(std::is_same_v<core_t<runtime_host>, ls::mirrored_strategy<ls::cpus, ls::host_allreduce,
+                                                                          ls::determinism::run_to_run>>);
 static_assert(std::is_same_v<ls::mirrored<ls::cpu<0>, ls::cpu<1>>::model_type<mlp>, runtime_host::model_type<mlp>>);
 static_assert(std::is_same_v<ls::one_device<ls::cpu<3>>::model_type<mlp>, runtime_host::model_type<mlp>>);
 static_assert(std::is_same_v<ls::replicated<mlp, ls::cpu<0>>, ls::replicated<mlp, ls::cpu<7>>>);

@@ -100,7 +100,7 @@ TEST_CASE("dropout: training zeroes about Rate of the features and scales the re
   std::vector<float> x(rows * 64), y(rows * 64), ws(rows * B::workspace_per_sample);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = 1.0f + float(i % 7);
   lockstep::testing::run_forward<B>(ctx, static_cast<const float*>(nullptr), x.data(), y.data(), ws.data(), rows,
-                                    ls::pass_info{true, 1, 0, 0, 0});
+                                    ls::pass_info::for_training(1, 0));
   std::size_t zeros = 0;
   for (std::size_t i = 0; i < x.size(); ++i) {
     if (y[i] == 0.0f) ++zeros;

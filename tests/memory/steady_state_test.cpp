@@ -189,7 +189,7 @@ TEST_CASE("a steady-state step of a small CNN allocates nothing") {
   const ls::adam opt{.lr = 1e-3f};
   const ls::softmax_cross_entropy loss;
   auto step = [&](const ls::data::shard& s, std::uint64_t k) {
-    const ls::loss_sum l = rep.forward_backward(loss, s, ls::pass_info{true, 2, k, 0, 0});
+    const ls::loss_sum l = rep.forward_backward(loss, s, ls::pass_info::for_training(2, k));
     rep.apply(opt, ls::update_info{opt.lr, k + 1, 1.0 / double(s.global_size)});
     return l.sum;
   };
@@ -220,7 +220,7 @@ TEST_CASE("a steady-state mse step with sgd momentum allocates nothing") {
   rep.reserve(17);
   const ls::data::shard all = ls::data::whole(b);
   auto step = [&](std::uint64_t k) {
-    (void)rep.forward_backward(loss, all, ls::pass_info{true, 1, k, 0, 0});
+    (void)rep.forward_backward(loss, all, ls::pass_info::for_training(1, k));
     rep.apply(opt, ls::update_info{opt.lr, k + 1, 1.0 / 17});
   };
   step(0);

@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
     bool fail = false;
     const failing_loss loss{&fail};
     for (std::uint64_t step = 0; step < 10; ++step) {
-      if (step == 3 && s.rank() == 1) {
+      if (step == 3 && s.world().rank() == 1) {
         if (mode == "throw") fail = true;
         if (mode == "stall") std::this_thread::sleep_for(std::chrono::seconds(8));
         if (mode == "kill") ::raise(SIGKILL);
@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
       ls::train_step(s, m, ls::sgd{.lr = 0.1f}, loss,
                      ls::data::detail::make_sharded(make_batch(32, step), p.parts, p.first, s.num_replicas()));
     }
-    if (s.is_chief()) std::printf("probe finished\n");
+    if (s.world().is_chief()) std::printf("probe finished\n");
     return 0;
   } catch (const ls::config_error& e) {  // every rank finds the same configuration error: rank 0 reports it
     if (env.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());

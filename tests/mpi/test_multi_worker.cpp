@@ -48,7 +48,7 @@ template <class Net, class S, class Opt>
 std::vector<float> train20(S& s, const Opt& opt) {
   auto m = s.template replicate<Net>(ls::seed{42});
   for (std::size_t i = 0; i < sizes.size(); ++i) {
-    const ls::shard_plan p = ls::detail::plan_of(s);
+    const ls::shard_plan p = s.plan();
     const auto db = ls::data::detail::make_sharded(make_batch(sizes[i], i), p.parts, p.first, s.num_replicas());
     const auto st = ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, db);
     CHECK(st.count == sizes[i]);
@@ -81,15 +81,15 @@ bool same_on_every_rank(const std::vector<float>& v) {
 
 TEST_CASE("multi_worker: MPI provides the thread level it needs; the strategy describes the job") {
   ls::multi_worker_mirrored<ls::cpus> s;
-  CHECK(s.mpi_thread_level() >= MPI_THREAD_SERIALIZED);
-  CHECK(s.world_size() == static_cast<std::size_t>(world_size()));
-  CHECK(s.rank() == static_cast<std::size_t>(world_rank()));
-  CHECK(s.is_chief() == (world_rank() == 0));
-  CHECK(s.global_replicas() == s.world_size());
+  CHECK(s.world().thread_level() >= MPI_THREAD_SERIALIZED);
+  CHECK(s.world().size() == static_cast<std::size_t>(world_size()));
+  CHECK(s.world().rank() == static_cast<std::size_t>(world_rank()));
+  CHECK(s.world().is_chief() == (world_rank() == 0));
+  CHECK(s.world().global_replicas() == s.world().size());
   // mpirun here starts every worker on this machine: the shared-memory path unless told otherwise
-  CHECK(s.workers_share_memory() == (world_size() > 1 && std::getenv("LOCKSTEP_MPI_NO_SHM") == nullptr));
+  CHECK(s.world().shares_memory() == (world_size() > 1 && std::getenv("LOCKSTEP_MPI_NO_SHM") == nullptr));
   static_assert(ls::strategy<ls::multi_worker_mirrored<ls::cpus>>);
-  MESSAGE("MPI thread level: " << std::string(ls::mpi_thread_level_name(s.mpi_thread_level())));
+  MESSAGE("MPI thread level: " << std::string(ls::mpi_thread_level_name(s.world().thread_level())));
 }
 
 TEST_CASE("multi_worker run_to_run: 20 steps equal one process on the same global batches (1e-5)") {
@@ -149,7 +149,7 @@ TEST_CASE("multi_worker run_to_run: batch norm over the global batch of every wo
 TEST_CASE("multi_worker replica_count_invariant: a network with batch norm is a config_error naming it") {
   ls::multi_worker_mirrored<ls::cpus, ls::determinism::replica_count_invariant> s(ls::device_selection::first(1));
   auto m = s.replicate<cnn_bn>(ls::seed{1});
-  const ls::shard_plan p = ls::detail::plan_of(s);
+  const ls::shard_plan p = s.plan();
   const auto db = ls::data::detail::make_sharded(make_batch(8, 0), p.parts, p.first, s.num_replicas());
   try {
     (void)ls::train_step(s, m, ls::adam{}, ls::softmax_cross_entropy{}, db);
@@ -207,7 +207,7 @@ TEST_CASE("multi_worker: fit and evaluate cover every worker's samples; only ran
   unsigned long long tag = static_cast<unsigned long long>(::getpid());
   MPI_Bcast(&tag, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
   const auto dir = std::filesystem::temp_directory_path() / ("lockstep-mpi-test-" + std::to_string(tag));
-  if (s.is_chief()) std::filesystem::remove_all(dir);
+  if (s.world().is_chief()) std::filesystem::remove_all(dir);
   s.barrier();
 
   ls::one_device<ls::cpu<0>> single;
@@ -218,7 +218,7 @@ TEST_CASE("multi_worker: fit and evaluate cover every worker's samples; only ran
   auto m = s.replicate<mlp>(ls::seed{7});
   ls::fit_options fo{.epochs = 1, .validation = twenty_batches{}, .quiet = true};
   fo.checkpoint_dir = (dir / "ckpt").string();
-  fo.metrics_file = (dir / ("metrics-" + std::to_string(s.rank()) + ".jsonl")).string();
+  fo.metrics_file = (dir / ("metrics-" + std::to_string(s.world().rank()) + ".jsonl")).string();
   const auto h1 = ls::fit(s, m, opt, ls::softmax_cross_entropy{}, twenty_batches{}, fo);
   s.barrier();
   REQUIRE(h1.epochs.size() == 1);
@@ -242,12 +242,12 @@ TEST_CASE("multi_worker: fit and evaluate cover every worker's samples; only ran
   ro.checkpoint_dir = (dir / "ckpt").string();
   ro.resume = true;
   // Resuming writes a checkpoint; give every rank its own copy of the directory.
-  const auto mine = dir / ("resume-" + std::to_string(s.rank()));
+  const auto mine = dir / ("resume-" + std::to_string(s.world().rank()));
   std::filesystem::copy(dir / "ckpt", mine);
   ro.checkpoint_dir = mine.string();
   const auto h2 = ls::fit(single, solo_m, opt, ls::softmax_cross_entropy{}, twenty_batches{}, ro);
   CHECK(h2.resumed_from_step == 20);
   CHECK(max_diff(solo_m.parameters_to_host(), ref.parameters_to_host()) < 1e-5);
   s.barrier();
-  if (s.is_chief()) std::filesystem::remove_all(dir);
+  if (s.world().is_chief()) std::filesystem::remove_all(dir);
 }

@@ -107,7 +107,7 @@ run_result train20(S& s) {
   auto m = s.template replicate<net>(ls::seed{3});
   run_result out;
   for (std::size_t k = 0; k < sizes.size(); ++k) {
-    const ls::shard_plan p = ls::detail::plan_of(s);
+    const ls::shard_plan p = s.plan();
     const auto db = ls::data::detail::make_sharded(make_batch(k), p.parts, p.first, s.num_replicas());
     const auto st = ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, db);
     CHECK(st.count == sizes[k]);
@@ -169,10 +169,10 @@ TEST_CASE("multi_worker<gpus>: the NCCL ranks follow the workers' GPU counts") {
   if (world_rank() == 0) before = 0;  // MPI_Exscan leaves rank 0's result undefined
   CHECK(s.num_replicas() == p.ordinals.size());
   CHECK(s.device_ordinals() == p.ordinals);
-  CHECK(s.world_size() == static_cast<std::size_t>(world_size()));
-  CHECK(s.rank() == static_cast<std::size_t>(world_rank()));
-  CHECK(s.is_chief() == (world_rank() == 0));
-  CHECK(s.global_replicas() == total);
+  CHECK(s.world().size() == static_cast<std::size_t>(world_size()));
+  CHECK(s.world().rank() == static_cast<std::size_t>(world_rank()));
+  CHECK(s.world().is_chief() == (world_rank() == 0));
+  CHECK(s.world().global_replicas() == total);
   CHECK(s.plan().parts == total);
   CHECK(s.plan().first == before);
   MESSAGE("rank " << world_rank() << ": CUDA devices " << s.description() << ", NCCL ranks " << before << ".."
@@ -239,7 +239,7 @@ TEST_CASE("multi_worker<gpus>: fit sums over workers, only rank 0 writes, its ch
   unsigned long long tag = static_cast<unsigned long long>(::getpid());
   MPI_Bcast(&tag, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
   const auto dir = std::filesystem::temp_directory_path() / ("lockstep-mpi-gpu-test-" + std::to_string(tag));
-  if (s.is_chief()) std::filesystem::remove_all(dir);
+  if (s.world().is_chief()) std::filesystem::remove_all(dir);
   s.barrier();
 
   ls::one_device<ls::cpu<0>> host;
@@ -250,7 +250,7 @@ TEST_CASE("multi_worker<gpus>: fit sums over workers, only rank 0 writes, its ch
   auto m = s.replicate<net>(ls::seed{7});
   ls::fit_options fo{.epochs = 1, .validation = twenty_batches{}, .quiet = true};
   fo.checkpoint_dir = (dir / "ckpt").string();
-  fo.metrics_file = (dir / ("metrics-" + std::to_string(s.rank()) + ".jsonl")).string();
+  fo.metrics_file = (dir / ("metrics-" + std::to_string(s.world().rank()) + ".jsonl")).string();
   const auto h = ls::fit(s, m, opt, ls::softmax_cross_entropy{}, twenty_batches{}, fo);
   s.barrier();
   REQUIRE(h.epochs.size() == 1);
@@ -269,7 +269,7 @@ TEST_CASE("multi_worker<gpus>: fit sums over workers, only rank 0 writes, its ch
   // The job's checkpoint resumes in one host process (each rank on its own copy): epoch 2 there
   // ends where two host epochs end.
   auto solo = host.replicate<net>(ls::seed{7});
-  const auto copy = dir / ("resume-" + std::to_string(s.rank()));
+  const auto copy = dir / ("resume-" + std::to_string(s.world().rank()));
   std::filesystem::copy(dir / "ckpt", copy);
   ls::fit_options ro{.epochs = 2, .quiet = true};
   ro.checkpoint_dir = copy.string();
@@ -278,7 +278,7 @@ TEST_CASE("multi_worker<gpus>: fit sums over workers, only rank 0 writes, its ch
   CHECK(h2.resumed_from_step == sizes.size());
   check_close(solo.parameters_to_host(), ref.parameters_to_host(), 1e-4);
   s.barrier();
-  if (s.is_chief()) std::filesystem::remove_all(dir);
+  if (s.world().is_chief()) std::filesystem::remove_all(dir);
 }
 
 // Last: it leaves the strategy unusable; needs 2 workers. Rank 1 reaches the all-reduce 2 timeouts late: rank 0

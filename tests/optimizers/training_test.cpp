@@ -53,7 +53,7 @@ double train_and_test(const Optimizer& opt, std::size_t epochs) {
     for (std::size_t first = 0; first < train.rows(); first += batch) {
       slice(train, first, std::min(batch, train.rows() - first), mini);
       const ls::data::shard s = ls::data::whole(mini);
-      sum += rep.forward_backward(loss, s, ls::pass_info{true, 3, step, 0, 0}).sum;
+      sum += rep.forward_backward(loss, s, ls::pass_info::for_training(3, step)).sum;
       rep.apply(opt, ls::update_info{opt.lr, ++step, 1.0 / double(s.size)});
     }
     (e == 0 ? first_epoch : last_epoch) = sum / double(train.rows());

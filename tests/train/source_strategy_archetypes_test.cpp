@@ -57,9 +57,14 @@ public:
     std::size_t total = 0;
     for (const auto& sh : b.shards) total += sh.size;
     if (total == 0) return {};
-    const ls::pass_info info{true, m.seed().value, m.step(), 0, 0};
+    const ls::pass_info info = ls::pass_info::for_training(m.seed().value, m.step());
     ls::step_stats st;
-    for (std::size_t r = 0; r < n_; ++r) st.loss_sum += m.replica(r).forward_backward(loss, b.shards[r], info).sum;
+    for (std::size_t r = 0; r < n_; ++r) {
+      const ls::loss_sum l = m.replica(r).forward_backward(loss, b.shards[r], info);
+      st.loss_sum += l.sum;
+      st.correct += l.correct;  // the training accuracy fit reports
+      st.labelled += l.labelled;
+    }
     float* sum = m.replica(0).model().gradients().data();
     for (std::size_t r = 1; r < n_; ++r) {
       const float* g = m.replica(r).model().gradients().data();
@@ -88,9 +93,9 @@ ls::replicated<Net> make_replicas(std::size_t n, ls::seed seed) {
 
 /// The processes of a multi-process job, simulated by threads of this one: each worker's sums
 /// are added in rank order through shared memory (what MPI does between processes).
-class world {
+class process_group {
 public:
-  explicit world(std::size_t workers) : sync_(static_cast<std::ptrdiff_t>(workers)), doubles_(workers), floats_(workers) {}
+  explicit process_group(std::size_t workers) : sync_(static_cast<std::ptrdiff_t>(workers)), doubles_(workers), floats_(workers) {}
   /// Every worker's v becomes the sum over workers, in rank order.
   template <class T>
   void sum(std::size_t rank, std::span<T> v) {
@@ -117,21 +122,36 @@ private:
   std::vector<std::span<float>> floats_;
 };
 
-/// Strategy with the optional multi-process hooks: worker `rank` of `workers`, one replica each;
-/// fit cuts every global batch into one shard per worker (plan), adds the workers' counts
-/// (sum_over_workers), and lets only rank 0 report (is_chief).
+/// A world of `workers` processes simulated by threads: exactly the members of lockstep::world.
+class thread_world {
+public:
+  thread_world(process_group& w, std::size_t rank, std::size_t workers) : world_(&w), rank_(rank), workers_(workers) {}
+  std::size_t rank() const { return rank_; }
+  std::size_t size() const { return workers_; }
+  bool is_chief() const { return rank_ == 0; }
+  ls::shard_plan plan() const { return {workers_, rank_}; }  // one replica per worker
+  std::size_t global_replicas() const { return workers_; }
+  void sum(std::span<double> v) { world_->sum(rank_, v); }
+  static constexpr bool recovers_after_failure = false;
+
+private:
+  process_group* world_;
+  std::size_t rank_, workers_;
+};
+static_assert(ls::world<thread_world>);
+
+/// Strategy spanning several processes: worker `rank` of `workers`, one replica each, with a
+/// `world()`; fit cuts every global batch into one shard per worker (world().plan()), adds the
+/// workers' counts (world().sum) and lets only rank 0 report (world().is_chief()).
 class worker_strategy {
 public:
   using strategy_concept = ls::strategy_tag;
   using kind_type = ls::cpus;
 
-  worker_strategy(world& w, std::size_t rank, std::size_t workers) : world_(&w), rank_(rank), workers_(workers) {}
+  worker_strategy(process_group& w, std::size_t rank, std::size_t workers) : world_(w, rank, workers), shared_(&w), rank_(rank) {}
 
   std::size_t num_replicas() const { return 1; }
-  ls::shard_plan plan() const { return {workers_, rank_}; }
-  std::size_t global_replicas() const { return workers_; }
-  bool is_chief() const { return rank_ == 0; }
-  void sum_over_workers(std::span<double> v) { world_->sum(rank_, v); }
+  thread_world& world() { return world_; }
 
   template <class F>
   auto run(F&& fn, const ls::data::distributed_batch& b) {
@@ -144,18 +164,20 @@ public:
                             const ls::data::distributed_batch& b) {
     const std::size_t total = b.global_size();  // over every worker
     if (total == 0) return {};
-    const ls::pass_info info{true, m.seed().value, m.step(), 0, 0};
-    double sums[1] = {m.replica(0).forward_backward(loss, b.shards.at(0), info).sum};
-    world_->sum(rank_, std::span<float>(m.replica(0).model().gradients().data(), m.param_count));
-    world_->sum(rank_, std::span<double>(sums));
+    const ls::pass_info info = ls::pass_info::for_training(m.seed().value, m.step());
+    const ls::loss_sum l = m.replica(0).forward_backward(loss, b.shards.at(0), info);
+    double sums[3] = {l.sum, static_cast<double>(l.correct), static_cast<double>(l.labelled)};
+    shared_->sum(rank_, std::span<float>(m.replica(0).model().gradients().data(), m.param_count));
+    world_.sum(sums);
     m.replica(0).apply(opt, ls::update_info{opt.lr, m.step() + 1, 1.0 / static_cast<double>(total)});
     m.set_step(m.step() + 1);
-    return {sums[0], total};
+    return {sums[0], total, static_cast<std::size_t>(sums[1]), static_cast<std::size_t>(sums[2])};
   }
 
 private:
-  world* world_;
-  std::size_t rank_, workers_;
+  thread_world world_;
+  process_group* shared_;
+  std::size_t rank_;
 };
 
 /// Pipeline element: exactly what `batched` assembles (feature_width, target_width,
@@ -296,10 +318,10 @@ TEST_CASE("archetypes: a strategy with only the concept's members trains, evalua
   }
 }
 
-TEST_CASE("archetypes: a strategy's multi-process hooks (plan, sum_over_workers, is_chief, global_replicas)") {
+TEST_CASE("archetypes: a strategy spanning processes through its world (plan, sum, is_chief, global_replicas)") {
   // Two workers on two threads, one replica each, against one process with two replicas.
   const auto data = library_pipeline();
-  archetype::world w(2);
+  archetype::process_group w(2);
   std::vector<float> params[2];
   ls::history hist[2];
   ls::evaluation ev[2];

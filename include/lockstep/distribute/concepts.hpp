@@ -7,9 +7,11 @@
 #include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <limits>
 #include <ranges>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <lockstep/core/device.hpp>
@@ -41,13 +43,22 @@ struct strategy_options {
   bool shard_optimizer = false;
 };
 
-/// What one synchronous training step returns: the loss summed over the global batch and the count.
+/// What one synchronous training step returns, over the whole global batch (every replica of
+/// every worker; the same on every worker): the loss sum, the count, and the top-1 hits of the
+/// training-mode outputs among the labelled rows.
 struct step_stats {
-  double loss_sum = 0;     ///< sum of per-sample losses over the whole global batch
-  std::size_t count = 0;   ///< samples in the global batch
+  double loss_sum = 0;        ///< sum of per-sample losses over the whole global batch
+  std::size_t count = 0;      ///< samples in the global batch
+  std::size_t correct = 0;    ///< labelled rows whose arg-max output equals the label
+  std::size_t labelled = 0;   ///< labelled rows whose hits were counted (0 where a device could not count them)
 
   /// Mean loss per sample (0 for an empty batch).
   [[nodiscard]] double mean_loss() const noexcept { return count ? loss_sum / static_cast<double>(count) : 0.0; }
+  /// Training top-1 accuracy of the step (NaN when no hit was counted).
+  [[nodiscard]] double accuracy() const noexcept {
+    return labelled ? static_cast<double>(correct) / static_cast<double>(labelled)
+                    : std::numeric_limits<double>::quiet_NaN();
+  }
 };
 
 /// How a strategy cuts global batches: into `parts` shards of which this process takes shards
@@ -112,8 +123,9 @@ inline constexpr bool valid_device_set_v = detail::valid_device_set<Devices...>(
 /// A strategy: a set of replicas on devices of one kind (`kind_type`), fixed at construction, that
 /// run a function on their shards of a distributed batch (returning the per-replica results as a
 /// range) and combine per-replica values (see mirrored_strategy for the full interface). What
-/// `fit` calls besides is `train_step`, checked for a given model by `strategy_for`; the optional
-/// multi-process hooks are checked by `detail::check_strategy` when declared.
+/// `fit` calls besides is `train_step`, checked for a given model by `strategy_for`; a strategy
+/// spanning several processes also offers `world()` (world.hpp), checked by
+/// `detail::check_strategy` when declared.
 template <class S>
 concept strategy = requires(S& s, const S& cs, const data::distributed_batch& b, const std::vector<double>& v) {
   typename S::strategy_concept;
@@ -134,6 +146,29 @@ concept strategy_for = strategy<S> && requires(S& s, M& m, const O& o, const L& 
 };
 
 namespace detail {
+
+/// Checks world W member by member (what fit, evaluate and predict call on a strategy's world),
+/// so that a world that lacks one, or declares one with another signature, is told which.
+template <class W>
+constexpr bool check_world() {
+  static_assert(requires(const W& w) { { w.rank() } -> std::convertible_to<std::size_t>; },
+                "lockstep: a world needs `std::size_t rank() const`");
+  static_assert(requires(const W& w) { { w.size() } -> std::convertible_to<std::size_t>; },
+                "lockstep: a world needs `std::size_t size() const` (the number of workers)");
+  static_assert(requires(const W& w) { { w.is_chief() } -> std::convertible_to<bool>; },
+                "lockstep: a world needs `bool is_chief() const` (only the chief writes progress, metrics and "
+                "checkpoints)");
+  static_assert(requires(const W& w) { { w.plan() } -> std::convertible_to<shard_plan>; },
+                "lockstep: a world needs `lockstep::shard_plan plan() const` (how global batches are cut)");
+  static_assert(requires(const W& w) { { w.global_replicas() } -> std::convertible_to<std::size_t>; },
+                "lockstep: a world needs `std::size_t global_replicas() const` (replicas over every worker)");
+  static_assert(requires(W& w, std::span<double> v) { w.sum(v); },
+                "lockstep: a world needs `void sum(std::span<double> values)` (each value summed over the workers, "
+                "the same bits on every worker)");
+  static_assert(requires { { W::recovers_after_failure } -> std::convertible_to<bool>; },
+                "lockstep: a world needs `static constexpr bool recovers_after_failure`");
+  return true;  // each missing member was named above
+}
 
 /// Checks strategy S member by member for what fit, evaluate and predict call, so that a strategy
 /// that lacks one (or declares an optional hook with another signature, which would otherwise be
@@ -159,22 +194,9 @@ constexpr bool check_strategy() {
                 },
                 "lockstep: a strategy needs `double reduce(lockstep::reduce_op op, const std::vector<double>& values) "
                 "const`");
-  if constexpr (requires { typename S::core_type; })
-    static_assert(std::derived_from<S, typename S::core_type>,
-                  "lockstep: a strategy's optional `using core_type = C;` must name a base class of the strategy (fit "
-                  "and evaluate run on that class)");
-  if constexpr (requires { &S::plan; })
-    static_assert(requires(const S& s) { { s.plan() } -> std::convertible_to<shard_plan>; },
-                  "lockstep: a strategy's optional hook must be `lockstep::shard_plan plan() const`");
-  if constexpr (requires { &S::sum_over_workers; })
-    static_assert(requires(S& s, std::span<double> v) { s.sum_over_workers(v); },
-                  "lockstep: a strategy's optional hook must be `void sum_over_workers(std::span<double> values)`");
-  if constexpr (requires { &S::is_chief; })
-    static_assert(requires(const S& s) { { s.is_chief() } -> std::convertible_to<bool>; },
-                  "lockstep: a strategy's optional hook must be `bool is_chief() const`");
-  if constexpr (requires { &S::global_replicas; })
-    static_assert(requires(const S& s) { { s.global_replicas() } -> std::convertible_to<std::size_t>; },
-                  "lockstep: a strategy's optional hook must be `std::size_t global_replicas() const`");
+  if constexpr (requires(S& s) { s.world(); })
+    static_assert(check_world<std::remove_cvref_t<decltype(std::declval<S&>().world())>>(),
+                  "lockstep: a strategy's optional `world()` must return a lockstep::world (see distribute/world.hpp)");
   return true;  // each missing member was named above
 }
 

@@ -165,7 +165,9 @@ public:
     gather_floats_v,   ///< in-place all-gather of floats, rank r's part at displs[r] with counts[r]
     gather_doubles_v,  ///< in-place all-gather of doubles, rank r's part at displs[r] with counts[r]
     broadcast_bytes,   ///< bytes from rank 0 to every rank
-    barrier            ///< every rank arrives
+    barrier,           ///< every rank arrives
+    gather_bytes,      ///< in-place all-gather of `count` bytes per rank (rank r's at r * count)
+    alltoallv_floats   ///< all-to-all of floats: `data` with counts/displs to send, `recv` with recv_counts/recv_displs
   };
   /// One job: the data and what to call once it completed (on the communication thread).
   struct job {
@@ -175,6 +177,9 @@ public:
     std::size_t bucket = 0;                       ///< named in a timeout message
     const std::vector<int>* counts = nullptr;     ///< gather_floats_v: elements per rank
     const std::vector<int>* displs = nullptr;     ///< gather_floats_v: offsets per rank
+    void* recv = nullptr;                         ///< alltoallv_floats: where the received floats go
+    const std::vector<int>* recv_counts = nullptr;  ///< alltoallv_floats: floats received from each rank
+    const std::vector<int>* recv_displs = nullptr;  ///< alltoallv_floats: their offsets in `recv`
     void (*done)(void*, const job&) = nullptr;    ///< called after completion
     void* done_ctx = nullptr;                     ///< its argument
   };
@@ -488,6 +493,18 @@ private:
         mpi_check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, j.data, j.counts->data(), j.displs->data(),
                                   MPI_DOUBLE, data_, &r),
                   "MPI_Iallgatherv");
+        complete(r, ticket, j.bucket);
+        break;
+      case op::gather_bytes:
+        mpi_check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, j.data, to_int(j.count, "a gather"), MPI_BYTE, data_,
+                                 &r),
+                  "MPI_Iallgather");
+        complete(r, ticket, j.bucket);
+        break;
+      case op::alltoallv_floats:
+        mpi_check(MPI_Ialltoallv(j.data, j.counts->data(), j.displs->data(), MPI_FLOAT, j.recv, j.recv_counts->data(),
+                                 j.recv_displs->data(), MPI_FLOAT, data_, &r),
+                  "MPI_Ialltoallv");
         complete(r, ticket, j.bucket);
         break;
       case op::sum_floats: sum_floats(static_cast<float*>(j.data), j.count, ticket, j.bucket); break;

@@ -48,6 +48,7 @@
 
 #include <lockstep/backend/cuda.hpp>
 #include <lockstep/distribute/mpi.hpp>
+#include <lockstep/distribute/mpi_world.hpp>
 #include <lockstep/distribute/multi_worker.hpp>
 
 #if !defined(LOCKSTEP_HAS_NCCL)
@@ -64,20 +65,28 @@ namespace lockstep {
 /// replica r's worker thread, except the constructor, abort and the destructor.
 class mpi_nccl_allreduce {
 public:
+  using reducer_concept = reducer_tag;  ///< opts in to the reducer concept
+  /// Serves GPU replicas (the local GPUs of each worker).
+  template <class... Ds>
+  static constexpr bool supports = sizeof...(Ds) >= 1 && (is_gpu_v<Ds> && ...);
+
   /// Joins the local GPUs `ordinals` (one per local replica) to the job's NCCL communicator,
-  /// bootstrapped through `channel`. Collective over the workers.
+  /// bootstrapped through the world's communication thread; this worker's GPUs take the NCCL
+  /// ranks world.plan().first onwards. Collective over the workers.
   /// @throws device_error when NCCL fails (naming the rank), timeout_error when the workers do not
   ///         all join within `c.timeout`.
-  mpi_nccl_allreduce(const reducer_config& c, detail::mpi_channel& channel, const std::vector<std::size_t>& ordinals)
-      : channel_(&channel), timeout_(c.timeout), ids_(c.ids), rank_(channel.rank()), devices_(ordinals.size()),
+  mpi_nccl_allreduce(const reducer_config& c, mpi_world& world, const std::vector<std::size_t>& ordinals)
+      : channel_(&world.channel()), timeout_(c.timeout), ids_(c.ids), rank_(static_cast<int>(world.rank())),
+        offset_(world.plan().first), total_(world.global_replicas()), devices_(ordinals.size()),
         comms_(ordinals.size(), nullptr), done_(ordinals.size() * ids_) {
     if (ordinals.size() != c.replicas)
       throw config_error("lockstep::multi_worker_mirrored<gpus>: " + std::to_string(ordinals.size()) +
                          " device ordinals for " + std::to_string(c.replicas) + " replicas");
+    if (total_ > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+      throw config_error("lockstep::multi_worker_mirrored<gpus>: too many GPUs for one NCCL communicator");
     for (std::size_t i = 0; i < ordinals.size(); ++i) devices_[i] = static_cast<int>(ordinals[i]);
-    layout(channel);
     try {
-      join(channel);
+      join(*channel_);
     } catch (...) {
       abort_all();  // the destructor does not run for a constructor that threw
       throw;
@@ -89,10 +98,10 @@ public:
   /// them after a failure.
   ~mpi_nccl_allreduce() { destroy(); }
 
-  /// GPUs over all workers (the communicator's size).
-  [[nodiscard]] std::size_t global_replicas() const noexcept { return total_; }
-  /// The NCCL rank (and global replica index) of this worker's first GPU.
-  [[nodiscard]] std::size_t first_replica() const noexcept { return offset_; }
+  /// NCCL works in place: no workspace.
+  [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
+  /// Nothing to bind.
+  void bind(std::size_t, void*, std::size_t) noexcept {}
 
   /// Queues replica r's in-place ncclAllReduce (sum) of `count` elements at `data` (device
   /// memory of its GPU) for bucket `bucket` on its communication stream, after the compute work
@@ -162,26 +171,6 @@ public:
   void reset() noexcept {}
 
 private:
-  // Gathers every worker's GPU count (in rank order) and places this worker's GPUs in the job.
-  void layout(detail::mpi_channel& channel) {
-    const auto w = static_cast<std::size_t>(channel.size()), me = static_cast<std::size_t>(rank_);
-    std::vector<double> counts(w, 0.0);
-    counts[me] = static_cast<double>(devices_.size());
-    detail::mpi_channel::job j;
-    j.kind = detail::mpi_channel::op::gather_doubles;
-    j.data = counts.data();
-    j.count = 1;
-    channel.run(j);
-    for (std::size_t p = 0; p < w; ++p) {
-      const auto n = static_cast<std::size_t>(counts[p]);
-      if (n == 0) throw config_error("lockstep::multi_worker_mirrored<gpus>: worker rank " + std::to_string(p) + " has no GPU");
-      if (p < me) offset_ += n;
-      total_ += n;
-    }
-    if (total_ > static_cast<std::size_t>(std::numeric_limits<int>::max()))
-      throw config_error("lockstep::multi_worker_mirrored<gpus>: too many GPUs for one NCCL communicator");
-  }
-
   // Rank 0's unique id (and whether it could make one) reaches every worker through MPI; then
   // every local GPU joins the communicator in one NCCL group, and the thread polls until all
   // joined.

@@ -14,12 +14,14 @@
 ///  - `broadcast(replica, ctx, data, count, root)`, synchronous;
 ///  - `abort()` (any thread: every waiter throws) and `reset()` (when no replica is inside).
 ///
-/// `select_reducer_t<Devices...>` picks the default reducer for a device set at compile time;
-/// backends add constrained partial specialisations of `select_reducer`.
+/// The reducers themselves live in distribute/reducers/, one per file; the default reducer of a
+/// device set, `select_reducer_t<Devices...>`, is chosen in distribute/reducers/select.hpp.
 
 #include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <type_traits>
+#include <vector>
 
 #include <lockstep/backend/context.hpp>
 #include <lockstep/backend/host/context.hpp>
@@ -58,17 +60,30 @@ concept reducer = requires(R& r, const R& cr, std::size_t i, host_context& ctx, 
 };
 
 namespace detail {
+/// True when reducer R is made for a world W: `R(const reducer_config&, W&, const
+/// std::vector<std::size_t>& ordinals)` (a reducer that spans the workers itself).
+template <class R, class World>
+constexpr bool constructible_in_world() {
+  if constexpr (std::is_void_v<World>)
+    return false;
+  else
+    return std::is_constructible_v<R, const reducer_config&, World&, const std::vector<std::size_t>&>;
+}
+
 /// Checks reducer R with context Ctx and float data member by member, so that a reducer that
-/// lacks one is told which (the members of the `reducer` concept, and `supports`).
-template <class R, class Ctx = host_context>
+/// lacks one is told which (the members of the `reducer` concept, and `supports`). A reducer of
+/// a strategy in world World may instead be made from the world (constructible_in_world).
+template <class R, class Ctx = host_context, class World = void>
 constexpr bool check_reducer() {
   static_assert(requires { requires std::same_as<typename R::reducer_concept, reducer_tag>; },
                 "lockstep: a reducer opts in with `using reducer_concept = lockstep::reducer_tag;`");
   static_assert(requires { { R::template supports<cpu<0>> } -> std::convertible_to<bool>; },
                 "lockstep: a reducer needs `template <class... Devices> static constexpr bool supports` (the device "
                 "sets it serves)");
-  static_assert(std::constructible_from<R, const reducer_config&>,
-                "lockstep: a reducer needs a constructor `explicit R(const lockstep::reducer_config& config)`");
+  static_assert(std::constructible_from<R, const reducer_config&> || constructible_in_world<R, World>(),
+                "lockstep: a reducer needs a constructor `explicit R(const lockstep::reducer_config& config)` (or, to "
+                "span the workers of a world itself, `R(const lockstep::reducer_config&, World&, const "
+                "std::vector<std::size_t>& ordinals)`)");
   static_assert(requires(const R& r, std::size_t n) { { r.workspace_bytes(n) } -> std::convertible_to<std::size_t>; },
                 "lockstep: a reducer needs `std::size_t workspace_bytes(std::size_t max_bucket_bytes) const`");
   static_assert(requires(R& r, std::size_t i, void* p) { r.bind(i, p, i); },
@@ -87,114 +102,5 @@ constexpr bool check_reducer() {
   return true;  // each missing member was named above
 }
 }  // namespace detail
-
-/// The reducer of a single replica: nothing to aggregate; every call returns at once.
-struct single_device_reducer {
-  using reducer_concept = reducer_tag;  ///< opts in to the reducer concept
-  /// Serves exactly one device of any kind.
-  template <class... Ds>
-  static constexpr bool supports = sizeof...(Ds) == 1;
-  /// Ignores the configuration.
-  explicit single_device_reducer(const reducer_config& = {}) noexcept {}
-  /// Needs no workspace.
-  [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
-  /// Nothing to bind.
-  void bind(std::size_t, void*, std::size_t) noexcept {}
-  /// The sum over one replica is the data itself.
-  template <class Ctx, class T>
-  void start(std::size_t, Ctx&, T*, std::size_t, std::size_t) noexcept {}
-  /// Nothing to wait for.
-  template <class Ctx>
-  void wait(std::size_t, Ctx&, std::size_t) noexcept {}
-  /// A broadcast to oneself.
-  template <class Ctx, class T>
-  void broadcast(std::size_t, Ctx&, T*, std::size_t, std::size_t) noexcept {}
-  /// Nothing to release.
-  void abort() noexcept {}
-  /// Nothing to re-arm.
-  void reset() noexcept {}
-};
-
-namespace detail {
-/// T, as a type that depends on Ts (so a backend may still specialise templates of T before use).
-template <class T, class... Ts>
-struct dependent_type {
-  using type = T;  ///< T
-};
-
-/// Why Devices... (several of them) have no default reducer; each diagnosis names one cause.
-template <class... Devices>
-struct no_reducer_diagnosis {
-  static constexpr bool all_cpu = (is_cpu_v<Devices> && ...);
-  static constexpr bool all_gpu = (is_gpu_v<Devices> && ...);
-  static constexpr bool mixed = !all_cpu && !all_gpu && ((is_cpu_v<Devices> || is_gpu_v<Devices>) && ...);
-  static constexpr bool gpu_backend = backend_traits<typename dependent_type<gpus, Devices...>::type>::registered;
-  static constexpr bool distinct_gpus = [] {
-    if constexpr (!all_gpu) {
-      return false;
-    } else {
-      constexpr std::size_t ord[] = {static_cast<std::size_t>(Devices::ordinal)...};
-      for (std::size_t i = 0; i < sizeof...(Devices); ++i)
-        for (std::size_t j = i + 1; j < sizeof...(Devices); ++j)
-          if (ord[i] == ord[j]) return false;
-      return true;
-    }
-  }();
-#if defined(LOCKSTEP_HAS_NCCL)
-  static constexpr bool nccl = true;
-#else
-  static constexpr bool nccl = false;
-#endif
-};
-}  // namespace detail
-
-/// The default reducer of a device set. This primary template is chosen only when no path exists;
-/// its message names the one cause that applies.
-template <class... Devices>
-struct select_reducer {
-  using why = detail::no_reducer_diagnosis<Devices...>;  ///< the diagnosis
-  static_assert(!why::mixed, "lockstep: no reducer for this device set: cpu<I> and gpu<I> devices cannot share one "
-                             "strategy; use one strategy per device kind");
-  static_assert(!(why::all_gpu && !why::gpu_backend),
-                "lockstep: no reducer for this device set: gpu<I> devices need the CUDA backend; #include "
-                "<lockstep/backend/cuda.hpp> in a .cu file compiled by nvcc and link lockstep::cuda");
-  static_assert(!(why::all_gpu && why::gpu_backend && why::distinct_gpus && !why::nccl),
-                "lockstep: no reducer for this device set: several distinct gpu<I> need NCCL; install NCCL where "
-                "CMake finds it (cmake/FindNCCL.cmake, NCCL_ROOT) with LOCKSTEP_CUDA=AUTO or ON and link lockstep::nccl "
-                "(which defines LOCKSTEP_HAS_NCCL)");
-  static_assert(!(why::all_gpu && why::gpu_backend && !why::distinct_gpus),
-                "lockstep: no reducer for this device set: a gpu<I> listed more than once next to other GPUs has no "
-                "default reducer (all on one GPU, or all distinct, have one); name a reducer with "
-                "basic_mirrored<Reducer, ...>");
-  static_assert(why::mixed || why::all_gpu,
-                "lockstep: no reducer for this device set: its device kind's backend offers no default reducer; "
-                "specialise lockstep::select_reducer for it, or name a reducer with basic_mirrored<Reducer, ...>");
-  using type = void;  ///< no reducer
-};
-
-/// One device needs no aggregation.
-template <class Device>
-struct select_reducer<Device> {
-  using type = single_device_reducer;  ///< the no-op reducer
-};
-
-/// Shorthand for select_reducer<Devices...>::type.
-template <class... Devices>
-using select_reducer_t = typename select_reducer<Devices...>::type;
-
-/// The default reducer of a run-time strategy over device kind Kind (any number of replicas of
-/// that kind). This primary template is chosen only when the kind's backend offers none.
-template <class Kind>
-struct select_kind_reducer {
-  static_assert(!is_gpu_v<Kind>, "lockstep: no reducer for gpu devices; include <lockstep/backend/cuda.hpp> (a .cu "
-                                 "file compiled by nvcc) and link lockstep::cuda");
-  static_assert(is_gpu_v<Kind>, "lockstep: no default reducer for this device kind; its backend must specialise "
-                                "lockstep::select_kind_reducer<Kind>, or name a reducer with basic_mirrored<Reducer, ...>");
-  using type = void;  ///< no reducer
-};
-
-/// Shorthand for select_kind_reducer<Kind>::type.
-template <class Kind>
-using select_kind_reducer_t = typename select_kind_reducer<Kind>::type;
 
 }  // namespace lockstep

@@ -49,7 +49,9 @@ public:
   }
 
   /// Forward and backward on one shard: leaves the gradient of the shard's loss SUM in
-  /// gradients() (zero for an empty shard) and returns the loss sum and count.
+  /// gradients() (zero for an empty shard) and returns the loss sum and count, and the top-1 hits
+  /// of the training-mode outputs among the labelled rows (`correct`, `labelled`: from the loss
+  /// when it counts them, else read from host outputs; labelled = 0 when neither can).
   /// `on_layer_done(layer, offset, count)` runs as each top-level layer's gradients become final.
   template <class Loss, class Hook = no_layer_hook>
   loss_sum forward_backward(const Loss& loss, const data::shard& s, const pass_info& info, const Hook& on_layer_done = {}) {
@@ -62,7 +64,8 @@ public:
     const T* x = stage(s);
     const T* out = model_.forward(ctx_, x, s.size, i);
     check_loss<Loss>();
-    const loss_sum l = loss.evaluate(ctx_, loss_args_t{{out, s.size}, targets_of(s), {dout_.data(), s.size}, scratch_.data()});
+    loss_sum l = loss.evaluate(ctx_, loss_args_t{{out, s.size}, targets_of(s), {dout_.data(), s.size}, scratch_.data()});
+    count_hits<Loss>(l, s, out);
     model_.backward(ctx_, dout_.data(), on_layer_done);
     return l;
   }
@@ -160,6 +163,30 @@ private:
   static context_type& on_device(context_type& c) {
     c.activate();
     return c;
+  }
+
+  // The top-1 hits of a labelled shard: the loss counted them, or (host memory) they are read
+  // from the outputs; on other devices a loss that does not count them leaves labelled = 0.
+  template <class Loss>
+  static void count_hits(loss_sum& l, const data::shard& s, const T* out) {
+    l.labelled = 0;
+    if (!s.labels || s.size == 0) {
+      l.correct = 0;
+      return;
+    }
+    if constexpr (counts_correct_v<Loss>) {
+      l.labelled = s.size;
+    } else if constexpr (host_memory) {
+      constexpr std::size_t cols = model_type::output_size;
+      std::size_t hits = 0;
+      for (std::size_t r = 0; r < s.size; ++r)
+        if (s.labels[r] >= 0 && static_cast<std::size_t>(s.labels[r]) < cols)
+          hits += rank_of(out + r * cols, cols, static_cast<std::size_t>(s.labels[r])) == 0 ? 1 : 0;
+      l.correct = hits;
+      l.labelled = s.size;
+    } else {
+      l.correct = 0;
+    }
   }
 
   static void check_width(const data::shard& s) {

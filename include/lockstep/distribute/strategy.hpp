@@ -1,27 +1,32 @@
 #pragma once
 /// @file strategy.hpp
-/// `mirrored_strategy<Kind, Reducer, Determinism>`: the synchronous data-parallel strategy over
-/// replicas on devices of one kind, whose device list is a run-time value. It is the one class
-/// every mirrored strategy is made of (`mirrored<cpu<0>, cpu<1>>`, `mirrored<gpus>`,
-/// `one_device<cpu<0>>`: see mirrored.hpp), so the training path is instantiated once per
-/// device kind, reducer and determinism level, never once per device or per replica count.
+/// `mirrored_strategy<Kind, Reducer, Determinism, World>`: THE synchronous data-parallel strategy:
+/// replicas on devices of one kind, listed at run time, in a world of one or more processes. Every
+/// strategy of the library is this class: `mirrored<cpu<0>, cpu<1>>`, `mirrored<gpus>`,
+/// `one_device<cpu<0>>` (mirrored.hpp) over `local_world`, and `multi_worker_mirrored<cpus>`
+/// (multi_worker.hpp) over `mpi_world`. So the training path — replicate, broadcast, train_step,
+/// the option checks, failure handling — is written once, and is instantiated once per device
+/// kind, reducer, determinism level and world, never once per device or per replica count.
 ///
-/// Its anatomy: an `executor` (persistent workers, run, reduce), a `Reducer` (gradient
-/// aggregation, chosen at compile time), and a step policy (`overlapped_step` for run_to_run,
-/// `micro_shard_step` for replica_count_invariant). It makes replicated models bound to itself,
-/// runs per-replica functions, reduces per-replica values and performs whole training steps.
+/// Its anatomy: a World (who the processes are, how global batches are cut, sums over workers,
+/// what a failure leaves; world.hpp), an `executor` (persistent workers, run, reduce), a
+/// `Reducer` (gradient aggregation, chosen at compile time) and a step policy
+/// (`overlapped_step` for run_to_run, `micro_shard_step` for replica_count_invariant;
+/// steps/step_policy.hpp).
 ///
 /// Failure: an exception in any replica reaches the caller as a replica_error naming the replica
 /// (and the step) with the original nested (a collective that waited longer than
 /// strategy_options::timeout raises timeout_error naming the replicas and the bucket); every
-/// other replica is released; afterwards the strategy is usable again, and a failed train_step
-/// has changed neither the parameters nor the step counter.
+/// other replica is released; a failed train_step has changed neither the parameters nor the step
+/// counter. In a local world the strategy is usable again afterwards; in an MPI world the error
+/// also names the worker's rank, and the strategy refuses further use (end the job).
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -31,6 +36,7 @@
 #include <lockstep/core/random.hpp>
 #include <lockstep/data/batch.hpp>
 #include <lockstep/data/shard_batches.hpp>
+#include <lockstep/distribute/collective_ids.hpp>
 #include <lockstep/distribute/concepts.hpp>
 #include <lockstep/distribute/device_set.hpp>
 #include <lockstep/distribute/executor.hpp>
@@ -39,9 +45,12 @@
 #include <lockstep/distribute/replicated.hpp>
 #include <lockstep/distribute/steps/micro_shard_step.hpp>
 #include <lockstep/distribute/steps/overlapped_step.hpp>
+#include <lockstep/distribute/steps/step_policy.hpp>
+#include <lockstep/distribute/world.hpp>
 #include <lockstep/losses/loss.hpp>
 #include <lockstep/memory/buffer.hpp>
 #include <lockstep/optimizers/optimizer.hpp>
+#include <lockstep/version.hpp>
 
 namespace lockstep {
 
@@ -62,67 +71,131 @@ std::size_t aggregation_root(const std::vector<std::size_t>& ordinals) {
   }
   return 0;
 }
+
+/// A reducer made for world W: from (config, world, ordinals) when it takes the world (it spans
+/// workers itself), else from (config).
+template <class Reducer, class World>
+Reducer make_reducer(const reducer_config& c, World& w, const std::vector<std::size_t>& ordinals) {
+  if constexpr (std::is_constructible_v<Reducer, const reducer_config&, World&, const std::vector<std::size_t>&>)
+    return Reducer(c, w, ordinals);
+  else
+    return Reducer(c);
+}
+
+/// Device 0 of kind Kind, for checking which kinds a reducer serves (void for a kind without one).
+template <class Kind>
+struct first_device_of {
+  using type = void;  ///< unknown kind
+};
+template <>
+struct first_device_of<cpus> {
+  using type = cpu<0>;  ///< host replicas
+};
+template <>
+struct first_device_of<gpus> {
+  using type = gpu<0>;  ///< GPU replicas
+};
+
+/// True when Reducer serves replicas of kind Kind: its `supports` for a device of the kind (its
+/// aggregation device when that is of the kind, else device 0).
+template <class Reducer, class Kind>
+constexpr bool reducer_serves_kind() {
+  using D = typename first_device_of<Kind>::type;
+  if constexpr (std::is_void_v<D>) {
+    return true;  // a kind the library does not know: its backend vouches for its reducers
+  } else {
+    if constexpr (requires { typename Reducer::aggregation_device; }) {
+      using A = typename Reducer::aggregation_device;
+      if constexpr (std::is_same_v<kind_of_t<A>, Kind>) return Reducer::template supports<A>;
+    }
+    return Reducer::template supports<D>;
+  }
+}
 }  // namespace detail
 
 /// A synchronous data-parallel strategy over replicas on devices of kind Kind, listed at run time.
 /// @tparam Kind        the device kind (cpus, gpus)
 /// @tparam Reducer     how gradient sums are aggregated (satisfies lockstep::reducer)
 /// @tparam Determinism run_to_run or replica_count_invariant (host memory only)
-template <class Kind, class Reducer, determinism Determinism>
+/// @tparam World       the processes: local_world (one process) or mpi_world (multi_worker_mirrored)
+template <class Kind, class Reducer, determinism Determinism, class World = local_world>
 class mirrored_strategy {
   static_assert(device_backend<Kind>,
                 "lockstep::mirrored: Kind must be a device kind with a complete backend (lockstep::device_backend)");
-  static_assert(detail::check_reducer<Reducer, context_t<Kind>>());  // names a missing member
+  static_assert(detail::check_reducer<Reducer, context_t<Kind>, World>());  // names a missing member
+  static_assert(detail::reducer_serves_kind<Reducer, Kind>(),
+                "lockstep::mirrored: this reducer does not serve this device kind (its `supports` refuses the kind's "
+                "devices: for example host_allreduce sums host memory, which GPU replicas do not have); name a "
+                "reducer for the kind");
   static_assert(Determinism == determinism::run_to_run || device_memory<Kind>::host_accessible,
                 "lockstep::mirrored: replica_count_invariant is implemented for devices with host memory (cpu<I>)");
+  static_assert(world<World>, "lockstep::mirrored: World must satisfy lockstep::world (local_world, mpi_world)");
 
-  using step_policy =
-      std::conditional_t<Determinism == determinism::run_to_run, overlapped_step, micro_shard_step>;
+  using step_policy = std::conditional_t<Determinism == determinism::run_to_run, overlapped_step<World>,
+                                         micro_shard_step<World>>;
+  static_assert(detail::check_step_policy_shape<step_policy, World>());
 
 public:
   using strategy_concept = strategy_tag;                        ///< opts in to the strategy concept
   using kind_type = Kind;                                       ///< the device kind of every replica
   using reducer_type = Reducer;                                 ///< the gradient reducer
   using context_type = context_t<Kind>;                         ///< a replica's context
-  using core_type = mirrored_strategy;                          ///< the class the training path is written for
+  using world_type = World;                                     ///< the processes of the job
   static constexpr determinism determinism_level = Determinism; ///< the determinism level
   /// The replicated model type for network Net with parameters of type T.
   template <class Net, class T = float>
   using model_type = basic_replicated<Net, Kind, T>;
 
-  /// A strategy over the devices with the given ordinals (in replica order; validated by the
-  /// caller, see resolve_devices), with the given options; starts the worker threads.
+  /// A strategy over the local devices with the given ordinals (in replica order; validated by
+  /// the caller, see resolve_devices), with the given options, in `world` (collective when the
+  /// world spans several processes); starts the worker threads.
   /// @throws config_error for a bad option.
-  mirrored_strategy(std::vector<std::size_t> ordinals, strategy_options options)
+  mirrored_strategy(std::vector<std::size_t> ordinals, strategy_options options, World world)
       : ordinals_(check_ordinals(std::move(ordinals))),
-        options_(check(options, ordinals_.size())),
-        identity_(std::make_shared<const strategy_identity>(strategy_identity{describe(ordinals_)})),
-        reducer_(reducer_config{ordinals_.size(), options_.timeout, collective_ids::count,
-                                detail::aggregation_root<Reducer, Kind>(ordinals_)}),
-        step_(ordinals_.size(), options_),
+        options_(check(options, ordinals_.size(), world)),
+        world_(std::move(world)),
+        identity_(std::make_shared<const strategy_identity>(strategy_identity{describe(ordinals_, world_)})),
+        reducer_(detail::make_reducer<Reducer>(
+            reducer_config{ordinals_.size(), options_.timeout, collective_ids::count,
+                           detail::aggregation_root<Reducer, Kind>(ordinals_)},
+            world_, ordinals_)),
+        step_(ordinals_.size(), options_, world_),
         exec_(ordinals_.size(), options_.pin_replicas && backend_traits<Kind>::replica_owns_core, &abort_all, &reset_all,
               this) {}
+  /// A strategy in a local world (one process).
+  mirrored_strategy(std::vector<std::size_t> ordinals, strategy_options options)
+    requires std::is_same_v<World, local_world>
+      : mirrored_strategy(ordinals, options, local_world(ordinals.size())) {}
   mirrored_strategy(const mirrored_strategy&) = delete;
   mirrored_strategy& operator=(const mirrored_strategy&) = delete;
 
-  /// Number of replicas.
+  /// Number of local replicas (those of this process).
   [[nodiscard]] std::size_t num_replicas() const noexcept { return ordinals_.size(); }
-  /// The device ordinal of each replica.
+  /// The device ordinal of each local replica.
   [[nodiscard]] const std::vector<std::size_t>& device_ordinals() const noexcept { return ordinals_; }
   /// The options.
   [[nodiscard]] const strategy_options& options() const noexcept { return options_; }
   /// The reducer (for collectives issued from inside run()).
   [[nodiscard]] Reducer& reducer() noexcept { return reducer_; }
+  /// The world: `world().rank()`, `size()`, `is_chief()`, `plan()`, `global_replicas()`, `sum(values)`.
+  [[nodiscard]] World& world() noexcept { return world_; }
+  /// The world (read-only).
+  [[nodiscard]] const World& world() const noexcept { return world_; }
+  /// How global batches are cut: world().plan() (one shard per local replica in a local world).
+  [[nodiscard]] shard_plan plan() const noexcept { return world_.plan(); }
   /// BLAS threads per host replica (strategy_options::blas_threads; 1 by default, so a cpu<I>
   /// device is one core and replicas × BLAS threads never exceed the cores).
   [[nodiscard]] int blas_threads() const noexcept { return options_.blas_threads; }
-  /// The strategy in words, for messages: "mirrored over cpu devices {0, 1}".
+  /// The strategy in words, for messages: "mirrored over cpu devices {0, 1}" (and the world).
   [[nodiscard]] const std::string& description() const noexcept { return identity_->description; }
 
-  /// Makes one replica of Net per device, initialised from `s` and made identical by a broadcast
-  /// from replica 0. The model is bound to this strategy.
+  /// Makes one replica of Net per local device, initialised from `s` and made identical by a
+  /// broadcast from replica 0 (of rank 0). The model is bound to this strategy. Collective: the
+  /// workers first check that they agree on the collective plan (a config_error naming the
+  /// field otherwise).
   template <class Net, class T = float>
   [[nodiscard]] model_type<Net, T> replicate(lockstep::seed s) {
+    world_.check_usable();
     std::vector<context_type> contexts;
     contexts.reserve(num_replicas());
     for (const std::size_t o : ordinals_)
@@ -131,9 +204,33 @@ public:
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
     m.set_optimizer_sharding(options_.shard_optimizer);
     collective_ids::check_buckets(m.buckets().size, "lockstep::mirrored");
+    if constexpr (requires { world_.reserve_floats(m.stored_count); }) world_.reserve_floats(m.stored_count);
+    world_.guarded([&] { world_.agree(plan_of(m)); }, [this] { abort_all(this); });
     bind_workspaces(m, m.param_count * sizeof(T));
     broadcast(m, 0);
     return m;
+  }
+
+  /// What every worker must agree on for model `m` before the first collective (world.hpp).
+  template <class Net, class T>
+  [[nodiscard]] collective_plan plan_of(const model_type<Net, T>& m) const {
+    collective_plan p;
+    p.add("lockstep version", static_cast<std::uint64_t>(version_major) * 1'000'000 + version_minor * 1'000 + version_patch);
+    p.add_hashed("device kind", backend_traits<Kind>::name);
+    p.add("determinism", static_cast<std::uint64_t>(Determinism));
+    p.add_hashed("reducer", typeid(Reducer).name());
+    p.add("parameter type size", sizeof(T));
+    p.add("bucket_bytes", options_.bucket_bytes);
+    p.add("micro_shard_rows", options_.micro_shard_rows);
+    p.add("shard_optimizer", options_.shard_optimizer ? 1 : 0);
+    p.add("parameter count", m.param_count);
+    p.add("stored parameter count", m.stored_count);
+    p.add("bucket count", m.buckets().size);
+    std::string layout;
+    for (std::size_t k = 0; k < m.buckets().size; ++k)
+      layout += std::to_string(m.buckets().buckets[k].offset) + ":" + std::to_string(m.buckets().buckets[k].count) + ",";
+    p.add_hashed("bucket plan", layout);
+    return p;
   }
 
   /// Throws config_error naming both strategies unless this strategy made `m`.
@@ -145,11 +242,13 @@ public:
                          "); make it with this strategy's replicate(), or load its checkpoint into one that is");
   }
 
-  /// Copies replica `root`'s parameters and optimiser state to every other replica (only the
-  /// parameters when the update is sharded: each replica owns its slice of the state).
+  /// Copies replica `root`'s parameters and optimiser state (of rank 0, across workers) to every
+  /// other replica (only the parameters when the update is sharded: each replica owns its slice
+  /// of the state). Collective.
   template <class Net, class T>
   void broadcast(model_type<Net, T>& m, std::size_t root = 0) {
     check_model(m);
+    world_.check_usable();
     if (root >= num_replicas())
       throw config_error("lockstep::mirrored::broadcast: root " + std::to_string(root) + " is not a replica");
     const std::size_t state = m.optimizer_sharded() ? 0 : m.replica(root).optimizer_state().size();
@@ -163,86 +262,98 @@ public:
         reducer_.broadcast(r, rep.context(), rep.optimizer_state().data(), state, root);
       }
     };
-    exec_.execute(job);
+    world_.guarded([&] { exec_.execute(job); }, [this] { abort_all(this); });
   }
 
-  /// Runs fn(replica_index, shard) on every replica's worker with its shard of `b`; returns the
-  /// per-replica results (nothing for a void fn). The first failure reaches the caller as a replica_error.
+  /// Runs fn(replica_index, shard) on every local replica's worker with its shard of `b`; returns
+  /// the per-replica results (nothing for a void fn). The first failure reaches the caller as a replica_error.
   template <class F>
   auto run(F&& fn, const data::distributed_batch& b) {
     return exec_.run(std::forward<F>(fn), b);
   }
 
-  /// Runs fn(replica_index) on every replica's worker and waits for all.
+  /// Runs fn(replica_index) on every local replica's worker and waits for all.
   template <class F>
   void run_each(F&& fn) {
     exec_.run_each(std::forward<F>(fn));
   }
 
-  /// Combines per-replica values in replica order (sum, mean, min or max; see executor::reduce).
+  /// Combines per-replica values of this process in replica order (sum, mean, min or max; see
+  /// executor::reduce); world().sum adds values over the workers.
   template <class V>
   [[nodiscard]] auto reduce(reduce_op op, const std::vector<V>& values) const {
     return exec_.reduce(op, values);
   }
 
-  /// In-place sum of `count` elements across replicas, called by every replica from inside run()
-  /// (synchronous; collective_ids::all_reduce).
+  /// In-place sum of `count` elements across every replica of every worker, called by every
+  /// local replica from inside run() or run_each() (synchronous; collective_ids::all_reduce).
   template <class Ctx, class T>
   void all_reduce(std::size_t replica, Ctx& ctx, T* data, std::size_t count) {
     reducer_.start(replica, ctx, data, count, collective_ids::all_reduce);
     reducer_.wait(replica, ctx, collective_ids::all_reduce);
   }
 
-  /// Cuts every global batch of `batches` into one shard per replica (see data::shard_batches).
+  /// Every worker arrives (nothing to wait for in a local world). Collective.
+  void barrier() {
+    world_.guarded([&] { world_.barrier(); }, [this] { abort_all(this); });
+  }
+
+  /// Cuts every global batch of `batches` into this process's shards (see data::shard_batches;
+  /// one per local replica, following plan()).
   template <class Range>
   [[nodiscard]] auto shard(Range&& batches) const {
     return data::shard_batches(std::forward<Range>(batches), num_replicas());
   }
 
-  /// One synchronous training step on `b` (see lockstep::train_step).
+  /// One synchronous training step on `b` (see lockstep::train_step): b.global is the whole
+  /// global batch, b.shards this process's shards of it (plan()). Collective.
   template <class Net, class T, class Optimizer, class Loss>
   step_stats train_step(model_type<Net, T>& m, const Optimizer& opt, const Loss& loss, const data::distributed_batch& b) {
     static_assert(optimizer<Optimizer>, "lockstep::train_step: the optimiser must satisfy lockstep::optimizer");
     static_assert(lockstep::loss<Loss>, "lockstep::train_step: the loss must satisfy lockstep::loss");
+    static_assert(detail::check_step_policy_run<step_policy, Reducer, model_type<Net, T>, Optimizer, Loss>());
     check_model(m);
+    world_.check_usable();
     exec_.check_batch(b);
-    std::size_t total = 0;
-    for (const auto& s : b.shards) total += s.size;
-    if (total != b.global_size())
-      throw shape_error("lockstep::train_step: the shards hold " + std::to_string(total) +
-                        " rows but the global batch has " + std::to_string(b.global_size()));
+    const std::size_t total = b.global_size();
+    check_shards(b, total);
     if (total == 0) return {};
-    const pass_info info{true, m.seed().value, m.step(), 0, 0};
+    const pass_info info = pass_info::for_training(m.seed().value, m.step());
     const update_info update{opt.lr, m.step() + 1, 1.0 / static_cast<double>(total)};
-    step_stats out;
-    out.loss_sum = step_.run(exec_, reducer_, m, opt, loss, b, info, update);
+    step_stats out = world_.guarded([&] { return step_.run(exec_, reducer_, m, opt, loss, b, info, update); },
+                                    [this] { abort_all(this); });
     out.count = total;
     m.set_step(m.step() + 1);
     return out;
   }
 
 private:
-
   static std::vector<std::size_t> check_ordinals(std::vector<std::size_t> o) {
     if (o.empty()) throw config_error("lockstep::mirrored: needs at least one device");
     return o;
   }
 
-  static std::string describe(const std::vector<std::size_t>& ordinals) {
-    return std::string("mirrored over ") + backend_traits<Kind>::name + " devices " + detail::list_text(ordinals);
+  static std::string describe(const std::vector<std::size_t>& ordinals, const World& w) {
+    std::string text = std::string("mirrored over ") + backend_traits<Kind>::name + " devices " + detail::list_text(ordinals);
+    const std::string where = w.describe();
+    return where.empty() ? text : text + " (" + where + ")";
   }
 
-  static strategy_options check(strategy_options o, std::size_t replicas) {
+  static strategy_options check(strategy_options o, std::size_t replicas, const World& w) {
     if (o.timeout.count() <= 0) throw config_error("lockstep: strategy_options::timeout must be positive");
     if (o.blas_threads < 1)
       throw config_error("lockstep: strategy_options::blas_threads must be >= 1, got " + std::to_string(o.blas_threads));
     if constexpr (backend_traits<Kind>::replica_owns_core) {
-      const auto cores = static_cast<std::size_t>(allowed_cpu_count());
-      if (o.blas_threads > 1 && replicas * static_cast<std::size_t>(o.blas_threads) > cores)
-        throw config_error("lockstep: strategy_options::blas_threads = " + std::to_string(o.blas_threads) + " with " +
-                           std::to_string(replicas) + " replicas would run " +
-                           std::to_string(replicas * static_cast<std::size_t>(o.blas_threads)) + " BLAS threads on " +
-                           std::to_string(cores) + " cores");
+      if (w.size() > 1) {
+        o.pin_replicas = false;  // several processes share the machine's cores
+      } else {
+        const auto cores = static_cast<std::size_t>(allowed_cpu_count());
+        if (o.blas_threads > 1 && replicas * static_cast<std::size_t>(o.blas_threads) > cores)
+          throw config_error("lockstep: strategy_options::blas_threads = " + std::to_string(o.blas_threads) + " with " +
+                             std::to_string(replicas) + " replicas would run " +
+                             std::to_string(replicas * static_cast<std::size_t>(o.blas_threads)) + " BLAS threads on " +
+                             std::to_string(cores) + " cores");
+      }
     }
     if (o.shard_optimizer && !device_memory<Kind>::host_accessible)
       throw config_error(std::string("lockstep: strategy_options::shard_optimizer is implemented for devices with host "
@@ -251,6 +362,17 @@ private:
       throw config_error("lockstep: strategy_options::blas_threads must be 1 under replica_count_invariant "
                          "(a GEMM's result must not depend on the thread count)");
     return o;
+  }
+
+  // The shards must hold exactly this process's part of the global batch (plan()).
+  void check_shards(const data::distributed_batch& b, std::size_t total) const {
+    std::size_t held = 0, expected = 0;
+    for (const auto& s : b.shards) held += s.size;
+    const shard_plan p = world_.plan();
+    for (std::size_t r = 0; r < num_replicas(); ++r) expected += data::detail::part_of(total, p.first + r, p.parts).second;
+    if (held != expected)
+      throw shape_error("lockstep::train_step: the shards hold " + std::to_string(held) + " rows but this process's part of "
+                        "the global batch of " + std::to_string(total) + " has " + std::to_string(expected));
   }
 
   static void abort_all(void* self) noexcept {
@@ -281,6 +403,7 @@ private:
 
   std::vector<std::size_t> ordinals_;
   strategy_options options_;
+  World world_;
   std::shared_ptr<const strategy_identity> identity_;
   Reducer reducer_;
   step_policy step_;
@@ -292,8 +415,9 @@ private:
 /// One synchronous training step of model `m` on distributed batch `b`: every replica runs
 /// forward and backward on its shard, gradient sums are all-reduced bucket by bucket while the
 /// backward pass continues, and every replica applies the same update with lr = opt.lr and
-/// grad_scale = 1 / (global sample count). Returns the loss summed over the global batch and the
-/// count; increments m.step(). An empty global batch changes nothing and returns {0, 0}.
+/// grad_scale = 1 / (global sample count). Returns the loss summed over the global batch, the
+/// count and the training hits; increments m.step(). An empty global batch changes nothing and
+/// returns {0, 0}.
 template <class Strategy, class Model, class Optimizer, class Loss>
   requires strategy_for<Strategy, Model, Optimizer, Loss>
 step_stats train_step(Strategy& s, Model& m, const Optimizer& opt, const Loss& loss, const data::distributed_batch& b) {

@@ -52,6 +52,23 @@ struct pass_info {
   std::uint64_t global_rows = 0;     ///< rows of the global batch (0: this call's batch is all of it)
   row_exchange* exchange = nullptr;  ///< gathers rows across replicas (null: this call holds the whole batch)
   std::size_t rank = 0;              ///< this replica's index in `exchange`
+
+  /// A training pass of update `step` of a model seeded with `seed` (the other fields are set
+  /// where they become known: the replica sets the shard's offset and the global batch's rows,
+  /// the step policy the row exchange, sequential the layer streams and state offsets).
+  [[nodiscard]] static constexpr pass_info for_training(std::uint64_t seed, std::uint64_t step) noexcept {
+    pass_info p;
+    p.training = true;
+    p.seed = seed;
+    p.step = step;
+    return p;
+  }
+  /// An evaluation pass (dropout off, running statistics used) after `step` updates.
+  [[nodiscard]] static constexpr pass_info for_evaluation(std::uint64_t step) noexcept {
+    pass_info p;
+    p.step = step;
+    return p;
+  }
 };
 
 /// The non-trainable state of a layer (`state_count` elements, e.g. batch norm's running

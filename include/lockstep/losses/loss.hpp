@@ -45,7 +45,19 @@ struct loss_sum {
   double sum = 0;          ///< sum of per-sample losses
   std::size_t count = 0;   ///< samples summed
   std::size_t correct = 0; ///< rows whose arg-max output equals the label (losses with counts_correct)
+  std::size_t labelled = 0;///< labelled rows whose hits `correct` counts (filled by the replica, not the loss)
 };
+
+/// How many outputs of `row` rank ahead of output `label`: those strictly larger, and those equal
+/// with a smaller index (so ties resolve to the lowest index, as an argmax does). The prediction
+/// is top-k correct when the result is < k.
+template <class T>
+[[nodiscard]] std::size_t rank_of(const T* row, std::size_t cols, std::size_t label) noexcept {
+  const T v = row[label];
+  std::size_t ahead = 0;
+  for (std::size_t j = 0; j < cols; ++j) ahead += (row[j] > v || (row[j] == v && j < label)) ? 1 : 0;
+  return ahead;
+}
 
 /// True when loss L counts top-1 hits in loss_sum::correct as it evaluates (on any device).
 template <class L>

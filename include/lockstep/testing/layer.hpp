@@ -65,7 +65,11 @@ struct gradient_tolerance {
 };
 
 /// The train-mode pass_info the suite uses (a fixed seed and step, this layer at stream 3).
-inline pass_info suite_train_info() { return pass_info{true, 17, 4, 0, 3}; }
+inline pass_info suite_train_info() {
+  pass_info p = pass_info::for_training(17, 4);
+  p.layer_stream = 3;
+  return p;
+}
 
 /// suite_train_info for bound layer B in `training` mode, its state right after its parameters.
 template <class B>

@@ -76,7 +76,7 @@ struct callback {
   std::function<void(const epoch_stats&, training_control&)> epoch_end;
   /// Called after each update with the update's mean loss.
   std::function<void(double, training_control&)> step_end;
-  /// Maps (rate, step) to the rate of update `step` (0-based); schedules of several callbacks
+  /// Maps (rate, step) to the rate of update `step` (0-based); schedules of more than one callback
   /// compose in order.
   std::function<float(float, std::uint64_t)> schedule;
   /// Returns the callback's internal state (stored in checkpoints); empty hook: no state.

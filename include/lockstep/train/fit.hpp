@@ -48,60 +48,40 @@ concept batch_source = requires(const D& d, std::uint64_t e) {
 
 namespace detail {
 
-/// The strategy class a strategy's training path is written for (mirrored_strategy for every
-/// mirrored form), so fit and evaluate are instantiated once per kind, not once per device list.
+/// True when S is (or derives from) a mirrored_strategy.
+template <class K, class R, determinism D, class W>
+std::true_type is_mirrored_strategy(const mirrored_strategy<K, R, D, W>*);
+std::false_type is_mirrored_strategy(...);
+template <class S>
+inline constexpr bool is_mirrored_strategy_v = decltype(is_mirrored_strategy(static_cast<const S*>(nullptr)))::value;
+
+/// The mirrored_strategy base of a strategy derived from one.
+template <class K, class R, determinism D, class W>
+mirrored_strategy<K, R, D, W>& as_mirrored(mirrored_strategy<K, R, D, W>& s) noexcept {
+  return s;
+}
+
+/// The strategy class a strategy's training path is written for: the mirrored_strategy base of
+/// every mirrored form (so fit and evaluate are instantiated once per kind, reducer, determinism
+/// and world, not once per device list), or the strategy itself.
 template <class S>
 auto& core_of(S& s) noexcept {
-  if constexpr (requires { typename S::core_type; })
-    return static_cast<typename S::core_type&>(s);
+  if constexpr (is_mirrored_strategy_v<S>)
+    return as_mirrored(s);
   else
     return s;
 }
 
-/// Refuses a model the strategy did not make (config_error naming both), or one with another
-/// number of replicas for strategies that cannot tell who made it.
+/// Refuses a model the strategy did not make (config_error naming both), or — for a strategy of
+/// the user's, which cannot tell who made a model — one with another number of replicas.
 template <class S, class M>
 void check_bound(const S& s, const M& m) {
-  if constexpr (requires { s.check_model(m); }) {
+  if constexpr (is_mirrored_strategy_v<S>) {
     s.check_model(m);
   } else if (m.size() != s.num_replicas()) {
     throw config_error("lockstep: the model has " + std::to_string(m.size()) + " replicas but the strategy has " +
                        std::to_string(s.num_replicas()));
   }
-}
-
-/// How strategy `s` cuts a global batch: its shard_plan() when it spans several processes, else
-/// one shard per replica.
-template <class S>
-shard_plan plan_of(const S& s) {
-  if constexpr (requires { { s.plan() } -> std::convertible_to<shard_plan>; })
-    return s.plan();
-  else
-    return shard_plan{s.num_replicas(), 0};
-}
-
-/// Sums `v` over the processes of a multi-process strategy (nothing for a single process).
-template <class S>
-void sum_over_workers(S& s, std::span<double> v) {
-  if constexpr (requires { s.sum_over_workers(v); }) s.sum_over_workers(v);
-}
-
-/// True when this process writes progress, metrics and checkpoints (rank 0 of a multi-process strategy).
-template <class S>
-bool is_chief(const S& s) {
-  if constexpr (requires { { s.is_chief() } -> std::convertible_to<bool>; })
-    return s.is_chief();
-  else
-    return true;
-}
-
-/// Replicas over all processes (recorded in checkpoints).
-template <class S>
-std::size_t global_replicas(const S& s) {
-  if constexpr (requires { { s.global_replicas() } -> std::convertible_to<std::size_t>; })
-    return s.global_replicas();
-  else
-    return s.num_replicas();
 }
 
 template <class Source>
@@ -243,10 +223,9 @@ evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eva
   const std::size_t n = s.num_replicas();
   detail::eval_scratch scratch(n);
   metric_sums total;
-  pass_info info;
-  info.training = false;
-  info.step = m.step();
-  const shard_plan plan = plan_of(s);
+  const pass_info info = pass_info::for_evaluation(m.step());
+  auto&& w = world_of(s);
+  const shard_plan plan = w.plan();
   for (auto& db : data.batches(plan.parts, plan.first, n)) {
     auto per = s.run(
         [&](std::size_t r, const data::shard& sh) {
@@ -255,10 +234,10 @@ evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eva
         db);
     total += reduce_metric_sums(s, per);
   }
-  if (plan.parts != n) {  // several processes: every process's sums, added in rank order
+  if (w.size() > 1) {  // more than one process: every process's sums, added in rank order
     double v[5] = {total.loss_sum, static_cast<double>(total.count), static_cast<double>(total.labelled),
                    static_cast<double>(total.correct), static_cast<double>(total.top_k_correct)};
-    sum_over_workers(s, v);
+    w.sum(v);
     total.loss_sum = v[0];
     total.count = static_cast<std::uint64_t>(std::llround(v[1]));
     total.labelled = static_cast<std::uint64_t>(std::llround(v[2]));
@@ -314,9 +293,7 @@ predictions predict(Strategy& strategy, Replicated& m, const eval_data& data) {
   const std::size_t n = s.num_replicas();
   predictions p;
   p.width = cols;
-  pass_info info;
-  info.training = false;
-  info.step = m.step();
+  const pass_info info = pass_info::for_evaluation(m.step());
   for (auto& db : data.batches(n)) {
     const std::size_t base = p.indices.size();
     p.indices.insert(p.indices.end(), db.global->indices.begin(), db.global->indices.end());
@@ -469,8 +446,8 @@ public:
     t0_ = std::chrono::steady_clock::now();
     bar_->begin_epoch(e, expected_steps_);
     const bool resumed = e == start_epoch;
-    counters.correct = resumed ? resumed_.correct : 0;
-    counters.labelled = resumed ? resumed_.labelled : 0;
+    correct_ = resumed ? resumed_.correct : 0;
+    labelled_ = resumed ? resumed_.labelled : 0;
     loss_sum_ = resumed ? resumed_.loss_sum : 0.0;
     count_ = resumed ? resumed_.samples : 0;
     steps_ = resumed ? resumed_.steps : 0;
@@ -494,6 +471,8 @@ public:
     ++steps_;
     loss_sum_ += r.loss_sum;
     count_ += r.count;
+    correct_ += r.correct;
+    labelled_ += r.labelled;
     ctl.step = model_step;
     const double step_loss = r.count ? r.loss_sum / static_cast<double>(r.count) : 0.0;
     for (const auto& c : o_.callbacks)
@@ -520,8 +499,8 @@ public:
     st.steps = steps_;
     st.samples = count_;
     st.train_loss = count_ ? loss_sum_ / static_cast<double>(count_) : std::numeric_limits<double>::quiet_NaN();
-    st.train_accuracy = (counters.labelled > 0 && !counters.unavailable)
-                            ? static_cast<double>(counters.correct) / static_cast<double>(counters.labelled)
+    st.train_accuracy = labelled_ > 0
+                            ? static_cast<double>(correct_) / static_cast<double>(labelled_)
                             : std::numeric_limits<double>::quiet_NaN();
     const double train_seconds = std::chrono::duration<double>(t1 - t0_).count();
     st.samples_per_second = train_seconds > 0 ? static_cast<double>(count_ - count_before_) / train_seconds : 0;
@@ -561,15 +540,14 @@ public:
       st.epoch_loss_sum = loss_sum_;
       st.epoch_samples = count_;
       st.epoch_steps = steps_;
-      st.epoch_labelled = counters.labelled.load();
-      st.epoch_correct = counters.correct.load();
+      st.epoch_labelled = labelled_;
+      st.epoch_correct = correct_;
     }
     ckpt_->save(st);
   }
 
   history h;                          ///< the result
   training_control ctl;               ///< what callbacks see and change
-  accuracy_counters counters;         ///< training top-1 hits of the epoch in progress
   float lr = 0;                       ///< the rate of the last update (the checkpoint's when resuming)
   std::uint64_t start_epoch = 0;      ///< the first epoch to run
   std::uint64_t batches = 0;          ///< global batches of the epoch in progress consumed so far
@@ -592,6 +570,7 @@ private:
   std::chrono::steady_clock::time_point t0_{};
   double loss_sum_ = 0;
   std::uint64_t count_ = 0, steps_ = 0, count_before_ = 0;
+  std::uint64_t correct_ = 0, labelled_ = 0;  // training top-1 hits of the epoch in progress, and labelled rows
 };
 
 /// The model seed recorded in checkpoints: the model's own, or fit_options::seed.
@@ -622,9 +601,9 @@ template <class Strategy, class Replicated, class Optimizer, class Loss, class S
 history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& loss, const Source& train,
                  const fit_options& o) {
   check_bound(s, m);
-  fit_session run(o, optimizer.lr, global_replicas(s), is_chief(s));
-  const shard_plan plan = plan_of(s);
-  const bool several = plan.parts != s.num_replicas();
+  auto&& w = world_of(s);
+  const shard_plan plan = w.plan();
+  fit_session run(o, optimizer.lr, plan.parts, w.is_chief());  // plan.parts: the replicas of every worker
   if (const auto ck = run.checkpoint_to_resume()) {
     check_resumable(m, optimizer, ck->first, ck->second);
     run.resume_from(ck->first, ck->second);  // refuses callback states that do not fit, before the model changes
@@ -632,9 +611,8 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   }
   run.open_outputs();
   const auto save = [&](std::uint64_t epoch, std::uint64_t batches) {
-    if (is_chief(s)) run.save(io::capture(m), epoch, batches, model_seed(m, o));
+    if (w.is_chief()) run.save(io::capture(m), epoch, batches, model_seed(m, o));
   };
-  const counting_loss<Loss> counted{&loss, &run.counters};
   for (std::uint64_t e = run.start_epoch; run.runs(e, m.step()); ++e) {
     run.begin_epoch(e);
     for (auto&& b : train.epoch(e)) {
@@ -643,20 +621,11 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
         continue;
       }
       const data::distributed_batch db =
-          several ? data::detail::make_sharded(std::move(b), plan.parts, plan.first, s.num_replicas())
-                  : data::detail::make_sharded(std::move(b), s.num_replicas());
+          data::detail::make_sharded(std::move(b), plan.parts, plan.first, s.num_replicas());
       run.lr = run.rate_at(m.step());
       Optimizer opt = optimizer;
       opt.lr = run.lr;
-      const std::uint64_t correct0 = run.counters.correct, labelled0 = run.counters.labelled;
-      const step_stats r = s.train_step(m, opt, counted, db);
-      if (several) {  // training hits of every process
-        double hits[2] = {static_cast<double>(run.counters.correct - correct0),
-                          static_cast<double>(run.counters.labelled - labelled0)};
-        sum_over_workers(s, hits);
-        run.counters.correct = correct0 + static_cast<std::uint64_t>(std::llround(hits[0]));
-        run.counters.labelled = labelled0 + static_cast<std::uint64_t>(std::llround(hits[1]));
-      }
+      const step_stats r = s.train_step(m, opt, loss, db);
       if (run.end_step(r, m.step(), save)) break;
     }
     auto [st, finished] = run.end_steps(e, m.step(), save);
@@ -689,7 +658,7 @@ template <class Strategy, class Replicated, class Optimizer, class Loss, batch_s
 history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& loss, const Source& train,
             const fit_options& o = {}) {
   // Member by member, so that a type that lacks one is told which.
-  static_assert(detail::check_training_strategy<Strategy, Replicated, Optimizer, detail::counting_loss<Loss>>());
+  static_assert(detail::check_training_strategy<Strategy, Replicated, Optimizer, Loss>());
   static_assert(detail::check_optimizer<Optimizer, typename Replicated::value_type, typename Replicated::context_type>());
   static_assert(detail::check_loss<Loss, typename Replicated::value_type, typename Replicated::context_type,
                                    typename Replicated::model_type::output_shape>());

@@ -4,7 +4,6 @@
 /// predictions, samples); replicas reduce the sums and the counts, and only the final ratio is a
 /// division, so a metric over N replicas equals the metric over one device, whatever the shard sizes.
 
-#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -51,17 +50,6 @@ struct metric_sums {
   }
 };
 
-/// How many outputs of `row` rank ahead of output `label`: those strictly larger, and those equal
-/// with a smaller index (so ties resolve to the lowest index, as an argmax does). The prediction
-/// is top-k correct when the result is < k.
-template <class T>
-[[nodiscard]] std::size_t rank_of(const T* row, std::size_t cols, std::size_t label) noexcept {
-  const T v = row[label];
-  std::size_t ahead = 0;
-  for (std::size_t j = 0; j < cols; ++j) ahead += (row[j] > v || (row[j] == v && j < label)) ? 1 : 0;
-  return ahead;
-}
-
 /// Adds the top-1 and top-k counts of `rows` host output rows (rows x cols) against `labels` to `m`
 /// (a null `labels` adds nothing). Does not touch loss_sum or count.
 /// @throws shape_error when a label is negative or not below cols.
@@ -80,55 +68,4 @@ void count_predictions(const T* out, std::size_t rows, std::size_t cols, const s
   }
 }
 
-namespace detail {
-
-/// Counters a counting_loss adds to from every replica thread.
-struct accuracy_counters {
-  std::atomic<std::uint64_t> correct{0};   ///< top-1 hits
-  std::atomic<std::uint64_t> labelled{0};  ///< labelled rows seen
-  std::atomic<bool> unavailable{false};    ///< a replica's outputs were not on the host
-};
-
-/// Wraps a loss so that each evaluation during training also counts top-1 hits of the
-/// training-mode outputs: from loss_sum::correct when the loss counts them (on any device),
-/// otherwise by reading host outputs (on other devices the accuracy is then unavailable).
-template <class Loss>
-struct counting_loss {
-  using loss_concept = loss_tag;                                    ///< opts in to the loss concept
-  static constexpr std::size_t scratch_per_row = Loss::scratch_per_row;  ///< as the wrapped loss
-  const Loss* inner;                                                ///< the loss being trained
-  accuracy_counters* counters;                                      ///< where hits are added
-
-  /// Counts the hits of `a.out`, then evaluates the wrapped loss.
-  template <class T, class Ctx, class Shape>
-  loss_sum evaluate(Ctx& ctx, const loss_args<T, Ctx, Shape>& a) const {
-    constexpr std::size_t cols = Shape::size;
-    const std::size_t rows = a.rows();
-    const targets<T>& t = a.target;
-    if constexpr (counts_correct_v<Loss>) {
-      const loss_sum l = inner->evaluate(ctx, a);
-      if (t.labels && rows > 0) {
-        counters->correct.fetch_add(l.correct, std::memory_order_relaxed);
-        counters->labelled.fetch_add(rows, std::memory_order_relaxed);
-      }
-      return l;
-    } else {
-      if (t.labels && rows > 0) {
-        if constexpr (std::is_same_v<std::remove_cv_t<Ctx>, backend::host_context>) {
-          std::uint64_t hits = 0;
-          for (std::size_t i = 0; i < rows; ++i)
-            if (t.labels[i] >= 0 && static_cast<std::size_t>(t.labels[i]) < cols)
-              hits += rank_of(a.out.row(i), cols, static_cast<std::size_t>(t.labels[i])) == 0 ? 1 : 0;
-          counters->correct.fetch_add(hits, std::memory_order_relaxed);
-          counters->labelled.fetch_add(rows, std::memory_order_relaxed);
-        } else {
-          counters->unavailable.store(true, std::memory_order_relaxed);
-        }
-      }
-      return inner->evaluate(ctx, a);
-    }
-  }
-};
-
-}  // namespace detail
 }  // namespace lockstep

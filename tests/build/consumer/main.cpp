@@ -23,7 +23,7 @@ int main() {
   const ls::adam opt{.lr = 0.05f};
   double first = 0, last = 0;
   for (std::uint64_t step = 0; step < 20; ++step) {
-    const ls::loss_sum l = rep.forward_backward(ls::softmax_cross_entropy{}, all, ls::pass_info{true, 1, step, 0, 0});
+    const ls::loss_sum l = rep.forward_backward(ls::softmax_cross_entropy{}, all, ls::pass_info::for_training(1, step));
     rep.apply(opt, ls::update_info{opt.lr, step + 1, 1.0 / double(l.count)});
     (step == 0 ? first : last) = l.sum / double(l.count);
   }

@@ -1,22 +1,33 @@
 #pragma once
 /// @file micro_shard_step.hpp
-/// The replica_count_invariant training step: the global batch is cut into micro-shards of
-/// strategy_options::micro_shard_rows rows; replica r computes the gradient sums of micro-shards
-/// [K r / N, K (r + 1) / N) into their slots; then every replica sums its slice of the parameters
-/// over the slots in micro-shard order and writes it to every replica. The GEMM shapes and the
-/// summation order depend only on the batch, so the result is bitwise the same for any number of
-/// replicas. Host memory only: the slots are shared host memory.
+/// The replica_count_invariant step policy (see step_policy.hpp): the global batch is cut into
+/// micro-shards of strategy_options::micro_shard_rows rows; over all G replicas of all workers,
+/// replica g computes the gradient sums of micro-shards [K g / G, K (g + 1) / G) into their slots;
+/// then every parameter's K slot values are summed in micro-shard order 0..K-1. The GEMM shapes
+/// and the summation order depend only on the batch, so the result is bitwise the same for any
+/// number of replicas and workers. Host memory only: the slots are host memory.
+///
+/// One process: replica r sums its slice of the parameters over the K slots and writes it into
+/// every replica. Several workers (an ordered reduce-scatter, then one all-gather): each worker
+/// packs its micro-shards' gradients by destination parameter slice, one all-to-all gives each
+/// worker every micro-shard's values of its own slice in micro-shard order, its replicas sum that
+/// slice in that order, and one all-gather completes the sum everywhere. Memory per worker: its
+/// own slots and K·P/W received values, never all K·P.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <lockstep/data/batch.hpp>
 #include <lockstep/distribute/concepts.hpp>
 #include <lockstep/distribute/detail/host_comm.hpp>
 #include <lockstep/distribute/executor.hpp>
-#include <lockstep/distribute/reducers/host.hpp>
+#include <lockstep/distribute/reducers/detail/host_sum.hpp>
+#include <lockstep/distribute/steps/step_policy.hpp>
+#include <lockstep/distribute/world.hpp>
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/losses/loss.hpp>
 #include <lockstep/memory/buffer.hpp>
@@ -40,40 +51,51 @@ inline data::shard micro_shard(const data::batch& g, const data::shard& whole, s
   return s;
 }
 
-/// Replica r of n: sums its slice of the P parameters over the k_total micro-shard gradient slots
-/// (slot k at slots + k P) in micro-shard order, and writes the sum into every replica's gradients.
-template <class T, class Replicated>
-void sum_slots_into_replicas(Replicated& m, const T* slots, std::size_t P, std::size_t k_total, std::size_t r,
-                             std::size_t n) {
-  const auto [lo, hi] = slice_of<T>(P, r, n);
+/// Sums elements [lo, hi) over the k_total rows of `slots` (row k at slots + k stride) in row
+/// order, writing each finished chunk through `write(offset, acc, len)`.
+template <class T, class Write>
+void sum_rows(const T* slots, std::size_t stride, std::size_t k_total, std::size_t lo, std::size_t hi, const Write& write) {
   constexpr std::size_t chunk = reduce_chunk_bytes / sizeof(T);
   T acc[chunk];
   for (std::size_t c = lo; c < hi; c += chunk) {
     const std::size_t len = std::min(chunk, hi - c);
     std::memcpy(acc, slots + c, len * sizeof(T));
     for (std::size_t k = 1; k < k_total; ++k)
-      for (std::size_t i = 0; i < len; ++i) acc[i] += slots[k * P + c + i];
-    for (std::size_t j = 0; j < n; ++j) std::memcpy(m.replica(j).model().gradients().data() + c, acc, len * sizeof(T));
+      for (std::size_t i = 0; i < len; ++i) acc[i] += slots[k * stride + c + i];
+    write(c, acc, len);
   }
+}
+
+/// Replica r of n: sums its slice of the P parameters over the k_total micro-shard gradient slots
+/// (slot k at slots + k P) in micro-shard order, and writes the sum into every replica's gradients.
+template <class T, class Replicated>
+void sum_slots_into_replicas(Replicated& m, const T* slots, std::size_t P, std::size_t k_total, std::size_t r,
+                             std::size_t n) {
+  const auto [lo, hi] = slice_of<T>(P, r, n);
+  sum_rows(slots, P, k_total, lo, hi, [&](std::size_t c, const T* acc, std::size_t len) {
+    for (std::size_t j = 0; j < n; ++j) std::memcpy(m.replica(j).model().gradients().data() + c, acc, len * sizeof(T));
+  });
 }
 
 }  // namespace detail
 
 /// Step policy of determinism::replica_count_invariant: fixed micro-shards summed in a fixed order.
+/// @tparam World the strategy's world (local_world, mpi_world)
+template <class World>
 class micro_shard_step {
 public:
-  /// The policy of a strategy with `replicas` replicas.
+  /// The policy of a strategy with `replicas` local replicas in `world`.
   /// @throws config_error when options.micro_shard_rows is 0.
-  micro_shard_step(std::size_t replicas, const strategy_options& o)
-      : sync_(replicas, o.timeout), rows_(o.micro_shard_rows) {
+  micro_shard_step(std::size_t replicas, const strategy_options& o, World& world)
+      : sync_(replicas, o.timeout), rows_(o.micro_shard_rows), world_(&world) {
     if (rows_ == 0) throw config_error("lockstep: strategy_options::micro_shard_rows must be >= 1");
   }
 
   /// One step of `m` on `b` through `ex` (the reducer is not used: the sum runs over micro-shard
-  /// slots, not over replicas); returns the loss summed over the global batch.
+  /// slots, not over replicas); see step_policy.hpp.
   template <class Reducer, class Replicated, class Optimizer, class Loss>
-  double run(executor& ex, Reducer&, Replicated& m, const Optimizer& opt, const Loss& loss,
-             const data::distributed_batch& b, const pass_info& info, const update_info& update) {
+  step_stats run(executor& ex, Reducer&, Replicated& m, const Optimizer& opt, const Loss& loss,
+                 const data::distributed_batch& b, const pass_info& info, const update_info& update) {
     using T = typename Replicated::value_type;
     constexpr std::size_t P = Replicated::param_count;
     if constexpr (Replicated::model_type::couples_rows)
@@ -83,20 +105,66 @@ public:
           "determinism::run_to_run, under which batch_norm still computes its statistics over the global batch");
     const data::batch& g = *b.global;
     const std::size_t n = ex.size();
-    const std::size_t rows = g.rows();
-    const std::size_t k_total = (rows + rows_ - 1) / rows_;
-    if (slots_.size() < k_total * P * sizeof(T)) slots_ = buffer<std::byte, cpus>(k_total * P * sizeof(T));
-    micro_loss_.assign(k_total, loss_sum{});
-    T* slots = reinterpret_cast<T*>(slots_.data());
+    const std::size_t k_total = (g.rows() + rows_ - 1) / rows_;
+    const bool spans = world_->size() > 1;
+    std::size_t k_first = 0, k_mine = k_total;
+    if constexpr (requires { world_->micro_shards(k_total); })
+      if (spans) {
+        const auto [lo, hi] = world_->micro_shards(k_total);
+        k_first = lo;
+        k_mine = hi - lo;
+      }
+    // Slots: one process, K rows of P; several workers, this worker's k_mine slots packed by
+    // destination slice, then K rows of this worker's slice received, then the P-vector sum.
+    std::size_t m_lo = 0, m_hi = P;
+    if constexpr (requires { world_->param_slice(P); })
+      if (spans) std::tie(m_lo, m_hi) = world_->param_slice(P);
+    // (Three buffers, so MPI never sees a send and a receive buffer at the same address, even
+    // when a worker computes no micro-shard.)
+    T* slots = grow<T>(slots_, (spans ? k_mine : k_total) * P);
+    T* recv = spans ? grow<T>(recv_, k_total * (m_hi - m_lo)) : nullptr;
+    T* sum = spans ? grow<T>(sum_, P) : nullptr;
+    micro_.assign(3 * k_total, 0.0);
     const auto whole = data::whole(g);
+    const std::size_t gn = world_->global_replicas();
     auto job = [&](std::size_t r) {
       auto& rep = m.replica(r);
-      for (std::size_t k = k_total * r / n; k < k_total * (r + 1) / n; ++k) {
-        micro_loss_[k] = rep.forward_backward(loss, detail::micro_shard(g, whole, k, rows_), info);
-        std::memcpy(slots + k * P, rep.model().gradients().data(), P * sizeof(T));
+      const std::size_t gr = world_->plan().first + r;  // this replica among all replicas of all workers
+      for (std::size_t k = k_total * gr / gn; k < k_total * (gr + 1) / gn; ++k) {
+        const loss_sum l = rep.forward_backward(loss, detail::micro_shard(g, whole, k, rows_), info);
+        micro_[3 * k] = l.sum;
+        micro_[3 * k + 1] = static_cast<double>(l.correct);
+        micro_[3 * k + 2] = static_cast<double>(l.labelled);
+        const T* grad = rep.model().gradients().data();
+        if (!spans) {
+          std::memcpy(slots + k * P, grad, P * sizeof(T));
+        } else if constexpr (requires { world_->slice_of_worker(P, 0); }) {
+          for (std::size_t v = 0; v < world_->size(); ++v) {  // packed by destination slice
+            const auto [lo, hi] = world_->slice_of_worker(P, v);
+            std::memcpy(slots + World::pack_offset(k_mine, k - k_first, lo, hi), grad + lo, (hi - lo) * sizeof(T));
+          }
+        }
       }
       sync_.barrier(r);
-      detail::sum_slots_into_replicas(m, slots, P, k_total, r, n);
+      if (!spans) {
+        detail::sum_slots_into_replicas(m, slots, P, k_total, r, n);
+      } else if constexpr (requires { world_->exchange_micro_shards(slots, recv, k_total, P); }) {
+        static_assert(std::is_same_v<T, float>, "lockstep: replica_count_invariant across workers sums float gradients");
+        if (r == 0) {
+          world_->exchange_micro_shards(slots, recv, k_total, P);
+          world_->gather_micro_values(micro_.data(), k_total, 3);
+        }
+        sync_.barrier(r);
+        const std::size_t width = m_hi - m_lo;
+        const auto [lo, hi] = detail::slice_of<T>(width, r, n);  // this replica's part of the worker's slice
+        detail::sum_rows(recv, width, k_total, lo, hi, [&](std::size_t c, const T* acc, std::size_t len) {
+          std::memcpy(sum + m_lo + c, acc, len * sizeof(T));
+        });
+        sync_.barrier(r);
+        if (r == 0) world_->gather_slices(sum, P);
+        sync_.barrier(r);
+        std::memcpy(rep.model().gradients().data(), sum, P * sizeof(T));
+      }
       sync_.barrier(r);
       const auto [lo, hi] = m.update_slice(r);
       rep.apply(opt, update, lo, hi);
@@ -106,21 +174,40 @@ public:
       }
     };
     ex.execute(job, info.step);
-    double total = 0;
-    for (const auto& l : micro_loss_) total += l.sum;
-    return total;
+    step_stats out;
+    for (std::size_t k = 0; k < k_total; ++k) {  // in micro-shard order: the same bits for any split
+      out.loss_sum += micro_[3 * k];
+      out.correct += static_cast<std::size_t>(micro_[3 * k + 1]);
+      out.labelled += static_cast<std::size_t>(micro_[3 * k + 2]);
+    }
+    return out;
   }
 
   /// Releases replicas waiting at the step's barriers.
   void abort() noexcept { sync_.abort(); }
   /// Ready again after a failure.
   void reset() noexcept { sync_.reset(); }
+  /// Bytes of the step's gradient slots, received slices and sum (they grow to the largest
+  /// batch's need, then stay).
+  [[nodiscard]] std::size_t slot_bytes() const noexcept { return slots_.size() + recv_.size() + sum_.size(); }
 
 private:
+  // `b` as at least `n` elements of T (grown, never shrunk; at least one element, so every
+  // buffer has its own address).
+  template <class T>
+  static T* grow(buffer<std::byte, cpus>& b, std::size_t n) {
+    const std::size_t bytes = std::max<std::size_t>(n, 1) * sizeof(T);
+    if (b.size() < bytes) b = buffer<std::byte, cpus>(bytes);
+    return reinterpret_cast<T*>(b.data());
+  }
+
   detail::host_comm sync_;
   std::size_t rows_;
-  buffer<std::byte, cpus> slots_;
-  std::vector<loss_sum> micro_loss_;
+  World* world_;
+  buffer<std::byte, cpus> slots_, recv_, sum_;
+  std::vector<double> micro_;  // per micro-shard: loss sum, hits, labelled rows
 };
+
+static_assert(detail::check_step_policy_shape<micro_shard_step<local_world>, local_world>());
 
 }  // namespace lockstep

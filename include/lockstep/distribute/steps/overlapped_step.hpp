@@ -1,11 +1,12 @@
 #pragma once
 /// @file overlapped_step.hpp
-/// The run_to_run training step: every replica runs forward and backward on its own shard; each
-/// gradient bucket's all-reduce starts from the backward hook as soon as the bucket's lowest
-/// layer is done, while the layers below it still compute; then every replica waits for its
-/// buckets and applies the same update (sharded: its slice of it, then copies the others'
-/// slices). Summation order is the reducer's (fixed for a given replica count), so repeated runs
-/// are bitwise equal.
+/// The run_to_run step policy (see step_policy.hpp): every replica runs forward and backward on
+/// its own shard; each gradient bucket's all-reduce starts from the backward hook as soon as the
+/// bucket's lowest layer is done, while the layers below it still compute; then every replica
+/// waits for its buckets and applies the same update (sharded: its slice of it, then copies the
+/// others' slices). Summation order is the reducer's (fixed for a given replica and worker
+/// count), so repeated runs are bitwise equal. Across workers the reducer spans every worker, and
+/// the step's loss and hits are summed over the workers in rank order.
 
 #include <cstddef>
 #include <vector>
@@ -15,6 +16,8 @@
 #include <lockstep/distribute/concepts.hpp>
 #include <lockstep/distribute/detail/row_exchange.hpp>
 #include <lockstep/distribute/executor.hpp>
+#include <lockstep/distribute/steps/step_policy.hpp>
+#include <lockstep/distribute/world.hpp>
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/losses/loss.hpp>
 #include <lockstep/optimizers/optimizer.hpp>
@@ -22,20 +25,21 @@
 namespace lockstep {
 
 /// Step policy of determinism::run_to_run: bucketed all-reduce overlapped with the backward pass.
+/// @tparam World the strategy's world (local_world, mpi_world)
+template <class World>
 class overlapped_step {
 public:
-  /// The policy of a strategy with `replicas` replicas. A lone replica skips the reducer unless
-  /// `reduce_alone` (a replica whose reducer also spans other processes must take part); `span`
-  /// extends the row exchange of batch-coupled layers to other processes.
-  overlapped_step(std::size_t replicas, const strategy_options& o, bool reduce_alone = false,
-                  detail::row_exchange_span* span = nullptr)
-      : loss_(replicas), reduce_alone_(reduce_alone), exchange_(replicas, o.timeout, span) {}
+  /// The policy of a strategy with `replicas` local replicas in `world`. A lone replica of a lone
+  /// worker skips the reducer; batch-coupled layers exchange rows through the world's row span.
+  overlapped_step(std::size_t replicas, const strategy_options& o, World& world)
+      : loss_(replicas), world_(&world), exchange_(replicas, o.timeout, world.row_span()) {}
 
-  /// One step of `m` on `b` through `ex` and `reducer`; returns the loss summed over the global batch.
+  /// One step of `m` on `b` through `ex` and `reducer` (see step_policy.hpp).
   template <class Reducer, class Replicated, class Optimizer, class Loss>
-  double run(executor& ex, Reducer& reducer, Replicated& m, const Optimizer& opt, const Loss& loss,
-             const data::distributed_batch& b, const pass_info& info, const update_info& update) {
+  step_stats run(executor& ex, Reducer& reducer, Replicated& m, const Optimizer& opt, const Loss& loss,
+                 const data::distributed_batch& b, const pass_info& info, const update_info& update) {
     const std::size_t n = ex.size();
+    const bool alone = n == 1 && world_->size() == 1;
     auto job = [&](std::size_t r) {
       auto& rep = m.replica(r);
       auto& ctx = rep.context();
@@ -44,7 +48,7 @@ public:
       info_r.rank = r;
       const auto& layout = m.buckets();
       auto* grads = rep.model().gradients().data();
-      if (n == 1 && !reduce_alone_) {
+      if (alone) {
         loss_[r] = rep.forward_backward(loss, b.shards[r], info_r);
       } else {
         auto hook = [&](std::size_t layer, std::size_t, std::size_t) {
@@ -68,9 +72,20 @@ public:
       auto gather = [&](std::size_t r) { m.gather_updated_parameters(r); };
       ex.execute(gather, info.step);
     }
-    double total = 0;
-    for (const auto& l : loss_) total += l.sum;
-    return total;
+    step_stats out;
+    for (const auto& l : loss_) {  // in replica order
+      out.loss_sum += l.sum;
+      out.correct += l.correct;
+      out.labelled += l.labelled;
+    }
+    if (world_->size() > 1) {  // every worker's sums, added in rank order
+      double v[3] = {out.loss_sum, static_cast<double>(out.correct), static_cast<double>(out.labelled)};
+      world_->sum(v);
+      out.loss_sum = v[0];
+      out.correct = static_cast<std::size_t>(v[1]);
+      out.labelled = static_cast<std::size_t>(v[2]);
+    }
+    return out;
   }
 
   /// Releases replicas waiting in the row exchange (the reducer is aborted by the strategy).
@@ -80,8 +95,10 @@ public:
 
 private:
   std::vector<loss_sum> loss_;
-  bool reduce_alone_;
+  World* world_;
   detail::host_row_exchange exchange_;
 };
+
+static_assert(detail::check_step_policy_shape<overlapped_step<local_world>, local_world>());
 
 }  // namespace lockstep
