@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include <lockstep/lockstep.hpp>
 
 #include "distribute/common.hpp"
+#include "support/user_reducer.hpp"
 
 namespace {
 
@@ -250,4 +252,80 @@ TEST_CASE("multi_worker: fit and evaluate cover every worker's samples; only ran
   CHECK(max_diff(solo_m.parameters_to_host(), ref.parameters_to_host()) < 1e-5);
   s.barrier();
   if (s.world().is_chief()) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("multi_worker: workers whose collective plans differ get a config_error naming the field, not a hang") {
+  ls::strategy_options o;
+  if (world_rank() == 1) o.bucket_bytes = 4096;  // rank 1 would cut its gradients into other buckets
+  ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1), o);
+  std::string message;
+  try {
+    (void)s.replicate<mlp>(ls::seed{42});
+    FAIL("the workers' differing plans were accepted");
+  } catch (const ls::config_error& e) {
+    message = e.what();
+  }
+  CAPTURE(message);
+  CHECK(message.find("rank 1's bucket_bytes is 4096") != std::string::npos);
+  CHECK(message.find("rank 0's is 4194304") != std::string::npos);
+  // The check's collective completed on every worker: the strategy is still usable.
+  s.barrier();
+}
+
+TEST_CASE("multi_worker: a user's reducer of local replicas trains the workers like one process (1e-5)") {
+  const ls::adam opt{.lr = 1e-3f};
+  ls::one_device<ls::cpu<0>> single;
+  const auto ref = train20<mlp_dropout>(single, opt);
+  for (std::size_t local : {1u, 2u}) {
+    CAPTURE(local);
+    ls::strategy_options o;
+    o.bucket_bytes = 4096;
+    ls::multi_worker_mirrored<ls::cpus, ls::determinism::run_to_run, user::rendezvous_reducer> s(
+        ls::device_selection::first(local), o);
+    static_assert(std::is_same_v<typename decltype(s)::reducer_type, ls::over_workers<user::rendezvous_reducer>>);
+    const auto got = train20<mlp_dropout>(s, opt);
+    CHECK(max_diff(got, ref) < 1e-5);
+    CHECK(same_on_every_rank(got));
+  }
+}
+
+TEST_CASE("multi_worker: the sharded optimiser update over each worker's replicas is bitwise the unsharded one") {
+  const ls::adam opt{.lr = 1e-3f};
+  ls::strategy_options o;
+  o.bucket_bytes = 4096;
+  ls::multi_worker_mirrored<ls::cpus> plain(ls::device_selection::first(2), o);
+  const auto ref = train20<mlp_dropout>(plain, opt);
+  o.shard_optimizer = true;
+  ls::multi_worker_mirrored<ls::cpus> sharded(ls::device_selection::first(2), o);
+  CHECK(train20<mlp_dropout>(sharded, opt) == ref);
+}
+
+TEST_CASE("multi_worker replica_count_invariant: a worker holds its micro-shards and its slice, not every slot") {
+  // The step policy on its own, over this job's world: 2 local replicas, 512 rows in micro-shards
+  // of 8 (K = 64). Each worker holds its K/W slots of P floats, the K rows of its slice of the
+  // parameters and the P-float sum; the old all-gather held K x P floats on every worker.
+  ls::strategy_options o;
+  o.micro_shard_rows = 8;
+  ls::detail::mpi_channel channel(MPI_COMM_WORLD, o.timeout, 1024);
+  ls::mpi_world world(channel, 2);
+  ls::micro_shard_step<ls::mpi_world> step(2, o, world);
+  std::vector<ls::host_context> contexts;
+  for (int r = 0; r < 2; ++r) contexts.emplace_back(1, false);
+  auto m = ls::replicated<mlp>(std::move(contexts), ls::seed{3}, o.bucket_bytes);
+  ls::executor ex(2, false, [](void*) noexcept {}, [](void*) noexcept {}, nullptr);
+  ls::single_device_reducer unused;
+  const ls::shard_plan p = world.plan();
+  const auto db = ls::data::detail::make_sharded(make_batch(512, 0), p.parts, p.first, 2);
+  const ls::step_stats st =
+      step.run(ex, unused, m, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{}, db, ls::pass_info::for_training(3, 0),
+               ls::update_info{0.1f, 1, 1.0 / 512});
+  CHECK(std::isfinite(st.loss_sum));
+  constexpr std::size_t P = decltype(m)::param_count, K = 64;
+  const std::size_t W = world.size();
+  const auto [klo, khi] = world.micro_shards(K);
+  const auto [mlo, mhi] = world.param_slice(P);
+  CHECK(step.slot_bytes() == ((khi - klo) * P + K * (mhi - mlo) + P) * sizeof(float));
+  CHECK(mhi - mlo <= P / W + 16);
+  if (W >= 3) CHECK(step.slot_bytes() < K * P * sizeof(float));  // less than every slot on every worker
+  MESSAGE("micro-shard step memory per worker: " << step.slot_bytes() << " bytes; every slot: " << K * P * sizeof(float));
 }

@@ -204,8 +204,9 @@ public:
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
     m.set_optimizer_sharding(options_.shard_optimizer);
     collective_ids::check_buckets(m.buckets().size, "lockstep::mirrored");
-    if constexpr (requires { world_.reserve_floats(m.stored_count); }) world_.reserve_floats(m.stored_count);
-    world_.guarded([&] { world_.agree(plan_of(m)); }, [this] { abort_all(this); });
+    if constexpr (device_memory<Kind>::host_accessible && requires { world_.reserve_floats(m.stored_count); })
+      world_.reserve_floats(m.stored_count);  // the communication thread's scratch: no allocation in a step
+    world_.agree(plan_of(m));  // a mismatch is a config_error; the check's own collective completed
     bind_workspaces(m, m.param_count * sizeof(T));
     broadcast(m, 0);
     return m;

@@ -12,7 +12,7 @@
 /// packs its micro-shards' gradients by destination parameter slice, one all-to-all gives each
 /// worker every micro-shard's values of its own slice in micro-shard order, its replicas sum that
 /// slice in that order, and one all-gather completes the sum everywhere. Memory per worker: its
-/// own slots and K·P/W received values, never all K·P.
+/// own slots (K·P/W), the K·P/W received values of its slice and a P-float sum, never K·P.
 
 #include <algorithm>
 #include <cstddef>
