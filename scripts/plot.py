@@ -100,6 +100,7 @@ def main():
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     named = []
     for i, path in enumerate(a.metrics):
@@ -121,6 +122,7 @@ def main():
                         ms=3, lw=1.3, label=label)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("epoch" if a.x == "epoch" else "step", fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
         ax.spines[["top", "right"]].set_visible(False)
