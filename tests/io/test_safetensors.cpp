@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -455,6 +456,12 @@ TEST_CASE("safetensors: save and load a replicated model; the outputs are the sa
     }
     CHECK_THROWS_WITH_AS(ls::load_safetensors(f, dir / "big.safetensors"),
                          doctest::Contains("more than any safetensors file of this model can"), ls::checkpoint_error);
+    // readable by others as under the umask (the temporary file it was written as is 0600)
+    const auto old_mask = ::umask(022);
+    ls::save_safetensors(f, dir / "shared.safetensors");
+    ::umask(old_mask);
+    CHECK(fs::status(dir / "shared.safetensors").permissions() ==
+          (fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read));
     // no EMA weights kept: refused
     CHECK_THROWS_AS(ls::save_safetensors(f, dir / "ema.safetensors", {.ema = true}), ls::config_error);
   }

@@ -36,6 +36,7 @@
 
 #include <lockstep/core/error.hpp>
 #include <lockstep/io/checkpoint.hpp>
+#include <lockstep/io/detail/file_mode.hpp>
 #include <lockstep/io/detail/safetensors_format.hpp>
 #include <lockstep/layers/batch_norm.hpp>
 #include <lockstep/layers/conv.hpp>
@@ -421,7 +422,8 @@ inline std::vector<std::uint8_t> read_bounded(const std::filesystem::path& path,
 
 /// Writes the weights of replicated model `m` (replica 0's: all are identical) to `path` as a
 /// safetensors file with PyTorch's names and layouts (see the file comment), atomically
-/// (write_file_atomically). Batch norm's num_batches_tracked is written as the model's step.
+/// (write_file_atomically), readable as a file created under the process's umask. Batch norm's
+/// num_batches_tracked is written as the model's step.
 /// @throws config_error when options.ema is set and the model keeps no moving average; whatever
 ///         writing the file throws.
 template <class Replicated>
@@ -438,6 +440,7 @@ void save_safetensors(const Replicated& m, const std::filesystem::path& path, co
     m.parameters_to_host(std::span<float>(stored));
   }
   write_file_atomically(path, encode_safetensors<net>(stored, m.step(), o));
+  detail::make_shareable(path);
 }
 
 /// Loads the safetensors file `path` into every replica of `m` (see decode_safetensors for what

@@ -18,6 +18,7 @@
 
 #include <lockstep/core/trace.hpp>
 #include <lockstep/io/checkpoint.hpp>
+#include <lockstep/io/detail/file_mode.hpp>
 #include <lockstep/version.hpp>
 
 namespace lockstep::io {
@@ -121,12 +122,13 @@ inline void append_us(std::string& out, std::int64_t ns) {
   return out;
 }
 
-/// Writes the trace of `blocks` (chrome_trace_json) to `path` atomically (write_file_atomically)
-/// and returns its size in bytes. Only the chief calls it, with every worker's block.
+/// Writes the trace of `blocks` (chrome_trace_json) to `path` atomically (write_file_atomically),
+/// readable as a file created under the process's umask, and returns its size in bytes. Only the chief calls it, with every worker's block.
 /// @throws data_error when a block is malformed; whatever writing the file throws.
 inline std::uintmax_t write_chrome_trace(const std::filesystem::path& path, std::span<const trace_block> blocks) {
   const std::string json = chrome_trace_json(blocks);
   write_file_atomically(path, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(json.data()), json.size()));
+  detail::make_shareable(path);
   return json.size();
 }
 
