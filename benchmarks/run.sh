@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs lockstep's benchmarks and the same work in TensorFlow, PyTorch and dlib ("peers") in one
 # run, and writes docs/benchmarks.md: the page's text (benchmarks/report/benchmarks.md.in) with the
-# side-by-side tables of this run inserted (benchmarks/report/make_report.py).
+# side-by-side tables of this run inserted (benchmarks/report/make_report.py) and drawn as bar
+# charts of their ratios in docs/img (benchmarks/report/charts.py).
 #
 #   benchmarks/run.sh [--quick] [--skip-peers] [--build DIR] [--host-gemm onednn|openblas]
 #                     [--openblas-coretype auto|keep|NAME] [--out FILE]
@@ -173,4 +174,7 @@ fi
 echo "total_s=$(($(date +%s) - start))" >>"$results/machine.txt"
 python3 benchmarks/report/make_report.py --results "$results" --template benchmarks/report/benchmarks.md.in \
   --out "$out" || { log "make_report.py failed"; exit 1; }
+# The tables as bar charts of their ratios, next to the page (img/), with Debian's matplotlib.
+/usr/bin/python3 benchmarks/report/charts.py --page "$out" --out "$(dirname "$out")/img" >>"$results/charts.log" 2>&1 ||
+  log "charts.py failed (see $results/charts.log): the page's pictures are those of an earlier run"
 log "wrote $out (logs in $results)"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what lockstep needs, builds every target with -Wall -Wextra -Wpedantic -Werror, runs all
 # tests with CTest (including a 20 s run of each fuzz harness of tests/fuzz under ASan and UBSan,
-# CTest label `fuzz`, built with clang in <build>/fuzz), builds the host tests, examples and
+# CTest label `fuzz`, built with clang in <build>/fuzz, and the interop tests, label `interop`,
+# which read lockstep's files with TensorBoard and PyTorch in <build>/interop/venv and report
+# themselves skipped when Python's packages cannot be had), builds the host tests, examples and
 # benchmarks with clang++ too and runs those tests, builds and runs the host tests once more with
 # the oneDNN host GEMM (LOCKSTEP_HOST_GEMM=onednn), then runs the input-pipeline tests and the
 # reducer and stage conformance suites once more under ThreadSanitizer.
@@ -37,11 +39,12 @@ run_tests() {
 run_tests "$build"
 total=$ran_total skipped=$ran_skipped
 
-# The host path compiles warning-free with clang++ as well (CUDA left out; the fuzz harnesses and
-# the MPI tests already ran above): tests, examples and benchmarks are built, the tests run.
+# The host path compiles warning-free with clang++ as well (CUDA left out; the fuzz harnesses, the
+# MPI tests and the interop tests already ran above): tests, examples and benchmarks are built, the
+# tests run.
 clang_build="${build}-clang"
 CC=clang CXX=clang++ cmake -S . -B "$clang_build" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_WERROR=ON \
-  -DLOCKSTEP_CUDA=OFF -DLOCKSTEP_FUZZ=OFF -DLOCKSTEP_MPI=OFF
+  -DLOCKSTEP_CUDA=OFF -DLOCKSTEP_FUZZ=OFF -DLOCKSTEP_MPI=OFF -DLOCKSTEP_INTEROP=OFF
 cmake --build "$clang_build" -j "$jobs"
 echo "lockstep: running the host tests built with clang++"
 run_tests "$clang_build"

@@ -26,6 +26,8 @@ apt_install() {
 }
 
 apt_install python3-venv python3-pip time || echo "setup.sh: could not install python3-venv/time" >&2
+# matplotlib draws the report's charts (benchmarks/report/charts.py, under /usr/bin/python3).
+apt_install python3-matplotlib || echo "setup.sh: could not install python3-matplotlib: the report gets no new charts" >&2
 if [ ! -x "$venv/bin/python" ]; then
   $py -m venv "$venv" || { echo "setup.sh: cannot create $venv" >&2; exit 1; }
 fi

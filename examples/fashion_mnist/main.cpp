@@ -3,6 +3,7 @@
 //
 //   fashion_mnist [--replicas N] [--device cpu|gpu] [--epochs E] [--batch B] [--lr LR] [--seed S]
 //                 [--model mlp|small|cnn|cnn_bn] [--checkpoint-dir DIR] [--resume] [--data DIR]
+//                 [--metrics-file FILE] [--tensorboard DIR] [--export FILE [--export-dtype f32|bf16|f16]]
 //                 [--quiet] [--workers W]
 //
 // The replica count is a run-time value: each model is instantiated once per device kind
@@ -87,6 +88,7 @@ int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chie
   o.epochs = epochs;
   o.validation = test_set;
   o.callbacks.push_back(ls::lr_schedule(ls::cosine_schedule{.total = epochs * steps_per_epoch, .min_lr = 0.0f}));
+  if (!c.tensorboard.empty()) o.callbacks.push_back(ls::tensorboard(c.tensorboard, {.chief = chief}));  // after the schedule
   o.quiet = c.quiet;
   o.metrics_file = c.metrics_file;
   o.checkpoint_dir = c.checkpoint_dir;
@@ -105,6 +107,13 @@ int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chie
   if (!quiet)
     std::fprintf(stderr, "test: loss %.4f, accuracy %.4f, top-5 %.4f over %llu samples\n", test.loss, test.accuracy,
                  test.top_k_accuracy, static_cast<unsigned long long>(test.samples));
+  if (!c.export_file.empty() && chief) {
+    const auto dtype = c.export_dtype == "bf16"  ? ls::io::safetensors_dtype::bf16
+                       : c.export_dtype == "f16" ? ls::io::safetensors_dtype::f16
+                                                 : ls::io::safetensors_dtype::f32;
+    ls::save_safetensors(model, c.export_file, {.dtype = dtype});
+    if (!quiet) std::fprintf(stderr, "weights written to %s (safetensors, %s)\n", c.export_file.c_str(), c.export_dtype.c_str());
+  }
   if (chief) {
     std::printf("test_accuracy=%.4f\n", test.accuracy);
     std::fflush(stdout);

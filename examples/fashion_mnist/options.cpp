@@ -26,6 +26,13 @@ void describe(CLI::App& app, config& c) {
   app.add_option("--data", c.data, "directory holding the Fashion-MNIST *-ubyte.gz files");
   app.add_option("--checkpoint-dir", c.checkpoint_dir, "write a checkpoint after every epoch into this directory");
   app.add_option("--metrics-file", c.metrics_file, "append one JSON object per epoch to this file");
+  app.add_option("--tensorboard", c.tensorboard,
+                 "write TensorBoard scalars (loss, accuracy, learning rate, samples/s per epoch; loss and learning "
+                 "rate per step) into this directory");
+  app.add_option("--export", c.export_file,
+                 "save the trained weights to this safetensors file, with the names and layouts of PyTorch's "
+                 "nn.Sequential");
+  app.add_option("--export-dtype", c.export_dtype, "element type of --export")->check(CLI::IsMember({"f32", "bf16", "f16"}));
   app.add_flag("--resume", c.resume, "continue from the newest checkpoint in --checkpoint-dir");
   app.add_flag("--shard-optimizer", c.shard_optimizer,
                "each replica updates 1/N of the parameters and keeps 1/N of the AdamW state (cpu, one process)");

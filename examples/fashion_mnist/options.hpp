@@ -20,6 +20,9 @@ struct config {
   std::string data = "/usr/share/datasets/fashion-mnist";  ///< directory of the *-ubyte.gz files
   std::string checkpoint_dir;           ///< where checkpoints go ("" = none)
   std::string metrics_file;             ///< JSON-lines metrics ("" = none)
+  std::string tensorboard;              ///< directory of TensorBoard event files ("" = none)
+  std::string export_file;              ///< safetensors file of the trained weights ("" = none)
+  std::string export_dtype = "f32";     ///< f32, bf16 or f16
   bool resume = false;                  ///< continue from the newest checkpoint
   bool shard_optimizer = false;         ///< split the optimiser update and its state over the replicas
   bool quiet = false;                   ///< no progress output

@@ -1,5 +1,5 @@
-// Writes the seed corpora of the fuzz harnesses: fuzz_seeds <dir> creates <dir>/idx, <dir>/csv
-// and <dir>/checkpoint (also the seeds of fuzz_checkpoint_crc). Every seed is built here, from
+// Writes the seed corpora of the fuzz harnesses: fuzz_seeds <dir> creates <dir>/idx, <dir>/csv,
+// <dir>/checkpoint (also the seeds of fuzz_checkpoint_crc) and <dir>/safetensors. Every seed is built here, from
 // the formats' own definitions, so the repository holds no binary blobs.
 #include <cstdint>
 #include <cstdio>
@@ -13,6 +13,7 @@
 
 #include "checkpoint_body.hpp"
 #include "common.hpp"
+#include "safetensors_body.hpp"
 
 namespace lf = lockstep::fuzz;
 namespace fs = std::filesystem;
@@ -125,6 +126,54 @@ void checkpoint_seeds(const fs::path& dir) {
   write(dir, "seed-v1", v1);
 }
 
+void safetensors_seeds(const fs::path& dir) {
+  using net = lf::safetensors_net;
+  std::vector<float> p(lockstep::model<net>::stored_count);
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] = 0.125f * static_cast<float>(i % 37) - 2.0f;
+  namespace io = lockstep::io;
+  write(dir, "seed-f32", io::encode_safetensors<net>(p, 3));
+  write(dir, "seed-bf16", io::encode_safetensors<net>(p, 0, {.dtype = io::safetensors_dtype::bf16}));
+  write(dir, "seed-f16", io::encode_safetensors<net>(p, 9, {.dtype = io::safetensors_dtype::f16}));
+  // as another writer lays it out: no metadata, tensors in reverse order in the header and the data
+  const auto tensors = io::safetensors_tensors<net>();
+  const auto ref = io::encode_safetensors<net>(p, 0);
+  std::uint64_t n = 0;
+  std::memcpy(&n, ref.data(), 8);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  std::uint64_t at = 0;
+  for (const auto& t : tensors) {
+    const std::uint64_t bytes = t.elements() * (t.from == io::safetensors_entry::source::counter ? 8 : 4);
+    ranges.emplace_back(at, at + bytes);
+    at += bytes;
+  }
+  std::string json = "{";
+  lf::bytes data;
+  std::uint64_t pos = 0;
+  for (std::size_t k = tensors.size(); k-- > 0;) {
+    const auto& t = tensors[k];
+    const auto [b, e] = ranges[k];
+    std::string shape = "[";
+    for (std::size_t i = 0; i < t.shape.size(); ++i) {
+      if (i) shape += ", ";
+      shape += std::to_string(t.shape[i]);
+    }
+    json += (k + 1 == tensors.size() ? "" : ", ") + std::string("\"") + t.name + "\": {\"dtype\": \"" +
+            (t.from == io::safetensors_entry::source::counter ? "I64" : "F32") + "\", \"shape\": " + shape +
+            "], \"data_offsets\": [" + std::to_string(pos) + ", " + std::to_string(pos + (e - b)) + "]}";
+    data.insert(data.end(), ref.begin() + static_cast<std::ptrdiff_t>(8 + n + b),
+                ref.begin() + static_cast<std::ptrdiff_t>(8 + n + e));
+    pos += e - b;
+  }
+  json += "}";
+  while (json.size() % 8) json += ' ';
+  lf::bytes file(8);
+  const std::uint64_t len = json.size();
+  std::memcpy(file.data(), &len, 8);
+  file.insert(file.end(), json.begin(), json.end());
+  file.insert(file.end(), data.begin(), data.end());
+  write(dir, "seed-reordered", file);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -136,5 +185,6 @@ int main(int argc, char** argv) {
   idx_seeds(root / "idx");
   csv_seeds(root / "csv");
   checkpoint_seeds(root / "checkpoint");
+  safetensors_seeds(root / "safetensors");
   return 0;
 }

@@ -1,0 +1,104 @@
+#pragma once
+/// @file tensorboard.hpp
+/// `tensorboard(dir, options)`: a fit callback writing the training curves as TensorBoard scalars
+/// (io/tensorboard.hpp), as Keras's TensorBoard callback and PyTorch's SummaryWriter do.
+///
+/// Per epoch (step = the epoch number): epoch/loss, epoch/accuracy, epoch/lr,
+/// epoch/samples_per_second, and with validation data epoch/val_loss and epoch/val_accuracy.
+/// Per update (step = the number of updates done): step/loss and step/lr, plus whatever
+/// tensorboard_options::step_scalars adds. A metric that is not available (NaN) is left out.
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <lockstep/io/tensorboard.hpp>
+#include <lockstep/train/callbacks.hpp>
+
+namespace lockstep {
+
+/// Scalars a step_scalars hook adds to a step's event.
+class tensorboard_step_scalars {
+public:
+  /// Adds scalar `tag` (a string that lives until the hook returns, such as a literal) = `value`.
+  void add(std::string_view tag, double value) { values.push_back({tag, value}); }
+  std::vector<io::tensorboard_scalar> values;  ///< the scalars added so far
+};
+
+/// Options of the tensorboard callback.
+struct tensorboard_options {
+  /// Only the chief writes: pass the strategy's is_chief(); elsewhere the callback does nothing.
+  bool chief = true;
+  /// Write the per-update scalars every this many updates (0: none, only the per-epoch ones).
+  std::uint64_t every_steps = 1;
+  /// Called at each written update to add scalars to its event (for example a gradient norm or a
+  /// count of skipped updates, from the training control): `f(control, out)` with
+  /// `out.add("step/grad_norm", value)`.
+  std::function<void(const training_control&, tensorboard_step_scalars&)> step_scalars{};
+};
+
+/// A callback writing TensorBoard scalars into a new event file in directory `dir` (created when
+/// missing) on the chief; see the file comment for the tags. The per-update learning rate is the
+/// rate after the schedules of the callbacks placed BEFORE this one (fit composes schedules in the
+/// order of its callbacks, and this callback's schedule hook records the rate it is handed and
+/// returns it unchanged), so put it after every lr_schedule. The file is opened when the callback
+/// is made.
+/// @throws config_error when the directory or the file cannot be created.
+inline callback tensorboard(const std::filesystem::path& dir, tensorboard_options o = {}) {
+  callback c;
+  if (!o.chief) return c;
+  struct state {
+    io::tensorboard_writer writer;
+    tensorboard_options options;
+    float rate = 0;                 // the rate of the update in progress, as the schedules gave it
+    bool rate_known = false;
+    tensorboard_step_scalars extra;  // reused every step
+    std::vector<io::tensorboard_scalar> row;
+    state(const std::filesystem::path& d, tensorboard_options opt) : writer(d), options(std::move(opt)) {}
+  };
+  auto st = std::make_shared<state>(dir, std::move(o));
+  c.schedule = [st](float rate, std::uint64_t) {
+    st->rate = rate;
+    st->rate_known = true;
+    return rate;
+  };
+  c.step_end = [st](double loss, training_control& ctl) {
+    const std::uint64_t every = st->options.every_steps;
+    if (every == 0 || ctl.step % every != 0) return;
+    auto& row = st->row;
+    row.clear();
+    if (!std::isnan(loss)) row.push_back({"step/loss", loss});
+    if (st->rate_known) row.push_back({"step/lr", st->rate});
+    if (st->options.step_scalars) {
+      auto& extra = st->extra.values;
+      extra.clear();
+      st->options.step_scalars(ctl, st->extra);
+      row.insert(row.end(), extra.begin(), extra.end());
+    }
+    st->writer.scalars(static_cast<std::int64_t>(ctl.step), row);
+  };
+  c.epoch_end = [st](const epoch_stats& s, training_control&) {
+    auto& row = st->row;
+    row.clear();
+    const auto add = [&](std::string_view tag, double v) {
+      if (!std::isnan(v)) row.push_back({tag, v});
+    };
+    add("epoch/loss", s.train_loss);
+    add("epoch/accuracy", s.train_accuracy);
+    add("epoch/lr", s.lr);
+    add("epoch/samples_per_second", s.samples_per_second);
+    if (s.val_samples > 0) {
+      add("epoch/val_loss", s.val_loss);
+      add("epoch/val_accuracy", s.val_accuracy);
+    }
+    st->writer.scalars(static_cast<std::int64_t>(s.epoch), row);
+  };
+  return c;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,259 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <lockstep/io/tensorboard.hpp>
+#include <lockstep/train/tensorboard.hpp>
+
+#include "train/helpers.hpp"
+
+using namespace train_test;
+namespace fs = std::filesystem;
+namespace tb = lockstep::io::detail::tensorboard;
+
+namespace {
+
+// One decoded Event.
+struct event {
+  double wall_time = 0;
+  std::int64_t step = 0;
+  std::string file_version;
+  std::vector<std::pair<std::string, float>> values;
+};
+
+// A protobuf reader over one message (varint, fixed32, fixed64, length-delimited).
+struct pb {
+  const std::uint8_t* p;
+  const std::uint8_t* end;
+  std::uint64_t varint() {
+    std::uint64_t v = 0;
+    for (int s = 0; s < 64; s += 7) {
+      REQUIRE(p < end);
+      const std::uint8_t b = *p++;
+      v |= static_cast<std::uint64_t>(b & 0x7f) << s;
+      if (!(b & 0x80)) return v;
+    }
+    FAIL("varint too long");
+    return 0;
+  }
+  template <class T>
+  T fixed() {
+    REQUIRE(end - p >= static_cast<std::ptrdiff_t>(sizeof(T)));
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    p += sizeof(T);
+    return v;
+  }
+  pb sub() {
+    const auto n = varint();
+    REQUIRE(static_cast<std::uint64_t>(end - p) >= n);
+    pb s{p, p + n};
+    p += n;
+    return s;
+  }
+};
+
+// Reads every record of an event file, checking both masked CRCs of each.
+std::vector<event> read_events(const fs::path& path, std::size_t* torn_tail = nullptr) {
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<std::uint8_t> b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<event> out;
+  std::size_t pos = 0;
+  while (pos < b.size()) {
+    if (b.size() - pos < 12) break;
+    std::uint64_t len;
+    std::memcpy(&len, b.data() + pos, 8);
+    std::uint32_t crc_len;
+    std::memcpy(&crc_len, b.data() + pos + 8, 4);
+    CHECK(crc_len == tb::masked_crc32c({b.data() + pos, 8}));
+    if (b.size() - pos - 12 < len + 4) break;
+    const std::uint8_t* data = b.data() + pos + 12;
+    std::uint32_t crc_data;
+    std::memcpy(&crc_data, data + len, 4);
+    CHECK(crc_data == tb::masked_crc32c({data, static_cast<std::size_t>(len)}));
+    event e;
+    pb m{data, data + len};
+    while (m.p < m.end) {
+      const auto key = m.varint();
+      switch (key) {
+        case (1 << 3) | 1: e.wall_time = m.fixed<double>(); break;
+        case (2 << 3) | 0: e.step = static_cast<std::int64_t>(m.varint()); break;
+        case (3 << 3) | 2: {
+          pb s = m.sub();
+          e.file_version.assign(reinterpret_cast<const char*>(s.p), static_cast<std::size_t>(s.end - s.p));
+          break;
+        }
+        case (5 << 3) | 2: {
+          pb summary = m.sub();
+          while (summary.p < summary.end) {
+            REQUIRE(summary.varint() == ((1 << 3) | 2));
+            pb v = summary.sub();
+            std::string tag;
+            float value = NAN;
+            while (v.p < v.end) {
+              const auto k = v.varint();
+              if (k == ((1 << 3) | 2)) {
+                pb t = v.sub();
+                tag.assign(reinterpret_cast<const char*>(t.p), static_cast<std::size_t>(t.end - t.p));
+              } else {
+                REQUIRE(k == ((2 << 3) | 5));
+                value = v.fixed<float>();
+              }
+            }
+            e.values.emplace_back(tag, value);
+          }
+          break;
+        }
+        default: FAIL("unexpected field " << key);
+      }
+    }
+    out.push_back(e);
+    pos += 12 + len + 4;
+  }
+  if (torn_tail) *torn_tail = b.size() - pos;
+  return out;
+}
+
+fs::path only_event_file(const fs::path& dir) {
+  fs::path found;
+  std::size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().starts_with("events.out.tfevents.")) {
+      found = e.path();
+      ++n;
+    }
+  REQUIRE(n == 1);
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("tensorboard: CRC-32C and its mask match the published values") {
+  const char* digits = "123456789";
+  CHECK(tb::crc32c({reinterpret_cast<const std::uint8_t*>(digits), 9}) == 0xe3069283u);
+  const std::vector<std::uint8_t> zeros(32, 0);
+  CHECK(tb::crc32c(zeros) == 0x8a9136aau);  // RFC 3720 B.4
+  std::vector<std::uint8_t> up(32);
+  for (std::size_t i = 0; i < 32; ++i) up[i] = static_cast<std::uint8_t>(i);
+  CHECK(tb::crc32c(up) == 0x46dd794eu);
+  const std::uint32_t c = tb::crc32c(zeros);
+  CHECK(tb::masked_crc32c(zeros) == ((c >> 15) | (c << 17)) + 0xa282ead8u);
+}
+
+TEST_CASE("tensorboard: the writer's file starts with brain.Event:2 and holds every scalar, one record each") {
+  const auto dir = temp_dir("tb_writer");
+  {
+    ls::io::tensorboard_writer w(dir);
+    CHECK(w.path().filename().string().starts_with("events.out.tfevents."));
+    CHECK(fs::exists(w.path()));
+    for (std::int64_t s = 0; s < 50; ++s) w.scalar("a/b", s * 1000, 0.5 * static_cast<double>(s) - 3.0, 1.5e9 + static_cast<double>(s));
+    const ls::io::tensorboard_scalar two[] = {{"x", 1.25}, {"y", -2.0}};
+    w.scalars(1ll << 40, two);
+    w.scalars(7, {});
+    // a second writer in the same directory in the same second gets its own file
+    ls::io::tensorboard_writer w2(dir);
+    CHECK(w2.path() != w.path());
+  }
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path());
+  REQUIRE(files.size() == 2);
+  const fs::path first = files[0].string().size() < files[1].string().size() ? files[0] : files[1];
+  std::size_t torn = 1;
+  const auto ev = read_events(first, &torn);
+  CHECK(torn == 0);
+  REQUIRE(ev.size() == 1 + 50 + 2);
+  CHECK(ev[0].file_version == "brain.Event:2");
+  CHECK(ev[0].wall_time > 1.6e9);
+  for (std::int64_t s = 0; s < 50; ++s) {
+    const auto& e = ev[1 + static_cast<std::size_t>(s)];
+    CHECK(e.step == s * 1000);
+    CHECK(e.wall_time == 1.5e9 + static_cast<double>(s));
+    REQUIRE(e.values.size() == 1);
+    CHECK(e.values[0].first == "a/b");
+    CHECK(e.values[0].second == static_cast<float>(0.5 * static_cast<double>(s) - 3.0));
+  }
+  CHECK(ev[51].step == (1ll << 40));
+  REQUIRE(ev[51].values.size() == 2);
+  CHECK(ev[51].values[1] == std::pair<std::string, float>{"y", -2.0f});
+  CHECK(ev[52].values.empty());
+  std::ofstream(dir / "a_file") << "x";
+  CHECK_THROWS_WITH_AS(ls::io::tensorboard_writer(dir / "a_file" / "sub"), doctest::Contains("a_file"),
+                       ls::config_error);  // a file where the directory should be
+  fs::remove_all(dir);
+}
+
+TEST_CASE("tensorboard: the fit callback writes the epoch and step scalars; only the chief writes") {
+  const auto dir = temp_dir("tb_fit");
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  auto m = s.replicate<net>(ls::seed{3});
+  const std::size_t n = 100, bs = 20, epochs = 3;  // 5 steps per epoch
+  const auto schedule = [](float base, std::uint64_t step) { return base / static_cast<float>(1 + step); };
+  const auto h = ls::fit(
+      s, m, ls::adam{.lr = 1e-2f}, ls::softmax_cross_entropy{}, pipeline(n, bs),
+      {.epochs = epochs,
+       .validation = eval_pipeline(30, 10),
+       .callbacks = {ls::lr_schedule(schedule),
+                     ls::tensorboard(dir / "chief",
+                                     {.step_scalars =
+                                          [](const ls::training_control& c, ls::tensorboard_step_scalars& out) {
+                                            out.add("step/epoch", static_cast<double>(c.epoch));
+                                          }}),
+                     ls::tensorboard(dir / "other", {.chief = false})},
+       .quiet = true});
+  CHECK(!fs::exists(dir / "other"));
+  const auto ev = read_events(only_event_file(dir / "chief"));
+  std::map<std::string, std::map<std::int64_t, float>> series;
+  for (const auto& e : ev)
+    for (const auto& [tag, v] : e.values) {
+      CHECK(!series[tag].count(e.step));
+      series[tag][e.step] = v;
+    }
+  for (const char* tag : {"epoch/loss", "epoch/accuracy", "epoch/lr", "epoch/samples_per_second", "epoch/val_loss",
+                          "epoch/val_accuracy"}) {
+    CAPTURE(tag);
+    REQUIRE(series[tag].size() == epochs);
+  }
+  for (std::size_t e = 0; e < epochs; ++e) {
+    const auto& st = h.epochs[e];
+    const auto k = static_cast<std::int64_t>(e);
+    CHECK(series["epoch/loss"][k] == static_cast<float>(st.train_loss));
+    CHECK(series["epoch/accuracy"][k] == static_cast<float>(st.train_accuracy));
+    CHECK(series["epoch/val_loss"][k] == static_cast<float>(st.val_loss));
+    CHECK(series["epoch/val_accuracy"][k] == static_cast<float>(st.val_accuracy));
+    CHECK(series["epoch/lr"][k] == st.lr);
+  }
+  REQUIRE(series["step/loss"].size() == epochs * 5);
+  REQUIRE(series["step/lr"].size() == epochs * 5);
+  REQUIRE(series["step/epoch"].size() == epochs * 5);
+  for (std::int64_t step = 1; step <= static_cast<std::int64_t>(epochs * 5); ++step) {
+    CAPTURE(step);
+    CHECK(series["step/lr"][step] == schedule(1e-2f, static_cast<std::uint64_t>(step - 1)));  // the rate of that update
+    CHECK(std::isfinite(series["step/loss"][step]));
+    CHECK(series["step/epoch"][step] == static_cast<float>((step - 1) / 5));
+  }
+  CHECK(series["epoch/lr"][2] == series["step/lr"][15]);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("tensorboard: every_steps thins the step scalars; without validation no val tags") {
+  const auto dir = temp_dir("tb_every");
+  ls::mirrored<ls::cpu<0>> s;
+  auto m = s.replicate<net>(ls::seed{3});
+  (void)ls::fit(s, m, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{}, pipeline(60, 10),
+                {.epochs = 2, .callbacks = {ls::tensorboard(dir, {.every_steps = 4})}, .quiet = true});
+  std::map<std::string, std::vector<std::int64_t>> steps;
+  for (const auto& e : read_events(only_event_file(dir)))
+    for (const auto& [tag, v] : e.values) steps[tag].push_back(e.step);
+  CHECK(steps["step/loss"] == std::vector<std::int64_t>{4, 8, 12});
+  CHECK(steps["epoch/loss"] == std::vector<std::int64_t>{0, 1});
+  CHECK(!steps.count("epoch/val_loss"));
+  fs::remove_all(dir);
+}
