@@ -7,6 +7,7 @@
 /// lockstep::mpi.)
 
 #include <lockstep/distribute/buckets.hpp>
+#include <lockstep/distribute/checkpoint.hpp>
 #include <lockstep/distribute/collective_ids.hpp>
 #include <lockstep/distribute/concepts.hpp>
 #include <lockstep/distribute/device_set.hpp>

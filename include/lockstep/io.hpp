@@ -4,6 +4,7 @@
 /// event files, timeline traces (namespace lockstep::io).
 
 #include <lockstep/io/checkpoint.hpp>
+#include <lockstep/train/checkpoint.hpp>  // the training checkpoint (checkpoint_state, save/load_checkpoint)
 #include <lockstep/io/safetensors.hpp>
 #include <lockstep/io/serialization.hpp>
 #include <lockstep/io/tensorboard.hpp>

@@ -4,6 +4,7 @@
 /// them) and progress.
 
 #include <lockstep/train/callbacks.hpp>
+#include <lockstep/train/checkpoint.hpp>
 #include <lockstep/train/fit.hpp>
 #include <lockstep/train/metrics.hpp>
 #include <lockstep/train/progress.hpp>

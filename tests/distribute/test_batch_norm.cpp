@@ -328,7 +328,7 @@ TEST_CASE("checkpoints carry the running statistics: save, restore into a fresh 
   auto a = s.replicate<bn_cnn>(ls::seed{42});
   train_steps<bn_cnn>(s, a, 0, k);
   const auto at_save = a.parameters_to_host();
-  ls::save_checkpoint(file, ls::io::capture(a));
+  ls::save_checkpoint(file, ls::capture(a));
   train_steps<bn_cnn>(s, a, k, 20);
   const auto continued = a.parameters_to_host();
 
@@ -339,7 +339,7 @@ TEST_CASE("checkpoints carry the running statistics: save, restore into a fresh 
   CHECK(loaded.step == k);
 
   auto b = s.replicate<bn_cnn>(ls::seed{1234});  // another initialisation: restore replaces all of it
-  ls::io::restore(b, loaded, optimiser);
+  ls::restore(b, loaded, optimiser);
   CHECK(bitwise_equal(b.parameters_to_host(), at_save));
   CHECK(b.step() == k);
   train_steps<bn_cnn>(s, b, k, 20);
@@ -352,7 +352,7 @@ TEST_CASE("checkpoints carry the running statistics: save, restore into a fresh 
   std::copy(fresh_stats.begin(), fresh_stats.end(),
             tampered.parameters.begin() + static_cast<std::ptrdiff_t>(ls::replicated<bn_cnn>::param_count));
   auto c = s.replicate<bn_cnn>(ls::seed{42});
-  ls::io::restore(c, tampered, optimiser);
+  ls::restore(c, tampered, optimiser);
   train_steps<bn_cnn>(s, c, k, 20);
   const auto c_end = c.parameters_to_host();
   constexpr std::size_t P = ls::replicated<bn_cnn>::param_count;

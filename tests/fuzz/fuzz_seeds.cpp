@@ -11,6 +11,7 @@
 
 #include <lockstep/io/checkpoint.hpp>
 
+#include "../support/legacy_checkpoint.hpp"
 #include "checkpoint_body.hpp"
 #include "common.hpp"
 #include "safetensors_body.hpp"
@@ -104,24 +105,14 @@ lockstep::checkpoint_state state(std::size_t opt_per_param, std::size_t callback
 }
 
 void checkpoint_seeds(const fs::path& dir) {
-  write(dir, "seed-adam", lockstep::io::encode_checkpoint(state(2, 2)));
-  write(dir, "seed-momentum", lockstep::io::encode_checkpoint(state(1, 1)));
+  write(dir, "seed-adam", lockstep::encode_checkpoint(state(2, 2)));
+  write(dir, "seed-momentum", lockstep::encode_checkpoint(state(1, 1)));
   auto fresh = state(0, 0);
   fresh.step = 0;
-  write(dir, "seed-fresh", lockstep::io::encode_checkpoint(fresh));
-  // version 1: the same without its last (callbacks) section, header fixed
-  auto v1 = lockstep::io::encode_checkpoint(state(1, 0));
-  std::size_t pos = 20, last = 0;
-  for (int i = 0; i < 7; ++i) {
-    std::uint64_t len = 0;
-    std::memcpy(&len, v1.data() + pos + 4, 8);
-    last = pos;
-    pos += 16 + static_cast<std::size_t>(len);
-  }
-  v1.resize(last);
-  const std::uint32_t version = 1, count = 6;
-  std::memcpy(v1.data() + 8, &version, 4);
-  std::memcpy(v1.data() + 12, &count, 4);
+  write(dir, "seed-fresh", lockstep::encode_checkpoint(fresh));
+  // formats 2 and 1, as the library wrote them before format 3
+  write(dir, "seed-format2", lockstep::testing_support::legacy_checkpoint_bytes(state(2, 2), 2));
+  auto v1 = lockstep::testing_support::legacy_checkpoint_bytes(state(1, 0), 1);
   lf::fix_checkpoint_crcs(v1);
   write(dir, "seed-v1", v1);
 }

@@ -113,6 +113,29 @@ TEST_CASE("resume: a checkpoint of another kind of optimiser is refused, naming 
   fs::remove_all(dir);
 }
 
+TEST_CASE("resume: an AdamW checkpoint resumed with Adam (the same state size) is refused, naming both") {
+  const auto dir = temp_dir("adamw_adam");
+  (void)train_to<two>(2, dir);  // adamw
+  two s;
+  auto m = s.replicate<net>(ls::seed{21});
+  try {
+    (void)ls::fit(s, m, ls::adam{.lr = 1e-3f}, ls::softmax_cross_entropy{}, pipeline(samples, batch),
+                  {.callbacks = {ls::lr_schedule(ls::cosine_schedule{.total = 40, .min_lr = 1e-4f})},
+                   .quiet = true,
+                   .checkpoint_dir = dir.string(),
+                   .resume = true});
+    FAIL("resumed AdamW's moments with Adam");
+  } catch (const ls::checkpoint_error& e) {
+    const std::string msg = e.what();
+    CAPTURE(msg);
+    CHECK(msg.find("section 'optimizer'") != std::string::npos);
+    CHECK(msg.find("written by lockstep::adamw;") != std::string::npos);
+    CHECK(msg.find("this run's optimizer lockstep::adam keeps as much state") != std::string::npos);
+  }
+  CHECK(m.step() == 0);  // nothing was loaded
+  fs::remove_all(dir);
+}
+
 TEST_CASE("resume: SIGKILL while checkpointing every step leaves a loadable checkpoint to resume from") {
   const ls::counter_rng rng(static_cast<std::uint64_t>(::getpid()), 3);
   for (int round = 0; round < 3; ++round) {
@@ -142,7 +165,7 @@ TEST_CASE("resume: SIGKILL while checkpointing every step leaves a loadable chec
     ls::checkpoint_manager mgr(dir, 2);
     const auto latest = mgr.load_latest(ls::model_signature<net>());  // never a torn file
     REQUIRE(latest.has_value());
-    const std::uint64_t k = latest->step;
+    const std::uint64_t k = ls::checkpoint_state::from_file(*latest).step;
     INFO("killed after checkpoint step ", k);
     CHECK(k >= 1);
     std::uint64_t from = 0;

@@ -29,6 +29,7 @@
 #include <lockstep/data/generator.hpp>
 #include <lockstep/distribute.hpp>
 #include <lockstep/io/checkpoint.hpp>
+#include <lockstep/train/checkpoint.hpp>
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/losses/loss.hpp>
 #include <lockstep/optimizers/optimizer.hpp>
@@ -288,7 +289,7 @@ predictions predict(Strategy& strategy, Replicated& m, const eval_data& data) {
   static_assert(detail::check_strategy<Strategy>());  // names a missing member
   auto& s = detail::core_of(strategy);
   detail::check_bound(s, m);
-  using net = io::network_of<Replicated>;
+  using net = network_of<Replicated>;
   constexpr std::size_t cols = model<net>::output_size;
   const std::size_t n = s.num_replicas();
   predictions p;
@@ -332,7 +333,7 @@ namespace detail {
 /// Hands each callback its state from checkpoint `st` (read from `source`), in order.
 /// @throws checkpoint_error when the number of states differs from the number of callbacks, or a
 ///         state does not fit its callback.
-inline void restore_callbacks(const std::vector<callback>& callbacks, const io::checkpoint_state& st,
+inline void restore_callbacks(const std::vector<callback>& callbacks, const checkpoint_state& st,
                               const std::string& source) {
   const std::string where = "lockstep::fit: " + source + ": section 'callbacks': ";
   if (st.callback_states.size() != callbacks.size())
@@ -398,17 +399,17 @@ public:
   }
 
   /// The newest checkpoint to resume from, with its path (none unless resuming and one exists).
-  [[nodiscard]] std::optional<std::pair<io::checkpoint_state, std::string>> checkpoint_to_resume() const {
+  [[nodiscard]] std::optional<std::pair<checkpoint_state, std::string>> checkpoint_to_resume() const {
     if (!o_.resume || !ckpt_) return std::nullopt;
     const auto p = ckpt_->latest();
     if (!p) return std::nullopt;
-    return std::make_pair(io::load_checkpoint(*p), p->string());
+    return std::make_pair(load_checkpoint(*p), p->string());
   }
 
   /// Takes over a checkpoint's position, sums, rates and callback states (the model is restored by the caller).
-  void resume_from(const io::checkpoint_state& st, const std::string& source) {
-    if (st.version >= 2) detail::restore_callbacks(o_.callbacks, st, source);
-    if (st.version >= 2 && st.stop_requested) {  // a callback had stopped the run: stay stopped
+  void resume_from(const checkpoint_state& st, const std::string& source) {
+    if (st.has_callback_state) detail::restore_callbacks(o_.callbacks, st, source);
+    if (st.has_callback_state && st.stop_requested) {  // a callback had stopped the run: stay stopped
       ctl.stop = true;
       h.stopped_early = st.batches == 0 ? st.epoch < o_.epochs : st.epoch + 1 < o_.epochs;
     }
@@ -523,7 +524,7 @@ public:
   }
 
   /// Fills the run's part of checkpoint `st` at (epoch, batches consumed) and writes it.
-  void save(io::checkpoint_state st, std::uint64_t epoch, std::uint64_t batches_done, std::uint64_t seed) {
+  void save(checkpoint_state st, std::uint64_t epoch, std::uint64_t batches_done, std::uint64_t seed) {
     if (!chief_) return;
     st.epoch = epoch;
     st.batches = batches_done;
@@ -584,16 +585,16 @@ std::uint64_t model_seed(const M& m, const fit_options& o) {
 
 /// Checks that checkpoint `st` read from `source` was written by this model, seed and kind of optimiser.
 template <class Replicated, class Optimizer>
-void check_resumable(const Replicated& m, const Optimizer& optimizer, const io::checkpoint_state& st,
+void check_resumable(const Replicated& m, const Optimizer& optimizer, const checkpoint_state& st,
                      const std::string& source) {
-  using net = io::network_of<Replicated>;
-  io::check_signature(st, model_signature<net>(), source, io::model_name<net>());
+  using net = network_of<Replicated>;
+  check_signature(st, model_signature<net>(), source, model_name<net>());
   if constexpr (requires { m.seed().value; })
     if (st.seed != m.seed().value)
       throw checkpoint_error("lockstep::fit: " + source + ": section 'rng': the checkpoint's model seed " +
                              std::to_string(st.seed) + " differs from this model's seed " +
                              std::to_string(m.seed().value) + "; resuming would not be exact");
-  io::check_optimizer_state(st, optimizer, model<net>::param_count, source);
+  check_optimizer_state(st, optimizer, model<net>::param_count, source);
 }
 
 /// fit on the strategy's core class (see lockstep::fit).
@@ -607,11 +608,13 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   if (const auto ck = run.checkpoint_to_resume()) {
     check_resumable(m, optimizer, ck->first, ck->second);
     run.resume_from(ck->first, ck->second);  // refuses callback states that do not fit, before the model changes
-    io::restore(m, ck->first, optimizer, ck->second);
+    restore(m, static_cast<const model_state&>(ck->first), optimizer, ck->second);
   }
   run.open_outputs();
   const auto save = [&](std::uint64_t epoch, std::uint64_t batches) {
-    if (w.is_chief()) run.save(io::capture(m), epoch, batches, model_seed(m, o));
+    if (w.is_chief()) {
+      run.save(capture(m, optimizer), epoch, batches, model_seed(m, o));
+    }
   };
   for (std::uint64_t e = run.start_epoch; run.runs(e, m.step()); ++e) {
     run.begin_epoch(e);
@@ -653,7 +656,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
 /// @throws config_error when `m` was made by another strategy; checkpoint_error when resuming
 ///         from a bad checkpoint, one whose number of callback states differs from the number of
 ///         callbacks, or one whose optimiser state does not fit `optimizer`
-///         (io::check_optimizer_state); anything a step throws.
+///         (check_optimizer_state); anything a step throws.
 template <class Strategy, class Replicated, class Optimizer, class Loss, batch_source Source>
 history fit(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& loss, const Source& train,
             const fit_options& o = {}) {
