@@ -55,6 +55,7 @@ struct batch_norm {
     static constexpr std::size_t input_size = S::size;     ///< features in
     static constexpr std::size_t output_size = S::size;    ///< features out
     static constexpr std::size_t param_count = 2 * C;      ///< γ then β
+    static constexpr bool accumulates_gradients = true;    ///< adds into dparams under pass_info::accumulate
     static constexpr std::size_t state_count = 2 * C;      ///< running mean, running var
     static constexpr std::size_t workspace_per_sample = 2 * C;  ///< each row's two sums per channel
     static constexpr std::size_t workspace_fixed = 2 * C;       ///< the batch's mean and 1/σ, kept for backward
@@ -168,8 +169,8 @@ struct batch_norm {
               if (dx) dx[o + j] = static_cast<T>(g * static_cast<double>(gamma[c]) * inv);
             }
           }
-          dparams[c] = static_cast<T>(s2[c]);
-          dparams[C + c] = static_cast<T>(s1[c]);
+          put(dparams[c], s2[c], info.accumulate);
+          put(dparams[C + c], s1[c], info.accumulate);
         }
         return;
       }
@@ -177,7 +178,8 @@ struct batch_norm {
       const T* inv = mean + C;
       const std::size_t total = rows_of(info, batch);
       if (total == 0) {
-        for (std::size_t c = 0; c < 2 * C; ++c) dparams[c] = T(0);
+        if (!info.accumulate)
+          for (std::size_t c = 0; c < 2 * C; ++c) dparams[c] = T(0);
         return;
       }
       for (std::size_t b = 0; b < batch; ++b) {
@@ -201,8 +203,8 @@ struct batch_norm {
         }
       const bool writes_sums = info.exchange == nullptr || info.exchange->leads(info.rank);
       for (std::size_t c = 0; c < C; ++c) {
-        dparams[c] = writes_sums ? static_cast<T>(s2[c]) : T(0);
-        dparams[C + c] = writes_sums ? static_cast<T>(s1[c]) : T(0);
+        put(dparams[c], writes_sums ? s2[c] : 0.0, info.accumulate);
+        put(dparams[C + c], writes_sums ? s1[c] : 0.0, info.accumulate);
       }
       if (!dx) return;
       const double count = static_cast<double>(total * P);
@@ -217,6 +219,11 @@ struct batch_norm {
     }
 
   private:
+    // Writes a parameter gradient, or adds it to the running sum under gradient accumulation.
+    template <class T>
+    static void put(T& out, double v, bool add) {
+      out = add ? static_cast<T>(static_cast<double>(out) + v) : static_cast<T>(v);
+    }
     template <class T>
     static double xhat(T v, T mean, T inv) {
       return (static_cast<double>(v) - static_cast<double>(mean)) * static_cast<double>(inv);

@@ -128,9 +128,11 @@ template <class T, std::size_t F, std::size_t Q>
 struct gradient_from_transpose_op {
   const T* g;    ///< (Q + 1) x F
   T* dparams;    ///< F Q + F
-  /// Writes element i of dparams.
+  bool add;      ///< add to dparams (gradient accumulation) instead of writing it
+  /// Writes (or adds to) element i of dparams.
   LOCKSTEP_HD void operator()(std::size_t i) const {
-    dparams[i] = i < F * Q ? g[(i % Q) * F + i / Q] : g[F * Q + (i - F * Q)];
+    const T v = i < F * Q ? g[(i % Q) * F + i / Q] : g[F * Q + (i - F * Q)];
+    dparams[i] = add ? dparams[i] + v : v;
   }
 };
 
@@ -180,6 +182,7 @@ struct conv2d {
     static constexpr std::size_t param_count = Filters * patch + Filters;          ///< filters then biases
     static constexpr std::size_t padded = C * (H + 2 * Padding) * (W + 2 * Padding);  ///< one padded image
     static constexpr std::size_t workspace_per_sample = 0;  ///< nothing is kept per image: backward recomputes
+    static constexpr bool accumulates_gradients = true;      ///< adds into dparams under pass_info::accumulate
     /// One image's columns and a row of ones (the columns are reused for their gradient), one
     /// padded image (reused for col2im's sums) and the filters with their biases (reused for the
     /// transposed parameter gradient).
@@ -220,7 +223,7 @@ struct conv2d {
       constexpr std::size_t P = OH * OW;
       const std::size_t batch = a.batch();
       if (batch == 0) {
-        fill(ctx, a.dparams, param_count, T(0));
+        if (!a.info.accumulate) fill(ctx, a.dparams, param_count, T(0));
         return;
       }
       const scratch<T> s(a.workspace);
@@ -235,7 +238,8 @@ struct conv2d {
         gemm(ctx, trans::yes, trans::no, patch, P, Filters, T(1), a.params, patch, dyb, P, T(0), s.cols, P);
         for_each_index(ctx, C, detail::col2im_op<T, geometry>{s.cols, a.dx.row(b), s.xp});
       }
-      for_each_index(ctx, param_count, detail::gradient_from_transpose_op<T, Filters, patch>{gt, a.dparams});
+      for_each_index(ctx, param_count,
+                     detail::gradient_from_transpose_op<T, Filters, patch>{gt, a.dparams, a.info.accumulate});
     }
 
   private:

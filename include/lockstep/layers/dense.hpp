@@ -3,12 +3,46 @@
 /// `dense<In, Out>`: a fully connected layer y = x W + b.
 
 #include <cstddef>
+#include <type_traits>
 
 #include <lockstep/backend/host/ops.hpp>
+#include <lockstep/config.hpp>
 #include <lockstep/layers/init.hpp>
 #include <lockstep/layers/layer.hpp>
 
 namespace lockstep {
+
+namespace detail {
+/// out[c] += the sum over rows of x[r][c], the rows added in order after what out holds (a bias
+/// gradient accumulated over several batches). One call per column.
+template <class T>
+struct column_sums_add_op {
+  const T* x;        ///< rows x cols
+  std::size_t rows;  ///< rows to add
+  std::size_t cols;  ///< columns
+  T* out;            ///< the running sums
+  /// Adds column c.
+  LOCKSTEP_HD void operator()(std::size_t c) const {
+    T s = out[c];
+    for (std::size_t r = 0; r < rows; ++r) s += x[r * cols + c];
+    out[c] = s;
+  }
+};
+
+/// column_sums added to what `out` holds (the same order as column_sums_add_op): row by row on
+/// the host, one column per element elsewhere.
+template <class Ctx, class T>
+void add_column_sums(Ctx& ctx, const T* x, std::size_t rows, std::size_t cols, T* out) {
+  if constexpr (std::is_same_v<std::remove_cv_t<Ctx>, backend::host_context>) {
+    for (std::size_t r = 0; r < rows; ++r) {
+      const T* row = x + r * cols;
+      for (std::size_t c = 0; c < cols; ++c) out[c] += row[c];
+    }
+  } else {
+    for_each_index(ctx, cols, column_sums_add_op<T>{x, rows, cols, out});
+  }
+}
+}  // namespace detail
 
 /// Fully connected layer from In to Out features. Parameters: W (In x Out, row-major) then b (Out).
 /// @tparam Init weight initialiser (biases start at zero)
@@ -26,6 +60,7 @@ struct dense {
     static constexpr std::size_t output_size = Out;               ///< features out
     static constexpr std::size_t param_count = In * Out + Out;    ///< weights then biases
     static constexpr std::size_t workspace_per_sample = 0;        ///< needs no scratch
+    static constexpr bool accumulates_gradients = true;           ///< adds into dparams under pass_info::accumulate
 
     /// Initialises W with Init and b with zeros (host memory).
     template <class T>
@@ -42,14 +77,20 @@ struct dense {
       gemm(ctx, trans::no, trans::no, a.batch(), Out, In, T(1), a.x.data(), In, a.params, Out, T(1), a.y.data(), Out);
     }
 
-    /// dW = x^T dy, db = column sums of dy, and dx = dy W^T when dx is not empty (the first layer
-    /// of a model skips its input gradient).
+    /// dW = x^T dy, db = column sums of dy (both added to dparams under pass_info::accumulate:
+    /// the GEMM's beta is 1), and dx = dy W^T when dx is not empty (the first layer of a model
+    /// skips its input gradient).
     template <class T, class Ctx>
     static void backward(Ctx& ctx, const backward_args<T, Ctx, shape<In>, shape<Out>>& a) {
       using backend::trans;
       const std::size_t batch = a.batch();
-      gemm(ctx, trans::yes, trans::no, In, Out, batch, T(1), a.x.data(), In, a.dy.data(), Out, T(0), a.dparams, Out);
-      column_sums(ctx, a.dy.data(), batch, Out, a.dparams + In * Out);
+      const bool add = a.info.accumulate;
+      gemm(ctx, trans::yes, trans::no, In, Out, batch, T(1), a.x.data(), In, a.dy.data(), Out, add ? T(1) : T(0),
+           a.dparams, Out);
+      if (add)
+        detail::add_column_sums(ctx, a.dy.data(), batch, Out, a.dparams + In * Out);
+      else
+        column_sums(ctx, a.dy.data(), batch, Out, a.dparams + In * Out);
       if (a.dx) gemm(ctx, trans::no, trans::yes, batch, In, Out, T(1), a.dy.data(), Out, a.params, Out, T(0), a.dx.data(), In);
     }
   };

@@ -1,8 +1,8 @@
 #pragma once
 /// @file dropout.hpp
 /// `dropout<Num, Den>`: inverted dropout with rate Num / Den (a rational, so that the rate is a
-/// compile-time constant that every C++20 compiler accepts as a template argument), whose mask is keyed by (seed, layer, step, global sample
-/// position, feature) through the counter-based RNG, so it does not depend on how the global batch
+/// compile-time constant that every C++20 compiler accepts as a template argument), whose mask is keyed by (seed, layer, step, the row's position
+/// in the update's rows, feature) through the counter-based RNG, so it does not depend on how the global batch
 /// is split into shards. Forward keeps the mask in the workspace; backward applies it again.
 
 #include <cstddef>
@@ -91,7 +91,7 @@ struct dropout {
       }
       const pass_info& info = a.info;
       const counter_rng rng(info.seed, layer_rng_stream(info.layer_stream, rng_purpose::dropout, info.step));
-      const detail::dropout_op<T> op{a.x.data(), a.y.data(), a.workspace, rng, info.sample_offset * I, a.x.size(),
+      const detail::dropout_op<T> op{a.x.data(), a.y.data(), a.workspace, rng, (info.update_offset + info.sample_offset) * I, a.x.size(),
                                      static_cast<float>(rate), scale<T>()};
       for_each_index(ctx, op.blocks(), op);
     }

@@ -52,6 +52,13 @@ struct pass_info {
   std::uint64_t global_rows = 0;     ///< rows of the global batch (0: this call's batch is all of it)
   row_exchange* exchange = nullptr;  ///< gathers rows across replicas (null: this call holds the whole batch)
   std::size_t rank = 0;              ///< this replica's index in `exchange`
+  /// Rows of the same update in its earlier batches (gradient accumulation): randomness is keyed
+  /// by the row's position in the update, update_offset + sample_offset (0 for one batch per update).
+  std::uint64_t update_offset = 0;
+  /// Backward ADDS the parameter gradients to what dparams holds instead of overwriting them
+  /// (gradient accumulation; only layers that say `accumulates_gradients` are given it, see
+  /// accumulates_gradients_v).
+  bool accumulate = false;
 
   /// A training pass of update `step` of a model seeded with `seed` (the other fields are set
   /// where they become known: the replica sets the shard's offset and the global batch's rows,
@@ -281,6 +288,16 @@ template <class B>
 inline constexpr std::size_t state_count_v = [] {
   if constexpr (requires { B::state_count; }) return std::size_t{B::state_count};
   else return std::size_t{0};
+}();
+
+/// True when bound layer B honours pass_info::accumulate in backward (it says `static constexpr
+/// bool accumulates_gradients = true;`), or has no parameters. A model whose layers all do
+/// accumulates gradients through them (the GEMMs' beta = 1); otherwise the model adds each
+/// batch's gradients into the running sum itself.
+template <class B>
+inline constexpr bool accumulates_gradients_v = [] {
+  if constexpr (requires { B::accumulates_gradients; }) return bool{B::accumulates_gradients} || B::param_count == 0;
+  else return B::param_count == 0;
 }();
 
 /// True when bound layer B's training forward couples the rows of the global batch.

@@ -25,6 +25,17 @@ namespace lockstep {
 /// Train or evaluation mode of a forward pass.
 enum class mode { train, eval };
 
+namespace detail {
+/// g[i] += acc[i]: a layer's gradient of one batch added to the running sum of the earlier ones.
+template <class T>
+struct gradient_sum_op {
+  T* g;          ///< this batch's gradients, then the sum
+  const T* acc;  ///< the sum of the earlier batches
+  /// Adds element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const { g[i] += acc[i]; }
+};
+}  // namespace detail
+
 /// The no-op backward hook: called after each top-level layer's gradients are final.
 struct no_layer_hook {
   /// Does nothing.
@@ -103,10 +114,37 @@ public:
   }
 
   /// Back-propagates dy (rows x output_size, the gradient of the loss SUM) through the last
-  /// forward and OVERWRITES the gradient buffer. The first layer computes no input gradient.
+  /// forward and OVERWRITES the gradient buffer — or, when the forward's pass_info::accumulate
+  /// was set, ADDS to it (gradient accumulation: through the layers themselves when they all
+  /// accumulate, see accumulates_gradients_v; else each layer's gradients are added to a copy of
+  /// the running sum as the layer finishes). The first layer computes no input gradient.
   /// `on_layer_done(layer, offset, count)` runs as each top-level layer's gradients become final.
   template <class Hook = no_layer_hook>
   void backward(context_type& ctx, const T* dy, const Hook& on_layer_done = {}) {
+    if constexpr (!accumulates_gradients) {
+      if (last_info_.accumulate) {
+        accum_.reserve_discard(param_count);
+        copy(ctx, accum_.data(), grads_.data(), param_count);
+        last_info_.accumulate = false;  // the layers overwrite; the sum is formed below
+        T* g = grads_.data();
+        const T* acc = accum_.data();
+        run_backward(ctx, dy, [&](std::size_t layer, std::size_t offset, std::size_t count) {
+          for_each_index(ctx, count, detail::gradient_sum_op<T>{g + offset, acc + offset});
+          on_layer_done(layer, offset, count);
+        });
+        last_info_.accumulate = true;
+        return;
+      }
+    }
+    run_backward(ctx, dy, on_layer_done);
+  }
+
+  /// True when every layer adds its gradients itself under pass_info::accumulate.
+  static constexpr bool accumulates_gradients = accumulates_gradients_v<bound>;
+
+private:
+  template <class Hook>
+  void run_backward(context_type& ctx, const T* dy, const Hook& on_layer_done) {
     const backward_args_for<T, context_type, bound> a{params_.data(),
                                                   {last_x_, last_rows_},
                                                   {output_.data(), last_rows_},
@@ -122,6 +160,8 @@ public:
       on_layer_done(std::size_t{0}, std::size_t{0}, param_count);
     }
   }
+
+public:
 
   /// The flat parameter buffer: param_count trainable parameters, then state_count elements of
   /// non-trainable state (batch-norm running statistics), stored_count in all.
@@ -140,6 +180,7 @@ private:
   basic_buffer<T, Kind> grads_;
   basic_buffer<T, Kind> workspace_;
   basic_buffer<T, Kind> output_;
+  basic_buffer<T, Kind> accum_;  // the running gradient sum, for layers that do not accumulate themselves
   std::size_t capacity_ = 0;
   bool reserved_ = false;  // the batch-independent workspace exists (even for an empty first batch)
   const T* last_x_ = nullptr;

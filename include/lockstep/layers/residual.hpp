@@ -73,6 +73,7 @@ struct residual {
     static constexpr std::size_t param_count = inner::param_count;  ///< the body's parameters
     static constexpr std::size_t state_count = inner::state_count;  ///< the body's state
     static constexpr bool couples_rows = inner::couples_rows;      ///< when the body does
+    static constexpr bool accumulates_gradients = accumulates_gradients_v<inner>;  ///< when the body does
     /// The body's scratch, then its output f(x) kept for its backward.
     static constexpr std::size_t workspace_per_sample = inner::workspace_per_sample + S::size;
     static constexpr std::size_t workspace_fixed = inner::workspace_fixed;  ///< the body's

@@ -177,6 +177,7 @@ struct bound_sequential<S, Out, type_list<Bs...>> {
   static constexpr std::size_t param_count = (Bs::param_count + ... + 0);            ///< all parameters
   static constexpr std::size_t state_count = (state_count_v<Bs> + ... + 0);          ///< all non-trainable state
   static constexpr bool couples_rows = (couples_rows_v<Bs> || ...);                  ///< some layer couples rows
+  static constexpr bool accumulates_gradients = (accumulates_gradients_v<Bs> && ...);  ///< every layer adds under pass_info::accumulate
 
   /// Offset of each layer's parameters in the flat buffer (also the gradient layout).
   static constexpr std::array<std::size_t, layer_count> param_offsets = [] {
