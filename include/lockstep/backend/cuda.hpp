@@ -12,5 +12,6 @@
 #include <lockstep/backend/cuda/context.hpp>
 #include <lockstep/backend/cuda/device.hpp>
 #include <lockstep/backend/cuda/error.hpp>
+#include <lockstep/backend/cuda/epilogue.cuh>
 #include <lockstep/backend/cuda/ops.cuh>
 #include <lockstep/distribute/reducers/cuda_reducers.cuh>

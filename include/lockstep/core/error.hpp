@@ -69,6 +69,20 @@ private:
   std::uint64_t step_ = no_step;
 };
 
+/// Training met numbers it cannot use: a reduced gradient that is not finite (the non-finite
+/// guard's raise policy, or too many skipped updates in a row). The message names the update, the
+/// first non-finite layer and the replica and worker whose shard produced it, where known.
+class numerics_error : public error {
+public:
+  /// A failure at update `step` (the model's update counter before it).
+  numerics_error(const std::string& what, std::uint64_t step) : error(what), step_(step) {}
+  /// The update (the model's update counter before it).
+  [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
+
+private:
+  std::uint64_t step_ = 0;
+};
+
 /// A checkpoint that is corrupt, truncated, of another version or of another model.
 class checkpoint_error : public error {
 public:

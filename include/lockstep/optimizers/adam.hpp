@@ -12,8 +12,9 @@
 namespace lockstep {
 
 namespace detail {
-/// One Adam / AdamW element update; m and v are the first and second moment estimates.
-template <class T>
+/// One Adam / AdamW element update; m and v are the first and second moment estimates. With
+/// Extras, update_info's clipping, device decision and EMA too.
+template <class T, bool Extras = false>
 struct adam_op {
   T* p;         ///< parameters
   const T* g;   ///< gradient sums
@@ -22,15 +23,24 @@ struct adam_op {
   T lr, beta1, beta2, eps, l2, decoupled, scale;  ///< hyper-parameters
   T step;           ///< lr / (1 - b1^t): the step size with the first bias correction
   T inv_sqrt_c2;    ///< 1 / sqrt(1 - b2^t): the second bias correction, on sqrt(v)
+  update_extras<T> x{};  ///< used when Extras
   /// Updates element i: the bias corrections are folded into two constants (as PyTorch does),
   /// leaving one division and one square root per element.
   LOCKSTEP_HD void operator()(std::size_t i) const {
-    const T gi = g[i] * scale + l2 * p[i];
+    T gs;
+    if constexpr (Extras) {
+      if (!x.applies()) return;
+      gs = x.gradient(g[i] * x.scale(scale));
+    } else {
+      gs = g[i] * scale;
+    }
+    const T gi = gs + l2 * p[i];
     const T mi = beta1 * m[i] + (T(1) - beta1) * gi;
     const T vi = beta2 * v[i] + (T(1) - beta2) * gi * gi;
     m[i] = mi;
     v[i] = vi;
     p[i] -= lr * decoupled * p[i] + step * mi / (std::sqrt(vi) * inv_sqrt_c2 + eps);
+    if constexpr (Extras) x.average(i, p[i]);
   }
 };
 
@@ -39,11 +49,16 @@ void adam_update(Ctx& ctx, T* p, const T* g, T* state, std::size_t n, const upda
                  float eps, float l2, float decoupled) {
   const double c1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(u.step));
   const double c2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(u.step));
-  for_each_index(ctx, n,
-                 adam_op<T>{p, g, state, state + n, static_cast<T>(u.lr), static_cast<T>(beta1),
-                            static_cast<T>(beta2), static_cast<T>(eps), static_cast<T>(l2), static_cast<T>(decoupled),
-                            static_cast<T>(u.grad_scale), static_cast<T>(static_cast<double>(u.lr) / c1),
-                            static_cast<T>(1.0 / std::sqrt(c2))});
+  const adam_op<T> op{p, g, state, state + n, static_cast<T>(u.lr), static_cast<T>(beta1), static_cast<T>(beta2),
+                      static_cast<T>(eps), static_cast<T>(l2), static_cast<T>(decoupled), static_cast<T>(u.grad_scale),
+                      static_cast<T>(static_cast<double>(u.lr) / c1), static_cast<T>(1.0 / std::sqrt(c2))};
+  if (u.plain()) {
+    for_each_index(ctx, n, op);
+  } else {
+    adam_op<T, true> with{op.p, op.g, op.m, op.v, op.lr, op.beta1, op.beta2, op.eps, op.l2, op.decoupled, op.scale,
+                          op.step, op.inv_sqrt_c2, update_extras<T>::of(u)};
+    for_each_index(ctx, n, with);
+  }
 }
 }  // namespace detail
 
@@ -52,6 +67,7 @@ void adam_update(Ctx& ctx, T* p, const T* g, T* state, std::size_t n, const upda
 struct adam {
   using optimizer_concept = optimizer_tag;  ///< opts in to the optimizer concept
   static constexpr bool elementwise = true;  ///< per-parameter update and state (see optimizer_elementwise_v)
+  static constexpr bool applies_recipe = true;  ///< applies clip_value, decision and ema in its pass
   float lr = 1e-3f;           ///< learning rate
   float beta1 = 0.9f;         ///< first-moment decay
   float beta2 = 0.999f;       ///< second-moment decay
@@ -72,6 +88,7 @@ struct adam {
 struct adamw {
   using optimizer_concept = optimizer_tag;  ///< opts in to the optimizer concept
   static constexpr bool elementwise = true;  ///< per-parameter update and state (see optimizer_elementwise_v)
+  static constexpr bool applies_recipe = true;  ///< applies clip_value, decision and ema in its pass
   float lr = 1e-3f;            ///< learning rate
   float beta1 = 0.9f;          ///< first-moment decay
   float beta2 = 0.999f;        ///< second-moment decay

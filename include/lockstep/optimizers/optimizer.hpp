@@ -9,6 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <lockstep/backend/epilogue.hpp>
+#include <lockstep/config.hpp>
+
 namespace lockstep {
 
 /// Opt-in tag: a type is an optimiser only when it says `using optimizer_concept = lockstep::optimizer_tag;`.
@@ -18,7 +21,20 @@ struct optimizer_tag {};
 struct update_info {
   float lr = 0;               ///< learning rate for this step (after the schedule)
   std::uint64_t step = 1;     ///< 1-based number of this update
-  double grad_scale = 1;      ///< multiplies the gradient first: 1 / global sample count
+  double grad_scale = 1;      ///< multiplies the gradient first: clip factor / (rows of the update × loss scale)
+  /// When > 0, each scaled gradient element (sum × grad_scale) is clamped to [-clip_value,
+  /// clip_value] before the optimiser uses it (per-value clipping).
+  float clip_value = 0;
+  /// Device memory: the epilogue's decision, read by the update kernel in place of grad_scale
+  /// (and skipping the update when it says so); null where the decision is a host value.
+  const update_decision* decision = nullptr;
+  /// The exponential moving average of the same n parameters (elements of the parameter type),
+  /// updated after the parameters as ema = ema_decay × ema + (1 - ema_decay) × p; null for none.
+  void* ema = nullptr;
+  double ema_decay = 0;       ///< the EMA's decay for this update (0: the EMA takes the parameters)
+
+  /// True when the update uses nothing beyond lr, step and grad_scale.
+  [[nodiscard]] constexpr bool plain() const noexcept { return clip_value <= 0 && decision == nullptr && ema == nullptr; }
 };
 
 /// An optimiser, its device-independent part: a copyable value of hyper-parameters. Required members:
@@ -62,7 +78,46 @@ concept optimizer_for = optimizer<O> && detail::optimizer_update<O, T, Ctx>;
 template <class O>
 inline constexpr bool optimizer_elementwise_v = requires { requires O::elementwise; };
 
+/// True when optimiser O says `static constexpr bool applies_recipe = true;`: its update applies
+/// update_info's clip_value, decision and ema itself, in its one pass over the parameters (the
+/// library's optimisers do). For any other optimiser the strategy clips values in a pass of its
+/// own, waits for a device decision, and updates the EMA in a separate pass.
+template <class O>
+inline constexpr bool optimizer_applies_recipe_v = requires { requires O::applies_recipe; };
+
 namespace detail {
+/// The clamp of per-value clipping (no std::min/max, so that device code can use it).
+template <class T>
+LOCKSTEP_HD inline T clip_to(T v, T bound) {
+  return v > bound ? bound : (v < -bound ? -bound : v);
+}
+
+/// The parts of an update beyond the gradient scale (update_info's clip_value, decision and
+/// EMA), as the library's element updates apply them.
+template <class T>
+struct update_extras {
+  T clip = 0;                                ///< per-value clipping bound (0: none)
+  const update_decision* decision = nullptr; ///< device decision (scale and skip), or null
+  T* ema = nullptr;                          ///< the EMA of the same elements, or null
+  T ema_keep = 0, ema_take = 1;              ///< ema = keep × ema + take × p
+
+  /// The extras of update `u` for elements of type T.
+  static update_extras of(const update_info& u) {
+    return {static_cast<T>(u.clip_value), u.decision, static_cast<T*>(u.ema), static_cast<T>(u.ema_decay),
+            static_cast<T>(1.0 - u.ema_decay)};
+  }
+  /// False when the device decision says to skip the update.
+  LOCKSTEP_HD bool applies() const { return decision == nullptr || decision->skip == 0; }
+  /// The gradient scale: the device decision's, else `host`.
+  LOCKSTEP_HD T scale(T host) const { return decision ? static_cast<T>(decision->scale) : host; }
+  /// The scaled gradient element, clipped.
+  LOCKSTEP_HD T gradient(T g) const { return clip > T(0) ? clip_to(g, clip) : g; }
+  /// Updates the EMA of element i after its parameter became p.
+  LOCKSTEP_HD void average(std::size_t i, T p) const {
+    if (ema) ema[i] = ema_keep * ema[i] + ema_take * p;
+  }
+};
+
 /// Checks optimiser O for element type T and context Ctx member by member, so that an optimiser
 /// that lacks one is told which.
 template <class O, class T, class Ctx>

@@ -12,23 +12,32 @@
 namespace lockstep {
 
 namespace detail {
-/// One SGD element update.
-template <class T>
+/// One SGD element update; with Extras, update_info's clipping, device decision and EMA too.
+template <class T, bool Extras = false>
 struct sgd_op {
   T* p;            ///< parameters
   const T* g;      ///< gradient sums
   T* v;            ///< momentum buffer (null without momentum)
   T lr, momentum, decay, scale;  ///< hyper-parameters and the gradient scale
   bool nesterov;   ///< Nesterov momentum
+  update_extras<T> x{};  ///< used when Extras
   /// Updates element i.
   LOCKSTEP_HD void operator()(std::size_t i) const {
-    T d = g[i] * scale + decay * p[i];
+    T gi;
+    if constexpr (Extras) {
+      if (!x.applies()) return;
+      gi = x.gradient(g[i] * x.scale(scale));
+    } else {
+      gi = g[i] * scale;
+    }
+    T d = gi + decay * p[i];
     if (v) {
       const T vi = momentum * v[i] + d;
       v[i] = vi;
       d = nesterov ? d + momentum * vi : vi;
     }
     p[i] -= lr * d;
+    if constexpr (Extras) x.average(i, p[i]);
   }
 };
 }  // namespace detail
@@ -38,6 +47,7 @@ struct sgd_op {
 struct sgd {
   using optimizer_concept = optimizer_tag;  ///< opts in to the optimizer concept
   static constexpr bool elementwise = true;  ///< per-parameter update and state (see optimizer_elementwise_v)
+  static constexpr bool applies_recipe = true;  ///< applies clip_value, decision and ema in its pass
   float lr = 0.01f;           ///< learning rate
   float momentum = 0.0f;      ///< momentum factor (0: plain SGD)
   bool nesterov = false;      ///< Nesterov momentum (needs momentum > 0)
@@ -49,10 +59,19 @@ struct sgd {
   /// Applies one update to n parameters (state must hold state_size(n) zero-initialised elements).
   template <class T, class Ctx>
   void update(Ctx& ctx, T* p, const T* g, T* state, std::size_t n, const update_info& u) const {
-    for_each_index(ctx, n,
-                   detail::sgd_op<T>{p, g, momentum != 0.0f ? state : nullptr, static_cast<T>(u.lr),
-                                     static_cast<T>(momentum), static_cast<T>(weight_decay),
-                                     static_cast<T>(u.grad_scale), nesterov});
+    if (u.plain())
+      for_each_index(ctx, n, op<T, false>(p, g, state, u));
+    else
+      for_each_index(ctx, n, op<T, true>(p, g, state, u));
+  }
+
+private:
+  template <class T, bool Extras>
+  detail::sgd_op<T, Extras> op(T* p, const T* g, T* state, const update_info& u) const {
+    detail::sgd_op<T, Extras> o{p, g, momentum != 0.0f ? state : nullptr, static_cast<T>(u.lr), static_cast<T>(momentum),
+                                static_cast<T>(weight_decay), static_cast<T>(u.grad_scale), nesterov};
+    if constexpr (Extras) o.x = detail::update_extras<T>::of(u);
+    return o;
   }
 };
 
