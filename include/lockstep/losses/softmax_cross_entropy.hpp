@@ -58,6 +58,55 @@ struct softmax_xent_row_op {
     }
   }
 };
+
+/// Row r of softmax cross-entropy with label smoothing ε over C classes: the target is
+/// (1 − ε) onehot(label) + ε / C, so, with d and t as in softmax_xent_row_op and lse = log1p(t),
+/// loss[r] = lse − (1 − ε) d_label − (ε / C) Σ_c d_c and grad_r[c] = p_c − (1 − ε) onehot[c] − ε / C.
+/// hit[r] = 1 when the arg-max (first on ties) equals the label. A label outside [0, cols) or a
+/// logit that is not finite yields a NaN loss.
+template <class T>
+struct softmax_xent_smoothed_row_op {
+  const T* z;                   ///< logits, rows x cols
+  const std::int32_t* labels;   ///< labels
+  T* grad;                      ///< gradient of the summed loss, or null
+  T* loss;                      ///< per-row loss
+  T* hit;                       ///< per-row top-1 hit (1 or 0)
+  std::size_t cols;             ///< classes
+  T smoothing;                  ///< ε
+  /// Computes row r.
+  LOCKSTEP_HD void operator()(std::size_t r) const {
+    const T* zr = z + r * cols;
+    T m = zr[0];
+    std::size_t arg = 0;
+    for (std::size_t c = 1; c < cols; ++c)
+      if (zr[c] > m) {
+        m = zr[c];
+        arg = c;
+      }
+    T t = 0, sum_d = 0;
+    for (std::size_t c = 0; c < cols; ++c) {
+      sum_d += zr[c] - m;
+      if (c != arg) t += std::exp(zr[c] - m);
+    }
+    const std::int32_t y = labels[r];
+    const bool valid = y >= 0 && static_cast<std::size_t>(y) < cols;
+    const bool finite = m - m == T(0);
+    const T spread = smoothing / static_cast<T>(cols);
+    const T lse = std::log1p(t);
+    loss[r] = valid && finite ? lse - (T(1) - smoothing) * (zr[y] - m) - spread * sum_d : static_cast<T>(NAN);
+    hit[r] = valid && static_cast<std::size_t>(y) == arg ? T(1) : T(0);
+    if (grad) {
+      T* gr = grad + r * cols;
+      const T inv = T(1) / (T(1) + t);
+      for (std::size_t c = 0; c < cols; ++c) {
+        const bool is_label = valid && static_cast<std::size_t>(y) == c;
+        // p_c - onehot_c, with the arg-max's probability minus one formed as -t / (1 + t)
+        const T p_minus = c == arg ? (is_label ? -t * inv : inv) : std::exp(zr[c] - m) * inv - (is_label ? T(1) : T(0));
+        gr[c] = p_minus + (is_label ? smoothing : T(0)) - spread;
+      }
+    }
+  }
+};
 }  // namespace detail
 
 namespace backend {
@@ -81,11 +130,14 @@ softmax_xent_totals softmax_xent(const Ctx& ctx, const T* z, const std::int32_t*
 
 }  // namespace backend
 
-/// Softmax cross-entropy: per-sample loss = log-sum-exp(logits) - logit[label].
+/// Softmax cross-entropy: per-sample loss = log-sum-exp(logits) - logit[label]; with
+/// `label_smoothing` ε, the cross-entropy against the target (1 − ε) onehot(label) + ε / classes
+/// (Keras `label_smoothing`, PyTorch `CrossEntropyLoss(label_smoothing=)`).
 struct softmax_cross_entropy {
   using loss_concept = loss_tag;                    ///< opts in to the loss concept
   static constexpr std::size_t scratch_per_row = 2; ///< per-row loss and per-row top-1 hit
   static constexpr bool counts_correct = true;      ///< fills loss_sum::correct
+  float label_smoothing = 0;                        ///< ε in [0, 1): the weight moved from the label to all classes evenly
 
   /// Sum of the losses of the rows of logits a.out against a.target.labels and the number of
   /// top-1 hits; writes the gradient of that sum into a.grad when it is not empty. A label
@@ -96,9 +148,21 @@ struct softmax_cross_entropy {
     const std::size_t rows = a.rows();
     if (rows == 0) return {};
     if (!a.target.labels) throw shape_error("lockstep::softmax_cross_entropy: the batch has no labels");
-    using backend::softmax_xent;  // the generic form; a backend's own overload is found by ADL
-    const backend::softmax_xent_totals r =
-        softmax_xent(ctx, a.out.data(), a.target.labels, rows, cols, a.grad.data(), a.scratch);
+    if (!(label_smoothing >= 0.0f && label_smoothing < 1.0f))
+      throw config_error("lockstep::softmax_cross_entropy: label_smoothing must be in [0, 1), got " +
+                         std::to_string(label_smoothing));
+    backend::softmax_xent_totals r;
+    if (label_smoothing == 0.0f) {
+      using backend::softmax_xent;  // the generic form; a backend's own overload is found by ADL
+      r = softmax_xent(ctx, a.out.data(), a.target.labels, rows, cols, a.grad.data(), a.scratch);
+    } else {  // through the elementwise primitive and sums, on any device
+      T* per_row = a.scratch;
+      for_each_index(ctx, rows,
+                     detail::softmax_xent_smoothed_row_op<T>{a.out.data(), a.target.labels, a.grad.data(), per_row,
+                                                             per_row + rows, cols, static_cast<T>(label_smoothing)});
+      r.loss = sum(ctx, per_row, rows);
+      r.hits = std::isnan(r.loss) ? 0.0 : sum(ctx, per_row + rows, rows);
+    }
     if (std::isnan(r.loss))
       throw data_error("lockstep::softmax_cross_entropy: a label is outside [0, " + std::to_string(cols) +
                        ") or a logit is not finite");
