@@ -10,6 +10,11 @@
 ///   PARM version 1: the flat parameters, then the non-trainable state (f32 array)
 ///   OPTM version 2: the flat optimiser state (f32 array), then the optimiser's type name
 ///        (string; version 1 has no name)
+///   EMAW version 1 (only when the model holds an EMA of its weights): the number of updates the
+///        EMA took in (u64, >= 1), then the EMA of the parameters and of the non-trainable state
+///        (f32 array of the PARM section's length)
+///   GARD version 1: the non-finite guard's counters: updates skipped in all, and since the last
+///        applied one (u64 each; consecutive <= all). Checkpoints without it hold zeros.
 
 #include <cstddef>
 #include <cstdint>
@@ -40,7 +45,17 @@ struct model_state {
   std::vector<float> optimizer_state;   ///< the flat optimiser state (empty before the first update)
   std::string optimizer_name;           ///< the optimiser's type name ("" in checkpoints of formats 1 and 2)
   std::uint64_t step = 0;               ///< updates applied so far
+  std::vector<float> ema;               ///< the EMA of the parameters, then of the state (empty: none; section EMAW)
+  std::uint64_t ema_updates = 0;        ///< updates the EMA took in (0 when there is none)
+  std::uint64_t skipped_updates = 0;    ///< updates the non-finite guard skipped (section GARD)
+  std::uint64_t consecutive_skips = 0;  ///< of which since the last applied update
 };
+
+/// The tags of the model's sections added by the training recipe (see the file comment).
+namespace tags {
+inline constexpr std::uint32_t ema = io::section_tag("EMAW");    ///< the EMA of the weights
+inline constexpr std::uint32_t guard = io::section_tag("GARD");  ///< the non-finite guard's counters
+}  // namespace tags
 
 /// A readable name for optimiser `o`: its type name, with its momentum when it has a nonzero one.
 template <class Optimizer>
@@ -67,6 +82,12 @@ template <class Replicated>
   m.parameters_to_host(std::span<float>(s.parameters.data(), s.parameters.size()));
   s.optimizer_state = m.optimizer_state_to_host();
   s.step = m.step();
+  if constexpr (requires { m.ema_to_host(); m.skipped_updates(); }) {
+    s.ema = m.ema_to_host();
+    s.ema_updates = m.ema_updates();
+    s.skipped_updates = m.skipped_updates();
+    s.consecutive_skips = m.consecutive_skips();
+  }
   return s;
 }
 /// capture(m), recording that the optimiser state belongs to `optimizer`'s kind.
@@ -92,6 +113,16 @@ inline void write_model_state(io::checkpoint_file& f, const model_state& s) {
   opt.put_array<float>(s.optimizer_state);
   opt.put_string(s.optimizer_name);
   f.put(io::tags::optimizer, 2, std::move(opt));
+  if (s.ema_updates > 0) {
+    io::writer ema;
+    ema.put(s.ema_updates);
+    ema.put_array<float>(s.ema);
+    f.put(tags::ema, 1, std::move(ema));
+  }
+  io::writer guard;
+  guard.put(s.skipped_updates);
+  guard.put(s.consecutive_skips);
+  f.put(tags::guard, 1, std::move(guard));
 }
 
 /// The model's part of checkpoint `f` (any format this library reads).
@@ -121,6 +152,30 @@ inline void write_model_state(io::checkpoint_file& f, const model_state& s) {
   s.optimizer_state = o.get_array<float>("the optimizer state");
   if (os.version >= 2) s.optimizer_name = o.get_string("the optimizer name");
   o.expect_end();
+  if (const auto* es = f.find(tags::ema)) {
+    f.check_version(*es, "ema", 1, 1);
+    io::reader e = f.read(*es, "ema");
+    const std::size_t at = e.offset();
+    s.ema_updates = e.get<std::uint64_t>("the EMA's update count");
+    if (s.ema_updates == 0) e.fail_at(at, "an EMA section with no update taken in");
+    const std::size_t values_at = e.offset();
+    s.ema = e.get_array<float>("the EMA");
+    if (s.ema.size() != s.parameters.size())
+      e.fail_at(values_at, "holds " + std::to_string(s.ema.size()) + " EMA values, the parameters section " +
+                               std::to_string(s.parameters.size()));
+    e.expect_end();
+  }
+  if (const auto* gs = f.find(tags::guard)) {
+    f.check_version(*gs, "guard", 1, 1);
+    io::reader g = f.read(*gs, "guard");
+    s.skipped_updates = g.get<std::uint64_t>("the skipped updates");
+    const std::size_t at = g.offset();
+    s.consecutive_skips = g.get<std::uint64_t>("the consecutive skipped updates");
+    if (s.consecutive_skips > s.skipped_updates)
+      g.fail_at(at, "the consecutive skipped updates (" + std::to_string(s.consecutive_skips) + ") exceed all skipped (" +
+                        std::to_string(s.skipped_updates) + ")");
+    g.expect_end();
+  }
   if (ms.version < 2) {  // formats 1 and 2: the step is the progress section's first field
     const auto& gs = f.get(io::tags::progress, "progress");
     io::reader g = f.read(gs, "progress");
@@ -196,6 +251,10 @@ void restore(Replicated& m, const model_state& s, const std::string& source = "c
   if (!s.optimizer_state.empty())
     m.load_optimizer_state(std::span<const float>(s.optimizer_state.data(), s.optimizer_state.size()));
   m.set_step(s.step);
+  if constexpr (requires { m.load_ema(std::span<const float>{}, s.ema_updates); }) {
+    m.load_ema(std::span<const float>(s.ema.data(), s.ema.size()), s.ema_updates);
+    m.set_skip_counters(s.skipped_updates, s.consecutive_skips);
+  }
 }
 
 /// Loads parameters, optimiser state and step of `s` into every replica of `m`, after checking

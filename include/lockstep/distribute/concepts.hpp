@@ -44,13 +44,19 @@ struct strategy_options {
 };
 
 /// What one synchronous training step returns, over the whole global batch (every replica of
-/// every worker; the same on every worker): the loss sum, the count, and the top-1 hits of the
-/// training-mode outputs among the labelled rows.
+/// every worker; the same on every worker) — over all the batches of the update under gradient
+/// accumulation: the loss sum, the count, the top-1 hits of the training-mode outputs among the
+/// labelled rows, and what the update's epilogue found (norm, clip factor, skipped).
 struct step_stats {
   double loss_sum = 0;        ///< sum of per-sample losses over the whole global batch
   std::size_t count = 0;      ///< samples in the global batch
   std::size_t correct = 0;    ///< labelled rows whose arg-max output equals the label
   std::size_t labelled = 0;   ///< labelled rows whose hits were counted (0 where a device could not count them)
+  /// The global norm of the gradient the update applied, before clipping (NaN when the update
+  /// ran no epilogue: neither clipping nor a non-finite guard).
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();
+  double clip_factor = 1;     ///< the factor clipping by global norm scaled the gradient by (1: not clipped)
+  bool skipped = false;       ///< the non-finite guard skipped the update (nothing changed but the step counter)
 
   /// Mean loss per sample (0 for an empty batch).
   [[nodiscard]] double mean_loss() const noexcept { return count ? loss_sum / static_cast<double>(count) : 0.0; }

@@ -49,7 +49,9 @@ public:
   }
 
   /// Forward and backward on one shard: leaves the gradient of the shard's loss SUM in
-  /// gradients() (zero for an empty shard) and returns the loss sum and count, and the top-1 hits
+  /// gradients() (zero for an empty shard) — or adds it to what gradients() holds when
+  /// info.accumulate is set (gradient accumulation; info.update_offset keys the rows' randomness
+  /// by their position in the update) — and returns the loss sum and count, and the top-1 hits
   /// of the training-mode outputs among the labelled rows (`correct`, `labelled`: from the loss
   /// when it counts them, else read from host outputs; labelled = 0 when neither can).
   /// `on_layer_done(layer, offset, count)` runs as each top-level layer's gradients become final.
@@ -128,10 +130,19 @@ public:
   [[nodiscard]] model_type& model() noexcept { return model_; }
   /// The model instance.
   [[nodiscard]] const model_type& model() const noexcept { return model_; }
-  /// The flat optimiser state.
+  /// The flat optimiser state (of the parameters this replica updates).
   [[nodiscard]] basic_buffer<T, Kind>& optimizer_state() noexcept { return state_; }
+  /// The flat optimiser state (read-only).
+  [[nodiscard]] const basic_buffer<T, Kind>& optimizer_state() const noexcept { return state_; }
+  /// The exponential moving average of the weights this replica keeps (its slice of the
+  /// parameters, then the non-trainable state; empty without an EMA; see sharded_update).
+  [[nodiscard]] basic_buffer<T, Kind>& ema() noexcept { return ema_; }
+  /// The EMA (read-only).
+  [[nodiscard]] const basic_buffer<T, Kind>& ema() const noexcept { return ema_; }
   /// The device's execution context.
   [[nodiscard]] context_type& context() noexcept { return ctx_; }
+  /// The device's execution context (copies to the host take it read-only).
+  [[nodiscard]] const context_type& context() const noexcept { return ctx_; }
 
   /// Sizes the optimiser state for `opt` and zeroes it (what apply does on first use).
   template <class Optimizer>
@@ -242,6 +253,7 @@ private:
   context_type ctx_;
   model_type model_;
   basic_buffer<T, Kind> state_;
+  basic_buffer<T, Kind> ema_;
   basic_buffer<T, Kind> dout_;
   basic_buffer<T, Kind> scratch_;
   basic_buffer<T, Kind> input_;

@@ -1,8 +1,9 @@
 #pragma once
 /// @file replicated.hpp
 /// `replicated<Net, D, T>` (`basic_replicated<Net, Kind, T>`): the N replicas of one model that a
-/// strategy trains in lockstep, with the step counter, the seed, the gradient bucket layout, and
-/// host access to parameters and optimiser state (for checkpoints). Made by
+/// strategy trains in lockstep, with the step counter, the seed, the gradient bucket layout, the
+/// optimiser update (whole or sharded: sharded_update), the EMA of the weights and the non-finite
+/// guard's counters, and host access to parameters, optimiser state and EMA (for checkpoints). Made by
 /// `strategy.template replicate<Net>(seed)`, and bound to that strategy: another strategy refuses it.
 
 #include <cstddef>
@@ -18,6 +19,7 @@
 #include <lockstep/core/random.hpp>
 #include <lockstep/distribute/buckets.hpp>
 #include <lockstep/distribute/replica.hpp>
+#include <lockstep/distribute/sharded_update.hpp>
 
 namespace lockstep {
 
@@ -58,38 +60,26 @@ public:
   /// Replica r (run-time index).
   [[nodiscard]] const replica_type& replica(std::size_t r) const { return *replicas_.at(r); }
 
-  /// Splits the optimiser update over the replicas (strategy_options::shard_optimizer): replica
-  /// r updates only update_slice(r) of the parameters and keeps only that slice's optimiser state;
-  /// gather_updated_parameters(r) then copies the other slices into it. Host memory only.
-  void set_optimizer_sharding(bool on) {
-    if (on && !device_memory<Kind>::host_accessible)
-      throw config_error("lockstep: strategy_options::shard_optimizer is implemented for devices with host memory (cpu<I>)");
-    const bool sharded = on && replicas_.size() > 1;  // one replica has nothing to split
-    if (sharded != sharded_ && step_ > 0)
-      throw config_error("lockstep: strategy_options::shard_optimizer cannot change after the first update");
-    sharded_ = sharded;
-  }
+  /// Splits the optimiser update over the replicas (strategy_options::shard_optimizer; see
+  /// sharded_update). Host memory only.
+  void set_optimizer_sharding(bool on) { update_.configure(on, replicas_.size(), step_); }
   /// True when the optimiser update is split over the replicas.
-  [[nodiscard]] bool optimizer_sharded() const noexcept { return sharded_; }
-  /// The parameters [first, second) replica r updates: all of them, or its 1/N share when sharded
-  /// ([P r / N, P (r + 1) / N): the slices differ in length by at most one).
-  [[nodiscard]] std::pair<std::size_t, std::size_t> update_slice(std::size_t r) const noexcept {
-    if (!sharded_) return {0, param_count};
-    const std::size_t n = replicas_.size();
-    return {param_count * r / n, param_count * (r + 1) / n};
+  [[nodiscard]] bool optimizer_sharded() const noexcept { return update_.sharded(); }
+  /// The optimiser update of these replicas, whole or sharded: which slice each replica
+  /// updates, applying it, and the copy of the updated slices (sharded_update).
+  [[nodiscard]] const sharded_update<replica_type>& update_plan() const noexcept { return update_; }
+  /// The replicas, as the update plan takes them.
+  [[nodiscard]] typename sharded_update<replica_type>::replicas_view replicas() const noexcept {
+    return {replicas_.data(), replicas_.size()};
   }
-  /// After every replica updated its slice: copies the other replicas' slices into replica r's
-  /// parameters (an all-gather through shared host memory; call on replica r's worker).
-  void gather_updated_parameters(std::size_t r) {
-    if (!sharded_) return;
-    if constexpr (device_memory<Kind>::host_accessible) {
-      T* mine = replicas_[r]->model().parameters().data();
-      for (std::size_t s = 0; s < replicas_.size(); ++s) {
-        if (s == r) continue;
-        const auto [lo, hi] = update_slice(s);
-        copy(replicas_[r]->context(), mine + lo, replicas_[s]->model().parameters().data() + lo, hi - lo);
-      }
-    }
+  /// The parameters [first, second) replica r updates (update_plan().slice(r)).
+  [[deprecated("use update_plan().slice(r)")]] [[nodiscard]] std::pair<std::size_t, std::size_t> update_slice(
+      std::size_t r) const noexcept {
+    return update_.slice(r);
+  }
+  /// Copies the other replicas' updated slices into replica r (update_plan().gather(replicas(), r)).
+  [[deprecated("use update_plan().gather(replicas(), r)")]] void gather_updated_parameters(std::size_t r) {
+    update_.gather(replicas(), r);
   }
 
   /// Number of updates done so far.
@@ -113,9 +103,8 @@ public:
   /// stored_count elements).
   void parameters_to_host(std::span<T> out) const {
     check_length(out.size(), stored_count, "parameters_to_host");
-    auto& r = *replicas_.front();
-    copy_to_host(const_cast<context_type&>(const_cast<replica_type&>(r).context()), out.data(),
-                 r.model().parameters().data(), stored_count);
+    const replica_type& r = *replicas_.front();
+    copy_to_host(r.context(), out.data(), r.model().parameters().data(), stored_count);
   }
   /// Replica 0's parameters as a host vector.
   [[nodiscard]] std::vector<T> parameters_to_host() const {
@@ -132,44 +121,51 @@ public:
   /// The optimiser state of all parameters as a host vector (empty before the first update):
   /// replica 0's, or, when the update is sharded, the replicas' slices put together in the layout
   /// of an unsharded state (k arrays of param_count), so a checkpoint does not depend on sharding.
-  [[nodiscard]] std::vector<T> optimizer_state_to_host() const {
-    if (!sharded_) {
-      auto& r = const_cast<replica_type&>(*replicas_.front());
-      std::vector<T> v(r.optimizer_state().size());
-      if (!v.empty()) copy_to_host(r.context(), v.data(), r.optimizer_state().data(), v.size());
-      return v;
-    }
-    const std::size_t k = state_arrays();
-    std::vector<T> v(k * param_count);
-    for (std::size_t s = 0; s < replicas_.size(); ++s) {
-      auto& rep = const_cast<replica_type&>(*replicas_[s]);
-      const auto [lo, hi] = update_slice(s);
-      for (std::size_t c = 0; c < k && hi > lo; ++c)
-        copy_to_host(rep.context(), v.data() + c * param_count + lo, rep.optimizer_state().data() + c * (hi - lo), hi - lo);
-    }
-    return v;
-  }
+  [[nodiscard]] std::vector<T> optimizer_state_to_host() const { return update_.state_to_host(replicas()); }
   /// Loads an optimiser state of all parameters (as optimizer_state_to_host returns it) into
   /// every replica, or each replica's slice of it when the update is sharded; the next update
   /// continues from it.
-  void load_optimizer_state(std::span<const T> in) {
-    if (sharded_ && in.size() % param_count != 0)
-      throw shape_error("lockstep::replicated::load_optimizer_state: " + std::to_string(in.size()) +
-                        " elements of optimiser state are not a whole number of arrays of " +
-                        std::to_string(param_count) + " (the update is sharded, which needs an elementwise optimiser)");
-    const std::size_t k = param_count ? in.size() / param_count : 0;
-    for (std::size_t s = 0; s < replicas_.size(); ++s) {
-      auto& r = *replicas_[s];
-      auto& st = r.optimizer_state();
-      const auto [lo, hi] = update_slice(s);
-      const std::size_t size = sharded_ ? k * (hi - lo) : in.size();
-      if (st.size() != size) st = basic_buffer<T, Kind>(size);
-      if (!sharded_) {
-        if (!in.empty()) copy_from_host(r.context(), st.data(), in.data(), in.size());
-        continue;
-      }
-      for (std::size_t c = 0; c < k && hi > lo; ++c)
-        copy_from_host(r.context(), st.data() + c * (hi - lo), in.data() + c * param_count + lo, hi - lo);
+  void load_optimizer_state(std::span<const T> in) { update_.load_state(replicas(), in); }
+
+  /// True when the replicas hold an exponential moving average of the weights (update_recipe::ema).
+  [[nodiscard]] bool has_ema() const noexcept { return ema_updates_ > 0; }
+  /// Number of updates the EMA has taken in (0: none yet).
+  [[nodiscard]] std::uint64_t ema_updates() const noexcept { return ema_updates_; }
+  /// The EMA of the parameters, then of the non-trainable state (stored_count elements; put
+  /// together from the slices when sharded); empty without an EMA.
+  [[nodiscard]] std::vector<T> ema_to_host() const {
+    return has_ema() ? update_.ema_to_host(replicas()) : std::vector<T>{};
+  }
+  /// Loads an EMA (as ema_to_host returns it) that has taken in `updates` updates into every
+  /// replica (its slice when sharded); an empty span with 0 updates removes the EMA.
+  /// @throws shape_error when the length is not stored_count (or not 0 with 0 updates).
+  void load_ema(std::span<const T> in, std::uint64_t updates) {
+    if ((updates == 0) != in.empty())
+      throw shape_error("lockstep::replicated::load_ema: an EMA of " + std::to_string(updates) + " updates with " +
+                        std::to_string(in.size()) + " values");
+    update_.load_ema(replicas(), in);
+    ema_updates_ = updates;
+  }
+  /// Counts one more update taken into the EMA (called by the strategy after it updated every
+  /// replica's EMA).
+  void count_ema_update() noexcept { ++ema_updates_; }
+
+  /// Updates skipped by the non-finite guard, in all (they advance step() but change nothing else).
+  [[nodiscard]] std::uint64_t skipped_updates() const noexcept { return skipped_; }
+  /// Updates skipped by the non-finite guard since the last applied one.
+  [[nodiscard]] std::uint64_t consecutive_skips() const noexcept { return consecutive_skips_; }
+  /// Sets the guard's counters (when resuming from a checkpoint).
+  void set_skip_counters(std::uint64_t skipped, std::uint64_t consecutive) noexcept {
+    skipped_ = skipped;
+    consecutive_skips_ = consecutive;
+  }
+  /// Records the outcome of an update for the guard's counters.
+  void count_update(bool skipped) noexcept {
+    if (skipped) {
+      ++skipped_;
+      ++consecutive_skips_;
+    } else {
+      consecutive_skips_ = 0;
     }
   }
 
@@ -183,29 +179,40 @@ private:
   std::vector<std::unique_ptr<replica_type>> replicas_;
   lockstep::seed seed_;
   layout_type layout_;
-  // Arrays of param_count in a sharded optimiser state (the slices' states are k arrays each).
-  std::size_t state_arrays() const {
-    std::size_t k = 0;
-    bool known = false;
-    for (std::size_t s = 0; s < replicas_.size(); ++s) {
-      const auto [lo, hi] = update_slice(s);
-      const std::size_t have = replicas_[s]->optimizer_state().size();
-      if (hi == lo) continue;
-      if (have % (hi - lo) != 0 || (known && have / (hi - lo) != k))
-        throw shape_error("lockstep::replicated: the sharded optimiser state of replica " + std::to_string(s) + " has " +
-                          std::to_string(have) + " elements for " + std::to_string(hi - lo) +
-                          " parameters: not an elementwise optimiser's state");
-      k = have / (hi - lo);
-      known = true;
-    }
-    return k;
-  }
-
   std::uint64_t step_ = 0;
-  bool sharded_ = false;
+  sharded_update<replica_type> update_;
+  std::uint64_t ema_updates_ = 0;
+  std::uint64_t skipped_ = 0, consecutive_skips_ = 0;
   std::weak_ptr<const strategy_identity> owner_;
   std::string owner_description_;
 };
+
+/// Which weights of a replicated model a pass uses.
+enum class weights {
+  live,  ///< the trained parameters
+  ema    ///< their exponential moving average (update_recipe::ema), swapped in for the pass
+};
+
+/// Runs `f()` with the EMA of `m`'s weights (and of its non-trainable state) loaded into every
+/// replica in place of the live ones — gathered when the update is sharded — and restores the
+/// live weights bitwise afterwards, also when `f` throws. Returns what `f` returns.
+/// @throws config_error when `m` holds no EMA.
+template <class Replicated, class F>
+decltype(auto) with_ema_weights(Replicated& m, F&& f) {
+  if (!m.has_ema())
+    throw config_error("lockstep: the model holds no EMA of its weights (update_recipe::ema / fit_options::ema, and "
+                       "at least one update)");
+  using T = typename Replicated::value_type;
+  const std::vector<T> live = m.parameters_to_host();
+  const std::vector<T> average = m.ema_to_host();
+  m.load_parameters(std::span<const T>(average));
+  struct restore {
+    Replicated* m;
+    const std::vector<T>* live;
+    ~restore() { m->load_parameters(std::span<const T>(*live)); }
+  } guard{&m, &live};
+  return std::forward<F>(f)();
+}
 
 /// The replicas of network Net on devices like D (a tag such as cpu<I>, or a kind): one type per
 /// kind, whatever the ordinals or the number of replicas.

@@ -21,9 +21,12 @@
 /// counter. In a local world the strategy is usable again afterwards; in an MPI world the error
 /// also names the worker's rank, and the strategy refuses further use (end the job).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <typeinfo>
@@ -39,6 +42,7 @@
 #include <lockstep/distribute/collective_ids.hpp>
 #include <lockstep/distribute/concepts.hpp>
 #include <lockstep/distribute/device_set.hpp>
+#include <lockstep/distribute/epilogue.hpp>
 #include <lockstep/distribute/executor.hpp>
 #include <lockstep/distribute/reducer.hpp>
 #include <lockstep/distribute/replica.hpp>
@@ -46,6 +50,7 @@
 #include <lockstep/distribute/steps/micro_shard_step.hpp>
 #include <lockstep/distribute/steps/overlapped_step.hpp>
 #include <lockstep/distribute/steps/step_policy.hpp>
+#include <lockstep/distribute/update_phase.hpp>
 #include <lockstep/distribute/world.hpp>
 #include <lockstep/losses/loss.hpp>
 #include <lockstep/memory/buffer.hpp>
@@ -307,26 +312,111 @@ public:
   }
 
   /// One synchronous training step on `b` (see lockstep::train_step): b.global is the whole
-  /// global batch, b.shards this process's shards of it (plan()). Collective.
+  /// global batch, b.shards this process's shards of it (plan()). It completes an update: the
+  /// last batch of one started by accumulate(), or an update of its own. The update follows
+  /// `recipe` (clipping, the non-finite guard, the EMA; epilogue.hpp). Collective.
+  /// @throws numerics_error when the recipe's guard raises (the update changed nothing); what a
+  ///         replica throws, as a replica_error (the update in progress is abandoned).
   template <class Net, class T, class Optimizer, class Loss>
-  step_stats train_step(model_type<Net, T>& m, const Optimizer& opt, const Loss& loss, const data::distributed_batch& b) {
+  step_stats train_step(model_type<Net, T>& m, const Optimizer& opt, const Loss& loss, const data::distributed_batch& b,
+                        const update_recipe& recipe = {}) {
     static_assert(optimizer<Optimizer>, "lockstep::train_step: the optimiser must satisfy lockstep::optimizer");
     static_assert(lockstep::loss<Loss>, "lockstep::train_step: the loss must satisfy lockstep::loss");
-    static_assert(detail::check_step_policy_run<step_policy, Reducer, model_type<Net, T>, Optimizer, Loss>());
+    static_assert(detail::check_step_policy_run<step_policy, Reducer, model_type<Net, T>, Loss>());
+    check_model(m);
+    world_.check_usable();
+    exec_.check_batch(b);
+    recipe.check();
+    const std::size_t total = b.global_size();
+    check_shards(b, total);
+    check_pending(m);
+    const update_part part{pending_.rows, pending_.batches == 0, true};
+    const std::size_t rows = pending_.rows + total;
+    if (rows == 0) return {};
+    const pass_info info = pass_info::for_training(m.seed().value, m.step());
+    // The optimiser counts the updates it applied (a skipped update is not one).
+    const update_info base{opt.lr, m.step() - m.skipped_updates() + 1, 1.0 / static_cast<double>(rows)};
+    detail::update_phase<model_type<Net, T>, Optimizer> finish(m, opt, recipe, base, rows, loss_scale_, epilogue_);
+    if (part.first) std::fill(epilogue_.nonfinite_loss.begin(), epilogue_.nonfinite_loss.end(), 0);
+    step_stats out;
+    try {
+      out = world_.guarded([&] { return step_.run(exec_, reducer_, m, loss, b, info, part, finish); },
+                           [this] { abort_all(this); });
+    } catch (...) {
+      pending_ = {};
+      throw;
+    }
+    pending_ = {};
+    out.count = rows;
+    const epilogue_result& r = finish.result();
+    if (recipe.needs_epilogue()) {
+      out.grad_norm = r.norm;
+      out.clip_factor = r.factor;
+    }
+    out.skipped = r.skip;
+    if (r.skip && recipe.nonfinite == nonfinite_policy::raise)
+      throw numerics_error(
+          numerics_message(m, loss, b, part.offset, "the reduced gradient is not finite; the update was not applied"),
+          m.step());
+    m.count_update(r.skip);
+    if (finish.updates_ema() && !r.skip) m.count_ema_update();
+    if (r.skip && recipe.nonfinite == nonfinite_policy::skip && m.consecutive_skips() >= recipe.max_consecutive_skips) {
+      const std::uint64_t step = m.step();
+      std::string what = numerics_message(m, loss, b, part.offset,
+                                          "the reduced gradient was not finite in " + std::to_string(m.consecutive_skips()) +
+                                              " updates in a row (update_recipe::max_consecutive_skips); each was skipped");
+      m.set_step(step + 1);  // this skipped update is consumed like the others
+      throw numerics_error(what, step);
+    }
+    m.set_step(m.step() + 1);
+    return out;
+  }
+
+  /// One batch of an update that more batches will complete (gradient accumulation): every
+  /// replica runs forward and backward on its shard of `b` and adds its gradients to those of
+  /// the update's earlier batches; no parameter changes, and no collective runs that the step
+  /// policy can avoid (run_to_run: none). The update's rows are the rows of all its batches, so
+  /// the update train_step() completes is that of one batch holding them all (bitwise under
+  /// replica_count_invariant when every batch's rows are a multiple of micro_shard_rows).
+  /// Returns the update's loss sum and hits so far (this process's replicas' before the last
+  /// batch, in a world of several processes) and its rows so far. Collective.
+  /// @throws config_error when another model has an update in progress on this strategy.
+  template <class Net, class T, class Loss>
+  step_stats accumulate(model_type<Net, T>& m, const Loss& loss, const data::distributed_batch& b) {
+    static_assert(lockstep::loss<Loss>, "lockstep::accumulate: the loss must satisfy lockstep::loss");
     check_model(m);
     world_.check_usable();
     exec_.check_batch(b);
     const std::size_t total = b.global_size();
     check_shards(b, total);
-    if (total == 0) return {};
-    const pass_info info = pass_info::for_training(m.seed().value, m.step());
-    const update_info update{opt.lr, m.step() + 1, 1.0 / static_cast<double>(total)};
-    step_stats out = world_.guarded([&] { return step_.run(exec_, reducer_, m, opt, loss, b, info, update); },
-                                    [this] { abort_all(this); });
-    out.count = total;
-    m.set_step(m.step() + 1);
+    check_pending(m);
+    step_stats out;
+    if (total > 0) {
+      const update_part part{pending_.rows, pending_.batches == 0, false};
+      const pass_info info = pass_info::for_training(m.seed().value, m.step());
+      epilogue_.prepare(num_replicas(), model_type<Net, T>::param_count);
+      if (part.first) std::fill(epilogue_.nonfinite_loss.begin(), epilogue_.nonfinite_loss.end(), 0);
+      detail::accumulate_phase<Kind> phase(epilogue_);
+      try {
+        out = world_.guarded([&] { return step_.run(exec_, reducer_, m, loss, b, info, part, phase); },
+                             [this] { abort_all(this); });
+      } catch (...) {
+        pending_ = {};
+        throw;
+      }
+      pending_.model = &m;
+      pending_.rows += total;
+      ++pending_.batches;
+    }
+    out.count = pending_.rows;
     return out;
   }
+
+  /// Abandons the update in progress (the batches accumulate() gave since the last update): the
+  /// next batch starts a new update. Nothing else changes.
+  void abandon_update() noexcept { pending_ = {}; }
+  /// Batches of the update in progress (0: none).
+  [[nodiscard]] std::size_t pending_batches() const noexcept { return pending_.batches; }
 
 private:
   static std::vector<std::size_t> check_ordinals(std::vector<std::size_t> o) {
@@ -376,6 +466,101 @@ private:
                         "the global batch of " + std::to_string(total) + " has " + std::to_string(expected));
   }
 
+  // Refuses a batch for model `m` while another model's update is in progress.
+  template <class M>
+  void check_pending(const M& m) const {
+    if (pending_.model && pending_.model != static_cast<const void*>(&m))
+      throw config_error("lockstep::mirrored: another model has an update in progress on this strategy (" +
+                         std::to_string(pending_.batches) +
+                         " batches accumulated); complete it with train_step or call abandon_update() first");
+  }
+
+  // The message of a numerics_error at the current update of `m`, whose last batch was `b` at
+  // row offset `offset` of the update: the step, the first non-finite layer, and the replica and
+  // worker whose shard produced the non-finite value — the first whose loss was not finite, else
+  // (the loss was finite and the overflow arose in the backward pass) the first whose shard of
+  // `b` gives a non-finite gradient when its forward and backward run again (this path only: the
+  // update was skipped, so the parameters are those the batch saw).
+  template <class Net, class T, class Loss>
+  std::string numerics_message(model_type<Net, T>& m, const Loss& loss, const data::distributed_batch& b,
+                               std::size_t offset, const std::string& what) {
+    using table = detail::layer_table<typename model_type<Net, T>::model_type::bound>;
+    constexpr std::size_t P = model_type<Net, T>::param_count;
+    std::string text = "lockstep: update " + std::to_string(m.step() + 1) + " (step " + std::to_string(m.step()) +
+                       "): " + what;
+    // The first non-finite parameter gradient, from replica 0's reduced sums.
+    std::vector<T> g(P);
+    copy_to_host(m.replica(0).context(), g.data(), m.replica(0).model().gradients().data(), P);
+    m.replica(0).context().synchronize();
+    std::size_t at = P;
+    for (std::size_t i = 0; i < P; ++i)
+      if (!(g[i] - g[i] == 0)) {
+        at = i;
+        break;
+      }
+    if (at < P) {
+      std::size_t layer = 0;
+      for (std::size_t k = 0; k < table::count; ++k)
+        if (table::params[k] > 0 && table::offsets[k] <= at && at < table::offsets[k] + table::params[k]) layer = k;
+      std::size_t bucket = 0;
+      for (std::size_t k = 0; k < m.buckets().size; ++k) {
+        const auto& bk = m.buckets().buckets[k];
+        if (bk.offset <= at && at < bk.offset + bk.count) bucket = k;
+      }
+      text += "; the first non-finite gradient is parameter " + std::to_string(at) + " of layer " + std::to_string(layer) +
+              " (gradient bucket " + std::to_string(bucket) + ")";
+    }
+    // Per worker: 1 + the first local replica to blame, and how (1: its loss, 2: its gradient).
+    std::size_t local = 0, how = 0;
+    for (std::size_t r = 0; r < num_replicas() && how == 0; ++r)
+      if (epilogue_.nonfinite_loss.size() > r && epilogue_.nonfinite_loss[r]) {
+        local = r;
+        how = 1;
+      }
+    if (how == 0) {  // each local replica runs its shard again, on its own (no row exchange)
+      std::vector<char> bad(num_replicas(), 0);
+      pass_info info = pass_info::for_training(m.seed().value, m.step());
+      info.update_offset = offset;
+      auto job = [&](std::size_t r) {
+        auto& rep = m.replica(r);
+        (void)rep.forward_backward(loss, b.shards[r], info);
+        std::vector<T> h(P);
+        copy_to_host(rep.context(), h.data(), rep.model().gradients().data(), P);
+        rep.context().synchronize();
+        for (const T v : h)
+          if (!(v - v == 0)) {
+            bad[r] = 1;
+            break;
+          }
+      };
+      try {
+        exec_.execute(job, m.step());
+      } catch (const std::exception&) {
+        std::fill(bad.begin(), bad.end(), 0);  // the message then names no replica
+      }
+      for (std::size_t r = 0; r < bad.size() && how == 0; ++r)
+        if (bad[r]) {
+          local = r;
+          how = 2;
+        }
+    }
+    // Every worker's findings, a collective that every worker reaches (every worker decided the same).
+    std::vector<double> found(2 * world_.size(), 0.0);
+    if (how) {
+      found[2 * world_.rank()] = static_cast<double>(local + 1);
+      found[2 * world_.rank() + 1] = static_cast<double>(how);
+    }
+    world_.sum(std::span<double>(found));
+    for (std::size_t w = 0; w < world_.size(); ++w)
+      if (found[2 * w] > 0) {
+        const std::string who =
+            "replica " + std::to_string(static_cast<std::size_t>(found[2 * w]) - 1) + " of worker " + std::to_string(w);
+        return text + (found[2 * w + 1] == 1 ? "; the shard of " + who + " gave a non-finite loss"
+                                             : "; the shard of " + who + " gave a finite loss but a non-finite gradient");
+      }
+    return text + "; no replica's shard of the update's last batch gives a non-finite value on its own";
+  }
+
   static void abort_all(void* self) noexcept {
     auto* s = static_cast<mirrored_strategy*>(self);
     s->reducer_.abort();
@@ -411,18 +596,42 @@ private:
   std::vector<basic_buffer<std::byte, Kind>> workspaces_;
   std::size_t workspace_bytes_ = 0;
   executor exec_;
+  detail::epilogue_workspace<Kind> epilogue_;
+  /// The factor the loss carries into the gradient sums (1: no loss scaling). The epilogue
+  /// removes it; a precision policy with loss scaling sets it.
+  double loss_scale_ = 1;
+  struct pending_update {
+    const void* model = nullptr;  // the model whose update is in progress
+    std::size_t rows = 0;         // its rows so far
+    std::size_t batches = 0;      // its batches so far
+  } pending_;
 };
 
 /// One synchronous training step of model `m` on distributed batch `b`: every replica runs
 /// forward and backward on its shard, gradient sums are all-reduced bucket by bucket while the
 /// backward pass continues, and every replica applies the same update with lr = opt.lr and
-/// grad_scale = 1 / (global sample count). Returns the loss summed over the global batch, the
+/// grad_scale = 1 / (global sample count of the update: all its batches under accumulation). Returns the loss summed over the global batch, the
 /// count and the training hits; increments m.step(). An empty global batch changes nothing and
 /// returns {0, 0}.
 template <class Strategy, class Model, class Optimizer, class Loss>
   requires strategy_for<Strategy, Model, Optimizer, Loss>
 step_stats train_step(Strategy& s, Model& m, const Optimizer& opt, const Loss& loss, const data::distributed_batch& b) {
   return s.train_step(m, opt, loss, b);
+}
+
+/// train_step following an update recipe (clipping, the non-finite guard, the EMA; epilogue.hpp).
+template <class Strategy, class Model, class Optimizer, class Loss>
+  requires strategy_for<Strategy, Model, Optimizer, Loss>
+step_stats train_step(Strategy& s, Model& m, const Optimizer& opt, const Loss& loss, const data::distributed_batch& b,
+                      const update_recipe& recipe) {
+  return s.train_step(m, opt, loss, b, recipe);
+}
+
+/// One batch of an update that a later train_step completes (gradient accumulation; see
+/// mirrored_strategy::accumulate).
+template <class Strategy, class Model, class Loss>
+step_stats accumulate(Strategy& s, Model& m, const Loss& loss, const data::distributed_batch& b) {
+  return s.accumulate(m, loss, b);
 }
 
 }  // namespace lockstep

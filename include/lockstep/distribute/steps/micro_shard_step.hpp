@@ -24,9 +24,11 @@
 #include <lockstep/data/batch.hpp>
 #include <lockstep/distribute/concepts.hpp>
 #include <lockstep/distribute/detail/host_comm.hpp>
+#include <lockstep/distribute/epilogue.hpp>
 #include <lockstep/distribute/executor.hpp>
 #include <lockstep/distribute/reducers/detail/host_sum.hpp>
 #include <lockstep/distribute/steps/step_policy.hpp>
+#include <lockstep/distribute/update_phase.hpp>
 #include <lockstep/distribute/world.hpp>
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/losses/loss.hpp>
@@ -52,29 +54,21 @@ inline data::shard micro_shard(const data::batch& g, const data::shard& whole, s
 }
 
 /// Sums elements [lo, hi) over the k_total rows of `slots` (row k at slots + k stride) in row
-/// order, writing each finished chunk through `write(offset, acc, len)`.
+/// order — after `init` (the running sum of earlier batches of the update) when it is not null —
+/// writing each finished chunk through `write(offset, acc, len)`. The chunks are those of the
+/// epilogue's grid when lo is on a chunk boundary.
 template <class T, class Write>
-void sum_rows(const T* slots, std::size_t stride, std::size_t k_total, std::size_t lo, std::size_t hi, const Write& write) {
-  constexpr std::size_t chunk = reduce_chunk_bytes / sizeof(T);
+void sum_rows(const T* slots, std::size_t stride, std::size_t k_total, std::size_t lo, std::size_t hi, const T* init,
+              const Write& write) {
+  constexpr std::size_t chunk = epilogue_chunk;
   T acc[chunk];
   for (std::size_t c = lo; c < hi; c += chunk) {
     const std::size_t len = std::min(chunk, hi - c);
-    std::memcpy(acc, slots + c, len * sizeof(T));
-    for (std::size_t k = 1; k < k_total; ++k)
+    std::memcpy(acc, init ? init + c : slots + c, len * sizeof(T));
+    for (std::size_t k = init ? 0 : 1; k < k_total; ++k)
       for (std::size_t i = 0; i < len; ++i) acc[i] += slots[k * stride + c + i];
     write(c, acc, len);
   }
-}
-
-/// Replica r of n: sums its slice of the P parameters over the k_total micro-shard gradient slots
-/// (slot k at slots + k P) in micro-shard order, and writes the sum into every replica's gradients.
-template <class T, class Replicated>
-void sum_slots_into_replicas(Replicated& m, const T* slots, std::size_t P, std::size_t k_total, std::size_t r,
-                             std::size_t n) {
-  const auto [lo, hi] = slice_of<T>(P, r, n);
-  sum_rows(slots, P, k_total, lo, hi, [&](std::size_t c, const T* acc, std::size_t len) {
-    for (std::size_t j = 0; j < n; ++j) std::memcpy(m.replica(j).model().gradients().data() + c, acc, len * sizeof(T));
-  });
 }
 
 }  // namespace detail
@@ -91,11 +85,16 @@ public:
     if (rows_ == 0) throw config_error("lockstep: strategy_options::micro_shard_rows must be >= 1");
   }
 
-  /// One step of `m` on `b` through `ex` (the reducer is not used: the sum runs over micro-shard
-  /// slots, not over replicas); see step_policy.hpp.
-  template <class Reducer, class Replicated, class Optimizer, class Loss>
-  step_stats run(executor& ex, Reducer&, Replicated& m, const Optimizer& opt, const Loss& loss,
-                 const data::distributed_batch& b, const pass_info& info, const update_info& update) {
+  /// One batch of an update of `m` on `b` through `ex` (the reducer is not used: the sum runs
+  /// over micro-shard slots, not over replicas); see step_policy.hpp. Under gradient
+  /// accumulation each batch's slots are added, in micro-shard order, to the running sum of the
+  /// update's earlier batches (one process: a P-float accumulator; several workers: each worker's
+  /// slice of the sum), so the update is bitwise that of one batch holding all its rows whenever
+  /// every batch's rows are a multiple of micro_shard_rows; the all-gather that completes the sum
+  /// across workers runs once, on the last batch.
+  template <class Reducer, class Replicated, class Loss, class Finish>
+  step_stats run(executor& ex, Reducer&, Replicated& m, const Loss& loss, const data::distributed_batch& b,
+                 const pass_info& info, const update_part& part, Finish& finish) {
     using T = typename Replicated::value_type;
     constexpr std::size_t P = Replicated::param_count;
     if constexpr (Replicated::model_type::couples_rows)
@@ -115,7 +114,8 @@ public:
         k_mine = hi - lo;
       }
     // Slots: one process, K rows of P; several workers, this worker's k_mine slots packed by
-    // destination slice, then K rows of this worker's slice received, then the P-vector sum.
+    // destination slice, then K rows of this worker's slice received, then the P-vector sum
+    // (whose slice of this worker is also the running sum of an update's earlier batches).
     std::size_t m_lo = 0, m_hi = P;
     if constexpr (requires { world_->param_slice(P); })
       if (spans) std::tie(m_lo, m_hi) = world_->param_slice(P);
@@ -124,14 +124,21 @@ public:
     T* slots = grow<T>(slots_, (spans ? k_mine : k_total) * P);
     T* recv = spans ? grow<T>(recv_, k_total * (m_hi - m_lo)) : nullptr;
     T* sum = spans ? grow<T>(sum_, P) : nullptr;
+    // One process accumulating over several batches: the running sum of the update so far.
+    T* running = !spans && !(part.first && part.last) ? grow<T>(running_, P) : nullptr;
     micro_.assign(3 * k_total, 0.0);
     const auto whole = data::whole(g);
     const std::size_t gn = world_->global_replicas();
+    const bool ride = part.last && !spans && finish.wants_chunks();
+    double* chunk_sums = finish.wants_chunks() ? finish.chunks() : nullptr;
+    pass_info info_b = info;
+    info_b.update_offset = part.offset;
     auto job = [&](std::size_t r) {
       auto& rep = m.replica(r);
       const std::size_t gr = world_->plan().first + r;  // this replica among all replicas of all workers
       for (std::size_t k = k_total * gr / gn; k < k_total * (gr + 1) / gn; ++k) {
-        const loss_sum l = rep.forward_backward(loss, detail::micro_shard(g, whole, k, rows_), info);
+        const loss_sum l = rep.forward_backward(loss, detail::micro_shard(g, whole, k, rows_), info_b);
+        finish.observe(r, l);
         micro_[3 * k] = l.sum;
         micro_[3 * k + 1] = static_cast<double>(l.correct);
         micro_[3 * k + 2] = static_cast<double>(l.labelled);
@@ -147,7 +154,21 @@ public:
       }
       sync_.barrier(r);
       if (!spans) {
-        detail::sum_slots_into_replicas(m, slots, P, k_total, r, n);
+        // Replica r sums its slice (whole chunks of the epilogue's grid) over the slots, after the
+        // update's running sum; the last batch writes the sum into every replica (and the
+        // epilogue's chunk sums, while each chunk is in L1).
+        const auto [lo, hi] = grid_slice(P, r, n);
+        const T* init = part.first ? nullptr : running;
+        if (!part.last) {
+          detail::sum_rows(slots, P, k_total, lo, hi, init, [&](std::size_t c, const T* acc, std::size_t len) {
+            std::memcpy(running + c, acc, len * sizeof(T));
+          });
+        } else {
+          detail::sum_rows(slots, P, k_total, lo, hi, init, [&](std::size_t c, const T* acc, std::size_t len) {
+            for (std::size_t j = 0; j < n; ++j) std::memcpy(m.replica(j).model().gradients().data() + c, acc, len * sizeof(T));
+            if (ride) chunk_sums[c / epilogue_chunk] = chunk_sum_of_squares(acc, len);
+          });
+        }
       } else if constexpr (requires { world_->exchange_micro_shards(slots, recv, k_total, P); }) {
         static_assert(std::is_same_v<T, float>, "lockstep: replica_count_invariant across workers sums float gradients");
         if (r == 0) {
@@ -157,30 +178,47 @@ public:
         sync_.barrier(r);
         const std::size_t width = m_hi - m_lo;
         const auto [lo, hi] = detail::slice_of<T>(width, r, n);  // this replica's part of the worker's slice
-        detail::sum_rows(recv, width, k_total, lo, hi, [&](std::size_t c, const T* acc, std::size_t len) {
+        const T* init = part.first ? nullptr : sum + m_lo;
+        detail::sum_rows(recv, width, k_total, lo, hi, init, [&](std::size_t c, const T* acc, std::size_t len) {
           std::memcpy(sum + m_lo + c, acc, len * sizeof(T));
         });
-        sync_.barrier(r);
-        if (r == 0) world_->gather_slices(sum, P);
-        sync_.barrier(r);
-        std::memcpy(rep.model().gradients().data(), sum, P * sizeof(T));
+        if (part.last) {
+          sync_.barrier(r);
+          if (r == 0) world_->gather_slices(sum, P);
+          sync_.barrier(r);
+          std::memcpy(rep.model().gradients().data(), sum, P * sizeof(T));
+          if (chunk_sums) {  // one pass over the sum, split over this worker's replicas
+            const auto [clo, chi] = grid_slice(P, r, n);
+            scan_chunks(sum, P, clo / epilogue_chunk, (chi + epilogue_chunk - 1) / epilogue_chunk, chunk_sums);
+          }
+        }
       }
+      if (!part.last) return;
       sync_.barrier(r);
-      const auto [lo, hi] = m.update_slice(r);
-      rep.apply(opt, update, lo, hi);
-      if (m.optimizer_sharded()) {  // every slice is updated before anyone copies it
+      finish.apply(r, chunk_sums != nullptr && (ride || spans));
+      if (finish.gathers()) {  // every replica has applied before anyone copies
         sync_.barrier(r);
-        m.gather_updated_parameters(r);
+        finish.gather(r);
       }
     };
     ex.execute(job, info.step);
-    step_stats out;
-    for (std::size_t k = 0; k < k_total; ++k) {  // in micro-shard order: the same bits for any split
-      out.loss_sum += micro_[3 * k];
-      out.correct += static_cast<std::size_t>(micro_[3 * k + 1]);
-      out.labelled += static_cast<std::size_t>(micro_[3 * k + 2]);
+    // The update's sums so far, continued in micro-shard order: the same bits for any split.
+    if (part.first) partial_ = {};
+    for (std::size_t k = 0; k < k_total; ++k) {
+      partial_.loss_sum += micro_[3 * k];
+      partial_.correct += static_cast<std::size_t>(micro_[3 * k + 1]);
+      partial_.labelled += static_cast<std::size_t>(micro_[3 * k + 2]);
     }
-    return out;
+    return partial_;
+  }
+
+  /// One whole update of `m` on `b` (one batch, no recipe): the batch, then `opt` with `update`.
+  template <class Reducer, class Replicated, class Optimizer, class Loss>
+    requires optimizer<Optimizer>
+  step_stats run(executor& ex, Reducer& reducer, Replicated& m, const Optimizer& opt, const Loss& loss,
+                 const data::distributed_batch& b, const pass_info& info, const update_info& update) {
+    detail::plain_update_phase<Replicated, Optimizer> finish{&m, &opt, update};
+    return run(ex, reducer, m, loss, b, info, update_part{}, finish);
   }
 
   /// Releases replicas waiting at the step's barriers.
@@ -188,8 +226,10 @@ public:
   /// Ready again after a failure.
   void reset() noexcept { sync_.reset(); }
   /// Bytes of the step's gradient slots, received slices and sum (they grow to the largest
-  /// batch's need, then stay).
+  /// batch's need, then stay), and of the running sum of an update accumulated over batches.
   [[nodiscard]] std::size_t slot_bytes() const noexcept { return slots_.size() + recv_.size() + sum_.size(); }
+  /// Bytes of the running sum kept while an update accumulates over several batches (one process).
+  [[nodiscard]] std::size_t accumulator_bytes() const noexcept { return running_.size(); }
 
 private:
   // `b` as at least `n` elements of T (grown, never shrunk; at least one element, so every
@@ -204,8 +244,9 @@ private:
   detail::host_comm sync_;
   std::size_t rows_;
   World* world_;
-  buffer<std::byte, cpus> slots_, recv_, sum_;
+  buffer<std::byte, cpus> slots_, recv_, sum_, running_;
   std::vector<double> micro_;  // per micro-shard: loss sum, hits, labelled rows
+  step_stats partial_;         // the update's sums so far, in micro-shard order
 };
 
 static_assert(detail::check_step_policy_shape<micro_shard_step<local_world>, local_world>());

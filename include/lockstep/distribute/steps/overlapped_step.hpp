@@ -3,8 +3,10 @@
 /// The run_to_run step policy (see step_policy.hpp): every replica runs forward and backward on
 /// its own shard; each gradient bucket's all-reduce starts from the backward hook as soon as the
 /// bucket's lowest layer is done, while the layers below it still compute; then every replica
-/// waits for its buckets and applies the same update (sharded: its slice of it, then copies the
-/// others' slices). Summation order is the reducer's (fixed for a given replica and worker
+/// waits for its buckets and makes the same update (the strategy's finish: epilogue, optimiser,
+/// EMA; sharded, a second phase copies the others' slices). Under gradient accumulation the
+/// batches before an update's last one add into each replica's own gradients, with no
+/// collective. Summation order is the reducer's (fixed for a given replica and worker
 /// count), so repeated runs are bitwise equal. Across workers the reducer spans every worker, and
 /// the step's loss and hits are summed over the workers in rank order.
 
@@ -17,6 +19,7 @@
 #include <lockstep/distribute/detail/row_exchange.hpp>
 #include <lockstep/distribute/executor.hpp>
 #include <lockstep/distribute/steps/step_policy.hpp>
+#include <lockstep/distribute/update_phase.hpp>
 #include <lockstep/distribute/world.hpp>
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/losses/loss.hpp>
@@ -34,22 +37,29 @@ public:
   overlapped_step(std::size_t replicas, const strategy_options& o, World& world)
       : loss_(replicas), world_(&world), exchange_(replicas, o.timeout, world.row_span()) {}
 
-  /// One step of `m` on `b` through `ex` and `reducer` (see step_policy.hpp).
-  template <class Reducer, class Replicated, class Optimizer, class Loss>
-  step_stats run(executor& ex, Reducer& reducer, Replicated& m, const Optimizer& opt, const Loss& loss,
-                 const data::distributed_batch& b, const pass_info& info, const update_info& update) {
+  /// One batch of an update of `m` on `b` through `ex` and `reducer` (see step_policy.hpp).
+  /// Before the update's last batch each replica only adds its gradients to its own buffer (no
+  /// collective); the last batch's backward starts each bucket's all-reduce as it completes.
+  template <class Reducer, class Replicated, class Loss, class Finish>
+  step_stats run(executor& ex, Reducer& reducer, Replicated& m, const Loss& loss, const data::distributed_batch& b,
+                 const pass_info& info, const update_part& part, Finish& finish) {
     const std::size_t n = ex.size();
     const bool alone = n == 1 && world_->size() == 1;
+    if (part.first)
+      for (auto& l : loss_) l = {};
     auto job = [&](std::size_t r) {
       auto& rep = m.replica(r);
       auto& ctx = rep.context();
       pass_info info_r = info;  // layers that couple rows (batch_norm) exchange them through exchange_
       info_r.exchange = &exchange_;
       info_r.rank = r;
+      info_r.update_offset = part.offset;
+      info_r.accumulate = !part.first;
       const auto& layout = m.buckets();
       auto* grads = rep.model().gradients().data();
-      if (alone) {
-        loss_[r] = rep.forward_backward(loss, b.shards[r], info_r);
+      loss_sum l;
+      if (alone || !part.last) {
+        l = rep.forward_backward(loss, b.shards[r], info_r);
       } else {
         auto hook = [&](std::size_t layer, std::size_t, std::size_t) {
           if (const std::size_t k = layout.completes[layer]) {
@@ -60,16 +70,20 @@ public:
             reducer.start(r, ctx, grads + g.offset, g.count, k - 1);
           }
         };
-        loss_[r] = rep.forward_backward(loss, b.shards[r], info_r, hook);
+        l = rep.forward_backward(loss, b.shards[r], info_r, hook);
         for (std::size_t k = 0; k < layout.size; ++k) reducer.wait(r, ctx, k);
       }
-      const auto [lo, hi] = m.update_slice(r);
-      rep.apply(opt, update, lo, hi);
+      finish.observe(r, l);
+      loss_[r].sum += l.sum;
+      loss_[r].count += l.count;
+      loss_[r].correct += l.correct;
+      loss_[r].labelled += l.labelled;
+      if (part.last) finish.apply(r, false);
     };
     ex.execute(job, info.step);
-    // A sharded update: once every replica has updated its slice, each copies the others' slices.
-    if (m.optimizer_sharded()) {
-      auto gather = [&](std::size_t r) { m.gather_updated_parameters(r); };
+    // A second phase (the sharded update's copy of the others' slices) once every replica applied.
+    if (part.last && finish.gathers()) {
+      auto gather = [&](std::size_t r) { finish.gather(r); };
       ex.execute(gather, info.step);
     }
     step_stats out;
@@ -78,7 +92,7 @@ public:
       out.correct += l.correct;
       out.labelled += l.labelled;
     }
-    if (world_->size() > 1) {  // every worker's sums, added in rank order
+    if (part.last && world_->size() > 1) {  // every worker's sums, added in rank order
       double v[3] = {out.loss_sum, static_cast<double>(out.correct), static_cast<double>(out.labelled)};
       world_->sum(v);
       out.loss_sum = v[0];
@@ -86,6 +100,15 @@ public:
       out.labelled = static_cast<std::size_t>(v[2]);
     }
     return out;
+  }
+
+  /// One whole update of `m` on `b` (one batch, no recipe): the batch, then `opt` with `update`.
+  template <class Reducer, class Replicated, class Optimizer, class Loss>
+    requires optimizer<Optimizer>
+  step_stats run(executor& ex, Reducer& reducer, Replicated& m, const Optimizer& opt, const Loss& loss,
+                 const data::distributed_batch& b, const pass_info& info, const update_info& update) {
+    detail::plain_update_phase<Replicated, Optimizer> finish{&m, &opt, update};
+    return run(ex, reducer, m, loss, b, info, update_part{}, finish);
   }
 
   /// Releases replicas waiting in the row exchange (the reducer is aborted by the strategy).

@@ -1,0 +1,272 @@
+#pragma once
+/// @file sharded_update.hpp
+/// `sharded_update`: the optimiser update of a replicated model, whole or split over its replicas
+/// (strategy_options::shard_optimizer, as ZeRO stage 1), as one unit. Unsharded, every replica
+/// updates every parameter and keeps the whole optimiser state and EMA. Sharded, replica r
+/// updates only its slice of the parameters, [P r / N, P (r + 1) / N) (the slices differ in
+/// length by at most one), and keeps only that slice's optimiser state and EMA (plus the EMA of the
+/// non-trainable state, which every replica keeps); once every replica has updated its slice,
+/// `gather` copies the others' slices into it. The update is elementwise, so the parameters are
+/// bitwise those of the unsharded update, and the state and EMA put together for a checkpoint
+/// (`state_to_host`, `ema_to_host`) are those an unsharded update keeps, so a checkpoint does not
+/// depend on the sharding or the replica count.
+///
+/// The recipe's parts of an update (update_info's clip_value, device decision and EMA) are applied
+/// by the optimiser in its own pass when it says `applies_recipe` (the library's do); for any
+/// other optimiser, here: per-value clipping in a pass over the slice's gradient sums before the
+/// optimiser, and the EMA in a pass after it.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <lockstep/backend/context.hpp>
+#include <lockstep/config.hpp>
+#include <lockstep/core/error.hpp>
+#include <lockstep/distribute/epilogue.hpp>
+#include <lockstep/memory/buffer.hpp>
+#include <lockstep/optimizers/optimizer.hpp>
+
+namespace lockstep {
+
+namespace detail {
+/// ema = keep · ema + take · p over n elements (skipped when a device decision says so).
+template <class T>
+struct ema_op {
+  T* ema;                                    ///< the average
+  const T* p;                                ///< the weights
+  T keep, take;                              ///< decay and 1 − decay
+  const update_decision* decision = nullptr; ///< device decision, or null
+  /// Averages element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    if (decision && decision->skip) return;
+    ema[i] = keep * ema[i] + take * p[i];
+  }
+};
+
+/// g = clip_to(g · scale, bound): per-value clipping of gradient sums for an optimiser that does
+/// not clip itself (which then receives grad_scale 1).
+template <class T>
+struct clip_values_op {
+  T* g;          ///< gradient sums, then the clipped gradient
+  T scale;       ///< update_info::grad_scale
+  T bound;       ///< update_info::clip_value
+  /// Clips element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const { g[i] = clip_to(g[i] * scale, bound); }
+};
+}  // namespace detail
+
+/// The optimiser update of the replicas of one model (see the file comment).
+/// @tparam Replica the replica type (basic_replica<Net, Kind, T>)
+template <class Replica>
+class sharded_update {
+public:
+  using value_type = typename Replica::value_type;                       ///< parameter type
+  using kind_type = typename Replica::device_type;                       ///< the device kind
+  static constexpr std::size_t param_count = Replica::model_type::param_count;   ///< trainable parameters
+  static constexpr std::size_t state_count = Replica::model_type::state_count;   ///< non-trainable state
+  static constexpr std::size_t stored_count = Replica::model_type::stored_count; ///< parameters then state
+  /// The replicas, as basic_replicated keeps them.
+  using replicas_view = std::span<const std::unique_ptr<Replica>>;
+
+  /// Parameters [first, second) that replica r of n updates under sharding: [P r / n,
+  /// P (r + 1) / n).
+  [[nodiscard]] static constexpr std::pair<std::size_t, std::size_t> slice_of(std::size_t r, std::size_t n) noexcept {
+    return {param_count * r / n, param_count * (r + 1) / n};
+  }
+
+  /// Turns sharding on or off for `replicas` replicas (one replica never shards; the effective
+  /// setting may not change once `updates` > 0).
+  /// @throws config_error for a kind without host memory, or a change after the first update.
+  void configure(bool on, std::size_t replicas, std::uint64_t updates) {
+    if (on && !device_memory<kind_type>::host_accessible)
+      throw config_error("lockstep: strategy_options::shard_optimizer is implemented for devices with host memory (cpu<I>)");
+    const bool sharded = on && replicas > 1;
+    if (sharded != sharded_ && updates > 0)
+      throw config_error("lockstep: strategy_options::shard_optimizer cannot change after the first update");
+    sharded_ = sharded;
+    replicas_ = replicas;
+  }
+  /// True when the update is split over the replicas.
+  [[nodiscard]] bool sharded() const noexcept { return sharded_; }
+  /// The parameters [first, second) replica r updates: all of them, or its slice when sharded.
+  [[nodiscard]] std::pair<std::size_t, std::size_t> slice(std::size_t r) const noexcept {
+    return sharded_ ? slice_of(r, replicas_) : std::pair<std::size_t, std::size_t>{0, param_count};
+  }
+
+  /// Replica r (on its worker) applies `opt` to its slice with update `u` (grad_scale, clipping
+  /// and a device decision already filled in); with `ema` it then updates its slice of the EMA
+  /// with decay `ema_decay` (0 copies the weights).
+  template <class Optimizer>
+  void apply(Replica& rep, std::size_t r, const Optimizer& opt, update_info u, bool ema, double ema_decay) const {
+    const auto [lo, hi] = slice(r);
+    auto& ctx = rep.context();
+    value_type* average = nullptr;
+    if (ema) {
+      auto& e = rep.ema();
+      if (e.size() != (hi - lo) + state_count) {
+        ctx.activate();
+        e = basic_buffer<value_type, kind_type>((hi - lo) + state_count);
+        fill(ctx, e.data(), e.size(), value_type(0));
+      }
+      average = e.data();
+    }
+    const value_type keep = static_cast<value_type>(ema_decay), take = static_cast<value_type>(1.0 - ema_decay);
+    if constexpr (optimizer_applies_recipe_v<Optimizer>) {
+      if (average) {
+        u.ema = average;
+        u.ema_decay = ema_decay;
+      }
+      rep.apply(opt, u, lo, hi);
+    } else {
+      if (u.decision)
+        throw config_error("lockstep: an optimiser without `applies_recipe` cannot read a device decision");
+      if (u.clip_value > 0 && hi > lo) {
+        for_each_index(ctx, hi - lo,
+                       detail::clip_values_op<value_type>{rep.model().gradients().data() + lo,
+                                                          static_cast<value_type>(u.grad_scale),
+                                                          static_cast<value_type>(u.clip_value)});
+        u.grad_scale = 1;
+        u.clip_value = 0;
+      }
+      rep.apply(opt, u, lo, hi);
+      if (average && hi > lo)
+        for_each_index(ctx, hi - lo, detail::ema_op<value_type>{average, rep.model().parameters().data() + lo, keep, take});
+    }
+    if (average && state_count > 0)
+      for_each_index(ctx, state_count,
+                     detail::ema_op<value_type>{average + (hi - lo), rep.model().parameters().data() + param_count, keep,
+                                                take, u.decision});
+  }
+
+  /// After every replica updated its slice: copies the other replicas' slices into replica r's
+  /// parameters (an all-gather through shared host memory; call on replica r's worker).
+  void gather(replicas_view reps, std::size_t r) const {
+    if (!sharded_) return;
+    if constexpr (device_memory<kind_type>::host_accessible) {
+      value_type* mine = reps[r]->model().parameters().data();
+      for (std::size_t s = 0; s < reps.size(); ++s) {
+        if (s == r) continue;
+        const auto [lo, hi] = slice(s);
+        copy(reps[r]->context(), mine + lo, reps[s]->model().parameters().data() + lo, hi - lo);
+      }
+    }
+  }
+
+  /// The optimiser state of all parameters as a host vector (empty before the first update):
+  /// replica 0's, or the replicas' slices put together in the layout of an unsharded state (k
+  /// arrays of param_count).
+  [[nodiscard]] std::vector<value_type> state_to_host(replicas_view reps) const {
+    if (!sharded_) {
+      const Replica& r = *reps.front();
+      std::vector<value_type> v(r.optimizer_state().size());
+      if (!v.empty()) copy_to_host(r.context(), v.data(), r.optimizer_state().data(), v.size());
+      return v;
+    }
+    const std::size_t k = state_arrays(reps);
+    std::vector<value_type> v(k * param_count);
+    for (std::size_t s = 0; s < reps.size(); ++s) {
+      const Replica& rep = *reps[s];
+      const auto [lo, hi] = slice(s);
+      for (std::size_t c = 0; c < k && hi > lo; ++c)
+        copy_to_host(rep.context(), v.data() + c * param_count + lo, rep.optimizer_state().data() + c * (hi - lo), hi - lo);
+    }
+    return v;
+  }
+
+  /// Loads an optimiser state of all parameters (as state_to_host returns it) into every
+  /// replica, or each replica's slice of it when sharded.
+  /// @throws shape_error when a sharded state is not a whole number of arrays.
+  void load_state(replicas_view reps, std::span<const value_type> in) const {
+    if (sharded_ && in.size() % param_count != 0)
+      throw shape_error("lockstep::replicated::load_optimizer_state: " + std::to_string(in.size()) +
+                        " elements of optimiser state are not a whole number of arrays of " + std::to_string(param_count) +
+                        " (the update is sharded, which needs an elementwise optimiser)");
+    const std::size_t k = param_count ? in.size() / param_count : 0;
+    for (std::size_t s = 0; s < reps.size(); ++s) {
+      Replica& r = *reps[s];
+      auto& st = r.optimizer_state();
+      const auto [lo, hi] = slice(s);
+      const std::size_t size = sharded_ ? k * (hi - lo) : in.size();
+      if (st.size() != size) {
+        r.context().activate();
+        st = basic_buffer<value_type, kind_type>(size);
+      }
+      if (!sharded_) {
+        if (!in.empty()) copy_from_host(r.context(), st.data(), in.data(), in.size());
+        continue;
+      }
+      for (std::size_t c = 0; c < k && hi > lo; ++c)
+        copy_from_host(r.context(), st.data() + c * (hi - lo), in.data() + c * param_count + lo, hi - lo);
+    }
+  }
+
+  /// The EMA of the parameters and the non-trainable state (stored_count elements) as a host
+  /// vector, put together from the replicas' slices when sharded (call only when an EMA exists).
+  /// @throws shape_error when a replica holds no EMA of its slice.
+  [[nodiscard]] std::vector<value_type> ema_to_host(replicas_view reps) const {
+    std::vector<value_type> v(stored_count);
+    for (std::size_t s = 0; s < (sharded_ ? reps.size() : 1); ++s) {
+      const Replica& rep = *reps[s];
+      const auto [lo, hi] = slice(s);
+      if (rep.ema().size() != (hi - lo) + state_count)
+        throw shape_error("lockstep::replicated: replica " + std::to_string(s) + " holds " +
+                          std::to_string(rep.ema().size()) + " EMA values for a slice of " + std::to_string(hi - lo) +
+                          " parameters and " + std::to_string(state_count) + " state values");
+      if (hi > lo) copy_to_host(rep.context(), v.data() + lo, rep.ema().data(), hi - lo);
+      if (s == 0 && state_count > 0)
+        copy_to_host(rep.context(), v.data() + param_count, rep.ema().data() + (hi - lo), state_count);
+    }
+    return v;
+  }
+
+  /// Loads an EMA of stored_count elements (as ema_to_host returns it) into every replica (its
+  /// slice when sharded); an empty span removes the EMA.
+  /// @throws shape_error when the length is not stored_count.
+  void load_ema(replicas_view reps, std::span<const value_type> in) const {
+    if (!in.empty() && in.size() != stored_count)
+      throw shape_error("lockstep::replicated::load_ema: the span has " + std::to_string(in.size()) +
+                        " elements but the model stores " + std::to_string(stored_count));
+    for (std::size_t s = 0; s < reps.size(); ++s) {
+      Replica& r = *reps[s];
+      const auto [lo, hi] = slice(s);
+      auto& e = r.ema();
+      const std::size_t size = in.empty() ? 0 : (hi - lo) + state_count;
+      if (e.size() != size) {
+        r.context().activate();
+        e = basic_buffer<value_type, kind_type>(size);
+      }
+      if (in.empty()) continue;
+      if (hi > lo) copy_from_host(r.context(), e.data(), in.data() + lo, hi - lo);
+      if (state_count > 0) copy_from_host(r.context(), e.data() + (hi - lo), in.data() + param_count, state_count);
+    }
+  }
+
+private:
+  // Arrays of param_count in a sharded optimiser state (the slices' states are k arrays each).
+  std::size_t state_arrays(replicas_view reps) const {
+    std::size_t k = 0;
+    bool known = false;
+    for (std::size_t s = 0; s < reps.size(); ++s) {
+      const auto [lo, hi] = slice(s);
+      const std::size_t have = reps[s]->optimizer_state().size();
+      if (hi == lo) continue;
+      if (have % (hi - lo) != 0 || (known && have / (hi - lo) != k))
+        throw shape_error("lockstep::replicated: the sharded optimiser state of replica " + std::to_string(s) + " has " +
+                          std::to_string(have) + " elements for " + std::to_string(hi - lo) +
+                          " parameters: not an elementwise optimiser's state");
+      k = have / (hi - lo);
+      known = true;
+    }
+    return k;
+  }
+
+  bool sharded_ = false;
+  std::size_t replicas_ = 1;
+};
+
+}  // namespace lockstep
