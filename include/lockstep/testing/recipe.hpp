@@ -87,7 +87,8 @@ bool replicas_identical(const M& m, const std::vector<float>& p) {
   return true;
 }
 
-/// True when every worker of strategy `s` passed the same bits in `v` (a hash summed over the workers).
+/// True when every worker of strategy `s` passed the same bits in `v`: each worker puts a 64-bit
+/// hash of them, in 22-bit pieces (exact in a double), into its own slots of a sum over the workers.
 template <class Strategy>
 bool same_on_every_worker(Strategy& s, const std::vector<float>& v) {
   auto&& w = lockstep::detail::world_of(s);
@@ -98,11 +99,14 @@ bool same_on_every_worker(Strategy& s, const std::vector<float>& v) {
     std::memcpy(&bits, &x, sizeof bits);
     h = (h ^ bits) * 0x100000001b3ull;
   }
-  const double mine = static_cast<double>(h >> 12);  // exact in a double
-  double sums[2] = {mine, mine * mine};
-  w.sum(std::span<double>(sums, 2));
-  const double n = static_cast<double>(w.size());
-  return sums[0] == n * mine && sums[1] == n * mine * mine;
+  constexpr std::size_t pieces = 3;
+  std::vector<double> all(pieces * w.size(), 0.0);
+  for (std::size_t k = 0; k < pieces; ++k)
+    all[pieces * w.rank() + k] = static_cast<double>((h >> (22 * k)) & ((std::uint64_t{1} << 22) - 1));
+  w.sum(std::span<double>(all));
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (all[i] != all[pieces * w.rank() + i % pieces]) return false;
+  return true;
 }
 
 }  // namespace detail
