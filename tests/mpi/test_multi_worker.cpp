@@ -1,6 +1,8 @@
 // multi_worker_mirrored under mpirun (-np 2 and -np 3): training equals single-process training
 // on the same global batches, exactly-once delivery across workers, evaluate over every worker,
-// chief-only outputs and a checkpoint written by W workers resumed by one.
+// chief-only outputs and a checkpoint written by W workers resumed by one; gradient accumulation
+// with clipping bitwise the big batch of one process, and the non-finite guard's decision on
+// every worker.
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -19,6 +22,7 @@
 
 #include <lockstep/distribute/multi_worker.hpp>
 #include <lockstep/lockstep.hpp>
+#include <lockstep/testing/recipe.hpp>
 
 #include "distribute/common.hpp"
 #include "support/user_reducer.hpp"
@@ -328,4 +332,116 @@ TEST_CASE("multi_worker replica_count_invariant: a worker holds its micro-shards
   CHECK(mhi - mlo <= P / W + 16);
   if (W >= 3) CHECK(step.slot_bytes() < K * P * sizeof(float));  // less than every slot on every worker
   MESSAGE("micro-shard step memory per worker: " << step.slot_bytes() << " bytes; every slot: " << K * P * sizeof(float));
+}
+
+namespace {
+
+// Rows [lo, hi) of global batch b, sharded for strategy s.
+template <class S>
+ls::data::distributed_batch shards_of(S& s, const ls::data::batch& b, std::size_t lo, std::size_t hi) {
+  const ls::shard_plan p = s.plan();
+  return ls::data::detail::make_sharded(ls::testing::detail::rows_of(b, lo, hi), p.parts, p.first, s.num_replicas());
+}
+
+// A regression batch (6 features in [-1, 1), 3 targets), keyed by `key`.
+ls::data::batch regression_batch(std::size_t rows, std::uint64_t key) {
+  ls::data::batch b;
+  b.width = 6;
+  b.target_width = 3;
+  const ls::counter_rng rng(91, key);
+  for (std::size_t i = 0; i < rows * 6; ++i) b.features.push_back(2 * rng.uniform(i) - 1);
+  for (std::size_t i = 0; i < rows * 3; ++i) b.targets.push_back(2 * rng.uniform(100000 + i) - 1);
+  for (std::size_t r = 0; r < rows; ++r) b.indices.push_back(key * 1000 + r);
+  return b;
+}
+using reg_net = ls::sequential<ls::dense<6, 8>, ls::relu, ls::dense<8, 3>>;
+
+}  // namespace
+
+TEST_CASE("multi_worker replica_count_invariant: gradient accumulation with clipping gives bitwise one process's big batch") {
+  // 6 updates of 64 rows; micro-shards of 8 rows, so every batch of 64 / k rows is a multiple.
+  // With -np 2: 2 x 1 x 2, 2 x 1 x 4, 2 x 2 x 2, 2 x 2 x 4 (workers x replicas x batches); -np 3 and
+  // -np 4 (4 x 1 x 2, 4 x 1 x 4) likewise.
+  const ls::adam opt{.lr = 2e-3f};
+  ls::strategy_options o;
+  o.micro_shard_rows = 8;
+  ls::update_recipe recipe;
+  recipe.clip_global_norm = 0.05;  // below these gradients' norms: every update clips
+  recipe.nonfinite = ls::nonfinite_policy::skip;
+  constexpr std::size_t updates = 6, rows = 64;
+  ls::basic_mirrored<ls::host_allreduce, ls::determinism::replica_count_invariant, ls::cpus> single(
+      ls::device_selection::first(1), o);
+  auto ref = single.replicate<mlp_dropout>(ls::seed{42});
+  std::vector<double> ref_norms, ref_losses;
+  for (std::size_t u = 0; u < updates; ++u) {
+    const auto b = make_batch(rows, 500 + u);
+    const auto st = ls::train_step(single, ref, opt, ls::softmax_cross_entropy{}, shards_of(single, b, 0, rows), recipe);
+    CHECK(st.clip_factor < 1);
+    ref_norms.push_back(st.grad_norm);
+    ref_losses.push_back(st.loss_sum);
+  }
+  const auto want = ref.parameters_to_host();
+  for (const std::size_t local : {1u, 2u})
+    for (const std::size_t k : {2u, 4u}) {
+      CAPTURE(local);
+      CAPTURE(k);
+      ls::multi_worker_mirrored<ls::cpus, ls::determinism::replica_count_invariant> s(ls::device_selection::first(local), o);
+      auto m = s.replicate<mlp_dropout>(ls::seed{42});
+      for (std::size_t u = 0; u < updates; ++u) {
+        const auto b = make_batch(rows, 500 + u);
+        for (std::size_t j = 0; j + 1 < k; ++j)
+          (void)ls::accumulate(s, m, ls::softmax_cross_entropy{}, shards_of(s, b, rows * j / k, rows * (j + 1) / k));
+        const auto st = ls::train_step(s, m, opt, ls::softmax_cross_entropy{},
+                                       shards_of(s, b, rows * (k - 1) / k, rows), recipe);
+        CAPTURE(u);
+        CHECK(st.count == rows);
+        CHECK(st.grad_norm == ref_norms[u]);  // the same bits
+        CHECK(st.loss_sum == ref_losses[u]);
+      }
+      const auto got = m.parameters_to_host();
+      CHECK(got == want);
+      CHECK(same_on_every_rank(got));
+      for (std::size_t r = 1; r < m.size(); ++r) CHECK(std::equal(got.begin(), got.end(), m.replica(r).model().parameters().data()));
+    }
+}
+
+TEST_CASE("multi_worker: a NaN in the last worker's shard skips the update on every worker; raise names that worker") {
+  const auto batches = [](std::size_t u, std::size_t rows) { return regression_batch(rows, 700 + u); };
+  const std::size_t last_row = 23;  // the last row of 24: the last replica of the last worker
+  for (const std::size_t local : {1u, 2u}) {
+    CAPTURE(local);
+    ls::testing::recipe_check c;
+    c.updates = 4;
+    c.rows = 24;
+    c.recipe.ema.decay = 0.5;
+    {
+      ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(local));
+      CHECK(ls::testing::skip_decisions_agree<reg_net>(s, ls::adam{.lr = 1e-2f}, ls::mse{}, batches, 2, last_row, c));
+    }
+    {
+      ls::multi_worker_mirrored<ls::cpus, ls::determinism::replica_count_invariant> s(
+          ls::device_selection::first(local), ls::strategy_options{.micro_shard_rows = 2});
+      CHECK(ls::testing::skip_decisions_agree<reg_net>(s, ls::adam{.lr = 1e-2f}, ls::mse{}, batches, 2, last_row, c));
+    }
+    // raise: a numerics_error on every worker, naming the last worker's last replica.
+    ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(local));
+    auto m = s.replicate<reg_net>(ls::seed{3});
+    ls::update_recipe recipe;
+    recipe.nonfinite = ls::nonfinite_policy::raise;
+    auto b = batches(0, 24);
+    b.features[last_row * 6] = std::numeric_limits<float>::quiet_NaN();
+    const auto before = m.parameters_to_host();
+    std::string msg;
+    try {
+      (void)ls::train_step(s, m, ls::sgd{.lr = 0.1f}, ls::mse{}, shards_of(s, b, 0, 24), recipe);
+      FAIL("no numerics_error");
+    } catch (const ls::numerics_error& e) {
+      msg = e.what();
+    }
+    CAPTURE(msg);
+    const std::string who = "replica " + std::to_string(local - 1) + " of worker " + std::to_string(world_size() - 1);
+    CHECK(msg.find(who) != std::string::npos);
+    CHECK(m.parameters_to_host() == before);
+    CHECK(m.step() == 0);
+  }
 }
