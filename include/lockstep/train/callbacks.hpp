@@ -34,6 +34,12 @@ struct epoch_stats {
   std::uint64_t samples = 0;            ///< training samples in this epoch
   std::uint64_t global_step = 0;        ///< updates done at the end of the epoch
   std::uint64_t val_samples = 0;        ///< validation samples evaluated (each exactly once)
+  /// Mean over the epoch's updates of the global gradient norm before clipping (NaN when no
+  /// update ran the epilogue: neither clipping nor a non-finite guard).
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();
+  /// Mean over the epoch's updates of the clip factor (1: nothing clipped; NaN as grad_norm).
+  double clip_factor = std::numeric_limits<double>::quiet_NaN();
+  std::uint64_t skipped_updates = 0;    ///< updates of the epoch the non-finite guard skipped
 };
 
 /// Everything fit reports: one entry per epoch run.

@@ -47,6 +47,10 @@ struct fit_resume_state {
   std::uint64_t epoch_labelled = 0;     ///< labelled training rows of `epoch` so far (accuracy denominator)
   std::uint64_t epoch_correct = 0;      ///< top-1 hits among them
   bool has_callback_state = true;       ///< false for a format-1 checkpoint (no callback state, no epoch sums)
+  double epoch_norm_sum = 0;            ///< sum of the gradient norms of `epoch`'s updates so far (section FREC)
+  std::uint64_t epoch_norm_updates = 0; ///< updates of `epoch` so far whose norm was computed
+  double epoch_clip_sum = 0;            ///< sum of their clip factors
+  std::uint64_t epoch_skipped = 0;      ///< updates of `epoch` so far the non-finite guard skipped
 };
 
 namespace detail {
@@ -88,7 +92,12 @@ inline void read_callbacks_part(io::reader& r, fit_resume_state& s, std::size_t 
 
 }  // namespace detail
 
-/// Adds fit's section (FITS version 1) of `s` to checkpoint `f`.
+/// The tag of fit's section of update-recipe sums of the epoch in progress (FREC version 1: the
+/// sum of its updates' gradient norms (f64, finite), how many (u64), the sum of their clip
+/// factors (f64, finite), the updates skipped (u64)). Checkpoints without it hold zeros.
+inline constexpr std::uint32_t fit_recipe_tag = io::section_tag("FREC");
+
+/// Adds fit's sections (FITS version 1, FREC version 1) of `s` to checkpoint `f`.
 inline void write_fit_state(io::checkpoint_file& f, const fit_resume_state& s) {
   io::writer w;
   w.put(s.epoch);
@@ -107,6 +116,12 @@ inline void write_fit_state(io::checkpoint_file& f, const fit_resume_state& s) {
   w.put(s.epoch_correct);
   w.put(static_cast<std::uint64_t>(s.callback_states.size()));
   for (const auto& c : s.callback_states) w.put_array<double>(c);
+  io::writer r;  // before FITS, which stays the file's last section
+  r.put(s.epoch_norm_sum);
+  r.put(s.epoch_norm_updates);
+  r.put(s.epoch_clip_sum);
+  r.put(s.epoch_skipped);
+  f.put(fit_recipe_tag, 1, std::move(r));
   f.put(io::tags::fit, 1, std::move(w));
 }
 
@@ -127,6 +142,18 @@ inline void write_fit_state(io::checkpoint_file& f, const fit_resume_state& s) {
     s.replicas = r.get<std::uint32_t>("the replica count");
     detail::read_callbacks_part(r, s, fs->payload.size(), 48);
     r.expect_end();
+    if (const auto* rs = f.find(fit_recipe_tag)) {
+      f.check_version(*rs, "fit recipe sums", 1, 1);
+      io::reader q = f.read(*rs, "fit recipe sums");
+      const std::size_t at = q.offset();
+      s.epoch_norm_sum = q.get<double>("the epoch's gradient norm sum");
+      s.epoch_norm_updates = q.get<std::uint64_t>("the epoch's updates with a norm");
+      s.epoch_clip_sum = q.get<double>("the epoch's clip factor sum");
+      s.epoch_skipped = q.get<std::uint64_t>("the epoch's skipped updates");
+      if (!std::isfinite(s.epoch_norm_sum) || !std::isfinite(s.epoch_clip_sum))
+        q.fail_at(at, "the epoch's gradient norm or clip factor sum is not finite");
+      q.expect_end();
+    }
     return s;
   }
   // Formats 1 and 2.

@@ -273,6 +273,23 @@ evaluation evaluate(Strategy& s, Replicated& m, const Loss& loss, const Source& 
   return evaluate(s, m, loss, eval_data(data), o);
 }
 
+/// Evaluates the weights `w` of `m`: weights::ema swaps the EMA in for the pass and restores the
+/// live weights bitwise afterwards (with_ema_weights); weights::live is evaluate(s, m, loss, data, o).
+/// @throws config_error for weights::ema when `m` holds no EMA.
+template <class Strategy, class Replicated, class Loss>
+evaluation evaluate(Strategy& s, Replicated& m, const Loss& loss, const eval_data& data, weights w,
+                    const evaluate_options& o = {}) {
+  if (w == weights::live) return evaluate(s, m, loss, data, o);
+  return with_ema_weights(m, [&] { return evaluate(s, m, loss, data, o); });
+}
+
+/// evaluate with weights `w` of a batch source (see the eval_data overload).
+template <class Strategy, class Replicated, class Loss, batch_source Source>
+evaluation evaluate(Strategy& s, Replicated& m, const Loss& loss, const Source& data, weights w,
+                    const evaluate_options& o = {}) {
+  return evaluate(s, m, loss, eval_data(data), w, o);
+}
+
 /// Model outputs for a whole dataset, in the order the pipeline yielded the rows.
 struct predictions {
   std::vector<float> outputs;          ///< rows() x width outputs, row-major
@@ -376,6 +393,28 @@ struct fit_options {
   std::uint64_t data_seed = 0;            ///< the pipeline seed, recorded in checkpoints
   std::uint64_t steps_per_epoch = 0;      ///< expected steps per epoch for the progress bar (0: learn it)
   std::size_t top_k = 5;                  ///< k of the validation top-k accuracy
+  /// Global batches per update (gradient accumulation, Keras's meaning: the update batch is
+  /// `accumulate` × the pipeline's batch). Schedules, max_steps, progress, step counters and
+  /// checkpoints count updates.
+  std::size_t accumulate = 1;
+  bool drop_partial_update = false;       ///< drop an epoch's last batches that do not fill an update (default: a shorter update)
+  double clip_global_norm = 0;            ///< > 0: clip the update's gradient to this global norm (update_recipe)
+  float clip_value = 0;                   ///< > 0: clamp each gradient element to [-clip_value, clip_value]
+  nonfinite_policy nonfinite = nonfinite_policy::apply;  ///< what a non-finite reduced gradient does (skip, raise)
+  std::uint64_t max_consecutive_skips = 20;  ///< nonfinite_policy::skip: numerics_error after this many in a row
+  ema_options ema{};                      ///< an exponential moving average of the weights (decay 0: none)
+  bool validate_with_ema = false;         ///< validation evaluates the EMA weights (swapped in, then the live ones restored)
+
+  /// The update recipe these options describe.
+  [[nodiscard]] update_recipe recipe() const {
+    update_recipe r;
+    r.clip_global_norm = clip_global_norm;
+    r.clip_value = clip_value;
+    r.nonfinite = nonfinite;
+    r.max_consecutive_skips = max_consecutive_skips;
+    r.ema = ema;
+    return r;
+  }
 };
 
 namespace detail {
@@ -416,7 +455,8 @@ public:
     start_epoch = st.epoch;
     skip_ = st.batches;
     lr = st.lr;
-    resumed_ = {st.epoch_loss_sum, st.epoch_samples, st.epoch_steps, st.epoch_labelled, st.epoch_correct};
+    resumed_ = {st.epoch_loss_sum, st.epoch_samples, st.epoch_steps, st.epoch_labelled, st.epoch_correct,
+                st.epoch_norm_sum, st.epoch_norm_updates, st.epoch_clip_sum, st.epoch_skipped};
     ctl.lr_factor = st.lr_factor;
     ctl.step = st.step;
     ctl.epoch = st.epoch;
@@ -453,6 +493,10 @@ public:
     count_ = resumed ? resumed_.samples : 0;
     steps_ = resumed ? resumed_.steps : 0;
     count_before_ = count_;
+    norm_sum_ = resumed ? resumed_.norm_sum : 0.0;
+    norm_updates_ = resumed ? resumed_.norm_updates : 0;
+    clip_sum_ = resumed ? resumed_.clip_sum : 0.0;
+    skipped_ = resumed ? resumed_.skipped : 0;
     batches = 0;
     to_skip = resumed ? skip_ : 0;
   }
@@ -465,11 +509,18 @@ public:
     return r;
   }
 
-  /// Records a finished step (the model has done `model_step` updates); true when training must stop now.
+  /// Records a finished update of `batches_used` global batches (the model has done
+  /// `model_step` updates); true when training must stop now.
   template <class Save>
-  bool end_step(const step_stats& r, std::uint64_t model_step, const Save& save) {
-    ++batches;
+  bool end_step(const step_stats& r, std::uint64_t model_step, const Save& save, std::uint64_t batches_used = 1) {
+    batches += batches_used;
     ++steps_;
+    if (!std::isnan(r.grad_norm)) {
+      norm_sum_ += r.grad_norm;
+      clip_sum_ += r.clip_factor;
+      ++norm_updates_;
+    }
+    if (r.skipped) ++skipped_;
     loss_sum_ += r.loss_sum;
     count_ += r.count;
     correct_ += r.correct;
@@ -478,7 +529,8 @@ public:
     const double step_loss = r.count ? r.loss_sum / static_cast<double>(r.count) : 0.0;
     for (const auto& c : o_.callbacks)
       if (c.step_end) c.step_end(step_loss, ctl);
-    bar_->step(batches, count_, count_ ? loss_sum_ / static_cast<double>(count_) : 0.0);
+    bar_->step(steps_, count_, count_ ? loss_sum_ / static_cast<double>(count_) : 0.0, r.grad_norm, r.clip_factor,
+               skipped_);
     if (ckpt_ && o_.checkpoint_every && model_step % o_.checkpoint_every == 0) save(ctl.epoch, batches);
     return ctl.stop || limit_reached(model_step);
   }
@@ -493,7 +545,7 @@ public:
       throw checkpoint_error("lockstep::fit: the checkpoint says " + std::to_string(to_skip) + " batches of epoch " +
                              std::to_string(e) + " were consumed, but the epoch has only " + std::to_string(batches));
     const auto t1 = std::chrono::steady_clock::now();
-    if (finished || expected_steps_ == 0) expected_steps_ = batches;
+    if (finished || expected_steps_ == 0) expected_steps_ = steps_;
     if (ckpt_ && !finished) save(e, batches);
     epoch_stats st;
     st.epoch = e;
@@ -507,6 +559,11 @@ public:
     st.samples_per_second = train_seconds > 0 ? static_cast<double>(count_ - count_before_) / train_seconds : 0;
     st.lr = lr;
     st.global_step = model_step;
+    if (norm_updates_ > 0) {
+      st.grad_norm = norm_sum_ / static_cast<double>(norm_updates_);
+      st.clip_factor = clip_sum_ / static_cast<double>(norm_updates_);
+    }
+    st.skipped_updates = skipped_;
     return {st, finished};
   }
 
@@ -543,6 +600,10 @@ public:
       st.epoch_steps = steps_;
       st.epoch_labelled = labelled_;
       st.epoch_correct = correct_;
+      st.epoch_norm_sum = norm_sum_;
+      st.epoch_norm_updates = norm_updates_;
+      st.epoch_clip_sum = clip_sum_;
+      st.epoch_skipped = skipped_;
     }
     ckpt_->save(st);
   }
@@ -564,6 +625,10 @@ private:
   struct epoch_sums {
     double loss_sum = 0;
     std::uint64_t samples = 0, steps = 0, labelled = 0, correct = 0;
+    double norm_sum = 0;
+    std::uint64_t norm_updates = 0;
+    double clip_sum = 0;
+    std::uint64_t skipped = 0;
   };
   epoch_sums resumed_;  // the sums of the resumed epoch so far (from its checkpoint)
   std::uint64_t skip_ = 0;
@@ -572,6 +637,8 @@ private:
   double loss_sum_ = 0;
   std::uint64_t count_ = 0, steps_ = 0, count_before_ = 0;
   std::uint64_t correct_ = 0, labelled_ = 0;  // training top-1 hits of the epoch in progress, and labelled rows
+  double norm_sum_ = 0, clip_sum_ = 0;        // the epoch's updates' gradient norms and clip factors
+  std::uint64_t norm_updates_ = 0, skipped_ = 0;  // updates whose norm was computed; updates skipped
 };
 
 /// The model seed recorded in checkpoints: the model's own, or fit_options::seed.
@@ -616,24 +683,76 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
       run.save(capture(m, optimizer), epoch, batches, model_seed(m, o));
     }
   };
+  const update_recipe recipe = o.recipe();
+  recipe.check();
+  if (o.accumulate == 0) throw config_error("lockstep::fit: fit_options::accumulate must be >= 1");
+  if constexpr (!requires { s.accumulate(m, loss, std::declval<const data::distributed_batch&>()); })
+    if (o.accumulate > 1)
+      throw config_error("lockstep::fit: fit_options::accumulate > 1 needs a strategy with accumulate(model, loss, batch)");
+  constexpr bool takes_recipe = requires(const Optimizer& op) {
+    s.train_step(m, op, loss, std::declval<const data::distributed_batch&>(), recipe);
+  };
+  if constexpr (!takes_recipe) {
+    if (recipe.needs_epilogue() || recipe.clip_value > 0 || recipe.ema.decay > 0)
+      throw config_error("lockstep::fit: clipping, the non-finite guard and the EMA need a strategy whose train_step "
+                         "takes a lockstep::update_recipe");
+  }
+  if (o.validate_with_ema && recipe.ema.decay <= 0)
+    throw config_error("lockstep::fit: fit_options::validate_with_ema needs fit_options::ema");
+  const std::size_t k = o.accumulate;
+  if constexpr (requires { s.abandon_update(); }) s.abandon_update();  // no batch of an earlier call is part of an update
+  std::size_t group = 0;  // global batches of the update in progress
+  // The last batch of an update completes it (train_step); the ones before it accumulate.
+  // Returns true when training must stop.
+  const auto batch_of_update = [&](const data::distributed_batch& db, bool epoch_ends) -> bool {
+    ++group;
+    if (group < k && !epoch_ends) {
+      if constexpr (requires { s.accumulate(m, loss, db); }) (void)s.accumulate(m, loss, db);
+      return false;
+    }
+    if (group < k && o.drop_partial_update) {  // an epoch's last batches that do not fill an update
+      if constexpr (requires { s.abandon_update(); }) s.abandon_update();
+      run.batches += group;
+      group = 0;
+      return false;
+    }
+    run.lr = run.rate_at(m.step());
+    Optimizer opt = optimizer;
+    opt.lr = run.lr;
+    step_stats r;
+    if constexpr (takes_recipe)
+      r = s.train_step(m, opt, loss, db, recipe);
+    else
+      r = s.train_step(m, opt, loss, db);
+    const std::uint64_t used = group;
+    group = 0;
+    return run.end_step(r, m.step(), save, used);
+  };
   for (std::uint64_t e = run.start_epoch; run.runs(e, m.step()); ++e) {
     run.begin_epoch(e);
+    group = 0;
+    std::optional<data::distributed_batch> held;  // under accumulation, one batch is held back to know the epoch's last
+    bool stopped = false;
     for (auto&& b : train.epoch(e)) {
       if (run.batches < run.to_skip) {  // resume: these batches were consumed before the checkpoint
         ++run.batches;
         continue;
       }
-      const data::distributed_batch db =
-          data::detail::make_sharded(std::move(b), plan.parts, plan.first, s.num_replicas());
-      run.lr = run.rate_at(m.step());
-      Optimizer opt = optimizer;
-      opt.lr = run.lr;
-      const step_stats r = s.train_step(m, opt, loss, db);
-      if (run.end_step(r, m.step(), save)) break;
+      data::distributed_batch db = data::detail::make_sharded(std::move(b), plan.parts, plan.first, s.num_replicas());
+      if (k == 1) {
+        if ((stopped = batch_of_update(db, false))) break;
+        continue;
+      }
+      if (held && (stopped = batch_of_update(*held, false))) break;
+      held = std::move(db);
     }
+    if (held && !stopped) (void)batch_of_update(*held, true);
     auto [st, finished] = run.end_steps(e, m.step(), save);
     if (o.validation) {
-      const evaluation v = evaluate_core(s, m, loss, o.validation, evaluate_options{o.top_k});
+      const evaluation v =
+          o.validate_with_ema && m.has_ema()
+              ? with_ema_weights(m, [&] { return evaluate_core(s, m, loss, o.validation, evaluate_options{o.top_k}); })
+              : evaluate_core(s, m, loss, o.validation, evaluate_options{o.top_k});
       st.val_loss = v.loss;
       st.val_accuracy = v.accuracy;
       st.val_samples = v.samples;

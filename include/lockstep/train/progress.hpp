@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -52,8 +53,12 @@ inline std::string epoch_line(const epoch_stats& s, std::uint64_t epochs) {
   if (!std::isnan(s.val_loss) || !std::isnan(s.val_accuracy))
     line += " | val_loss " + detail::metric_or_dash("%.4f", s.val_loss) + " val_acc " +
             detail::metric_or_dash("%.4f", s.val_accuracy);
-  line += detail::progress_format(" | %.0f samples/s | lr %.3g | %.1f s", s.samples_per_second, static_cast<double>(s.lr),
-                         s.seconds);
+  line += detail::progress_format(" | %.0f samples/s | lr %.3g", s.samples_per_second, static_cast<double>(s.lr));
+  if (!std::isnan(s.grad_norm))
+    line += detail::progress_format(" | norm %.4g clip %.3g", s.grad_norm, s.clip_factor);
+  if (s.skipped_updates > 0)
+    line += detail::progress_format(" | skipped %llu", static_cast<unsigned long long>(s.skipped_updates));
+  line += detail::progress_format(" | %.1f s", s.seconds);
   return line;
 }
 
@@ -78,8 +83,11 @@ public:
     drawn_ = false;
   }
 
-  /// Reports that `step` steps and `samples` samples of the epoch are done, mean loss `loss`.
-  void step(std::uint64_t step, std::uint64_t samples, double loss) {
+  /// Reports that `step` steps and `samples` samples of the epoch are done, mean loss `loss`,
+  /// and the last update's gradient norm and clip factor (NaN: not computed) and the epoch's
+  /// skipped updates.
+  void step(std::uint64_t step, std::uint64_t samples, double loss, double norm = std::numeric_limits<double>::quiet_NaN(),
+            double clip = 1, std::uint64_t skipped = 0) {
     if (!live()) return;
     const auto now = std::chrono::steady_clock::now();
     if (now - last_draw_ < o_.interval && !(steps_ && step == steps_)) return;
@@ -98,9 +106,12 @@ public:
     if (steps_ && step > 0 && step <= steps_)
       eta = detail::progress_format("%.0fs", t / static_cast<double>(step) * static_cast<double>(steps_ - step));
     const std::string total = steps_ ? std::to_string(steps_) : std::string("?");
-    std::fprintf(out_, "\r\033[Kepoch %llu/%llu %s%llu/%s | %.0f samples/s | loss %.4f | ETA %s",
+    std::string recipe;
+    if (!std::isnan(norm)) recipe += detail::progress_format(" | norm %.4g clip %.3g", norm, clip);
+    if (skipped > 0) recipe += detail::progress_format(" | skipped %llu", static_cast<unsigned long long>(skipped));
+    std::fprintf(out_, "\r\033[Kepoch %llu/%llu %s%llu/%s | %.0f samples/s | loss %.4f%s | ETA %s",
                  static_cast<unsigned long long>(epoch_ + 1), static_cast<unsigned long long>(epochs_), bar.c_str(),
-                 static_cast<unsigned long long>(step), total.c_str(), rate, loss, eta.c_str());
+                 static_cast<unsigned long long>(step), total.c_str(), rate, loss, recipe.c_str(), eta.c_str());
     std::fflush(out_);
     drawn_ = true;
   }
@@ -132,7 +143,9 @@ inline std::string epoch_json(const epoch_stats& s) {
          ",\"val_loss\":" + json_number(s.val_loss) + ",\"val_accuracy\":" + json_number(s.val_accuracy) +
          ",\"samples_per_second\":" + json_number(s.samples_per_second) + ",\"seconds\":" + json_number(s.seconds) +
          ",\"lr\":" + json_number(static_cast<double>(s.lr)) + ",\"steps\":" + std::to_string(s.steps) +
-         ",\"samples\":" + std::to_string(s.samples) + ",\"val_samples\":" + std::to_string(s.val_samples) + "}";
+         ",\"samples\":" + std::to_string(s.samples) + ",\"val_samples\":" + std::to_string(s.val_samples) +
+         ",\"grad_norm\":" + json_number(s.grad_norm) + ",\"clip_factor\":" + json_number(s.clip_factor) +
+         ",\"skipped_updates\":" + std::to_string(s.skipped_updates) + "}";
 }
 
 /// A JSON-lines file receiving one object per epoch (flushed after each line).

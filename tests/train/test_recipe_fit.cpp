@@ -1,0 +1,262 @@
+// fit with the training recipe: fit_options::accumulate = k over batches of B / k is bitwise the
+// run over batches of B under replica_count_invariant (parameters and every epoch's numbers), an
+// epoch's last short update included, or dropped on request; steps, max_steps and checkpoints
+// count updates; a run killed (SIGKILL) in the middle of an accumulation group resumes from the
+// last update boundary to the uninterrupted result; the EMA resumes bitwise, sharded or not, and
+// validation with the EMA restores the live weights; the norm, clip factor and skipped updates
+// reach the epoch statistics, the metrics file and the progress line.
+
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "train/helpers.hpp"
+
+using namespace train_test;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::size_t samples = 45;  // batches of 8: 5 full and one of 5; of 2: 22 and one of 1
+
+template <class... Ds>
+using invariant = ls::basic_mirrored<ls::select_reducer_t<Ds...>, ls::determinism::replica_count_invariant, Ds...>;
+
+/// invariant<Ds...> with micro-shards of one row (every batch's rows are a multiple of it).
+template <class... Ds>
+struct one_row : invariant<Ds...> {
+  one_row() : invariant<Ds...>(ls::strategy_options{.micro_shard_rows = 1}) {}
+};
+template <class... Ds>
+struct one_row_sharded : invariant<Ds...> {
+  one_row_sharded() : invariant<Ds...>(ls::strategy_options{.micro_shard_rows = 1, .shard_optimizer = true}) {}
+};
+
+struct run_result {
+  ls::history h;
+  std::vector<float> params, ema;
+  std::uint64_t steps = 0;
+};
+
+/// fit with batches of `batch` rows and `k` batches per update, options adjusted by `adjust`.
+template <class Strategy, class Adjust>
+run_result fit_run(std::size_t batch, std::size_t k, Adjust adjust) {
+  Strategy s;
+  auto m = s.template replicate<net>(ls::seed{21});
+  ls::fit_options o{.epochs = 3,
+                    .validation = eval_pipeline(20, 6),
+                    .callbacks = {ls::lr_schedule(ls::cosine_schedule{.total = 18, .min_lr = 1e-4f})},
+                    .quiet = true};
+  o.accumulate = k;
+  adjust(o);
+  run_result r;
+  r.h = ls::fit(s, m, ls::adamw{.lr = 5e-3f, .weight_decay = 0.01f}, ls::softmax_cross_entropy{}, pipeline(samples, batch), o);
+  r.params = m.parameters_to_host();
+  r.ema = m.ema_to_host();
+  r.steps = m.step();
+  return r;
+}
+
+void check_same_history(const ls::history& a, const ls::history& b) {
+  REQUIRE(a.epochs.size() == b.epochs.size());
+  for (std::size_t i = 0; i < a.epochs.size(); ++i) {
+    CAPTURE(i);
+    const auto &x = a.epochs[i], &y = b.epochs[i];
+    CHECK(x.train_loss == y.train_loss);
+    CHECK(x.train_accuracy == y.train_accuracy);
+    CHECK(x.val_loss == y.val_loss);
+    CHECK(x.steps == y.steps);
+    CHECK(x.samples == y.samples);
+    CHECK(x.global_step == y.global_step);
+    CHECK(x.lr == y.lr);
+    CHECK((std::isnan(x.grad_norm) ? std::isnan(y.grad_norm) : x.grad_norm == y.grad_norm));
+    CHECK((std::isnan(x.clip_factor) ? std::isnan(y.clip_factor) : x.clip_factor == y.clip_factor));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fit: accumulate = 4 over batches of 2 is bitwise batches of 8 under replica_count_invariant, the short last update included") {
+  const auto plain = [](ls::fit_options&) {};
+  const auto clipped = [](ls::fit_options& o) {
+    o.clip_global_norm = 0.5;
+    o.ema = {.decay = 0.9};
+  };
+  const auto big = fit_run<one_row<ls::cpu<0>>>(8, 1, plain);
+  CHECK(big.steps == 18);
+  CHECK(big.h.epochs[0].steps == 6);
+  CHECK(big.h.epochs[0].samples == samples);
+  check_same_history(fit_run<one_row<ls::cpu<0>, ls::cpu<1>>>(2, 4, plain).h, big.h);
+  CHECK(fit_run<one_row<ls::cpu<0>, ls::cpu<1>>>(2, 4, plain).params == big.params);
+  CHECK(fit_run<one_row<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>>>(4, 2, plain).params == big.params);
+  // with clipping and the EMA
+  const auto big_clip = fit_run<one_row<ls::cpu<0>>>(8, 1, clipped);
+  const auto acc_clip = fit_run<one_row<ls::cpu<0>, ls::cpu<1>>>(2, 4, clipped);
+  check_same_history(acc_clip.h, big_clip.h);
+  CHECK(acc_clip.params == big_clip.params);
+  CHECK(acc_clip.ema == big_clip.ema);
+  CHECK(big_clip.h.epochs[0].grad_norm > 0);
+  CHECK(big_clip.params != big.params);
+}
+
+TEST_CASE("fit: drop_partial_update drops an epoch's last batches that do not fill an update") {
+  const auto r = fit_run<one_row<ls::cpu<0>>>(2, 4, [](ls::fit_options& o) { o.drop_partial_update = true; });
+  REQUIRE(r.h.epochs.size() == 3);
+  for (const auto& e : r.h.epochs) {
+    CHECK(e.steps == 5);
+    CHECK(e.samples == 40);
+  }
+  CHECK(r.steps == 15);
+}
+
+TEST_CASE("fit: accumulate counts updates for max_steps and the step counter; a bad value is refused") {
+  const auto r = fit_run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>>(2, 4, [](ls::fit_options& o) { o.max_steps = 7; });
+  CHECK(r.steps == 7);
+  CHECK(r.h.last().global_step == 7);
+  CHECK_THROWS_AS(fit_run<ls::mirrored<ls::cpu<0>>>(2, 4, [](ls::fit_options& o) { o.accumulate = 0; }), ls::config_error);
+  CHECK_THROWS_AS(fit_run<ls::mirrored<ls::cpu<0>>>(2, 1, [](ls::fit_options& o) { o.validate_with_ema = true; }),
+                  ls::config_error);
+}
+
+namespace {
+/// Trains with accumulate 4 over batches of 2 (checkpoints in `dir` after every update when
+/// given) until `steps` updates are done in total.
+template <class Strategy>
+run_result accumulate_to(std::uint64_t steps, const fs::path& dir = {}, bool resume = false) {
+  return fit_run<Strategy>(2, 4, [&](ls::fit_options& o) {
+    o.epochs = 1000;
+    o.validation = {};
+    o.ema = {.decay = 0.8, .start_step = 2};
+    o.clip_global_norm = 1.0;
+    o.checkpoint_dir = dir.string();
+    o.checkpoint_every = dir.empty() ? 0 : 1;
+    o.keep_checkpoints = 2;
+    o.resume = resume;
+    o.max_steps = steps;
+  });
+}
+}  // namespace
+
+TEST_CASE("fit: K updates, stop, M more with accumulation (and the EMA, sharded or not) is bitwise K + M") {
+  using two = one_row<ls::cpu<0>, ls::cpu<1>>;
+  using three_sharded = one_row_sharded<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>>;
+  const auto straight = accumulate_to<two>(11);
+  for (const std::uint64_t k : {1u, 5u, 6u, 9u}) {
+    CAPTURE(k);
+    const auto dir = temp_dir("acc" + std::to_string(k));
+    (void)accumulate_to<two>(k, dir);
+    const auto resumed = accumulate_to<three_sharded>(11, dir, true);  // another replica count, sharded
+    CHECK(resumed.h.resumed_from_step == k);
+    CHECK(resumed.params == straight.params);
+    CHECK(resumed.ema == straight.ema);
+    fs::remove_all(dir);
+  }
+}
+
+TEST_CASE("fit: SIGKILL in the middle of an accumulation group resumes from the last update boundary to the uninterrupted result") {
+  using two = one_row<ls::cpu<0>, ls::cpu<1>>;
+  const ls::counter_rng rng(static_cast<std::uint64_t>(::getpid()), 11);
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    const auto dir = temp_dir("acckill" + std::to_string(round));
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      try {
+        (void)accumulate_to<two>(1'000'000, dir);  // a checkpoint after every update until killed
+      } catch (...) {
+        ::_exit(3);
+      }
+      ::_exit(4);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (ls::checkpoint_manager(dir, 2).list().empty() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::this_thread::sleep_for(std::chrono::microseconds(rng.u32(static_cast<std::uint64_t>(round)) % 150'000));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    REQUIRE(WIFSIGNALED(status));
+    const auto latest = ls::checkpoint_manager(dir, 2).load_latest(ls::model_signature<net>());
+    REQUIRE(latest.has_value());
+    const auto st = ls::checkpoint_state::from_file(*latest);
+    const std::uint64_t k = st.step;
+    INFO("killed after the checkpoint of update ", k);
+    // an update boundary within the epoch: 23 batches in groups of 4, the last group of 3 (a kill
+    // between the checkpoint of an epoch's last update and that of the epoch's end finds 23)
+    CHECK((st.batches % 4 == 0 || st.batches == 23));
+    const auto resumed = accumulate_to<two>(k + 5, dir, true);
+    CHECK(resumed.h.resumed_from_step == k);
+    const auto straight = accumulate_to<two>(k + 5);
+    CHECK(resumed.params == straight.params);
+    CHECK(resumed.ema == straight.ema);
+    fs::remove_all(dir);
+  }
+}
+
+TEST_CASE("fit: the norm, the clip factor and skipped updates reach the epoch statistics, the metrics file and the progress line") {
+  const auto dir = temp_dir("recipe_outputs");
+  fs::create_directories(dir);
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f);
+  const auto r = fit_run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>>(8, 1, [&](ls::fit_options& o) {
+    o.clip_global_norm = 0.1;
+    o.nonfinite = ls::nonfinite_policy::skip;
+    o.quiet = false;
+    o.progress = {.stream = f, .live = false};
+    o.metrics_file = (dir / "m.jsonl").string();
+  });
+  for (const auto& e : r.h.epochs) {
+    CHECK(e.grad_norm > 0.1);  // every update clipped
+    CHECK(e.clip_factor > 0);
+    CHECK(e.clip_factor < 1);
+    CHECK(e.skipped_updates == 0);
+  }
+  std::string out;
+  std::rewind(f);
+  for (int ch = std::fgetc(f); ch != EOF; ch = std::fgetc(f)) out.push_back(static_cast<char>(ch));
+  std::fclose(f);
+  CHECK(out.find("| norm ") != std::string::npos);
+  CHECK(out.find(" clip 0.") != std::string::npos);
+  std::ifstream in(dir / "m.jsonl");
+  std::string line;
+  std::size_t lines = 0;
+  while (std::getline(in, line)) {
+    CHECK(line.find("\"grad_norm\":") != std::string::npos);
+    CHECK(line.find("\"clip_factor\":0.") != std::string::npos);
+    CHECK(line.find("\"skipped_updates\":0") != std::string::npos);
+    ++lines;
+  }
+  CHECK(lines == 3);
+  // Without the epilogue: no norm, written as null.
+  const auto plain = fit_run<ls::mirrored<ls::cpu<0>>>(8, 1, [](ls::fit_options&) {});
+  CHECK(std::isnan(plain.h.last().grad_norm));
+  CHECK(ls::epoch_json(plain.h.last()).find("\"grad_norm\":null") != std::string::npos);
+  CHECK(ls::epoch_line(plain.h.last(), 3).find("norm") == std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("fit: validation with the EMA evaluates the average and leaves the live weights in place") {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  auto m = s.replicate<net>(ls::seed{21});
+  ls::fit_options o{.epochs = 2, .validation = eval_pipeline(20, 6), .quiet = true};
+  o.ema = {.decay = 0.7};
+  o.validate_with_ema = true;
+  const auto h = ls::fit(s, m, ls::adam{.lr = 1e-2f}, ls::softmax_cross_entropy{}, pipeline(samples, 8), o);
+  const auto live = m.parameters_to_host();
+  const auto ema = ls::evaluate(s, m, ls::softmax_cross_entropy{}, eval_pipeline(20, 6), ls::weights::ema);
+  CHECK(h.last().val_loss == ema.loss);
+  CHECK(m.parameters_to_host() == live);
+  CHECK(ls::evaluate(s, m, ls::softmax_cross_entropy{}, eval_pipeline(20, 6)).loss != ema.loss);
+}
