@@ -260,3 +260,28 @@ TEST_CASE("fit: validation with the EMA evaluates the average and leaves the liv
   CHECK(m.parameters_to_host() == live);
   CHECK(ls::evaluate(s, m, ls::softmax_cross_entropy{}, eval_pipeline(20, 6)).loss != ema.loss);
 }
+
+TEST_CASE("fit: the update recipe example of docs/training.md runs: updates of 4 batches, clipped, guarded, with an EMA") {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> strategy;
+  auto model = strategy.replicate<net>(ls::seed{21});
+  const auto train = pipeline(samples, 2);
+  const auto test_data = eval_pipeline(20, 6);
+  // example-begin recipe
+  ls::fit_options o{.epochs = 2, .validation = test_data, .quiet = true};
+  o.accumulate = 4;                                   // an update covers 4 consecutive global batches
+  o.clip_global_norm = 1.0;                           // clip the update's gradient to global norm 1
+  o.clip_value = 0.0f;                                // > 0: clamp each element as well
+  o.nonfinite = ls::nonfinite_policy::skip;           // skip an update whose gradient is not finite
+  o.ema = {.decay = 0.999, .start_step = 0, .every = 1};
+  o.validate_with_ema = true;                         // validation evaluates the EMA
+  const ls::history h =
+      ls::fit(strategy, model, ls::adam{.lr = 1e-3f}, ls::softmax_cross_entropy{.label_smoothing = 0.1f}, train, o);
+  // example-end
+  REQUIRE(h.epochs.size() == 2);
+  CHECK(h.epochs[0].steps == 6);  // 23 batches: 5 updates of 4 and one of 3
+  CHECK(model.step() == 12);
+  CHECK(model.ema_updates() == 12);
+  CHECK(std::isfinite(h.last().grad_norm));
+  CHECK(h.last().skipped_updates == 0);
+  CHECK(std::isfinite(h.last().val_loss));
+}
