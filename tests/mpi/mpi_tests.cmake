@@ -43,7 +43,8 @@ endforeach()
 
 # The MPI headers compile on their own (the generic header check skips them: they need <mpi.h>).
 set(_mpi_header_tus)
-foreach(_header lockstep/distribute/mpi.hpp lockstep/distribute/multi_worker.hpp)
+foreach(_header lockstep/distribute/mpi.hpp lockstep/distribute/mpi_world.hpp lockstep/distribute/multi_worker.hpp
+                lockstep/distribute/reducers/mpi_host.hpp lockstep/distribute/reducers/over_workers.hpp)
   string(REGEX REPLACE "[/.]" "_" _tu_name "${_header}")
   set(_tu ${CMAKE_CURRENT_BINARY_DIR}/header_check_mpi/${_tu_name}.cpp)
   file(CONFIGURE OUTPUT ${_tu} CONTENT "#include <${_header}>\n#include <${_header}>\n" @ONLY)
