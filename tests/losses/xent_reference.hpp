@@ -13,7 +13,7 @@
 #include <doctest/doctest.h>
 
 #include <lockstep/core/random.hpp>
-#include <lockstep/layers/shape.hpp>
+#include <lockstep/core/shape.hpp>
 #include <lockstep/losses/loss.hpp>
 
 namespace xent_ref {

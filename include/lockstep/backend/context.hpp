@@ -17,6 +17,7 @@
 #include <lockstep/backend/host/ops.hpp>
 #include <lockstep/config.hpp>
 #include <lockstep/core/device.hpp>
+#include <lockstep/core/views.hpp>
 #include <lockstep/memory/resource.hpp>
 
 namespace lockstep {
@@ -84,7 +85,7 @@ struct index_functor_archetype {
 }  // namespace detail
 
 /// A device kind with a complete backend: registered traits and memory, a context that names its
-/// kind (`using device_kind = K;`, which types the views layers receive) and can be activated on
+/// kind (`using kind_type = K;`, which types the views layers receive) and can be activated on
 /// the calling thread and synchronised, and the kernels every layer, loss and
 /// optimiser is written in (GEMM, the elementwise launch, fills and copies on the device and
 /// between host and device, row broadcast, column sums, sums, scaling), found by
@@ -96,7 +97,7 @@ concept device_backend =
     requires(typename backend_traits<K>::context_type& ctx, const replica_settings& rs, std::size_t n, float* p,
              const float* cp, double* dp, const double* cdp, const std::int32_t* ip, std::int32_t* wip,
              backend::trans t) {
-      requires std::same_as<typename backend_traits<K>::context_type::device_kind, K>;
+      requires std::same_as<kind_of_context_t<typename backend_traits<K>::context_type>, K>;
       { backend_traits<K>::name } -> std::convertible_to<const char*>;
       { backend_traits<K>::ordinals_bounded } -> std::convertible_to<bool>;
       { backend_traits<K>::replica_owns_core } -> std::convertible_to<bool>;

@@ -8,15 +8,32 @@
 #include <type_traits>
 
 #include <lockstep/core/device.hpp>
-#include <lockstep/layers/shape.hpp>
-#include <lockstep/memory/resource.hpp>
+#include <lockstep/core/shape.hpp>
 
 namespace lockstep {
 
-/// The device kind an execution context runs on (its `device_kind` member: cpus for
-/// host_context, gpus for cuda_context).
+/// Which memory device kind Kind has (defined in memory/resource.hpp; rows_view asks it only
+/// when a host-side element access is instantiated).
+template <class Kind>
+struct device_memory;
+
+namespace detail {
+/// The kind of context Ctx: its `kind_type` (or `device_kind`, the former spelling).
 template <class Ctx>
-using kind_of_context_t = typename std::remove_cvref_t<Ctx>::device_kind;
+struct kind_of_context {
+  using type = typename Ctx::kind_type;  ///< the kind
+};
+template <class Ctx>
+  requires(!requires { typename Ctx::kind_type; } && requires { typename Ctx::device_kind; })
+struct kind_of_context<Ctx> {
+  using type = typename Ctx::device_kind;  ///< the kind, under the former spelling
+};
+}  // namespace detail
+
+/// The device kind an execution context runs on (its `kind_type` member: cpus for host_context,
+/// gpus for cuda_context).
+template <class Ctx>
+using kind_of_context_t = typename detail::kind_of_context<std::remove_cvref_t<Ctx>>::type;
 
 /// `rows()` rows of a batch, each one `Shape` of T stored contiguously (row-major; an image row
 /// `shape<C, H, W>` is channel-major), on device kind Kind. A view whose data is null is empty:
@@ -28,7 +45,7 @@ class rows_view {
 public:
   using element_type = T;    ///< element type (const T for a read-only view)
   using shape_type = Shape;  ///< the shape of one row
-  using device_kind = Kind;  ///< where the elements live
+  using kind_type = Kind;  ///< where the elements live
   static constexpr std::size_t width = Shape::size;  ///< elements per row
 
   /// An empty view (no data, no rows).

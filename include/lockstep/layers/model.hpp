@@ -22,9 +22,6 @@
 
 namespace lockstep {
 
-/// Train or evaluation mode of a forward pass.
-enum class mode { train, eval };
-
 /// The no-op backward hook: called after each top-level layer's gradients are final.
 struct no_layer_hook {
   /// Does nothing.

@@ -8,8 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include <lockstep/layers/shape.hpp>
-#include <lockstep/layers/views.hpp>
+#include <lockstep/core/shape.hpp>
+#include <lockstep/core/views.hpp>
 
 namespace lockstep {
 
@@ -29,9 +29,9 @@ struct targets {
 /// shape Shape (the model's output row): typed views of the outputs and of where the gradient goes.
 template <class T, class Ctx, class Shape>
 struct loss_args {
-  using kind = kind_of_context_t<Ctx>;                  ///< the device kind every pointer lives on
-  using output_view = rows_view<const T, Shape, kind>;  ///< type of out
-  using grad_view = rows_view<T, Shape, kind>;          ///< type of grad
+  using kind_type = kind_of_context_t<Ctx>;             ///< the device kind every pointer lives on
+  using output_view = rows_view<const T, Shape, kind_type>;  ///< type of out
+  using grad_view = rows_view<T, Shape, kind_type>;          ///< type of grad
   output_view out;                 ///< the network's output rows (may be 0 rows)
   lockstep::targets<T> target;     ///< what each row is compared with
   grad_view grad;                  ///< where the gradient of the sum goes; empty in evaluation

@@ -147,7 +147,7 @@ struct cuda_context_deleter {
 /// context makes its device current on the calling thread, so buffers allocated next land on it.
 class cuda_context {
 public:
-  using device_kind = gpus;  ///< the kind of device this context runs on
+  using kind_type = gpus;  ///< the kind of device this context runs on
   /// A context on CUDA device `ordinal` (throws device_error when the device is not usable).
   explicit cuda_context(int ordinal = 0, cuda_options options = {}) {
     const int n = cuda_device_count();
