@@ -96,12 +96,15 @@ struct first_device_of<gpus> {
   using type = gpu<0>;  ///< GPU replicas
 };
 
-/// True when Reducer serves replicas of kind Kind: its `supports` for a device of the kind (its
-/// aggregation device when that is of the kind, else device 0).
+/// True when Reducer serves replicas of kind Kind: its `supports_kind<Kind>` when it says, else
+/// its `supports` for a device of the kind (its aggregation device when that is of the kind, else
+/// device 0; a kind without device tags is vouched for by its backend).
 template <class Reducer, class Kind>
 constexpr bool reducer_serves_kind() {
   using D = typename first_device_of<Kind>::type;
-  if constexpr (std::is_void_v<D>) {
+  if constexpr (requires { { Reducer::template supports_kind<Kind> } -> std::convertible_to<bool>; }) {
+    return Reducer::template supports_kind<Kind>;
+  } else if constexpr (std::is_void_v<D>) {
     return true;  // a kind the library does not know: its backend vouches for its reducers
   } else {
     if constexpr (requires { typename Reducer::aggregation_device; }) {

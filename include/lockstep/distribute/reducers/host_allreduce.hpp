@@ -23,6 +23,9 @@ public:
   /// Serves any set of host devices.
   template <class... Ds>
   static constexpr bool supports = (is_cpu_v<Ds> && ...);
+  /// Serves the replicas of a kind whose memory the host reads and writes.
+  template <class Kind>
+  static constexpr bool supports_kind = device_memory<Kind>::host_accessible;
   /// A reducer for `c.replicas` replicas.
   explicit host_allreduce(const reducer_config& c = {}) : host_reducer_base(c, 0) {}
   /// Replica `replica` contributes `count` elements at `data` to bucket `bucket` (in-place sum).

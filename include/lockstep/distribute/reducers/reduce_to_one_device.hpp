@@ -33,6 +33,12 @@ public:
   template <class... Ds>
   static constexpr bool supports = ((is_cpu_v<Ds> && ...) && (std::is_same_v<D, Ds> || ...)) ||
                                    (is_cpu_v<D> && sizeof...(Ds) >= 1 && (detail::host_aggregation_serves<Ds> && ...));
+  /// Serves the replicas of kind Kind: host memory, or (D a host device) a kind whose backend
+  /// aggregates on the host.
+  template <class Kind>
+  static constexpr bool supports_kind =
+      device_memory<Kind>::host_accessible ||
+      (is_cpu_v<D> && detail::host_aggregation<std::remove_const_t<context_t<Kind>>>::enabled);
   /// A reducer aggregating on replica `c.root` (the strategy sets it to D's position).
   explicit reduce_to_one_device(const reducer_config& c = {}) : host_reducer_base(c, c.root), staging_(c.replicas) {}
   /// Replica `replica` contributes `count` elements at `data` to bucket `bucket` (in-place sum).
