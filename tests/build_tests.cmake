@@ -64,3 +64,4 @@ add_test(NAME build/collective_ids_one_owner
          COMMAND ${CMAKE_COMMAND} -DINCLUDE_DIR=${PROJECT_SOURCE_DIR}/include
                  -P ${CMAKE_CURRENT_SOURCE_DIR}/build/check_collective_ids.cmake)
 set_tests_properties(build/collective_ids_one_owner PROPERTIES LABELS "build")
+

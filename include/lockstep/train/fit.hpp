@@ -547,14 +547,31 @@ public:
     ckpt_->save(st);
   }
 
-  history h;                          ///< the result
-  training_control ctl;               ///< what callbacks see and change
-  float lr = 0;                       ///< the rate of the last update (the checkpoint's when resuming)
-  std::uint64_t start_epoch = 0;      ///< the first epoch to run
-  std::uint64_t batches = 0;          ///< global batches of the epoch in progress consumed so far
-  std::uint64_t to_skip = 0;          ///< batches of this epoch consumed before the checkpoint
+  /// The first epoch to run (the checkpoint's when resuming).
+  [[nodiscard]] std::uint64_t first_epoch() const noexcept { return start_epoch; }
+  /// True (and counts the batch as consumed) while the epoch's batches are those consumed before
+  /// the checkpoint being resumed.
+  bool skip_consumed() noexcept {
+    if (batches >= to_skip) return false;
+    ++batches;
+    return true;
+  }
+  /// The learning rate of the update after `step` updates (rate_at), remembered as the last rate.
+  float next_rate(std::uint64_t step) {
+    lr = rate_at(step);
+    return lr;
+  }
+  /// The run's history (the session is done with it).
+  [[nodiscard]] history take_history() noexcept { return std::move(h); }
 
 private:
+  history h;                          // the result
+  training_control ctl;               // what callbacks see and change
+  float lr = 0;                       // the rate of the last update (the checkpoint's when resuming)
+  std::uint64_t start_epoch = 0;      // the first epoch to run
+  std::uint64_t batches = 0;          // global batches of the epoch in progress consumed so far
+  std::uint64_t to_skip = 0;          // batches of this epoch consumed before the checkpoint
+
   const fit_options& o_;
   std::size_t replicas_;
   bool chief_ = true;
@@ -616,18 +633,14 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
       run.save(capture(m, optimizer), epoch, batches, model_seed(m, o));
     }
   };
-  for (std::uint64_t e = run.start_epoch; run.runs(e, m.step()); ++e) {
+  for (std::uint64_t e = run.first_epoch(); run.runs(e, m.step()); ++e) {
     run.begin_epoch(e);
     for (auto&& b : train.epoch(e)) {
-      if (run.batches < run.to_skip) {  // resume: these batches were consumed before the checkpoint
-        ++run.batches;
-        continue;
-      }
+      if (run.skip_consumed()) continue;  // resume: these batches were consumed before the checkpoint
       const data::distributed_batch db =
           data::detail::make_sharded(std::move(b), plan.parts, plan.first, s.num_replicas());
-      run.lr = run.rate_at(m.step());
       Optimizer opt = optimizer;
-      opt.lr = run.lr;
+      opt.lr = run.next_rate(m.step());
       const step_stats r = s.train_step(m, opt, loss, db);
       if (run.end_step(r, m.step(), save)) break;
     }
@@ -640,7 +653,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
     }
     run.end_epoch(st, finished, save);
   }
-  return std::move(run.h);
+  return run.take_history();
 }
 
 }  // namespace detail
