@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace lockstep_test;
@@ -111,7 +112,7 @@ void check_optimizer(const char* name, const Opt& opt, std::size_t n) {
 
 }  // namespace
 
-TEST_CASE("cuda: a failed CUDA or cuBLAS call is a device_error naming the call, file:line and message") {
+TEST_CASE("host: a failed CUDA or cuBLAS call is a device_error naming the call, file:line and message") {
   try {
     LOCKSTEP_CUDA_CHECK(cudaErrorInvalidValue);
     FAIL("no exception");
@@ -131,7 +132,7 @@ TEST_CASE("cuda: a failed CUDA or cuBLAS call is a device_error naming the call,
   }
 }
 
-TEST_CASE("cuda: a context on a device that does not exist is a device_error naming the ordinal") {
+TEST_CASE("host: a context on a device that does not exist is a device_error naming the ordinal") {
   const int n = ls::backend::cuda_device_count();
   try {
     ls::cuda_context ctx(n);
@@ -144,7 +145,7 @@ TEST_CASE("cuda: a context on a device that does not exist is a device_error nam
   CHECK_THROWS_AS(ls::cuda_context(-1), ls::device_error);
 }
 
-TEST_CASE("cuda: gemm matches a double reference for every transpose, padded strides and k = 0") {
+TEST_CASE("gpu: gemm matches a double reference for every transpose, padded strides and k = 0") {
   LOCKSTEP_REQUIRE_GPUS(1);
   ls::cuda_context ctx(0);
   struct shape {
@@ -176,7 +177,7 @@ TEST_CASE("cuda: gemm matches a double reference for every transpose, padded str
         }
 }
 
-TEST_CASE("cuda: elementwise ops, broadcast, column sums and sum match the host") {
+TEST_CASE("gpu: elementwise ops, broadcast, column sums and sum match the host") {
   LOCKSTEP_REQUIRE_GPUS(1);
   ls::cuda_context ctx(0);
   ls::host_context hc;
@@ -237,7 +238,7 @@ TEST_CASE("cuda: elementwise ops, broadcast, column sums and sum match the host"
   }
 }
 
-TEST_CASE("cuda: staged shards arrive intact and each stays valid until the second stage after it") {
+TEST_CASE("gpu: staged shards arrive intact and may be read by work queued before the next stage") {
   LOCKSTEP_REQUIRE_GPUS(1);
   ls::cuda_context ctx(0);
   auto make = [](std::size_t rows, std::uint64_t stream) {
@@ -248,25 +249,38 @@ TEST_CASE("cuda: staged shards arrive intact and each stays valid until the seco
   const auto [fa, la, ta] = make(9, 1);
   const auto [fb, lb, tb] = make(300, 2);  // larger: the second slot grows
   const auto [fc, lc, tc] = make(4, 3);
+  const auto [fe, le, te] = make(500, 5);  // larger still: the first slot grows under pending work
+  ls::buffer<float, ls::gpu<0>> out(fe.size());
   const auto a = ctx.stage_shard(fa.data(), fa.size(), la.data(), la.size(), ta.data(), ta.size());
-  const auto b = ctx.stage_shard(fb.data(), fb.size(), lb.data(), lb.size(), nullptr, 0);
-  CHECK(b.targets == nullptr);
   CHECK(to_host(ctx, a.features, fa.size()) == fa);
   CHECK(to_host(ctx, a.labels, la.size()) == la);
   CHECK(to_host(ctx, a.targets, ta.size()) == ta);
+  // Work reading a, queued before the next stage, that runs late: the stage after next reuses a's
+  // slot, and its copy must wait for this work.
+  spin_then_copy(ctx.compute_stream(), 200, a.features, out.data(), fa.size());
+  const auto b = ctx.stage_shard(fb.data(), fb.size(), lb.data(), lb.size(), nullptr, 0);
+  CHECK(b.targets == nullptr);
+  const auto c = ctx.stage_shard(fc.data(), fc.size(), lc.data(), lc.size(), tc.data(), tc.size());
+  CHECK(to_host(ctx, out.data(), fa.size()) == fa);
   CHECK(to_host(ctx, b.features, fb.size()) == fb);
   CHECK(to_host(ctx, b.labels, lb.size()) == lb);
-  const auto c = ctx.stage_shard(fc.data(), fc.size(), lc.data(), lc.size(), tc.data(), tc.size());
   CHECK(to_host(ctx, c.features, fc.size()) == fc);
   CHECK(to_host(ctx, c.labels, lc.size()) == lc);
   CHECK(to_host(ctx, c.targets, tc.size()) == tc);
-  CHECK(to_host(ctx, b.features, fb.size()) == fb);
+  // The same when the reused slot must grow (it is freed only after the work reading it).
+  spin_then_copy(ctx.compute_stream(), 200, c.features, out.data(), fc.size());
+  const auto d = ctx.stage_shard(fa.data(), fa.size(), nullptr, 0, nullptr, 0);
+  const auto e = ctx.stage_shard(fe.data(), fe.size(), le.data(), le.size(), te.data(), te.size());
+  CHECK(to_host(ctx, out.data(), fc.size()) == fc);
+  CHECK(to_host(ctx, d.features, fa.size()) == fa);
+  CHECK(to_host(ctx, e.features, fe.size()) == fe);
+  CHECK(to_host(ctx, e.targets, te.size()) == te);
   const auto empty = ctx.stage_shard(nullptr, 0, nullptr, 0, nullptr, 0);
   CHECK(empty.features == nullptr);
   CHECK(empty.labels == nullptr);
 }
 
-TEST_CASE("cuda: every layer's forward and backward match the host within 1e-5") {
+TEST_CASE("gpu: every layer's forward and backward match the host within 1e-5") {
   LOCKSTEP_REQUIRE_GPUS(1);
   check_layer_all_batches<ls::dense<13, 7>, 13>("dense<13, 7>");
   check_layer_all_batches<ls::dense<1, 1>, 1>("dense<1, 1>");
@@ -297,7 +311,7 @@ TEST_CASE("cuda: every layer's forward and backward match the host within 1e-5")
                           32>("small CNN");
 }
 
-TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the device too") {
+TEST_CASE("gpu: losses match the host, and a bad label is a data_error on the device too") {
   LOCKSTEP_REQUIRE_GPUS(1);
   ls::cuda_context ctx(0);
   ls::host_context hc;
@@ -375,7 +389,7 @@ TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the d
                   ls::data_error);
 }
 
-TEST_CASE("cuda: optimisers match the host within 1e-5") {
+TEST_CASE("gpu: optimisers match the host within 1e-5") {
   LOCKSTEP_REQUIRE_GPUS(1);
   for (std::size_t n : {1u, 1000u, 70001u}) {
     check_optimizer("sgd", ls::sgd{.lr = 0.1f}, n);

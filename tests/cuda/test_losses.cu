@@ -10,7 +10,7 @@
 
 using namespace lockstep_test;
 
-TEST_CASE("cuda: softmax cross-entropy of confident rows matches a double reference") {
+TEST_CASE("gpu: softmax cross-entropy of confident rows matches a double reference") {
   LOCKSTEP_REQUIRE_GPUS(1);
   ls::cuda_context ctx(0);
   auto rows = xent_ref::confident_rows();

@@ -217,8 +217,12 @@ public:
   /// Copies one shard's features, labels and targets (any may be empty) to the device through
   /// the next of two pinned staging slots: a host copy into pinned memory, then an asynchronous
   /// copy on the copy stream that the compute stream waits for. The copy of this shard overlaps
-  /// whatever the compute stream still runs from the previous one. The returned pointers stay
-  /// valid until the second stage_shard call after this one.
+  /// whatever the compute stream still runs from the previous one.
+  /// The returned pointers may be read by work queued on the compute stream before the NEXT
+  /// stage_shard call: the call after that reuses this slot, and its copy waits (on the device)
+  /// for exactly that work, no later work. (A replica queues all the work of a shard before it
+  /// stages the next one.) The host waits only when a slot's previous copy is still running, or
+  /// when a slot grows.
   staged_shard stage_shard(const float* features, std::size_t feature_count, const std::int32_t* labels,
                            std::size_t label_count, const float* targets, std::size_t target_count) const {
     const std::size_t fb = features ? feature_count * sizeof(float) : 0;
