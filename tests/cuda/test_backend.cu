@@ -399,3 +399,61 @@ TEST_CASE("gpu: optimisers match the host within 1e-5") {
     check_optimizer("adamw", ls::adamw{}, n);
   }
 }
+
+TEST_CASE("host: the device-memory check names the first replica that does not fit and the bytes") {
+  // Fake devices: 0 has 1000 bytes free of 5000, 1 has 250 free of 4000.
+  auto memory = [](int dev) {
+    return dev == 0 ? std::pair<std::size_t, std::size_t>{1000, 5000} : std::pair<std::size_t, std::size_t>{250, 4000};
+  };
+  using ls::backend::detail::replica_memory_shortfall;
+  CHECK(replica_memory_shortfall({0, 0, 0, 0}, 250, memory).empty());  // 4 x 250 fit in 1000 exactly
+  CHECK(replica_memory_shortfall({}, 250, memory).empty());
+  const std::string shared = replica_memory_shortfall({0, 0, 0, 0, 0}, 250, memory);
+  CAPTURE(shared);
+  CHECK(shared.find("replica 4 needs 250 bytes on CUDA device 0") != std::string::npos);
+  CHECK(shared.find("4 earlier replica(s) on that device took 1000 bytes") != std::string::npos);
+  CHECK(shared.find("1000 bytes free of 5000") != std::string::npos);
+  const std::string second = replica_memory_shortfall({0, 1, 1}, 200, memory);
+  CAPTURE(second);
+  CHECK(second.find("replica 2 needs 200 bytes on CUDA device 1") != std::string::npos);
+  CHECK(second.find("250 bytes free of 4000") != std::string::npos);
+  int asked = 0;
+  (void)replica_memory_shortfall({1, 1, 0, 1}, 1, [&](int dev) {
+    ++asked;
+    return memory(dev);
+  });
+  CHECK(asked == 2);  // once per device
+}
+
+TEST_CASE("gpu: replicate refuses a model larger than the GPU's free memory, naming the replica and the bytes") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  using huge = ls::sequential<ls::dense<200000, 200000>>;  // 4e10 parameters: 320 GB with gradients
+  ls::one_device<ls::gpu<0>> s;
+  try {
+    auto m = s.replicate<huge>(ls::seed{1});
+    FAIL("no exception");
+  } catch (const ls::device_error& e) {
+    const std::string m = e.what();
+    CAPTURE(m);
+    CHECK(m.find("replica 0 needs " + std::to_string(2 * ls::one_device<ls::gpu<0>>::model_type<huge>::param_count * sizeof(float)) + " bytes") !=
+          std::string::npos);
+    CHECK(m.find("bytes free of") != std::string::npos);
+  }
+}
+
+TEST_CASE("gpu: strategy_options::tf32 reaches every replica's cuBLAS handle") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  using net = ls::sequential<ls::dense<8, 4>>;
+  for (const bool tf32 : {false, true}) {
+    CAPTURE(tf32);
+    ls::mirrored<ls::gpu<0>, ls::gpu<0>> s{ls::strategy_options{.tf32 = tf32}};
+    auto m = s.replicate<net>(ls::seed{1});
+    for (std::size_t r = 0; r < 2; ++r) {
+      auto& ctx = m.replica(r).context();
+      CHECK(ctx.options().tf32 == tf32);
+      cublasMath_t mode{};
+      LOCKSTEP_CUBLAS_CHECK(cublasGetMathMode(ctx.blas_handle(), &mode));
+      CHECK(((mode & CUBLAS_TF32_TENSOR_OP_MATH) != 0) == tf32);
+    }
+  }
+}

@@ -395,7 +395,7 @@ public:
     std::vector<context_type> contexts;
     for (const std::size_t o : ordinals_)
       contexts.push_back(
-          backend_traits<Kind>::make_context(o, replica_settings{options_.blas_threads, options_.flush_denormals}));
+          backend_traits<Kind>::make_context(o, replica_settings{options_.blas_threads, options_.flush_denormals, options_.tf32}));
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
     collective_ids::check_buckets(m.buckets().size, "lockstep::multi_worker");
     if constexpr (device_memory<Kind>::host_accessible) channel_.reserve_floats(m.stored_count);
