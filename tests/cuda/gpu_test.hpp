@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <cstddef>
@@ -74,6 +76,15 @@ template <int = 0>
 void spin_then_copy(cudaStream_t s, int ms, const float* src = nullptr, float* dst = nullptr, std::size_t n = 0) {
   detail::spin_then_copy_kernel<><<<4, 256, 0, s>>>(static_cast<unsigned long long>(ms) * 1000000ull, src, dst, n);
   LOCKSTEP_CUDA_CHECK(cudaGetLastError());
+}
+
+// A collective timeout for a test: `ms` times LOCKSTEP_TEST_TIMEOUT_SCALE (a positive integer,
+// default 1). scripts/gpu-check.sh raises it under compute-sanitizer, which slows kernels and the
+// host calls around them alike.
+inline std::chrono::milliseconds test_timeout(long ms) {
+  const char* s = std::getenv("LOCKSTEP_TEST_TIMEOUT_SCALE");
+  const long scale = s ? std::strtol(s, nullptr, 10) : 1;
+  return std::chrono::milliseconds(ms * (scale > 0 ? scale : 1));
 }
 
 // n pseudo-random floats in [lo, hi) from a counter-based stream (reproducible).

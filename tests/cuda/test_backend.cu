@@ -8,6 +8,7 @@
 #include <lockstep/testing/drive.hpp>
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -456,4 +457,61 @@ TEST_CASE("gpu: strategy_options::tf32 reaches every replica's cuBLAS handle") {
       CHECK(((mode & CUBLAS_TF32_TENSOR_OP_MATH) != 0) == tf32);
     }
   }
+}
+
+namespace {
+// The file of the first shared library mapped into this process whose name contains `name`
+// ("not loaded" when none is).
+std::string loaded_library(const std::string& name) {
+  std::FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (!maps) return "unknown";
+  char line[4096];
+  std::string found = "not loaded";
+  while (std::fgets(line, sizeof line, maps)) {
+    const std::string l(line);
+    const auto slash = l.find('/');
+    if (slash != std::string::npos && l.find(name, slash) != std::string::npos) {
+      found = l.substr(slash, l.find_last_not_of("\n") + 1 - slash);
+      break;
+    }
+  }
+  std::fclose(maps);
+  return found;
+}
+}  // namespace
+
+TEST_CASE("host: the CUDA driver, runtime, cuBLAS and NCCL this program loaded") {
+  // scripts/gpu-check.sh records these lines: the libraries actually loaded, not the headers'.
+  int driver = 0, runtime = 0;
+  (void)cudaDriverGetVersion(&driver);  // 0 without a driver
+  (void)cudaGetLastError();
+  REQUIRE(cudaRuntimeGetVersion(&runtime) == cudaSuccess);
+  CHECK(runtime >= 12000);
+  int major = 0, minor = 0, patch = 0;
+  REQUIRE(cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS);
+  std::printf("lockstep-env: cuda_driver=%d cuda_runtime=%d devices=%d\n", driver, runtime,
+              ls::backend::cuda_device_count());
+  if (ls::backend::cuda_device_count() == 0)
+    std::printf("lockstep-env: no CUDA device: %s\n", ls::backend::cuda_unavailable_reason().c_str());
+  std::printf("lockstep-env: cublas=%d.%d.%d cublas_library=%s\n", major, minor, patch,
+              loaded_library("libcublas.so").c_str());
+#if defined(LOCKSTEP_HAS_NCCL)
+  const int nccl = ls::detail::nccl_runtime_version();
+  std::printf("lockstep-env: nccl=%d nccl_headers=%d nccl_library=%s nccl_revoke=%s\n", nccl, NCCL_VERSION_CODE,
+              loaded_library("libnccl.so").c_str(), ls::detail::nccl_revoke_function(nccl) ? "yes" : "no");
+#else
+  std::printf("lockstep-env: nccl=none (built without NCCL)\n");
+#endif
+  for (int d = 0; d < ls::backend::cuda_device_count(); ++d) {
+    cudaDeviceProp p{};
+    REQUIRE(cudaGetDeviceProperties(&p, d) == cudaSuccess);
+    std::string name = p.name;
+    for (char& c : name)
+      if (c == ' ') c = '_';  // one key=value word
+    std::printf("lockstep-env: device=%d name=%s sm=%d%d memory_bytes=%zu\n", d, name.c_str(), p.major, p.minor,
+                p.totalGlobalMem);
+  }
+  std::fflush(stdout);
 }

@@ -50,7 +50,7 @@ TEST_CASE("gpu: reduce_to_one_device<cpu<0>>: a broadcast right after a sum wait
   // broadcast that did not wait for the stream would overwrite the sum before it is copied.
   using R = ls::reduce_to_one_device<ls::cpu<0>>;
   constexpr std::size_t count = 1u << 20;
-  R red(ls::reducer_config{2, 20'000ms});
+  R red(ls::reducer_config{2, test_timeout(20'000)});
   ls::cuda_context ctx[2] = {ls::cuda_context(0), ls::cuda_context(0)};
   std::vector<ls::buffer<float, ls::gpu<0>>> grad, param;
   for (int r = 0; r < 2; ++r) {
@@ -114,7 +114,7 @@ TEST_CASE("multigpu: NCCL: a peer that fails before its first collective release
   // Replica 0 enters its first ncclAllReduce (NCCL connects the peers then); replica 1 fails
   // before calling NCCL (its bucket length disagrees) and the strategy's abort follows. Replica 0
   // must leave within the timeout, and the reducer works again after reset().
-  ls::nccl_allreduce red(ls::reducer_config{2, 20'000ms});
+  ls::nccl_allreduce red(ls::reducer_config{2, test_timeout(20'000)});
   ls::cuda_context ctx[2] = {ls::cuda_context(0), ls::cuda_context(1)};
   std::vector<ls::buffer<float, ls::gpu<0>>> data;
   for (int r = 0; r < 2; ++r) {
@@ -139,7 +139,7 @@ TEST_CASE("multigpu: NCCL: a peer that fails before its first collective release
     }
   }));
   CHECK(released.load() == 1);
-  CHECK(std::chrono::steady_clock::now() - started < 15s);
+  CHECK(std::chrono::steady_clock::now() - started < test_timeout(15'000));
   red.reset();
   on_two_threads([&](std::size_t r) {
     ctx[r].activate();
@@ -156,7 +156,7 @@ TEST_CASE("multigpu: NCCL: an abort from another thread while replicas are insid
   LOCKSTEP_REQUIRE_GPUS(2);
   // abort() takes the communicators exclusively (no NCCL call blocks), so it never revokes or
   // frees one under a replica's NCCL call; every replica leaves with the sum or collective_aborted.
-  ls::nccl_allreduce red(ls::reducer_config{2, 20'000ms});
+  ls::nccl_allreduce red(ls::reducer_config{2, test_timeout(20'000)});
   ls::cuda_context ctx[2] = {ls::cuda_context(0), ls::cuda_context(1)};
   std::vector<ls::buffer<float, ls::gpu<0>>> data;
   for (int r = 0; r < 2; ++r) {

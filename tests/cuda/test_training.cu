@@ -93,7 +93,7 @@ void check_against_host(const char* name) {
 template <class S>
 void check_exact_sums_and_release(std::initializer_list<std::size_t> counts = {0, 1, 257, 1801}) {
   static_assert(S::replica_count == 3);
-  S s{ls::strategy_options{.timeout = std::chrono::milliseconds(5000)}};
+  S s{ls::strategy_options{.timeout = test_timeout(5000)}};
   auto m = s.template replicate<net>(ls::seed{1});
   const auto b = make_batch(0);
   for (std::size_t count : counts) {
