@@ -21,7 +21,7 @@
 #include <memory>
 #include <vector>
 
-#include <lockstep/backend/cuda.hpp>
+#include <lockstep/cuda.hpp>
 #include <lockstep/distribute/mirrored.hpp>
 #include <lockstep/lockstep.hpp>
 

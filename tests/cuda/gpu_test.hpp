@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include <lockstep/backend/cuda.hpp>
+#include <lockstep/cuda.hpp>
 #include <lockstep/lockstep.hpp>
 
 namespace lockstep_test {

@@ -19,6 +19,26 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// Another accelerator's kind and its device tags: the GPU reducers and their default selections are
+// keyed on the kind type gpus, so they never serve it, whatever it resembles.
+struct npus {
+  using kind_type = npus;
+};
+template <std::size_t I>
+struct npu {
+  static constexpr std::size_t ordinal = I;
+  using kind_type = npus;
+};
+static_assert(!ls::is_gpu_v<npu<0>> && !ls::all_of_kind_v<ls::gpus, npu<0>, npu<1>>);
+static_assert(!ls::same_device_allreduce::supports<npu<0>, npu<0>>);
+static_assert(!ls::reduce_to_one_device<ls::gpu<0>>::supports<npu<0>, ls::gpu<0>>);
+static_assert(!ls::reduce_to_one_device<ls::cpu<0>>::supports<npu<0>, npu<1>>);
+static_assert(ls::same_device_allreduce::supports<ls::gpu<0>, ls::gpu<0>>);
+#if defined(LOCKSTEP_HAS_NCCL)
+static_assert(!ls::nccl_allreduce::supports<npu<0>, npu<1>> && ls::nccl_allreduce::supports<ls::gpu<0>, ls::gpu<1>>);
+#endif
+static_assert(ls::default_reducers_for<ls::gpus>::value && !ls::default_reducers_for<npus>::value);
+
 // Runs fn(0) and fn(1) on two threads and rethrows the first exception of each, in order.
 template <class F>
 void on_two_threads(const F& fn) {

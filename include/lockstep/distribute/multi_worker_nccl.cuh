@@ -47,6 +47,8 @@
 #include <vector>
 
 #include <lockstep/backend/cuda.hpp>
+#include <lockstep/distribute/reducers/detail/cuda_common.hpp>
+#include <lockstep/distribute/reducers/detail/nccl.hpp>
 #include <lockstep/distribute/mpi.hpp>
 #include <lockstep/distribute/multi_worker.hpp>
 

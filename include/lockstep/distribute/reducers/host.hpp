@@ -9,7 +9,7 @@
 ///    other replica copies the result ("aggregate on one device, then broadcast").
 /// Both give bitwise-identical sums, which do not depend on thread timing (run_to_run).
 /// A backend may let `reduce_to_one_device<cpu<I>>` aggregate its own replicas on the host (GPU
-/// replicas through pinned memory: lockstep/distribute/reducers/cuda_reducers.cuh) by
+/// replicas through pinned memory: lockstep/distribute/reducers/host_staged.hpp) by
 /// specialising `detail::host_aggregation` for its context type; host builds never see it.
 
 #include <algorithm>
@@ -159,7 +159,7 @@ public:
 /// then the others copy the result. Simple, but the aggregating thread does N times the work.
 /// With the CUDA backend, `reduce_to_one_device<cpu<I>>` also serves gpu<I> replicas (the host
 /// sums their buckets in pinned memory) and `reduce_to_one_device<gpu<K>>` is specialised for
-/// GPU replicas (lockstep/distribute/reducers/cuda_reducers.cuh).
+/// GPU replicas (lockstep/distribute/reducers/host_staged.hpp and to_one_device_gpu.cuh).
 template <class D>
 class reduce_to_one_device : public detail::host_reducer_base {
 public:
