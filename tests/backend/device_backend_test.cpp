@@ -130,7 +130,18 @@ static_assert(!ls::device_backend<int>);
 namespace {
 
 using net = ls::sequential<ls::dense<12, 16>, ls::tanh, ls::dropout<1, 4>, ls::dense<16, 4>>;
-using on_cells = ls::basic_mirrored<ls::host_allreduce, ls::determinism::run_to_run, archetype::cells>;
+// The archetype's memory is host memory in fact, declared not host-accessible, so the library's
+// host_allreduce refuses it; its own reducer runs the same host engine (a user-defined reducer).
+struct cells_reducer : ls::host_allreduce {
+  using host_allreduce::host_allreduce;
+  template <class... Ds>
+  static constexpr bool supports = true;
+  template <class Ctx, class T>
+  void start(std::size_t replica, Ctx&, T* data, std::size_t count, std::size_t bucket) {
+    comm_.start(replica, bucket, data, count, &ls::detail::allreduce_work<T>);
+  }
+};
+using on_cells = ls::basic_mirrored<cells_reducer, ls::determinism::run_to_run, archetype::cells>;
 
 auto samples() {
   std::vector<float> x(60 * 12);

@@ -23,6 +23,7 @@
 
 #include <lockstep/core/device.hpp>
 #include <lockstep/distribute/detail/host_comm.hpp>
+#include <lockstep/memory/resource.hpp>
 #include <lockstep/distribute/reducer.hpp>
 
 namespace lockstep {
@@ -83,6 +84,12 @@ void reduce_to_root_work(host_comm& c, std::size_t r, std::size_t bucket, std::s
     if (count) std::memcpy(c.pointer(bucket, r), c.pointer(bucket, root), count * sizeof(T));
   }
 }
+
+/// True when the replicas whose context is Ctx keep their data in memory the host can read (the
+/// kind's device_memory says host_accessible).
+template <class Ctx>
+inline constexpr bool host_readable_context_v =
+    device_memory<typename std::remove_cvref_t<Ctx>::device_kind>::host_accessible;
 
 /// Host memory in which a backend stages device data for reduce_to_one_device<cpu<I>>
 /// (type-erased, so host builds need no backend headers).
@@ -151,6 +158,10 @@ public:
   template <class Ctx, class T>
   void start(std::size_t replica, Ctx&, T* data, std::size_t count, std::size_t bucket) {
     static_assert(std::is_arithmetic_v<T>, "lockstep::host_allreduce sums arithmetic elements");
+    static_assert(detail::host_readable_context_v<Ctx>,
+                  "lockstep::host_allreduce sums memory the host can read, and this kind's device_memory says it "
+                  "cannot (host_accessible = false): use the reducer its backend provides, or "
+                  "reduce_to_one_device<cpu<I>> where its backend stages buckets through host memory");
     comm_.start(replica, bucket, data, count, &detail::allreduce_work<T>);
   }
 };
@@ -177,6 +188,10 @@ public:
   void start(std::size_t replica, Ctx& ctx, T* data, std::size_t count, std::size_t bucket) {
     static_assert(std::is_arithmetic_v<T>, "lockstep::reduce_to_one_device sums arithmetic elements");
     using path = detail::host_aggregation<std::remove_const_t<Ctx>>;
+    static_assert(path::enabled || detail::host_readable_context_v<Ctx>,
+                  "lockstep::reduce_to_one_device sums memory the host can read, and this kind's device_memory says "
+                  "it cannot (host_accessible = false) while its backend does not stage buckets through host memory "
+                  "(detail::host_aggregation): use the reducer its backend provides");
     if constexpr (path::enabled)
       path::start(comm_, staging_.at(replica), replica, ctx, data, count, bucket);
     else
