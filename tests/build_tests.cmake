@@ -64,3 +64,10 @@ add_test(NAME build/collective_ids_one_owner
          COMMAND ${CMAKE_COMMAND} -DINCLUDE_DIR=${PROJECT_SOURCE_DIR}/include
                  -P ${CMAKE_CURRENT_SOURCE_DIR}/build/check_collective_ids.cmake)
 set_tests_properties(build/collective_ids_one_owner PROPERTIES LABELS "build")
+
+# --- backend/ sits below the layers that use it ---------------------------------------------------
+# No file in backend/ includes distribute/, losses/, train/ or io/ (a backend primitive that a
+# loss uses is declared in backend/, e.g. backend/softmax_xent.hpp).
+add_test(NAME build/backend_includes_no_upper_layer
+         COMMAND sh -c "! grep -rnE '#[[:space:]]*include[[:space:]]*<lockstep/(distribute|losses|train|io)/' '${PROJECT_SOURCE_DIR}/include/lockstep/backend'")
+set_tests_properties(build/backend_includes_no_upper_layer PROPERTIES LABELS "build")
