@@ -128,6 +128,8 @@ public:
     std::unique_lock<std::shared_timed_mutex> use(use_, std::defer_lock);
     if (!use.try_lock_for(timeout_)) return;  // a replica is still inside an NCCL call: reset() aborts
     std::lock_guard<std::mutex> lock(m_);
+    if (stopped_) return;  // another replica's abort got here first
+    stopped_ = true;
     if (!detail::nccl_revoke_all(comms_, revoke_)) detail::nccl_abort_all(comms_);
   }
   /// Ready again after a failure (no replica may be inside): the communicators are aborted and
@@ -248,6 +250,7 @@ private:
     if (failed_) detail::nccl_abort_all(comms_);
     else (void)detail::nccl_finalize_destroy(comms_, timeout_);
     failed_ = false;
+    stopped_ = false;
   }
 
   detail::device_rendezvous rv_;
@@ -256,6 +259,7 @@ private:
   std::vector<int> devices_;
   detail::nccl_revoke_fn revoke_;  // ncclCommRevoke when the NCCL loaded at run time has it
   bool failed_ = false;            // aborted: communicators unusable until reset()
+  bool stopped_ = false;           // their in-flight work was stopped (revoked or aborted) once
   std::mutex m_;                   // guards comms_ and failed_
   std::shared_timed_mutex use_;    // held shared while a replica is inside an NCCL call
 };
