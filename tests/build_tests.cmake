@@ -65,3 +65,9 @@ add_test(NAME build/collective_ids_one_owner
                  -P ${CMAKE_CURRENT_SOURCE_DIR}/build/check_collective_ids.cmake)
 set_tests_properties(build/collective_ids_one_owner PROPERTIES LABELS "build")
 
+# --- every header includes only what docs/architecture.md's layering table allows ----------------
+add_test(NAME build/layering
+         COMMAND ${CMAKE_COMMAND} -DINCLUDE_DIR=${PROJECT_SOURCE_DIR}/include
+                 -DDOC=${PROJECT_SOURCE_DIR}/docs/architecture.md
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/build/check_layering.cmake)
+set_tests_properties(build/layering PROPERTIES LABELS "build")

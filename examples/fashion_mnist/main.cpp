@@ -28,7 +28,7 @@
 #include <lockstep/data.hpp>
 #include <lockstep/lockstep.hpp>
 #ifdef LOCKSTEP_HAS_CUDA
-#include <lockstep/backend/cuda.hpp>
+#include <lockstep/cuda.hpp>
 #endif
 #ifdef LOCKSTEP_HAS_MPI
 #include <lockstep/distribute/multi_worker.hpp>

@@ -1,7 +1,7 @@
 #pragma once
 /// @file lockstep.hpp
-/// The umbrella header: everything a host program needs, the input pipeline included. CUDA parts
-/// come from <lockstep/backend/cuda.hpp> when building with LOCKSTEP_HAS_CUDA.
+/// The umbrella header: everything a host program needs, the input pipeline included. The GPU
+/// parts come from <lockstep/cuda.hpp> (nvcc, LOCKSTEP_HAS_CUDA).
 #include <lockstep/backend/context.hpp>
 #include <lockstep/backend/host.hpp>
 #include <lockstep/config.hpp>

@@ -12,11 +12,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <lockstep/backend/host/context.hpp>
 #include <lockstep/backend/host/ops.hpp>
 #include <lockstep/config.hpp>
 #include <lockstep/core/device.hpp>
+#include <lockstep/core/error.hpp>
 #include <lockstep/core/views.hpp>
 #include <lockstep/memory/resource.hpp>
 
@@ -26,6 +28,7 @@ namespace lockstep {
 struct replica_settings {
   int blas_threads = 1;          ///< host kinds: threads one replica's GEMMs may use
   bool flush_denormals = true;   ///< host kinds: the replica's thread flushes subnormal floats to zero
+  bool tf32 = false;             ///< GPU kinds: FP32 GEMMs may use TF32 tensor cores (host kinds refuse it)
 };
 
 /// What device kind Kind provides to the library. This primary template is chosen only for a
@@ -49,6 +52,9 @@ struct backend_traits<cpus> {
   static std::size_t device_count() { return static_cast<std::size_t>(allowed_cpu_count()); }
   /// The context of the replica on device `ordinal`.
   static context_type make_context(std::size_t, const replica_settings& s) {
+    if (s.tf32)
+      throw config_error("lockstep: strategy_options::tf32 applies to GPU replicas; cpu replicas compute FP32 GEMMs "
+                         "in FP32");
     return context_type(s.blas_threads, s.flush_denormals);
   }
 };
@@ -75,6 +81,16 @@ struct context_of {
 /// Shorthand for context_of<D>::type: host_context for every cpu<I>, cuda_context for every gpu<I>.
 template <class D>
 using context_t = typename context_of<D>::type;
+
+/// Before a strategy allocates its replicas on kind K: throws device_error naming the first
+/// replica that does not fit when K's backend can tell (`backend_traits<K>::check_memory(contexts,
+/// bytes)`: each replica needs `bytes` on its device, replicas sharing a device add up); does
+/// nothing for a kind without such a check (host memory).
+template <class K>
+void check_replica_memory(const std::vector<context_t<K>>& contexts, std::size_t bytes) {
+  if constexpr (requires { backend_traits<K>::check_memory(contexts, bytes); })
+    backend_traits<K>::check_memory(contexts, bytes);
+}
 
 namespace detail {
 /// An elementwise functor shaped like those layers pass to for_each_index (callable on host and device).

@@ -203,7 +203,9 @@ public:
     contexts.reserve(num_replicas());
     for (const std::size_t o : ordinals_)
       contexts.push_back(
-          backend_traits<Kind>::make_context(o, replica_settings{options_.blas_threads, options_.flush_denormals}));
+          backend_traits<Kind>::make_context(o, replica_settings{options_.blas_threads, options_.flush_denormals, options_.tf32}));
+    check_replica_memory<Kind>(contexts, (model_type<Net, T>::stored_count + model_type<Net, T>::param_count) * sizeof(T) +
+                                             reducer_.workspace_bytes(model_type<Net, T>::param_count * sizeof(T)));
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
     m.set_optimizer_sharding(options_.shard_optimizer);
     collective_ids::check_buckets(m.buckets().size, "lockstep::mirrored");

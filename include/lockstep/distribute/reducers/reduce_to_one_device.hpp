@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <lockstep/core/device.hpp>
+#include <lockstep/core/views.hpp>
 #include <lockstep/distribute/reducer.hpp>
 #include <lockstep/distribute/reducers/detail/host_aggregation.hpp>
 #include <lockstep/distribute/reducers/detail/host_sum.hpp>
@@ -46,6 +47,10 @@ public:
   void start(std::size_t replica, Ctx& ctx, T* data, std::size_t count, std::size_t bucket) {
     static_assert(std::is_arithmetic_v<T>, "lockstep::reduce_to_one_device sums arithmetic elements");
     using path = detail::host_aggregation<std::remove_const_t<Ctx>>;
+    static_assert(path::enabled || device_memory<kind_of_context_t<Ctx>>::host_accessible,
+                  "lockstep::reduce_to_one_device sums memory the host can read, and this kind's device_memory says "
+                  "it cannot (host_accessible = false) while its backend does not stage buckets through host memory "
+                  "(detail::host_aggregation): use the reducer its backend provides");
     if constexpr (path::enabled)
       path::start(comm_, staging_.at(replica), replica, ctx, data, count, bucket);
     else

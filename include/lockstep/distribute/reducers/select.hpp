@@ -4,7 +4,7 @@
 /// for a static device list and `select_kind_reducer_t<Kind>` for a run-time list of one kind.
 /// This file holds the rules every build has (one device: no aggregation) and the diagnosis of a
 /// set with no path; each backend adds its reducers' constrained specialisations beside them
-/// (host: reducers/host.hpp; GPUs: the CUDA reducers).
+/// (host: reducers/host.hpp; GPUs: reducers/gpu_selection.cuh).
 
 #include <cstddef>
 #include <type_traits>
@@ -15,6 +15,13 @@
 #include <lockstep/distribute/reducers/single_device.hpp>
 
 namespace lockstep {
+
+/// True when the reducers and default selections of device kind Kind are defined in this
+/// translation unit: a backend's reducer headers specialise it (the GPU kind's:
+/// <lockstep/cuda.hpp>), so the diagnosis can tell a missing include from a device set that has
+/// no path.
+template <class Kind>
+struct default_reducers_for : std::false_type {};
 
 namespace detail {
 /// T, as a type that depends on Ts (so a backend may still specialise templates of T before use).
@@ -29,7 +36,8 @@ struct no_reducer_diagnosis {
   static constexpr bool all_cpu = (is_cpu_v<Devices> && ...);
   static constexpr bool all_gpu = (is_gpu_v<Devices> && ...);
   static constexpr bool mixed = !all_cpu && !all_gpu && ((is_cpu_v<Devices> || is_gpu_v<Devices>) && ...);
-  static constexpr bool gpu_backend = backend_traits<typename dependent_type<gpus, Devices...>::type>::registered;
+  static constexpr bool gpu_backend = backend_traits<typename dependent_type<gpus, Devices...>::type>::registered &&
+                                      default_reducers_for<typename dependent_type<gpus, Devices...>::type>::value;
   static constexpr bool distinct_gpus = [] {
     if constexpr (!all_gpu) {
       return false;
@@ -96,8 +104,8 @@ constexpr bool diagnose_no_reducer() {
   static_assert(!why::mixed, "lockstep: no reducer for this device set: cpu<I> and gpu<I> devices cannot share one "
                              "strategy; use one strategy per device kind");
   static_assert(!(why::all_gpu && !why::gpu_backend),
-                "lockstep: no reducer for this device set: gpu<I> devices need the CUDA backend; #include "
-                "<lockstep/backend/cuda.hpp> in a .cu file compiled by nvcc and link lockstep::cuda");
+                "lockstep: no reducer for this device set: gpu<I> devices need the CUDA backend and its reducers; "
+                "#include <lockstep/cuda.hpp> in a .cu file compiled by nvcc and link lockstep::cuda");
   static_assert(!(why::all_gpu && why::gpu_backend && why::distinct_gpus && !why::nccl),
                 "lockstep: no reducer for this device set: several distinct gpu<I> need NCCL; install NCCL where "
                 "CMake finds it (cmake/FindNCCL.cmake, NCCL_ROOT) with LOCKSTEP_CUDA=AUTO or ON and link lockstep::nccl "
@@ -115,8 +123,8 @@ constexpr bool diagnose_no_reducer() {
 /// Gives the one error of a run-time strategy's kind with no default reducer.
 template <class Kind>
 constexpr bool diagnose_no_kind_reducer() {
-  static_assert(!is_gpu_v<Kind>, "lockstep: no reducer for gpu devices; include <lockstep/backend/cuda.hpp> (a .cu "
-                                 "file compiled by nvcc) and link lockstep::cuda");
+  static_assert(!is_gpu_v<Kind>, "lockstep: no reducer for gpu devices; include <lockstep/cuda.hpp> (a .cu file "
+                                 "compiled by nvcc) and link lockstep::cuda");
   static_assert(is_gpu_v<Kind>, "lockstep: no default reducer for this device kind; its backend must specialise "
                                 "lockstep::select_kind_reducer<Kind>, or name a reducer with basic_mirrored<Reducer, ...>");
   return true;

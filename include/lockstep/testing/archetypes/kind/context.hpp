@@ -19,8 +19,7 @@ namespace lockstep_archetypes {
 
 /// The archetype kind: its memory is host memory in fact, but declared not host-accessible.
 struct cells {
-  static constexpr lockstep::device_kind kind = lockstep::device_kind::gpu;  ///< a device with its own memory
-  using kind_type = cells;                                                   ///< a kind is its own kind
+  using kind_type = cells;  ///< a kind is its own kind
 };
 
 /// Where a staged shard landed.

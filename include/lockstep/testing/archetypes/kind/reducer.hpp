@@ -9,8 +9,10 @@
 /// host memory in fact, declared not host-accessible, so the library must treat it as device
 /// memory; its kernels are naive loops. The backend suite (lockstep/testing/backend.hpp) checks it.
 
+#include <cstddef>
 #include <type_traits>
 
+#include <lockstep/core/device.hpp>
 #include <lockstep/distribute/reducer.hpp>
 #include <lockstep/distribute/reducers/host_allreduce.hpp>
 #include <lockstep/distribute/reducers/select.hpp>
@@ -28,6 +30,19 @@ public:
   template <class Kind>
   static constexpr bool supports_kind =
       std::is_same_v<Kind, cells> || lockstep::device_memory<Kind>::host_accessible;
+  /// Replica `replica` contributes `count` elements at `data` to bucket `bucket`: summed as the
+  /// host memory they are in fact.
+  template <class Ctx, class T>
+  void start(std::size_t replica, Ctx&, T* data, std::size_t count, std::size_t bucket) {
+    as_host h;
+    lockstep::host_allreduce::start(replica, h, data, count, bucket);
+  }
+
+private:
+  /// What the host reducer sees: a context on host memory.
+  struct as_host {
+    using kind_type = lockstep::cpus;  ///< host memory
+  };
 };
 
 }  // namespace lockstep_archetypes
