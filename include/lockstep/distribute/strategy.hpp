@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <lockstep/backend/context.hpp>
+#include <lockstep/core/build_check.hpp>
 #include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/core/random.hpp>
@@ -101,7 +102,9 @@ public:
                                 detail::aggregation_root<Reducer, Kind>(ordinals_)}),
         step_(ordinals_.size(), options_),
         exec_(ordinals_.size(), options_.pin_replicas && backend_traits<Kind>::replica_owns_core, &abort_all, &reset_all,
-              this) {}
+              this) {
+    warn_if_unoptimised();  // once per process, for a program compiled without optimisation
+  }
   mirrored_strategy(const mirrored_strategy&) = delete;
   mirrored_strategy& operator=(const mirrored_strategy&) = delete;
 

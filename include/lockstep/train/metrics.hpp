@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include <lockstep/backend/host/context.hpp>
@@ -96,6 +97,13 @@ template <class Loss>
 struct counting_loss {
   using loss_concept = loss_tag;                                    ///< opts in to the loss concept
   static constexpr std::size_t scratch_per_row = Loss::scratch_per_row;  ///< as the wrapped loss
+  static constexpr std::string_view name = loss_name<Loss>();       ///< the wrapped loss's, for messages
+  /// The wrapped loss's label classes (so a replica checks labels as for the wrapped loss).
+  static constexpr std::size_t label_classes(std::size_t outputs) noexcept
+    requires takes_class_labels<Loss>
+  {
+    return Loss::label_classes(outputs);
+  }
   const Loss* inner;                                                ///< the loss being trained
   accuracy_counters* counters;                                      ///< where hits are added
 
