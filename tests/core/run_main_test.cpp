@@ -69,6 +69,13 @@ TEST_CASE("run_main: every nested cause gets its own line, and the innermost dec
   std::tie(code, text) = run_captured([&] { nested(std::runtime_error("out of paper"), ls::replica_error("replica 0 failed", 0)); });
   CHECK(code == 1);
   CHECK(text == "error: replica 0 failed\n  caused by: out of paper\n");
+  // A message that repeats its cause (as a replica_error does) is not printed twice.
+  std::tie(code, text) = run_captured([&] {
+    nested(ls::data_error("lockstep::data::csv: a.csv:2:1: bad"),
+           ls::replica_error("lockstep: replica 1 at step 3 failed: lockstep::data::csv: a.csv:2:1: bad", 1, 3));
+  });
+  CHECK(code == 2);
+  CHECK(text == "error: lockstep: replica 1 at step 3 failed\n  caused by: lockstep::data::csv: a.csv:2:1: bad\n");
   // Three levels, with a prefix on every line.
   std::tie(code, text) = run_captured(
       [&] {

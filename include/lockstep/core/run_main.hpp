@@ -15,6 +15,7 @@
 #include <exception>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include <lockstep/core/error.hpp>
 
@@ -28,12 +29,13 @@ struct run_main_options {
 
 /// The report of exception `e`: `error: <what>`, then one `  caused by: <what>` line for each
 /// exception nested in it (std::nested_exception, as a replica_error carries the replica's
-/// failure), innermost last. Every line ends with a newline and starts with `prefix`.
+/// failure), innermost last. A message that ends with the message of the exception nested in it
+/// (a replica_error repeats its cause) is shown without that repetition. Every line ends with a
+/// newline and starts with `prefix`.
 inline std::string error_report(const std::exception& e, const std::string& prefix = {}) {
-  std::string out = prefix + "error: " + e.what() + "\n";
+  std::vector<std::string> chain{e.what()};
   const std::exception* current = &e;
-  // Each level is rethrown once and caught by reference; the exception objects outlive the loop
-  // only through `keep`, which holds the level being examined.
+  // Each level is rethrown once and caught by reference; `keep` holds the level being examined.
   std::exception_ptr keep;
   while (const auto* nested = dynamic_cast<const std::nested_exception*>(current)) {
     keep = nested->nested_ptr();
@@ -41,13 +43,25 @@ inline std::string error_report(const std::exception& e, const std::string& pref
     try {
       std::rethrow_exception(keep);
     } catch (const std::exception& inner) {
-      out += prefix + "  caused by: " + inner.what() + "\n";
+      chain.emplace_back(inner.what());
       current = &inner;
       continue;
     } catch (...) {
-      out += prefix + "  caused by: an exception that is not a std::exception\n";
+      chain.emplace_back("an exception that is not a std::exception");
     }
     break;
+  }
+  std::string out;
+  for (std::size_t i = 0; i < chain.size(); ++i) {
+    std::string line = chain[i];
+    if (i + 1 < chain.size()) {
+      const std::string& next = chain[i + 1];
+      if (line.size() > next.size() && line.compare(line.size() - next.size(), next.size(), next) == 0) {
+        line.resize(line.size() - next.size());
+        while (!line.empty() && (line.back() == ' ' || line.back() == ':')) line.pop_back();
+      }
+    }
+    out += prefix + (i == 0 ? "error: " : "  caused by: ") + line + "\n";
   }
   return out;
 }
