@@ -5,6 +5,7 @@
 #         [-DSTDERR_REGEX=<regex>]            stderr must match (`|` means `|` here)
 #         [-DSTDOUT=<line>|...] [-DSTDOUT_REGEX=<regex>]
 #         [-DMAX_LINE=<n>]                   no line of stderr longer than n characters
+#         [-DMAX_LINES=<n>]                  stdout and stderr together hold at most n lines
 #         [-DTIMEOUT=<s>]                    kill it after s seconds (then EXIT is not checked)
 #         -P check_output.cmake
 cmake_minimum_required(VERSION 3.25)
@@ -52,5 +53,13 @@ if(DEFINED MAX_LINE)
       message(FATAL_ERROR "${PROGRAM} ${ARGS}: a line of stderr has ${_len} characters (at most ${MAX_LINE}):\n${_line}")
     endif()
   endforeach()
+endif()
+if(DEFINED MAX_LINES)
+  string(REGEX MATCHALL "\n" _newlines "${_out}${_err}")
+  list(LENGTH _newlines _count)
+  if(_count GREATER MAX_LINES)
+    message(FATAL_ERROR "${PROGRAM} ${ARGS}: ${_count} lines of output, at most ${MAX_LINES} allowed\n${_shown}")
+  endif()
+  message(STATUS "${_count} lines of output (at most ${MAX_LINES})")
 endif()
 message(STATUS "${PROGRAM} ${ARGS}: ends as it must")

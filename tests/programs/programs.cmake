@@ -3,6 +3,8 @@
 #    nested cause, and stdout kept;
 #  - getting_started built without optimisation warns once on stderr (LOCKSTEP_NO_O0_WARNING
 #    silences it), and a missing data directory ends it with the OS reason and exit code 2;
+#  - the layer conformance suite on a layer with a planted bug: a report of at most 60 lines that
+#    gives the failing elements' numbers;
 #  - the Fashion-MNIST example's command-line errors: one line naming the option and the value,
 #    then `run with --help for usage`, exit code 2.
 # Included by tests/CMakeLists.txt.
@@ -15,6 +17,14 @@ add_test(NAME programs/label_error_ends_cleanly
                  "-DSTDOUT=training a 5-output model on 10 classes"
                  "-DSTDERR=error: lockstep: replica 0 at step 0 failed|  caused by: lockstep::softmax_cross_entropy: label 9 of sample 5 (row 5 of replica 0's shard at step 0) is outside [0, 5): the model has 5 outputs"
                  -P ${_check})
+
+add_executable(program_planted_bug_layer ${CMAKE_CURRENT_SOURCE_DIR}/programs/planted_bug_layer.cpp)
+target_link_libraries(program_planted_bug_layer PRIVATE lockstep::lockstep lockstep_doctest_main lockstep_warnings)
+add_test(NAME programs/planted_bug_layer_report
+         COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:program_planted_bug_layer> -DEXIT=1 -DMAX_LINES=60
+                 "-DSTDOUT_REGEX=input gradient vs central finite differences: [0-9]+ of [0-9]+ elements differ\n  \\[evaluation, 1 rows\\] element 0: analytic -?[0-9.e+-]+, numeric -?[0-9.e+-]+, \\|difference\\| [0-9.e+-]+ > tolerance [0-9.e+-]+\n.*\n  … and [0-9]+ more"
+                 -P ${_check})
+set_tests_properties(programs/planted_bug_layer_report PROPERTIES LABELS "programs" TIMEOUT 120)
 
 # getting_started at -O0: the warning comes from the strategy, made before the data is read.
 add_executable(getting_started_O0 ${PROJECT_SOURCE_DIR}/examples/getting_started.cpp)
