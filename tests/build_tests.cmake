@@ -57,7 +57,12 @@ add_test(NAME build/add_subdirectory
          COMMAND ${CMAKE_COMMAND} ${_consumer_args} -DMODE=subdirectory
                  -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/consumer_subdirectory
                  -P ${CMAKE_CURRENT_SOURCE_DIR}/build/check_consumer.cmake)
-set_tests_properties(build/install_and_find_package build/add_subdirectory PROPERTIES LABELS "build" TIMEOUT 900)
+add_test(NAME build/getting_started_cmake_defaults
+         COMMAND ${CMAKE_COMMAND} ${_consumer_args} -DMODE=defaults
+                 -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/consumer_defaults
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/build/check_consumer.cmake)
+set_tests_properties(build/install_and_find_package build/add_subdirectory build/getting_started_cmake_defaults
+                     PROPERTIES LABELS "build" TIMEOUT 900)
 
 # --- collective ids have one owner ---------------------------------------------------------------
 add_test(NAME build/collective_ids_one_owner

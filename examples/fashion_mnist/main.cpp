@@ -55,9 +55,9 @@ using cnn_bn = ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<32, 5, 1, 2>, l
                               ls::max_pool2d<2>, ls::conv2d<64, 5, 1, 2>, ls::batch_norm<>, ls::relu, ls::max_pool2d<2>,
                               ls::flatten, ls::dense<3136, 1024>, ls::relu, ls::dropout<2, 5>, ls::dense<1024, 10>>;
 
-/// A usage error: reported with the usage text, exit code 2.
-struct usage_error {
-  std::string message;
+/// A combination of options this build or device cannot run: `error: <message>`, exit code 2.
+struct usage_error : ls::config_error {
+  using ls::config_error::config_error;
 };
 
 auto images(const config& c, const char* split) {
@@ -138,7 +138,7 @@ template <class Net>
 int run(const config& c) {
 #ifdef LOCKSTEP_HAS_MPI
   if (ls::launched_by_mpi()) {
-    if (c.device != "cpu") throw usage_error{"under mpirun only --device cpu is supported by this build"};
+    if (c.device != "cpu") throw usage_error("under mpirun only --device cpu is supported by this build");
     ls::multi_worker_mirrored<ls::cpus> strategy(ls::device_selection::first(c.replicas.value_or(1)),
                                                  ls::strategy_options{.shard_optimizer = c.shard_optimizer});
     if (c.workers) ls::require_world_size(c.workers);
@@ -152,8 +152,8 @@ int run(const config& c) {
 #ifdef LOCKSTEP_HAS_MPI
     ls::require_mpi_launch(c.workers, "fashion_mnist");
 #else
-    throw usage_error{"--workers " + std::to_string(c.workers) +
-                      ": this build has no MPI support (install libopenmpi-dev and reconfigure with -DLOCKSTEP_MPI=ON)"};
+    throw usage_error("--workers " + std::to_string(c.workers) +
+                      ": this build has no MPI support (install libopenmpi-dev and reconfigure with -DLOCKSTEP_MPI=ON)");
 #endif
   }
   if (c.device == "cpu") return train<Net, ls::cpus>(c);
@@ -161,11 +161,18 @@ int run(const config& c) {
   if constexpr (runs_on_gpus<Net>)
     return train<Net, ls::gpus>(c);
   else
-    throw usage_error{"--model " + c.model + " --device gpu: batch_norm runs on cpu replicas only in this version"};
+    throw usage_error("--model " + c.model + " --device gpu: batch_norm runs on cpu replicas only in this version");
 #else
-  std::fprintf(stderr, "error: --device gpu: this build has no CUDA support (configure with -DLOCKSTEP_CUDA=ON and nvcc)\n");
-  return 2;
+  throw usage_error("--device gpu: this build has no CUDA support (configure with -DLOCKSTEP_CUDA=ON and nvcc)");
 #endif
+}
+
+/// The model the command line names.
+int run_model(const config& c) {
+  if (c.model == "small") return run<small>(c);
+  if (c.model == "cnn") return run<cnn>(c);
+  if (c.model == "cnn_bn") return run<cnn_bn>(c);
+  return run<mlp>(c);
 }
 
 }  // namespace
@@ -173,53 +180,18 @@ int run(const config& c) {
 int main(int argc, char** argv) {
   config c;
   if (const int rc = parse_command_line(argc, argv, c); rc >= 0) return rc;
+  // An error ends the program with `error: <what>` (and each nested cause) on stderr: exit code 2
+  // for bad input, options or checkpoints (a lockstep::error), 1 for anything else.
 #ifdef LOCKSTEP_HAS_MPI
   std::optional<ls::mpi_environment> mpi;
   if (ls::launched_by_mpi()) mpi.emplace(argc, argv);
-  // Under MPI, a failure on one rank ends the whole job (the others may wait in a collective);
-  // configuration errors are the same on every rank and reported by rank 0 alone.
-  const auto report = [&](const char* what, int code, bool same_everywhere) {
-    if (!mpi) {
-      std::fprintf(stderr, "error: %s\n", what);
-      return code;
-    }
-    if (!same_everywhere || mpi->rank() == 0) std::fprintf(stderr, "rank %d: error: %s\n", mpi->rank(), what);
-    std::fflush(stderr);
-    mpi->abort_on_exit(code);
-    return code;
-  };
+  ls::run_main_options report;
+  if (mpi) report.prefix = "rank " + std::to_string(mpi->rank()) + ": ";
+  const int code = ls::run_main([&] { return run_model(c); }, report);
+  // Under MPI, a failure on one rank ends the whole job (the others may wait in a collective).
+  if (mpi && code != 0) mpi->abort_on_exit(code);
+  return code;
 #else
-  const auto report = [](const char* what, int code, bool) {
-    std::fprintf(stderr, "error: %s\n", what);
-    return code;
-  };
+  return ls::run_main([&] { return run_model(c); });
 #endif
-  try {
-    if (c.resume && c.checkpoint_dir.empty()) throw usage_error{"--resume needs --checkpoint-dir"};
-    if (c.model == "small") return run<small>(c);
-    if (c.model == "cnn") return run<cnn>(c);
-    if (c.model == "cnn_bn") return run<cnn_bn>(c);
-    return run<mlp>(c);
-  } catch (const usage_error& e) {
-    std::fprintf(stderr, "error: %s\n%s", e.message.c_str(), usage_text().c_str());
-    return 2;
-  } catch (const ls::replica_error& e) {
-    // A replica's failure carries the original exception: bad input stays a usage-level error.
-    int code = 1;
-    try {
-      std::rethrow_if_nested(e);
-    } catch (const ls::data_error&) {
-      code = 2;
-    } catch (...) {
-    }
-    return report(e.what(), code, false);
-  } catch (const ls::data_error& e) {
-    return report(e.what(), 2, true);
-  } catch (const ls::checkpoint_error& e) {
-    return report(e.what(), 2, true);
-  } catch (const ls::config_error& e) {
-    return report(e.what(), 2, true);
-  } catch (const std::exception& e) {
-    return report(e.what(), 1, false);
-  }
 }

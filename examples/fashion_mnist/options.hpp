@@ -35,8 +35,6 @@ inline std::uint64_t epochs_of(const config& c) {
 }
 
 /// Parses the command line into `c`. Returns -1 to go on, or the exit code to end with: 0 after
-/// printing the help, 2 after printing a bad option's message and the usage text.
+/// printing the help, 2 after printing a bad option's one-line message and `run with --help for
+/// usage`.
 int parse_command_line(int argc, char** argv, config& c);
-
-/// The usage text.
-std::string usage_text();

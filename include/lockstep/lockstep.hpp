@@ -8,6 +8,7 @@
 #include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/core/random.hpp>
+#include <lockstep/core/run_main.hpp>
 #include <lockstep/data.hpp>
 #include <lockstep/distribute.hpp>
 #include <lockstep/distribute/replica.hpp>

@@ -95,8 +95,9 @@ struct idx_input {
   }
 };
 
-/// One CSV fuzz input: byte 0 holds flags (bit 0: header line, bit 1: a label column), byte 1 the
-/// label column (0..7 used), byte 2 picks the delimiter (from ",;\t| " by value mod 5, or the byte
+/// One CSV fuzz input: byte 0 holds flags (bit 0: header line, bit 1: a label column, bit 2: a
+/// target column, (byte 1 >> 3) mod 8, bit 3: a second one, byte 0 >> 4), byte 1 the label
+/// column (0..7 used), byte 2 picks the delimiter (from ",;\t| " by value mod 5, or the byte
 /// itself when it is >= 128); the file text is the rest.
 struct csv_input {
   std::uint8_t flags = 0;     ///< the flag bits above
@@ -133,6 +134,7 @@ void touch_every_sample(const Dataset& d) {
   double sum = 0;
   for (auto&& s : d.epoch()) {
     for (std::uint32_t i = 0; i < s.width; ++i) sum += s.feature(i);
+    for (std::uint32_t i = 0; i < s.target_width; ++i) sum += s.targets[i];
     sum += s.label;
   }
   static volatile double sink;

@@ -55,3 +55,8 @@ target_link_libraries(lockstep_mpi_header_check PRIVATE lockstep::mpi lockstep_w
 add_test(NAME mpi/headers_compile_alone
          COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target lockstep_mpi_header_check)
 set_tests_properties(mpi/headers_compile_alone PROPERTIES LABELS "mpi;build" TIMEOUT 900)
+
+# The program docs/multi-node.md shows, compiled as shown (the docs_multi-node test compares the
+# page with it; the tests above run the same calls under mpirun).
+add_executable(docs_multi_node ${CMAKE_CURRENT_SOURCE_DIR}/mpi/docs_multi_node.cpp)
+target_link_libraries(docs_multi_node PRIVATE lockstep::mpi lockstep_warnings)

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -52,7 +53,7 @@ inline std::string hex32(std::uint32_t v) {
 class idx_stream {
 public:
   explicit idx_stream(std::string path) : path_(std::move(path)), file_(std::fopen(path_.c_str(), "rb")) {
-    if (!file_) throw data_error("lockstep::data::idx: " + path_ + ": byte offset 0: cannot open file");
+    if (!file_) throw data_error("lockstep::data::idx: " + path_ + ": cannot open file: " + os_reason(errno));
     in_.resize(std::size_t{1} << 16);
     refill();
     gzip_ = avail_ >= 2 && in_[0] == 0x1f && in_[1] == 0x8b;
@@ -117,7 +118,7 @@ private:
     while (!eof_ && avail_ < in_.size()) {
       const std::size_t got = std::fread(in_.data() + avail_, 1, in_.size() - avail_, file_);
       if (got == 0) {
-        if (std::ferror(file_)) fail(offset_, "read error");
+        if (std::ferror(file_)) fail(offset_, "read error: " + os_reason(errno));
         eof_ = true;
       }
       avail_ += got;

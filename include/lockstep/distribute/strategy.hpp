@@ -31,6 +31,7 @@
 #include <vector>
 
 #include <lockstep/backend/context.hpp>
+#include <lockstep/core/build_check.hpp>
 #include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/core/random.hpp>
@@ -164,7 +165,9 @@ public:
             world_, ordinals_)),
         step_(ordinals_.size(), options_, world_),
         exec_(ordinals_.size(), options_.pin_replicas && backend_traits<Kind>::replica_owns_core, &abort_all, &reset_all,
-              this) {}
+              this) {
+    warn_if_unoptimised();  // once per process, for a program compiled without optimisation
+  }
   /// A strategy in a local world (one process).
   mirrored_strategy(std::vector<std::size_t> ordinals, strategy_options options)
     requires std::is_same_v<World, local_world>
