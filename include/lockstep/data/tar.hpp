@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -367,5 +368,91 @@ inline void read_member(int fd, const std::string& path, const tar_member& m, st
                      ": " + (got == static_cast<std::size_t>(-1) ? std::string("read error (") + std::strerror(errno) + ")"
                                                                  : "the archive ends inside the member (it changed since it was indexed?)"));
 }
+
+/// Writes an uncompressed tar archive (POSIX ustar headers; a GNU long-name record before a
+/// member whose path exceeds 100 bytes), such as a WebDataset shard: `add` members in order, then
+/// `close` (or let the destructor close it). Files are written to `path` + ".partial" and renamed
+/// when closed, so a reader never sees half a shard.
+class tar_writer {
+public:
+  /// Creates the archive. @throws data_error when the file cannot be created.
+  explicit tar_writer(std::string path) : path_(std::move(path)), partial_(path_ + ".partial") {
+    file_ = std::fopen(partial_.c_str(), "wb");
+    if (!file_) throw data_error("lockstep::data::tar_writer: " + partial_ + ": cannot create (" + std::strerror(errno) + ")");
+  }
+  tar_writer(const tar_writer&) = delete;
+  tar_writer& operator=(const tar_writer&) = delete;
+  /// Closes the archive (errors are lost here: call close() to see them).
+  ~tar_writer() {
+    try {
+      close();
+    } catch (...) {
+    }
+  }
+  /// Appends a regular file member. @throws data_error on a write error.
+  void add(const std::string& name, const std::uint8_t* data, std::size_t size) {
+    if (!file_) throw data_error("lockstep::data::tar_writer: " + path_ + ": already closed");
+    if (name.empty()) throw config_error("lockstep::data::tar_writer: a member needs a name");
+    if (name.size() > 100) {
+      header("././@LongLink", name.size() + 1, 'L');
+      put(name.data(), name.size());
+      put("", 1);
+      pad(name.size() + 1);
+    }
+    header(name.substr(0, 100), size, '0');
+    put(data, size);
+    pad(size);
+  }
+  /// Appends a member holding `text`.
+  void add(const std::string& name, const std::string& text) {
+    add(name, reinterpret_cast<const std::uint8_t*>(text.data()), text.size());
+  }
+  /// Writes the end-of-archive blocks and renames the file into place. @throws data_error on failure.
+  void close() {
+    if (!file_) return;
+    static constexpr char zeros[1024] = {};
+    put(zeros, sizeof zeros);
+    const bool ok = std::fclose(file_) == 0;
+    file_ = nullptr;
+    if (!ok || std::rename(partial_.c_str(), path_.c_str()) != 0)
+      throw data_error("lockstep::data::tar_writer: " + path_ + ": cannot finish the archive (" + std::strerror(errno) + ")");
+  }
+
+private:
+  void put(const void* p, std::size_t n) {
+    if (n && std::fwrite(p, 1, n, file_) != n)
+      throw data_error("lockstep::data::tar_writer: " + partial_ + ": write error (" + std::strerror(errno) + ")");
+  }
+  void pad(std::size_t n) {
+    static constexpr char zeros[512] = {};
+    if (n % 512) put(zeros, 512 - n % 512);
+  }
+  void header(const std::string& name, std::uint64_t size, char type) {
+    char h[512] = {};
+    std::memcpy(h, name.data(), std::min<std::size_t>(name.size(), 100));
+    std::snprintf(h + 100, 8, "%07o", 0644);
+    std::snprintf(h + 108, 8, "%07o", 0);
+    std::snprintf(h + 116, 8, "%07o", 0);
+    if (size >= (std::uint64_t{1} << 33)) {  // beyond 11 octal digits: GNU base-256
+      h[124] = static_cast<char>(0x80);
+      for (int i = 0; i < 8; ++i) h[135 - i] = static_cast<char>((size >> (8 * i)) & 0xff);
+    } else {
+      std::snprintf(h + 124, 12, "%011llo", static_cast<unsigned long long>(size));
+    }
+    std::snprintf(h + 136, 12, "%011o", 0);
+    h[156] = type;
+    std::memcpy(h + 257, "ustar", 6);
+    std::memcpy(h + 263, "00", 2);
+    std::memset(h + 148, ' ', 8);
+    unsigned sum = 0;
+    for (char c : h) sum += static_cast<unsigned char>(c);
+    std::snprintf(h + 148, 8, "%06o", sum);
+    h[155] = ' ';
+    put(h, sizeof h);
+  }
+
+  std::string path_, partial_;
+  std::FILE* file_ = nullptr;
+};
 
 }  // namespace lockstep::data
