@@ -118,11 +118,12 @@ inline int jpeg_phase_start(jpeg_state* s, JDIMENSION* xoffset, JDIMENSION* widt
   return 0;
 }
 
-inline int jpeg_phase_rows(jpeg_state* s, std::uint8_t* out, std::size_t stride, JDIMENSION y0, JDIMENSION y1) {
+inline int jpeg_phase_rows(jpeg_state* s, std::uint8_t* out, std::size_t stride, JDIMENSION y0, JDIMENSION y1, int strict) {
   if (setjmp(s->err.jump)) return 1;
   if (y0 > 0) jpeg_skip_scanlines(&s->cinfo, y0);
   JSAMPROW* rows = s->rows.data();
   while (s->cinfo.output_scanline < y1) {
+    if (strict && s->err.warnings) return 3;  // corrupt data: stop at once (the caller reports it)
     const JDIMENSION first = s->cinfo.output_scanline;
     const JDIMENSION n = y1 - first < 8 ? y1 - first : 8;
     for (JDIMENSION k = 0; k < n; ++k) rows[k] = out + static_cast<std::size_t>(first - y0 + k) * stride;
@@ -225,7 +226,7 @@ public:
       detail::image_fail(name, "JPEG", where(), "libjpeg produced an unexpected output layout");
     const std::size_t stride = std::size_t{cw} * o.channels;
     out.pixels.resize(stride * want.height);
-    const int rc = detail::jpeg_phase_rows(s, out.pixels.data(), stride, want.y, want.y + want.height);
+    const int rc = detail::jpeg_phase_rows(s, out.pixels.data(), stride, want.y, want.y + want.height, o.strict ? 1 : 0);
     if (rc == 1) detail::image_fail(name, "JPEG", where(), s->err.message);
     if (rc == 2) detail::image_fail(name, "JPEG", where(), "the decoder made no progress");
     if (s->err.warnings && o.strict)
