@@ -129,20 +129,24 @@ public:
     j.tasks = tasks;
     j.errors.resize(tasks);
     j.fn = [&f](std::size_t t, load_scratch& s) { f(t, s); };
-    if (threads_ > 1 && tasks > 1) {
-      std::lock_guard lock(mutex_);
-      jobs_.push_back(&j);
+    const bool shared = threads_ > 1 && tasks > 1;
+    if (shared) {
+      {
+        std::lock_guard lock(mutex_);
+        jobs_.push_back(&j);
+      }
+      work_cv_.notify_all();
     }
-    if (threads_ > 1 && tasks > 1) work_cv_.notify_all();
     {
       scratch_lease lease(*this);
       while (run_one(j, *lease.s)) {
       }
     }
-    if (threads_ > 1 && tasks > 1) {
+    if (shared) {
+      // No worker may pick the job any more; wait for the tasks and for every worker to let go.
       std::unique_lock lock(mutex_);
       std::erase(jobs_, &j);
-      done_cv_.wait(lock, [&] { return j.done == j.tasks; });
+      done_cv_.wait(lock, [&] { return j.done == j.tasks && j.holders == 0; });
     }
     for (auto& e : j.errors)
       if (e) std::rethrow_exception(e);
@@ -152,7 +156,8 @@ private:
   struct job {
     std::size_t tasks = 0;
     std::atomic<std::size_t> next{0};
-    std::size_t done = 0;  // guarded by mutex_
+    std::size_t done = 0;     // guarded by mutex_
+    std::size_t holders = 0;  // workers working on it, guarded by mutex_
     std::vector<std::exception_ptr> errors;
     std::function<void(std::size_t, load_scratch&)> fn;
   };
@@ -201,27 +206,23 @@ private:
     load_scratch scratch;
     std::unique_lock lock(mutex_);
     while (true) {
+      job* pick = nullptr;
       work_cv_.wait(lock, [&] {
         if (stop_) return true;
         for (job* j : jobs_)
-          if (j->next.load() < j->tasks) return true;
+          if (j->next.load() < j->tasks) {
+            pick = j;
+            return true;
+          }
         return false;
       });
       if (stop_) return;
-      job* pick = nullptr;
-      for (job* j : jobs_)
-        if (j->next.load() < j->tasks) {
-          pick = j;
-          break;
-        }
-      if (!pick) continue;
-      ++pick_refs_;
+      ++pick->holders;  // the job's owner waits for this to drop back before the job goes away
       lock.unlock();
       while (run_one(*pick, scratch)) {
       }
       lock.lock();
-      --pick_refs_;
-      if (pick_refs_ == 0) refs_cv_.notify_all();
+      if (--pick->holders == 0) done_cv_.notify_all();
     }
   }
 
@@ -238,11 +239,10 @@ private:
 
   std::size_t threads_;
   std::mutex mutex_;
-  std::condition_variable work_cv_, done_cv_, refs_cv_;
+  std::condition_variable work_cv_, done_cv_;
   std::vector<job*> jobs_;
   std::vector<std::unique_ptr<load_scratch>> spare_;
   std::vector<std::thread> workers_;
-  std::size_t pick_refs_ = 0;
   bool stop_ = false;
 };
 
@@ -626,13 +626,10 @@ public:
     return b;
   }
 
-  /// The counters of the batch's source (a private, unused set for a batch without rows).
-  [[nodiscard]] pipeline_counters& counters() const noexcept {
-    if (rows_ && !rows_->owners.empty()) return rows_->owners.front()->source().counters();
-    return no_counters_;
-  }
-
 private:
+  // The counters of the batch's source (only for a batch with rows: each row adds its recipe).
+  [[nodiscard]] pipeline_counters& counters() const noexcept { return rows_->owners.front()->source().counters(); }
+
   friend generator<index_batch> detail::index_batch_gen(generator<sample_ref>, std::size_t, bool,
                                                         std::shared_ptr<detail::index_stage>);
 
@@ -794,7 +791,6 @@ private:
     return out;
   }
 
-  inline static pipeline_counters no_counters_{};
   std::shared_ptr<detail::index_rows> rows_;
 };
 
