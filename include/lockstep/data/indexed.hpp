@@ -750,7 +750,20 @@ private:
       const sample_recipe& r = *rows_->recipes[row];
       float* out = g.features.data() + (row - d.lo) * width;
       const float scale = rows_->scales[row];
-      if (d.floats) {
+      if (!r.mean().empty()) {  // (v * scale - mean) * (1 / std), channel by channel, in one pass
+        const std::size_t c = r.mean().size(), plane = width / c;
+        for (std::size_t ch = 0; ch < c; ++ch) {
+          const float m = r.mean()[ch], is = r.inv_std()[ch];
+          float* p = out + ch * plane;
+          if (d.floats) {
+            const float* in = d.rows.as<float>() + (row - d.lo) * width + ch * plane;
+            for (std::size_t j = 0; j < plane; ++j) p[j] = (in[j] * scale - m) * is;
+          } else {
+            const std::uint8_t* in = d.rows.as<std::uint8_t>() + (row - d.lo) * width + ch * plane;
+            for (std::size_t j = 0; j < plane; ++j) p[j] = (static_cast<float>(in[j]) * scale - m) * is;
+          }
+        }
+      } else if (d.floats) {
         const float* in = d.rows.as<float>() + (row - d.lo) * width;
         if (scale == 1.0f)
           std::copy_n(in, width, out);
@@ -758,14 +771,6 @@ private:
           detail::scale_row(in, out, width, scale);
       } else {
         detail::convert_row(d.rows.as<std::uint8_t>() + (row - d.lo) * width, out, width, scale);
-      }
-      if (!r.mean().empty()) {
-        const std::size_t c = r.mean().size(), plane = width / c;
-        for (std::size_t ch = 0; ch < c; ++ch) {
-          const float m = r.mean()[ch], is = r.inv_std()[ch];
-          float* p = out + ch * plane;
-          for (std::size_t j = 0; j < plane; ++j) p[j] = (p[j] - m) * is;
-        }
       }
     }
     k.staged_rows += held;

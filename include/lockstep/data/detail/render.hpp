@@ -158,50 +158,31 @@ inline bool is_identity(const image_view& v) noexcept {
 }
 
 /// Horizontally interpolates source row `sy` (relative to the region) into `out` (×2048), one
-/// value per output column and channel, interleaved.
-inline void interpolate_row(const decoded_sample& img, std::uint32_t sy, const std::vector<tap>& xt,
-                            std::vector<std::int32_t>& out) {
-  const std::uint32_t c = img.channels, rw = img.region.width, rx = img.region.x;
+/// value per output column and channel, interleaved. C: the channels (0: img.channels at run time).
+template <std::uint32_t C>
+void interpolate_row(const decoded_sample& img, std::uint32_t sy, const std::vector<tap>& xt, std::vector<std::int32_t>& out) {
+  const std::uint32_t c = C ? C : img.channels, rw = img.region.width, rx = img.region.x;
   const std::uint8_t* row = img.pixels.data() + static_cast<std::size_t>(sy) * rw * c;
   out.resize(xt.size() * c);
   std::int32_t* o = out.data();
-  for (std::size_t x = 0; x < xt.size(); ++x, o += c) {
-    const tap& t = xt[x];
-    if (t.i0 < 0) {
+  const tap* t = xt.data();
+  for (std::size_t x = 0, n = xt.size(); x < n; ++x, o += c) {
+    if (t[x].i0 < 0) {
       for (std::uint32_t k = 0; k < c; ++k) o[k] = 0;
       continue;
     }
-    const std::uint8_t* p0 = row + static_cast<std::size_t>(static_cast<std::uint32_t>(t.i0) - rx) * c;
-    const std::uint8_t* p1 = row + static_cast<std::size_t>(static_cast<std::uint32_t>(t.i1) - rx) * c;
-    const std::int32_t w1 = t.w, w0 = weight_one - t.w;
+    const std::uint8_t* p0 = row + static_cast<std::size_t>(static_cast<std::uint32_t>(t[x].i0) - rx) * c;
+    const std::uint8_t* p1 = row + static_cast<std::size_t>(static_cast<std::uint32_t>(t[x].i1) - rx) * c;
+    const std::int32_t w1 = t[x].w, w0 = weight_one - w1;
     for (std::uint32_t k = 0; k < c; ++k) o[k] = p0[k] * w0 + p1[k] * w1;
   }
 }
 
-/// Renders view `v` of `img` into dst as channels × v.height × v.width uint8 (channels-first).
-/// Requires the taps in `s` to be those of needed_region(v, s) and img.region to cover what they read.
-inline void render(const decoded_sample& img, const image_view& v, std::uint8_t* dst, render_scratch& s) {
-  const std::uint32_t c = img.channels, h = v.height, w = v.width;
+/// The rows of render for C channels (0: any number, read at run time).
+template <std::uint32_t C>
+void render_rows(const decoded_sample& img, const image_view& v, std::uint8_t* dst, render_scratch& s) {
+  const std::uint32_t c = C ? C : img.channels, h = v.height, w = v.width;
   const std::size_t plane = static_cast<std::size_t>(h) * w;
-  if (is_identity(v) && img.region.x == 0 && img.region.y == 0 && img.region.width == w && img.region.height == h) {
-    const std::uint8_t* src = img.pixels.data();
-    if (c == 1) {
-      std::copy_n(src, plane, dst);
-    } else {
-      for (std::size_t i = 0; i < plane; ++i)
-        for (std::uint32_t k = 0; k < c; ++k) dst[k * plane + i] = src[i * c + k];
-    }
-    return;
-  }
-  // Checks the region covers what the taps read (an internal guarantee of the decoders).
-  const auto [ys0, ys1] = taps_span(s.ytaps);
-  const auto [xs0, xs1] = taps_span(s.xtaps);
-  if (ys1 > ys0 && xs1 > xs0 &&
-      (ys0 < img.region.y || ys1 > img.region.y + img.region.height || xs0 < img.region.x ||
-       xs1 > img.region.x + img.region.width))
-    throw data_error("lockstep::data: a decoder returned pixels " + std::to_string(img.region.x) + "," +
-                     std::to_string(img.region.y) + "+" + std::to_string(img.region.width) + "x" +
-                     std::to_string(img.region.height) + " that do not cover the region the image stages read");
   std::int32_t have0 = -1, have1 = -1;  // source rows held in s.row0 / s.row1
   constexpr int round_one = 1 << (2 * weight_bits - 1), round_row = 1 << (weight_bits - 1);
   for (std::uint32_t y = 0; y < h; ++y) {
@@ -217,29 +198,62 @@ inline void render(const decoded_sample& img, const image_view& v, std::uint8_t*
         std::swap(s.row0, s.row1);
         std::swap(have0, have1);
       } else {
-        interpolate_row(img, static_cast<std::uint32_t>(t.i0) - img.region.y, s.xtaps, s.row0);
+        interpolate_row<C>(img, static_cast<std::uint32_t>(t.i0) - img.region.y, s.xtaps, s.row0);
         have0 = t.i0;
       }
     }
+    const std::int32_t* r0 = s.row0.data();
     if (t.w == 0) {
-      const std::int32_t* r0 = s.row0.data();
-      for (std::uint32_t x = 0; x < w; ++x)
-        for (std::uint32_t k = 0; k < c; ++k)
-          out[k * plane + x] = static_cast<std::uint8_t>((r0[x * c + k] + round_row) >> weight_bits);
+      for (std::uint32_t k = 0; k < c; ++k) {
+        std::uint8_t* o = out + k * plane;
+        for (std::uint32_t x = 0; x < w; ++x) o[x] = static_cast<std::uint8_t>((r0[x * c + k] + round_row) >> weight_bits);
+      }
       continue;
     }
     if (have1 != t.i1) {
-      interpolate_row(img, static_cast<std::uint32_t>(t.i1) - img.region.y, s.xtaps, s.row1);
+      interpolate_row<C>(img, static_cast<std::uint32_t>(t.i1) - img.region.y, s.xtaps, s.row1);
       have1 = t.i1;
     }
-    const std::int32_t* r0 = s.row0.data();
     const std::int32_t* r1 = s.row1.data();
     const std::int32_t w1 = t.w, w0 = weight_one - t.w;
-    for (std::uint32_t x = 0; x < w; ++x)
-      for (std::uint32_t k = 0; k < c; ++k)
-        out[k * plane + x] =
-            static_cast<std::uint8_t>((r0[x * c + k] * w0 + r1[x * c + k] * w1 + round_one) >> (2 * weight_bits));
+    for (std::uint32_t k = 0; k < c; ++k) {
+      std::uint8_t* o = out + k * plane;
+      for (std::uint32_t x = 0; x < w; ++x)
+        o[x] = static_cast<std::uint8_t>((r0[x * c + k] * w0 + r1[x * c + k] * w1 + round_one) >> (2 * weight_bits));
+    }
   }
+}
+
+/// Renders view `v` of `img` into dst as channels × v.height × v.width uint8 (channels-first).
+/// Requires the taps in `s` to be those of needed_region(v, s) and img.region to cover what they read.
+inline void render(const decoded_sample& img, const image_view& v, std::uint8_t* dst, render_scratch& s) {
+  const std::uint32_t c = img.channels, h = v.height, w = v.width;
+  const std::size_t plane = static_cast<std::size_t>(h) * w;
+  if (is_identity(v) && img.region.x == 0 && img.region.y == 0 && img.region.width == w && img.region.height == h) {
+    const std::uint8_t* src = img.pixels.data();
+    if (c == 1) {
+      std::copy_n(src, plane, dst);
+    } else {
+      for (std::uint32_t k = 0; k < c; ++k)
+        for (std::size_t i = 0; i < plane; ++i) dst[k * plane + i] = src[i * c + k];
+    }
+    return;
+  }
+  // Checks the region covers what the taps read (an internal guarantee of the decoders).
+  const auto [ys0, ys1] = taps_span(s.ytaps);
+  const auto [xs0, xs1] = taps_span(s.xtaps);
+  if (ys1 > ys0 && xs1 > xs0 &&
+      (ys0 < img.region.y || ys1 > img.region.y + img.region.height || xs0 < img.region.x ||
+       xs1 > img.region.x + img.region.width))
+    throw data_error("lockstep::data: a decoder returned pixels " + std::to_string(img.region.x) + "," +
+                     std::to_string(img.region.y) + "+" + std::to_string(img.region.width) + "x" +
+                     std::to_string(img.region.height) + " that do not cover the region the image stages read");
+  if (c == 3)
+    render_rows<3>(img, v, dst, s);
+  else if (c == 1)
+    render_rows<1>(img, v, dst, s);
+  else
+    render_rows<0>(img, v, dst, s);
 }
 
 }  // namespace detail
