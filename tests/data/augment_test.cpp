@@ -137,11 +137,14 @@ TEST_CASE("augment: random_crop with padding takes a window of the zero-padded i
 
 TEST_CASE("augment: resize is bilinear with half-pixel centres, centre_crop pads, resized crop of the whole image is a resize") {
   const auto t = images(5);
-  for (auto [oh, ow] : {std::pair{12u, 10u}, std::pair{24u, 20u}, std::pair{5u, 7u}, std::pair{1u, 1u}, std::pair{31u, 3u}}) {
+  for (const auto& size : {std::pair{12u, 10u}, std::pair{24u, 20u}, std::pair{5u, 7u}, std::pair{1u, 1u}, std::pair{31u, 3u}}) {
+    const std::uint32_t oh = size.first, ow = size.second;  // not structured bindings: lambdas use them
     CAPTURE(oh);
     CAPTURE(ow);
     const auto got = rows_of(ld::indexed(t, C, H, W) | ld::resize(oh, ow) | ld::batched(2), 0, 1);
-    for (const auto& [i, row] : got)
+    for (const auto& sample : got) {
+      const std::uint64_t i = sample.first;
+      const std::vector<float>& row = sample.second;
       for (std::uint32_t c = 0; c < C; ++c)
         for (std::uint32_t y = 0; y < oh; ++y)
           for (std::uint32_t x = 0; x < ow; ++x) {
@@ -156,6 +159,7 @@ TEST_CASE("augment: resize is bilinear with half-pixel centres, centre_crop pads
                                 (p(y0 + 1, x0) * (1 - fx) + p(y0 + 1, x0 + 1) * fx) * fy;
             CHECK(std::fabs(row[(c * oh + y) * ow + x] - want) <= 1.0);
           }
+    }
   }
   const auto same = rows_of(ld::indexed(t, C, H, W) | ld::resize(H, W) | ld::batched(2), 0, 1);
   const auto plain = rows_of(ld::indexed(t, C, H, W) | ld::batched(2), 0, 1);
