@@ -84,7 +84,7 @@ TEST_CASE("interleave: every sample once, a pure function of (seed, epoch, group
       }
 }
 
-TEST_CASE("interleave: then a bounded shuffle; the global batches do not depend on workers or replicas") {
+TEST_CASE("interleave: then a bounded shuffle, and the global batches do not depend on workers or replicas") {
   const auto src = ld::indexed(std::make_shared<grouped_source>(std::vector<std::size_t>(12, 17)));
   const auto pipe = src | ld::interleave(3, 4, 5) | ld::shuffle(32, 6) | ld::batched(10);
   std::vector<std::uint64_t> global;

@@ -201,7 +201,7 @@ TEST_CASE("png: malformed, truncated and oversized files are refused naming the 
   CHECK(error_of({}).find("neither a PNG nor a JPEG") != std::string::npos);
 }
 
-TEST_CASE("jpeg: baseline, progressive and grey decode within JPEG's error; the cropped decode equals the full one") {
+TEST_CASE("jpeg: baseline, progressive and grey decode within JPEG's error and the cropped decode equals the full one") {
   const std::uint32_t w = 67, h = 45;
   std::vector<std::uint8_t> rgb(w * h * 3), grey(w * h);
   for (std::uint32_t y = 0; y < h; ++y)

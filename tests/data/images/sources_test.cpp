@@ -149,7 +149,7 @@ TEST_CASE("image_folder: list files, different sizes, corrupt files") {
   CHECK(mb.find("bad.png: PNG: byte offset") != std::string::npos);
 }
 
-TEST_CASE("tar_shards: the same samples as the folder they were made from; refusals") {
+TEST_CASE("tar_shards: the same samples as the folder they were made from and the refusals") {
   fashion_test::scratch_dir tmp;
   const fs::path dir = tmp.path();
   const std::size_t n = 23;
