@@ -255,6 +255,9 @@ TEST_CASE("index-first: a failing sample is reported at its cut, the lowest fail
     const auto db = ld::detail::make_sharded(b, 2, 1, 1);
     CHECK_THROWS_AS((void)ld::whole(*db.global), lockstep::config_error);  // holds rows 2..4 only
     CHECK_THROWS_AS((void)ld::split(*db.global, 2), lockstep::config_error);
+    const auto all = ld::detail::make_sharded(b, 2, 0, 2);  // one process keeping every shard
+    CHECK(all.global->holds_every_row());
+    CHECK(ld::whole(*all.global).size == 4);  // what a step that reads the whole batch uses
   }
   CHECK_THROWS_AS(ld::table_source(pixel_table(3, 12), 1, 3, 5), lockstep::config_error);
 }
