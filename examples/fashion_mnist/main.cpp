@@ -4,7 +4,7 @@
 //   fashion_mnist [--replicas N] [--device cpu|gpu] [--epochs E] [--batch B] [--lr LR] [--seed S]
 //                 [--model mlp|small|cnn|cnn_bn] [--checkpoint-dir DIR] [--resume] [--data DIR]
 //                 [--metrics-file FILE] [--tensorboard DIR] [--export FILE [--export-dtype f32|bf16|f16]]
-//                 [--quiet] [--workers W]
+//                 [--data-format idx|png-folder|tar-shards] [--quiet] [--workers W]
 //
 // The replica count is a run-time value: each model is instantiated once per device kind
 // (mirrored<cpus> / mirrored<gpus>), whatever N is.
@@ -32,6 +32,9 @@
 #endif
 #ifdef LOCKSTEP_HAS_MPI
 #include <lockstep/distribute/multi_worker.hpp>
+#endif
+#ifdef LOCKSTEP_HAS_IMAGES
+#include <lockstep/data/images.hpp>
 #endif
 
 #include "options.hpp"
@@ -66,10 +69,55 @@ auto images(const config& c, const char* split) {
                        (dir / (std::string(split) + "-labels-idx1-ubyte.gz")).string());
 }
 
-/// Trains on `strategy` (mirrored or multi-worker); `workers` processes take part, and this one
-/// prints when `chief`.
-template <class Net, class Kind, class Strategy>
-int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chief) {
+/// Calls f(train_set, test_set) with the pipelines of --data-format: the IDX files decoded once, or
+/// (index first) a PNG folder or tar shards written by export_images, whose batches are decoded
+/// when cut into this process's shards. All three yield the same batches, bit for bit.
+template <class F>
+int with_data(const config& c, F&& f) {
+  namespace ld = ls::data;
+  if (c.data_format == "idx") {
+    // the training set first, so that a missing directory is reported by its training file
+    auto train = images(c, "train") | ld::map(ld::scale(1.0f / 255)) | ld::shuffle(60'000, c.seed) |
+                 ld::batched(c.batch) | ld::prefetch(2);
+    auto test = images(c, "t10k") | ld::map(ld::scale(1.0f / 255)) | ld::batched(1000);
+    return f(train, test);
+  }
+#ifdef LOCKSTEP_HAS_IMAGES
+  const auto dir = std::filesystem::path(c.data);
+  const auto source = [&](const std::string& split) {
+    if (c.data_format == "png-folder") {
+      ld::image_folder_options o;
+      o.image.channels = 1;  // grey, as the IDX rows
+      o.list_file = (dir / (split + ".txt")).string();
+      return ld::image_folder((dir / split).string(), o);
+    }
+    std::vector<std::string> shards;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      if (e.path().filename().string().starts_with(split + "-") && e.path().extension() == ".tar")
+        shards.push_back(e.path().string());
+    if (shards.empty()) throw usage_error{"--data " + c.data + ": no " + split + "-*.tar shards (write them with export_images)"};
+    ld::tar_shards_options o;
+    o.image.channels = 1;
+    return ld::tar_shards(shards, o);
+  };
+  const auto train = source("train");
+  auto train_set = train | ld::map(ld::scale(1.0f / 255)) | ld::shuffle(60'000, c.seed) | ld::batched(c.batch) |
+                   ld::prefetch(2);
+  auto test_set = source("t10k") | ld::map(ld::scale(1.0f / 255)) | ld::batched(1000);
+  const int rc = f(train_set, test_set);
+  if (!c.quiet) std::fprintf(stderr, "%s", train.report().text().c_str());
+  return rc;
+#else
+  throw usage_error{"--data-format " + c.data_format + ": this build has no image component (install libpng-dev and "
+                    "libjpeg62-turbo-dev and reconfigure)"};
+#endif
+}
+
+/// Trains on `strategy` (mirrored or multi-worker) with the given pipelines; `workers` processes
+/// take part, and this one prints when `chief`.
+template <class Net, class Kind, class Strategy, class Train, class Test>
+int train_with(Strategy& strategy, const config& c, std::size_t workers, bool chief, const Train& train_set,
+               const Test& test_set) {
   const std::size_t n = strategy.num_replicas();
   const bool quiet = c.quiet || !chief;
   // Each process sees the cores it may run on (mpirun binds a worker to its own cores).
@@ -77,10 +125,6 @@ int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chie
     std::fprintf(stderr, "warning: %zu cpu replicas on %d allowed cores: the replicas share cores (oversubscribed)\n",
                  n, ls::allowed_cpu_count());
   auto model = strategy.template replicate<Net>(ls::seed{c.seed});
-
-  const auto train_set = images(c, "train") | ls::data::map(ls::data::scale(1.0f / 255)) |
-                         ls::data::shuffle(60'000, c.seed) | ls::data::batched(c.batch) | ls::data::prefetch(2);
-  const auto test_set = images(c, "t10k") | ls::data::map(ls::data::scale(1.0f / 255)) | ls::data::batched(1000);
 
   const std::uint64_t steps_per_epoch = (60'000 + c.batch - 1) / c.batch;
   const std::uint64_t epochs = epochs_of(c);
@@ -119,6 +163,15 @@ int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chie
     std::fflush(stdout);
   }
   return 0;
+}
+
+/// Trains on `strategy` (mirrored or multi-worker) with the data of --data-format; `workers`
+/// processes take part, and this one prints when `chief`.
+template <class Net, class Kind, class Strategy>
+int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chief) {
+  return with_data(c, [&](const auto& train_set, const auto& test_set) {
+    return train_with<Net, Kind>(strategy, c, workers, chief, train_set, test_set);
+  });
 }
 
 template <class Net, class Kind>

@@ -80,7 +80,12 @@ void describe(CLI::App& app, config& c) {
                  "CNN: conv5x5(32), maxpool2, conv5x5(64), maxpool2, dense 1024, dropout 0.4, dense 10) or cnn_bn "
                  "(cnn with batch normalisation after each convolution)")
       ->check(CLI::IsMember({"mlp", "small", "cnn", "cnn_bn"}));
-  app.add_option("--data", c.data, "directory holding the Fashion-MNIST *-ubyte.gz files");
+  app.add_option("--data", c.data,
+                 "directory of the data set: the *-ubyte.gz files (idx), or what export_images wrote (png-folder: "
+                 "train/, train.txt, t10k/, t10k.txt; tar-shards: train-*.tar, t10k-*.tar)");
+  app.add_option("--data-format", c.data_format,
+                 "idx (decoded once), png-folder or tar-shards (index first: each process decodes only its rows)")
+      ->check(CLI::IsMember({"idx", "png-folder", "tar-shards"}));
   app.add_option("--checkpoint-dir", c.checkpoint_dir, "write a checkpoint after every epoch into this directory");
   app.add_option("--metrics-file", c.metrics_file, "append one JSON object per epoch to this file");
   app.add_option("--tensorboard", c.tensorboard,

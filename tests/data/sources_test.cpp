@@ -494,7 +494,7 @@ TEST_CASE("csv: a field quoted in a message is escaped and cut short") {
         std::string::npos);
 }
 
-TEST_CASE("csv: numbers are rounded to float; out of float range is its own error") {
+TEST_CASE("csv: numbers are rounded to float and out of float range is its own error") {
   temp_dir dir;
   const std::string p = dir.file("n.csv");
   std::ofstream(p) << "1e-50,-1e-50,1e-40,1e-999,3.4e38,-3.4e38\n";
