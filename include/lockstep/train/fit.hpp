@@ -421,6 +421,7 @@ public:
     ctl.step = st.step;
     ctl.epoch = st.epoch;
     h.resumed_from_step = st.step;
+    resume_note_ = resume_line(source, st.epoch, st.step);
   }
 
   /// Opens the metrics file and the progress display (after resuming).
@@ -428,7 +429,8 @@ public:
     if (!o_.metrics_file.empty() && chief_) mlog_.emplace(o_.metrics_file);
     progress_options po = o_.progress;
     po.quiet = po.quiet || o_.quiet || !chief_;
-    bar_.emplace(po, o_.epochs);
+    bar_.emplace(po, o_.epochs, o_.max_steps);
+    if (o_.resume && ckpt_) bar_->note(resume_note_.empty() ? fresh_start_line(o_.checkpoint_dir) : resume_note_);
     expected_steps_ = o_.steps_per_epoch;
   }
 
@@ -445,7 +447,7 @@ public:
   void begin_epoch(std::uint64_t e) {
     ctl.epoch = e;
     t0_ = std::chrono::steady_clock::now();
-    bar_->begin_epoch(e, expected_steps_);
+    bar_->begin_epoch(e, expected_steps_, ctl.step, e == start_epoch ? skip_ : 0);
     const bool resumed = e == start_epoch;
     correct_ = resumed ? resumed_.correct : 0;
     labelled_ = resumed ? resumed_.labelled : 0;
@@ -578,6 +580,7 @@ private:
   std::optional<io::checkpoint_manager> ckpt_;
   std::optional<metrics_log> mlog_;
   std::optional<progress> bar_;
+  std::string resume_note_;  // resume_line of the checkpoint resumed from (empty: a fresh start)
   struct epoch_sums {
     double loss_sum = 0;
     std::uint64_t samples = 0, steps = 0, labelled = 0, correct = 0;
@@ -623,7 +626,11 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   const shard_plan plan = w.plan();
   fit_session run(o, optimizer.lr, plan.parts, w.is_chief());  // plan.parts: the replicas of every worker
   if (const auto ck = run.checkpoint_to_resume()) {
-    check_resumable(m, optimizer, ck->first, ck->second);
+    try {
+      check_resumable(m, optimizer, ck->first, ck->second);
+    } catch (const checkpoint_error& e) {  // the checkpoint is another run's: say what to do
+      throw checkpoint_error(std::string(e.what()) + " (use another checkpoint_dir, or drop resume)");
+    }
     run.resume_from(ck->first, ck->second);  // refuses callback states that do not fit, before the model changes
     restore(m, static_cast<const model_state&>(ck->first), optimizer, ck->second);
   }

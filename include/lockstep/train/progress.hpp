@@ -166,7 +166,9 @@ public:
   void end_epoch(const epoch_stats& s) {
     if (o_.quiet) return;
     if (live() && drawn_) std::fputs("\r\033[K", out_);
-    std::fprintf(out_, "%s\n", epoch_line(s, shown_epochs_, max_steps_).c_str());
+    // the epoch in which the budget ran out is the last one, whether or not its length was known
+    const std::uint64_t shown = max_steps_ != 0 && s.global_step >= max_steps_ ? s.epoch + 1 : shown_epochs_;
+    std::fprintf(out_, "%s\n", epoch_line(s, shown, max_steps_).c_str());
     std::fflush(out_);
   }
 
