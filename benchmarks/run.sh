@@ -73,6 +73,8 @@ targets=(bench_step bench_conv bench_scaling bench_allreduce bench_pipeline benc
 run build_configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=OFF -DLOCKSTEP_BUILD_TESTS=OFF \
   -DLOCKSTEP_FUZZ=OFF -DLOCKSTEP_HOST_GEMM="$host_gemm"
 run build cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
+# The image benchmark needs the image component (libpng, libjpeg-turbo); a failure is logged.
+run build_images cmake --build "$build" -j "$(nproc)" --target bench_images
 for t in "${targets[@]}"; do
   [ -x "$build/benchmarks/$t" ] || [ -x "$build/examples/$t" ] || log "$t was not built (see $results/build.log)"
 done
@@ -131,6 +133,9 @@ run ours_scaling_mpi mpirun "${mpi_env[@]}" -np 2 "$b/bench_scaling"
 run ours_allreduce "$b/bench_allreduce"
 run ours_allreduce_mpi mpirun "${mpi_env[@]}" -np 2 "$b/bench_allreduce"
 run ours_pipeline "$b/bench_pipeline" --epochs "$pipe_epochs"
+images_dir=$build/bench-images
+run ours_images_write "$b/bench_images" --write "$images_dir"
+run ours_images "$b/bench_images" --dir "$images_dir" --epochs "$pipe_epochs"
 run ours_mainjob "$build/examples/fashion_mnist" --quiet --epochs "$epochs"
 run ours_mainjob_sharded "$build/examples/fashion_mnist" --quiet --epochs "$epochs" --shard-optimizer
 run ours_compile benchmarks/compile_cost.sh
@@ -157,6 +162,7 @@ else
     for c in S M L cnn; do run "tf_step_$c" "$tf_py" benchmarks/peers/tf_bench.py step --config "$c" "${pr[@]}"; done
     for r in 1 2; do run "tf_mirrored_$r" "$tf_py" benchmarks/peers/tf_bench.py mirrored --replicas "$r" "${mr[@]}"; done
     run tf_pipeline "$tf_py" benchmarks/peers/tf_bench.py pipeline --epochs "$pipe_epochs"
+    run tf_images "$tf_py" benchmarks/peers/tf_images.py --dir "$images_dir" --epochs "$pipe_epochs"
     for m in one mirrored; do run "tf_mainjob_$m" "$tf_py" benchmarks/peers/tf_bench.py mainjob --mode "$m" --epochs "$epochs"; done
   fi
   if [ -n "$torch_py" ]; then

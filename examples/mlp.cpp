@@ -10,10 +10,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <numeric>
+#include <string>
+#include <system_error>
 #include <vector>
 
 #include <lockstep/lockstep.hpp>
@@ -78,10 +80,19 @@ double accuracy(Replica& rep, const ls::data::batch& b) {
   return static_cast<double>(correct) / static_cast<double>(b.rows());
 }
 
-}  // namespace
+/// The epochs of the command line (default 8). @throws config_error for anything but an integer >= 1.
+std::size_t epochs_of(int argc, char** argv) {
+  if (argc < 2) return 8;
+  const std::string text = argv[1];
+  std::size_t n = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc{} || end != text.data() + text.size() || n == 0)
+    throw ls::config_error("usage: mlp [epochs]: '" + text + "' is not a number of epochs (an integer >= 1)");
+  return n;
+}
 
-int main(int argc, char** argv) {
-  const std::size_t epochs = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 8;
+int train(int argc, char** argv) {
+  const std::size_t epochs = epochs_of(argc, argv);
   const std::size_t batch_size = 64;
   const std::uint64_t seed = 42;
 
@@ -127,4 +138,12 @@ int main(int argc, char** argv) {
   const double final_accuracy = accuracy(rep, test);
   fmt::print("trained {} steps in {:.2f} s; final test accuracy {:.2f}%\n", step, seconds, 100 * final_accuracy);
   return final_accuracy > 0.5 ? 0 : 1;
+}
+
+}  // namespace
+
+// An error ends the program with `error: <what>` on stderr and exit code 2 (1 for an error that is
+// not lockstep's).
+int main(int argc, char** argv) {
+  return ls::run_main([&] { return train(argc, argv); });
 }

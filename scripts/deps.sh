@@ -7,9 +7,11 @@
 # scripts/test.sh builds and runs the host tests with clang++ as well as g++.
 # libopenmpi-dev, openmpi-bin: Open MPI for the multi-worker strategies and their tests (label mpi).
 # libdnnl-dev: oneDNN, for the LOCKSTEP_HOST_GEMM=onednn build that scripts/test.sh tests as well.
+# libpng-dev, libjpeg62-turbo-dev: libpng and libjpeg-turbo (its libjpeg API) for the optional image
+# component (lockstep::images: PNG and JPEG decoding, image folders, tar shards) and its tests.
 lockstep_packages=(cmake g++ clang make libopenblas-dev doctest-dev libfmt-dev libcli11-dev zlib1g-dev
                    libblas-dev libgfortran-12-dev dataset-fashion-mnist libclang-rt-14-dev libopenmpi-dev
-                   openmpi-bin libdnnl-dev)
+                   openmpi-bin libdnnl-dev libpng-dev libjpeg62-turbo-dev)
 
 lockstep_install_deps() {
   local missing=() p

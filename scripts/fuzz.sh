@@ -7,7 +7,8 @@
 #
 #   scripts/fuzz.sh [--build-only | --no-build] [SECONDS [HARNESS...]]
 #
-# SECONDS defaults to 300; HARNESS is any of idx csv checkpoint checkpoint_crc safetensors (default: all).
+# SECONDS defaults to 300; HARNESS is any of idx csv checkpoint checkpoint_crc safetensors tar npy
+# png jpeg (default: all; png and jpeg need libpng and libjpeg-turbo).
 # Environment: LOCKSTEP_FUZZ_DIR (build directory, default build-fuzz), LOCKSTEP_FUZZ_CXX (the
 # clang++ to use, default clang++). The corpus of each harness grows in $LOCKSTEP_FUZZ_DIR/corpus/,
 # and the input of a failure is written to $LOCKSTEP_FUZZ_DIR/artifacts/. Exit code: 0 when no
@@ -22,7 +23,7 @@ esac
 seconds=${1:-300}
 if (($# > 0)); then shift; fi
 harnesses=("$@")
-if ((${#harnesses[@]} == 0)); then harnesses=(idx csv checkpoint checkpoint_crc safetensors); fi
+if ((${#harnesses[@]} == 0)); then harnesses=(idx csv checkpoint checkpoint_crc safetensors tar npy png jpeg); fi
 dir=${LOCKSTEP_FUZZ_DIR:-build-fuzz}
 cxx=${LOCKSTEP_FUZZ_CXX:-clang++}
 

@@ -1,47 +1,240 @@
 #!/usr/bin/env bash
-# Runs lockstep's GPU tests, benchmarks and sanitizer checks on a machine with a CUDA GPU and gives
-# a verdict that cannot pass falsely. Works offline: no apt, no pip, no network.
+# Runs lockstep's GPU tests, benchmarks, example and sanitizer checks on a machine with a CUDA GPU
+# and gives a verdict that cannot pass falsely. Works offline: no apt, no pip, no network.
 #
-#   scripts/gpu-check.sh --bundle DIR   runs the programs of a bundle made by scripts/gpu-bundle.sh
-#                                       (no compiler or CMake needed; the usual way)
-#   scripts/gpu-check.sh --build        fallback: builds test_cuda, bench_cuda_mlp and
-#                                       fashion_mnist_cuda here with CMake and nvcc first
-#                                       (LOCKSTEP_GPU_BUILD_DIR, default build-gpu)
+#   scripts/gpu-check.sh --bundle DIR [--out DIR]   the programs of a bundle (scripts/gpu-bundle.sh;
+#                                                   no compiler or CMake needed: the usual way)
+#   scripts/gpu-check.sh --build [--out DIR]        builds test_cuda, bench_cuda_mlp and
+#                                                   fashion_mnist_cuda here first (CMake, nvcc and
+#                                                   the libraries of scripts/deps.sh; folder
+#                                                   LOCKSTEP_GPU_BUILD_DIR, default build-gpu)
+#   scripts/gpu-check.sh --verdict DIR              the verdict of a recorded run: DIR holds the raw
+#                                                   logs a run archives in logs.tar.gz (the CTest
+#                                                   dry run checks the verdict logic this way)
 #
-# One deadline: the whole check ends within 420 s (LOCKSTEP_GPU_CHECK_DEADLINE to change it); each
-# phase gets at most its own limit and what is left. Every phase's full log and summary.txt
-# (rewritten after every phase, so a killed run still explains itself) go to $OUT/gpu-check when
-# OUT is set, otherwise to <bundle or build folder>/gpu-check.
+# Output: the folder --out DIR, else $OUT when set, else <bundle or build folder>/gpu-check, holds
+# four files, rewritten after every phase so that a run stopped from outside still explains
+# itself: summary.txt (phases, figures, ratios, verdict), environment.txt (GPUs, driver, CUDA
+# runtime, the cuBLAS and NCCL actually loaded and from where, compute-sanitizer, PyTorch),
+# failures.txt (every failing doctest block and sanitizer report) and logs.tar.gz (every log).
+# Programs write their logs line-buffered (stdbuf), so a crash keeps its last lines.
 #
-# cuBLAS and NCCL are looked up, in this order, in: the folders of LD_LIBRARY_PATH; the CUDA
-# toolkit's library folders ($CUDA_HOME/lib64, /usr/local/cuda/lib64, /usr/local/cuda-*/lib64 and
-# their targets/x86_64-linux/lib); the nvidia/*/lib folders of the Python packages of python3
-# (PyTorch's pip dependencies such as nvidia-cublas and nvidia-nccl). What was found is reported
-# and put first on LD_LIBRARY_PATH.
+# Time: the core verdict (tests, benchmark, example) is printed within 240 s of the start, with
+# lockstep's figures; then the PyTorch baseline and compute-sanitizer run; everything ends within
+# 360 s (LOCKSTEP_GPU_CHECK_DEADLINE). cuBLAS and NCCL are looked up in LD_LIBRARY_PATH, the CUDA
+# toolkit's folders and python3's nvidia/*/lib (PyTorch's pip packages); what was found is put on
+# LD_LIBRARY_PATH for lockstep's programs only (PyTorch runs with the environment it was given).
 #
-# Phases: environment, tests (every doctest case of test_cuda, failures printed in full), bench
-# (bench_cuda_mlp), fashion (one epoch of Fashion-MNIST on the GPU), torch (PyTorch on the same
-# MLP, when importable), memcheck and racecheck (compute-sanitizer on the reducer tests).
-# Exit code and last line:
-#   0 "gpu-check: PASSED ..."                     every phase passed, GPU tests ran on a GPU
-#   2 "gpu-check: FAILED: no GPU: not verified"   no usable CUDA device (nothing was verified)
-#   3 "... environment: ..."                      programs or libraries missing
-#   4 "... tests failed ..."                      a test case failed or test_cuda crashed
-#   5 "... no test ran on a GPU ..."              GPU cases were skipped ("no CUDA device") or none ran
-#   6 "... benchmark printed no figure ..."       bench or fashion did not print its figures
-#   7 "... sanitizer ..."                         compute-sanitizer reported errors or is missing
-#   8 "... deadline ..."                          a phase was stopped by the deadline
+# Verdict: one line per part (environment, core, bench, example, memcheck, racecheck, initcheck,
+# synccheck), one per GPU feature whose cases test_cuda has (batch_norm, batched_conv,
+# graph_capture, zero1: cases that name one in brackets, "gpu: [batch_norm] ..."; outside the exit code, so
+# a broken feature cannot hide whether the core works), and the baseline ratios. The core passes
+# only when every other case that `test_cuda --list-test-cases --test-case='gpu: *'` lists (and
+# 'multigpu: *' with two GPUs) printed "lockstep-gpu-case: ran <name>" and none failed; bench only
+# with exit 0, every figure present and every check=pass; example only when it reached the
+# accuracy (LOCKSTEP_GPU_CHECK_MIN_ACCURACY, default 0.80 after one epoch); a sanitizer only when
+# its case filter matched cases, all of them ran, and it reported no error.
+# Exit code (the first failing part's; features never change it):
+#   0 "gpu-check: PASSED"                 every part passed on a GPU
+#   2 no GPU: nothing was verified        3 environment: programs, libraries, or a GPU CUDA cannot see
+#   4 a test case failed or crashed       5 an expected GPU case did not run
+#   6 bench or example failed             7 a sanitizer failed, found errors or ran too few cases
+#   8 a phase was stopped by the deadline
 set -uo pipefail
 start=$SECONDS
-deadline=$((start + ${LOCKSTEP_GPU_CHECK_DEADLINE:-420}))
 root=$(cd "$(dirname "$0")" && pwd)
-mode="" bundle=""
-case "${1:-}" in
-  --bundle) mode=bundle; bundle=$(cd "${2:?--bundle needs a folder}" && pwd) ;;
-  --build) mode=build ;;
-  *) echo "usage: $0 --bundle DIR | --build" >&2; exit 3 ;;
-esac
+min_accuracy=${LOCKSTEP_GPU_CHECK_MIN_ACCURACY:-0.80}
+mode="" bundle="" out="" recorded=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bundle) mode=bundle; bundle=$(cd "${2:?--bundle needs a folder}" && pwd) || exit 3; shift 2 ;;
+    --build) mode=build; shift ;;
+    --verdict) mode=verdict; recorded=$(cd "${2:?--verdict needs a folder}" && pwd) || exit 3; shift 2 ;;
+    --out) out=${2:?--out needs a folder}; shift 2 ;;
+    *) echo "usage: $0 --bundle DIR | --build | --verdict DIR  [--out DIR]" >&2; exit 3 ;;
+  esac
+done
+[ -n "$mode" ] || { echo "usage: $0 --bundle DIR | --build | --verdict DIR  [--out DIR]" >&2; exit 3; }
 
+# The sanitizers' case filters (doctest --test-case) and limits: memcheck over every kernel family
+# (elementwise, GEMM, every layer, losses, optimisers, the reducers); racecheck and synccheck over
+# the kernels with shared memory and barriers; initcheck over losses, optimisers and reducers.
+declare -A san_filter=(
+  [memcheck]='gpu: elementwise*,gpu: gemm*,gpu: every layer*,gpu: losses match*,gpu: optimisers*,gpu: softmax*,gpu: the on-device reducer*,gpu: reduce_to_one_device on one GPU*'
+  [racecheck]='gpu: elementwise*,gpu: losses match*,gpu: the on-device reducer*'
+  [initcheck]='gpu: losses match*,gpu: optimisers*,gpu: the on-device reducer*,gpu: reduce_to_one_device on one GPU*'
+  [synccheck]='gpu: elementwise*,gpu: losses match*'
+)
+declare -A san_limit=([memcheck]=60 [racecheck]=30 [initcheck]=25 [synccheck]=25)
+sanitizers=(memcheck racecheck initcheck synccheck)
+# GPU features: a case that tests one names it in brackets ("gpu: [batch_norm] ...").
+features=(batch_norm batched_conv graph_capture zero1)
+declare -A feature_pattern=([batch_norm]='\[batch_norm\]' [batched_conv]='\[batched_conv\]'
+                            [graph_capture]='\[graph_capture\]' [zero1]='\[zero1\]')
+
+# ------------------------------------------------------------------------------------------------
+# The verdict of the raw logs in folder $1 (see the file comment): prints the verdict lines,
+# returns the exit code. Reads only files; the dry run calls it on recorded folders.
+# ------------------------------------------------------------------------------------------------
+field() { sed -n "s/.*[[:space:]]$1=\\([^[:space:]]*\\).*/\\1/p" | head -n1; }  # value of key=value
+rc_of() { if [ -f "$1" ]; then cat "$1"; else echo none; fi; }
+nlines() { if [ -f "$1" ]; then grep -c . "$1"; else echo 0; fi; }  # non-empty lines of a file
+verdict() {
+  local d=$1 code=0 failed=() line
+  set_fail() { [ "$code" -eq 0 ] && code=$1; failed+=("$2"); }
+  # environment
+  local cuda_devices smi_gpus env_note
+  cuda_devices=$(grep -h '^lockstep-env:' "$d/env.log" 2>/dev/null | field devices)
+  smi_gpus=$(nlines "$d/gpus.txt")
+  if [ -s "$d/missing.txt" ]; then
+    echo "environment: FAIL (cannot start the programs: $(cat "$d/missing.txt"))"
+    set_fail 3 environment
+  elif [ -z "$cuda_devices" ]; then
+    echo "environment: FAIL (test_cuda did not report the CUDA environment; see env.log)"
+    set_fail 3 environment
+  elif [ "$cuda_devices" -eq 0 ] && [ "${smi_gpus:-0}" -gt 0 ]; then
+    echo "environment: FAIL (nvidia-smi lists $smi_gpus GPU(s) but CUDA sees none: $(sed -n 's/^lockstep-env: no CUDA device: //p' "$d/env.log" | head -n1))"
+    set_fail 3 environment
+  elif [ "$cuda_devices" -eq 0 ]; then
+    env_note=$(sed -n 's/^lockstep-env: no CUDA device: //p' "$d/env.log" | head -n1)
+    echo "environment: FAIL (no GPU: no CUDA device: ${env_note:-CUDA reports 0 devices}; nothing was verified)"
+    set_fail 2 "no GPU"
+  else
+    echo "environment: PASS ($cuda_devices CUDA device(s); $(grep -h '^lockstep-env:' "$d/env.log" | grep -o 'name=[^ ]*' | head -n1))"
+  fi
+  if [ "$code" -ne 0 ]; then
+    echo "gpu-check: FAILED: ${failed[*]} (exit $code)"
+    return "$code"
+  fi
+  # core: every expected GPU case that is not a feature's ran, and none of them failed (a failing
+  # feature case is the feature's verdict, not the core's); a crash fails the core.
+  local trc expected ran missing nmiss failing all_features
+  all_features=$(printf '%s|' "${feature_pattern[@]}"); all_features=${all_features%|}
+  trc=$(rc_of "$d/tests.rc")
+  expected=0 ran=0 missing=()
+  while IFS= read -r name; do
+    [ -z "$name" ] && continue
+    grep -qiE "$all_features" <<<"$name" && continue
+    expected=$((expected + 1))
+    if grep -qF "lockstep-gpu-case: ran $name (" "$d/tests.log" 2>/dev/null; then ran=$((ran + 1)); else missing+=("$name"); fi
+  done < <(cat "$d/expected-gpu.txt" 2>/dev/null)
+  nmiss=${#missing[@]}
+  failing=$(grep -h '^TEST CASE:' "$d/tests.log" 2>/dev/null | sed 's/^TEST CASE: *//' | grep -viE "$all_features" | sort -u |
+            head -n 3 | paste -sd ';' -)
+  if [ "$expected" -eq 0 ]; then
+    echo "core: FAIL (test_cuda lists no GPU case)"; set_fail 5 core
+  elif [ "$trc" = 124 ] || [ "$trc" = 137 ]; then
+    echo "core: FAIL (stopped by the deadline after $ran of $expected expected GPU cases)"; set_fail 8 core
+  elif ! grep -q '^\[doctest\] test cases:' "$d/tests.log" 2>/dev/null; then
+    echo "core: FAIL (test_cuda exit $trc without its summary: a crash after $ran of $expected expected GPU cases; see failures.txt)"
+    set_fail 4 core
+  elif [ -n "$failing" ]; then
+    echo "core: FAIL (failing: $failing; $ran of $expected expected GPU cases ran)"; set_fail 4 core
+  elif [ "$nmiss" -gt 0 ]; then
+    echo "core: FAIL ($nmiss of $expected expected GPU case(s) did not run: $(printf '%s; ' "${missing[@]:0:3}" | sed 's/; $//'))"
+    set_fail 5 core
+  else
+    echo "core: PASS ($ran of $expected expected GPU cases ran, 0 failed)"
+  fi
+  # bench: exit 0, every figure, every check=pass
+  local brc absent bad
+  brc=$(rc_of "$d/bench.rc")
+  absent=""
+  for key in 'gpu_config=L precision=fp32' 'gpu_config=L precision=tf32' 'gpu_cnn ' 'cublas_sgemm_ceiling ' 'same_device_reducer ' 'device_memcpy_gb_per_s='; do
+    grep -q "^$key" "$d/bench.log" 2>/dev/null || absent+=" '${key% }'"
+  done
+  bad=$(grep -h 'check=' "$d/bench.log" 2>/dev/null | grep -v 'check=pass' | awk '{print $1}' | paste -sd ' ' -)
+  if [ "$brc" = 124 ] || [ "$brc" = 137 ]; then
+    echo "bench: FAIL (stopped by the deadline)"; set_fail 8 bench
+  elif [ "$brc" != 0 ] || [ -n "$absent" ] || [ -n "$bad" ]; then
+    echo "bench: FAIL (exit $brc${absent:+; missing:$absent}${bad:+; check mismatch in: $bad})"; set_fail 6 bench
+  else
+    echo "bench: PASS ($(grep -h '^gpu_config=L precision=fp32' "$d/bench.log" | field samples_per_s) samples/s fp32, every check passed)"
+  fi
+  # example: exit 0 and the accuracy
+  local erc acc
+  erc=$(rc_of "$d/example.rc")
+  acc=$(sed -n 's/^test_accuracy=\([0-9.]*\).*/\1/p' "$d/example.log" 2>/dev/null | tail -n1)
+  if [ "$erc" = 124 ] || [ "$erc" = 137 ]; then
+    echo "example: FAIL (stopped by the deadline)"; set_fail 8 example
+  elif [ "$erc" != 0 ] || [ -z "$acc" ]; then
+    echo "example: FAIL (fashion_mnist_cuda exit $erc, ${acc:+test_accuracy=$acc}${acc:-no test_accuracy line})"; set_fail 6 example
+  elif awk -v a="$acc" -v m="$min_accuracy" 'BEGIN { exit !(a + 0 < m + 0) }'; then
+    echo "example: FAIL (test_accuracy=$acc below $min_accuracy after one epoch)"; set_fail 6 example
+  else
+    echo "example: PASS (test_accuracy=$acc >= $min_accuracy after one epoch)"
+  fi
+  # sanitizers: the filter matched cases, all ran, no error
+  local tool src want got errs
+  for tool in "${sanitizers[@]}"; do
+    src=$(rc_of "$d/$tool.rc")
+    want=$(cat "$d/$tool.expected" 2>/dev/null || echo "")
+    got=$(grep -c '^lockstep-gpu-case: ran ' "$d/$tool.log" 2>/dev/null)
+    errs=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$d/$tool.log" 2>/dev/null | tail -n1)
+    if [ "$src" = none ] || [ -z "$want" ]; then
+      echo "$tool: FAIL (not run$( [ -f "$d/$tool.skip" ] && echo ": $(cat "$d/$tool.skip")"))"; set_fail 7 "$tool"
+    elif [ "$want" -eq 0 ]; then
+      echo "$tool: FAIL (its case filter matched no case)"; set_fail 7 "$tool"
+    elif [ "$src" = 124 ] || [ "$src" = 137 ]; then
+      echo "$tool: FAIL (stopped by the deadline; ${got:-0} of $want cases)"; set_fail 8 "$tool"
+    elif [ "$src" = 97 ] || [ "${errs:-0}" -gt 0 ]; then
+      echo "$tool: FAIL (${errs:-some} error(s) reported; see failures.txt)"; set_fail 7 "$tool"
+    elif [ "$src" != 0 ]; then
+      echo "$tool: FAIL (exit $src: a case failed or crashed under it; see failures.txt)"; set_fail 7 "$tool"
+    elif [ -z "$got" ] || [ "$got" -lt "$want" ]; then
+      echo "$tool: FAIL (${got:-0} of the $want cases it was pointed at ran on a GPU)"; set_fail 7 "$tool"
+    else
+      echo "$tool: PASS ($got of $want cases, 0 errors)"
+    fi
+  done
+  # features of Part B: informational
+  local f names fran ffail
+  for f in "${features[@]}"; do
+    names=$(grep -iE "${feature_pattern[$f]}" "$d/expected-gpu.txt" 2>/dev/null)
+    [ -z "$names" ] && continue
+    fran=0 ffail=0
+    while IFS= read -r name; do
+      grep -qF "lockstep-gpu-case: ran $name (" "$d/tests.log" && fran=$((fran + 1))
+      grep -qF "TEST CASE:  $name" "$d/tests.log" && ffail=$((ffail + 1))
+    done <<<"$names"
+    local fn
+    fn=$(grep -c . <<<"$names")
+    if [ "$fran" -eq "$fn" ] && [ "$ffail" -eq 0 ]; then echo "$f: PASS ($fran case(s))"
+    else echo "$f: FAIL ($fran of $fn case(s) ran, $ffail failed)"; fi
+  done
+  # baseline ratios: informational
+  local mine theirs p
+  if [ -s "$d/torch.log" ] && grep -q '^torch_config=L precision=' "$d/torch.log"; then
+    line="baseline:"
+    for p in fp32 tf32 bf16; do
+      theirs=$(grep -h "^torch_config=L precision=$p" "$d/torch.log" | field samples_per_s)
+      mine=$(grep -h "^gpu_config=L precision=$p" "$d/bench.log" 2>/dev/null | field samples_per_s)
+      if [ -n "$mine" ] && [ -n "$theirs" ]; then line+=" mlp_$p=$(awk -v a="$mine" -v b="$theirs" 'BEGIN{printf "%.2f", a/b}')x"
+      else line+=" mlp_$p=n/a(lockstep ${mine:-none}, torch ${theirs:-none})"; fi
+    done
+    theirs=$(grep -h '^torch_cnn ' "$d/torch.log" | field samples_per_s)
+    mine=$(grep -h '^gpu_cnn ' "$d/bench.log" 2>/dev/null | field samples_per_s)
+    if [ -n "$mine" ] && [ -n "$theirs" ]; then line+=" cnn_fp32=$(awk -v a="$mine" -v b="$theirs" 'BEGIN{printf "%.2f", a/b}')x"
+    else line+=" cnn_fp32=n/a"; fi
+    echo "$line (lockstep samples/s over PyTorch's)"
+  else
+    echo "baseline: not measured ($(head -n1 "$d/torch.log" 2>/dev/null || echo 'PyTorch not run'))"
+  fi
+  if [ "$code" -eq 0 ]; then echo "gpu-check: PASSED"
+  else echo "gpu-check: FAILED: ${failed[*]} (exit $code)"; fi
+  return "$code"
+}
+
+if [ "$mode" = verdict ]; then
+  verdict "$recorded"
+  exit $?
+fi
+
+# ------------------------------------------------------------------------------------------------
+# A run: raw logs in $work; the four output files in $outdir.
+# ------------------------------------------------------------------------------------------------
+deadline=$((start + ${LOCKSTEP_GPU_CHECK_DEADLINE:-360}))
+core_deadline=$((start + ${LOCKSTEP_GPU_CHECK_CORE_DEADLINE:-240}))
 if [ "$mode" = bundle ]; then
   bin="$bundle/bin"; data="$bundle/data/fashion-mnist"; torch_py="$bundle/torch_mlp.py"; base="$bundle"
 else
@@ -50,92 +243,101 @@ else
   bin="$build/tests/cuda"; data=/usr/share/datasets/fashion-mnist; torch_py="$src/benchmarks/cuda/torch_mlp.py"
   base="$build"
 fi
-logs="${OUT:-$base}/gpu-check"
-mkdir -p "$logs"
-summary="$logs/summary.txt"
+outdir=${out:-${OUT:-$base/gpu-check}}
+mkdir -p "$outdir" || exit 3
+outdir=$(cd "$outdir" && pwd)
+rm -f "$outdir/summary.txt" "$outdir/environment.txt" "$outdir/failures.txt" "$outdir/logs.tar.gz"
+work=$(mktemp -d "${TMPDIR:-/tmp}/lockstep-gpu-check.XXXXXX") || exit 3
+trap 'rm -rf "$work"' EXIT
+phases=()
 
-declare -A status
-order=()
-notes=()
-codes=()     # exit codes of failures, first one wins
-reasons=()
-
-write_summary() {  # summary.txt: phases so far, notes, and the verdict line when known
+# summary.txt, environment.txt, failures.txt and logs.tar.gz from what $work holds so far.
+publish() {
   {
-    echo "lockstep gpu-check ($mode${bundle:+ $bundle}), $((SECONDS - start)) s of $((deadline - start)) s"
-    for p in "${order[@]}"; do printf '%-12s %s\n' "$p" "${status[$p]}"; done
-    for n in "${notes[@]}"; do echo "$n"; done
-    [ -n "${1:-}" ] && echo "$1"
-  } >"$summary"
+    echo "lockstep gpu-check ($mode${bundle:+ $bundle}), $((SECONDS - start)) s"
+    for p in "${phases[@]}"; do echo "  $p"; done
+    [ -f "$work/figures.txt" ] && { echo "figures:"; sed 's/^/  /' "$work/figures.txt"; }
+    [ -f "$work/verdict.txt" ] && cat "$work/verdict.txt"
+  } >"$outdir/summary.txt"
+  {
+    cat "$work/gpus.txt" 2>/dev/null | sed 's/^/nvidia-smi: /'
+    grep -h '^lockstep-env:' "$work/env.log" 2>/dev/null
+    cat "$work/libraries.txt" 2>/dev/null
+    echo "LD_LIBRARY_PATH for lockstep's programs: ${lockstep_ld:-}"
+    cat "$work/tools.txt" 2>/dev/null
+  } >"$outdir/environment.txt"
+  {
+    for f in "$work"/tests.log "$work"/memcheck.log "$work"/racecheck.log "$work"/initcheck.log "$work"/synccheck.log; do
+      [ -f "$f" ] || continue
+      awk -v src="$(basename "$f")" '
+        /^=+$/ { if (block != "" && keep) print "[" src "]\n" block; block = $0 "\n"; keep = 0; next }
+        { block = block $0 "\n" }
+        /ERROR:|FATAL ERROR|SIGSEGV|SIGABRT|SIGBUS|SIGFPE/ { keep = 1 }
+        END { if (block != "" && keep) print "[" src "]\n" block }' "$f"
+      grep -h -A12 -E '^========= (Invalid|Uninitialized|Race|Barrier|Error|Program hit)' "$f" 2>/dev/null | head -n 200
+    done
+    for p in bench example; do
+      [ -f "$work/$p.rc" ] && [ "$(cat "$work/$p.rc")" != 0 ] && { echo "[$p.log, last lines]"; tail -n 20 "$work/$p.log"; }
+    done
+  } >"$outdir/failures.txt" 2>/dev/null
+  tar -czf "$outdir/logs.tar.gz" -C "$work" . 2>/dev/null
 }
-fail() { codes+=("$1"); reasons+=("$2"); }
-finish() {
-  local line code=0
-  if [ ${#codes[@]} -eq 0 ]; then
-    line="gpu-check: PASSED (logs in $logs)"
-  else
-    code=${codes[0]}
-    local joined
-    joined=$(printf '%s; ' "${reasons[@]}")
-    line="gpu-check: FAILED: ${joined%; } (logs in $logs)"
-  fi
-  write_summary "$line"
-  echo
-  cat "$summary"
-  exit "$code"
-}
-on_signal() { fail 8 "deadline: the check was stopped from outside"; finish; }
+on_signal() { phases+=("stopped from outside after $((SECONDS - start)) s"); publish; exit 8; }
 trap on_signal TERM INT
 
-# phase <name> <limit-s> <command...>: runs with min(limit, time left - 5 s), full log in $logs/<name>.log
-phase() {
-  local name=$1 limit=$2
-  shift 2
-  local left=$((deadline - SECONDS - 5))
-  order+=("$name")
-  if [ "$left" -lt 5 ]; then
-    status[$name]="not run: deadline"
-    fail 8 "deadline: no time left for $name"
-    write_summary
-    return 99
+# run <name> <limit-s> <until> <lockstep|other> <command...>: at most min(limit, until - now) s;
+# output line-buffered to $work/<name>.log, exit code to $work/<name>.rc.
+line_buffered=()
+command -v stdbuf >/dev/null 2>&1 && line_buffered=(stdbuf -oL -eL)
+run() {
+  local name=$1 limit=$2 until=$3 kind=$4
+  shift 4
+  local left=$((until - SECONDS)) rc=0 t0=$SECONDS
+  if [ "$left" -lt 3 ]; then
+    phases+=("$name: not run (deadline)"); echo 124 >"$work/$name.rc"; publish; return 124
   fi
   [ "$limit" -gt "$left" ] && limit=$left
   echo "== $name (limit ${limit}s)"
-  status[$name]="running since $((SECONDS - start)) s, limit ${limit}s"
-  write_summary  # a run killed during this phase still says where it was
-  local rc=0
-  timeout --kill-after=5 "$limit" "$@" >"$logs/$name.log" 2>&1 || rc=$?
-  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-    status[$name]="stopped after ${limit}s"
-    fail 8 "deadline: $name stopped after ${limit}s"
-  elif [ "$rc" -eq 0 ]; then
-    status[$name]=ok
+  phases+=("$name: running (limit ${limit}s)")
+  publish
+  if [ "$kind" = lockstep ]; then
+    timeout --kill-after=5 "$limit" env LD_LIBRARY_PATH="$lockstep_ld" "${line_buffered[@]}" "$@" >"$work/$name.log" 2>&1 || rc=$?
   else
-    status[$name]="exit $rc"
+    timeout --kill-after=5 "$limit" "${line_buffered[@]}" "$@" >"$work/$name.log" 2>&1 || rc=$?
   fi
-  tail -n 8 "$logs/$name.log" | sed 's/^/   /'
-  write_summary
+  echo "$rc" >"$work/$name.rc"
+  unset 'phases[${#phases[@]}-1]'
+  phases+=("$name: exit $rc after $((SECONDS - t0)) s")
+  tail -n 4 "$work/$name.log" | sed 's/^/   /'
+  publish
   return "$rc"
 }
+finish() {  # the verdict of everything recorded, published; exits with its code
+  local code=0
+  verdict "$work" >"$work/verdict.txt" || code=$?
+  publish
+  echo
+  cat "$work/verdict.txt"
+  echo "(files in $outdir)"
+  exit "$code"
+}
 
-# --- environment ------------------------------------------------------------------------------
-order+=(environment)
-status[environment]=checking
-write_summary
+# --- environment ----------------------------------------------------------------------------------
+lockstep_ld=""
 if [ "$mode" = build ]; then
   export PATH="$PATH:/usr/local/cuda/bin"
   for tool in cmake nvcc; do
-    command -v "$tool" >/dev/null 2>&1 || { status[environment]="missing $tool"; fail 3 "environment: $tool not found"; finish; }
+    command -v "$tool" >/dev/null 2>&1 || { echo "$tool not found" >"$work/missing.txt"; finish; }
   done
   arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '.')
   case "$arch" in ''|*[!0-9]*) arch=90 ;; esac
-  phase configure 120 cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$arch" || { fail 3 "environment: configure failed (see configure.log)"; finish; }
-  phase build 240 cmake --build "$build" -j "$(nproc)" --target test_cuda bench_cuda_mlp fashion_mnist_cuda ||
-    { fail 3 "environment: build failed (see build.log)"; finish; }
+  run configure 120 "$core_deadline" other cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$arch" || { echo "configure failed (see configure.log)" >"$work/missing.txt"; finish; }
+  run build 240 "$deadline" other cmake --build "$build" -j "$(nproc)" --target test_cuda bench_cuda_mlp fashion_mnist_cuda ||
+    { echo "build failed (see build.log)" >"$work/missing.txt"; finish; }
+else
+  chmod +x "$bin"/* 2>/dev/null  # run bits may not survive the transfer
 fi
-
-# The shared libraries the programs need but that do not travel with them.
 search_dirs=()
 IFS=: read -r -a ld_dirs <<<"${LD_LIBRARY_PATH:-}"
 search_dirs+=("${ld_dirs[@]}")
@@ -143,7 +345,7 @@ for d in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /usr/local/cuda-*; do
   [ -n "$d" ] && search_dirs+=("$d/lib64" "$d/lib" "$d/targets/x86_64-linux/lib")
 done
 if command -v python3 >/dev/null 2>&1; then
-  while IFS= read -r d; do search_dirs+=("$d"); done < <(timeout 30 python3 -c '
+  while IFS= read -r d; do search_dirs+=("$d"); done < <(timeout 20 python3 -c '
 import glob, os, sys
 for p in sys.path:
     for d in sorted(glob.glob(os.path.join(p, "nvidia", "*", "lib")) + glob.glob(os.path.join(p, "nvidia", "*", "lib64"))):
@@ -156,100 +358,70 @@ for lib in libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
     if [ -n "$d" ] && [ -e "$d/$lib" ]; then where=$d; break; fi
   done
   if [ -n "$where" ]; then
-    notes+=("library $lib: $where/$lib")
+    echo "library $lib: $where/$lib" >>"$work/libraries.txt"
     case " ${found_dirs[*]} " in *" $where "*) ;; *) found_dirs+=("$where") ;; esac
   else
-    notes+=("library $lib: not found (searched LD_LIBRARY_PATH, CUDA toolkit folders, python3's nvidia/*/lib)")
+    echo "library $lib: not found (searched LD_LIBRARY_PATH, the CUDA toolkit's folders, python3's nvidia/*/lib)" >>"$work/libraries.txt"
   fi
 done
-if [ ${#found_dirs[@]} -gt 0 ]; then
-  LD_LIBRARY_PATH=$(IFS=:; echo "${found_dirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export LD_LIBRARY_PATH
-fi
-missing=""
+lockstep_ld=$(IFS=:; echo "${found_dirs[*]}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+: >"$work/missing.txt"
 for p in test_cuda bench_cuda_mlp fashion_mnist_cuda; do
-  if [ ! -x "$bin/$p" ]; then missing+=" $p(absent)"; continue; fi
-  ldd "$bin/$p" >"$logs/ldd-$p.txt" 2>&1
-  nf=$(grep 'not found' "$logs/ldd-$p.txt" | awk '{print $1}' | tr '\n' ' ')
-  [ -n "$nf" ] && missing+=" $p(needs ${nf% })"
+  if [ ! -x "$bin/$p" ]; then echo -n " $p(absent)" >>"$work/missing.txt"; continue; fi
+  LD_LIBRARY_PATH="$lockstep_ld" ldd "$bin/$p" >"$work/ldd-$p.txt" 2>&1
+  nf=$(grep 'not found' "$work/ldd-$p.txt" | awk '{print $1}' | paste -sd ' ' -)
+  [ -n "$nf" ] && echo -n " $p(needs $nf)" >>"$work/missing.txt"
 done
-if [ -n "$missing" ]; then
-  status[environment]="missing:$missing"
-  fail 3 "environment: cannot start the programs:$missing"
-  finish
-fi
-gpus=0
 if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap --format=csv,noheader \
-    >"$logs/gpus.txt" 2>&1 && gpus=$(grep -c . "$logs/gpus.txt")
-  notes+=("gpus: $gpus ($(head -n1 "$logs/gpus.txt"))")
+  timeout 20 nvidia-smi --query-gpu=index,name,memory.total,driver_version,compute_cap --format=csv,noheader \
+    >"$work/gpus.txt" 2>"$work/nvidia-smi.err" || : >"$work/gpus.txt"
 else
-  notes+=("gpus: nvidia-smi not found")
+  : >"$work/gpus.txt"
+  echo "nvidia-smi: not found" >>"$work/tools.txt"
 fi
-status[environment]="ok (programs start; $gpus GPU(s) listed)"
-write_summary
+sanitizer=$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-*/bin/compute-sanitizer 2>/dev/null | head -n1)
+echo "compute-sanitizer: ${sanitizer:-not found}${sanitizer:+ ($("$sanitizer" --version 2>/dev/null | tail -n1))}" >>"$work/tools.txt"
+if command -v python3 >/dev/null 2>&1; then
+  echo "python3: $(python3 --version 2>&1); torch: $(timeout 30 python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -n1)" >>"$work/tools.txt"
+else
+  echo "python3: not found" >>"$work/tools.txt"
+fi
+[ "$mode" = bundle ] && [ -f "$bundle/MANIFEST.txt" ] && head -n 4 "$bundle/MANIFEST.txt" | sed 's/^/bundle: /' >>"$work/tools.txt"
+[ -s "$work/missing.txt" ] && finish
+run env 30 "$core_deadline" lockstep "$bin/test_cuda" --test-case='host: the CUDA driver*' --no-colors
+gpus=$(grep -h '^lockstep-env:' "$work/env.log" | field devices)
+[ "${gpus:-0}" -ge 1 ] || finish  # no GPU (or one CUDA cannot see): the verdict says which
 
-# --- tests --------------------------------------------------------------------------------------
-# Every case prints its duration (so a crash names the case after the last one listed); a failing
-# case prints its assertions, INFO and CAPTURE values in full.
-phase tests 120 "$bin/test_cuda" --duration=true --no-colors
-trc=$?
-tlog="$logs/tests.log"
-no_device=$(grep -c 'skipped: no CUDA device' "$tlog")
-needs_more=$(grep -c 'skipped: needs [0-9]* CUDA devices' "$tlog")
-ran_gpu=$(grep -c '^lockstep-gpu-case: ran' "$tlog")
-tline=$(grep -E '^\[doctest\] test cases:' "$tlog" | tail -n1)
-notes+=("tests: ${tline:-no doctest summary} | ran on a GPU: $ran_gpu | skipped, no CUDA device: $no_device | skipped, need more GPUs: $needs_more")
-if [ "$trc" -ne 0 ] && [ "$trc" -ne 124 ] && [ "$trc" -ne 137 ]; then
-  fail 4 "tests failed (test_cuda exit $trc; see tests.log)"
-fi
-if [ "$no_device" -gt 0 ] || { [ "$ran_gpu" -eq 0 ] && [ "$gpus" -eq 0 ]; }; then
-  status[tests]="${status[tests]}, $no_device case(s) skipped: no CUDA device"
-  codes=(2 "${codes[@]}")
-  reasons=("no GPU: not verified" "${reasons[@]}")
-  finish
-fi
-[ "$ran_gpu" -gt 0 ] || fail 5 "no test ran on a GPU"
-write_summary
+# --- core: tests, benchmark, example (verdict within the core deadline) ---------------------------
+filter='gpu: *'
+[ "$gpus" -ge 2 ] && filter='gpu: *,multigpu: *'
+LD_LIBRARY_PATH="$lockstep_ld" "$bin/test_cuda" --list-test-cases --test-case="$filter" --no-colors 2>/dev/null |
+  grep -E '^(gpu|multigpu): ' >"$work/expected-gpu.txt"
+run tests 150 "$core_deadline" lockstep "$bin/test_cuda" --duration=true --no-colors
+run bench 60 "$core_deadline" lockstep "$bin/bench_cuda_mlp"
+run example 45 "$core_deadline" lockstep "$bin/fashion_mnist_cuda" --device gpu --epochs 1 --quiet --data "$data"
+grep -hE '^(device|gpu_config|gpu_cnn|cublas|same_device_reducer|device_memcpy)' "$work/bench.log" >"$work/figures.txt" 2>/dev/null
+grep -h '^test_accuracy=' "$work/example.log" 2>/dev/null | sed 's/^/fashion_mnist gpu: /' >>"$work/figures.txt"
+verdict "$work" | grep -E '^(environment|core|bench|example):' >"$work/verdict.txt"
+publish
+echo
+cat "$work/figures.txt" "$work/verdict.txt"
 
-# --- benchmarks ---------------------------------------------------------------------------------
-phase bench 90 "$bin/bench_cuda_mlp"
-for key in gpu_config=L cublas_sgemm_ceiling same_device_reducer device_memcpy_gb_per_s; do
-  grep -q "$key" "$logs/bench.log" || fail 6 "benchmark printed no figure ($key missing in bench.log)"
+# --- extras: the PyTorch baseline, then compute-sanitizer -----------------------------------------
+if command -v python3 >/dev/null 2>&1 && [ -f "$torch_py" ]; then
+  run torch 60 "$deadline" other python3 "$torch_py"
+else
+  echo "PyTorch not run: python3 or $torch_py missing" >"$work/torch.log"
+fi
+export LOCKSTEP_TEST_TIMEOUT_SCALE=30  # the tests' collective timeouts, under a sanitizer
+for tool in "${sanitizers[@]}"; do
+  LD_LIBRARY_PATH="$lockstep_ld" "$bin/test_cuda" --list-test-cases --test-case="${san_filter[$tool]}" --no-colors 2>/dev/null |
+    grep -c '^gpu: ' >"$work/$tool.expected"
+  if [ -z "$sanitizer" ]; then
+    echo "compute-sanitizer not found" >"$work/$tool.skip"
+    continue
+  fi
+  run "$tool" "${san_limit[$tool]}" "$deadline" lockstep "$sanitizer" --tool "$tool" \
+    --error-exitcode 97 --print-limit 20 "$bin/test_cuda" --test-case="${san_filter[$tool]}" --no-colors
 done
-while IFS= read -r l; do notes+=("$l"); done < <(grep -E '^(device|gpu_config|cublas|same_device_reducer|device_memcpy)' "$logs/bench.log")
-
-phase fashion 60 "$bin/fashion_mnist_cuda" --device gpu --epochs 1 --quiet --data "$data"
-frc=$?
-fres=$(grep -E '^test_accuracy=' "$logs/fashion.log" | tail -n1)
-if [ "$frc" -ne 0 ] || [ -z "$fres" ]; then
-  fail 6 "benchmark printed no figure (fashion_mnist_cuda exit $frc, no test_accuracy line)"
-else
-  notes+=("fashion_mnist gpu: $fres")
-fi
-
-if command -v python3 >/dev/null 2>&1 && timeout 30 python3 -c 'import torch' >/dev/null 2>&1; then
-  phase torch 45 python3 "$torch_py"
-  while IFS= read -r l; do notes+=("$l"); done < <(grep -E '^torch_config' "$logs/torch.log")
-else
-  notes+=("torch_config=L not measured: python3 cannot import torch")
-fi
-
-# --- compute-sanitizer on the reducer tests -----------------------------------------------------
-sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-# The reducer cases that check exact sums and the release of peers (not the 20-step training runs,
-# which the sanitizers would slow beyond the deadline).
-reducer_cases='*in replica order*'
-if [ -z "$sanitizer" ]; then
-  fail 7 "sanitizer: compute-sanitizer not found"
-else
-  for tool in memcheck racecheck; do
-    phase "$tool" 90 "$sanitizer" --tool "$tool" --error-exitcode 97 --print-limit 20 \
-      "$bin/test_cuda" --test-case="$reducer_cases" --no-colors
-    src=$?
-    [ "$src" -eq 97 ] && fail 7 "sanitizer: $tool reported errors (see $tool.log)"
-    [ "$src" -ne 0 ] && [ "$src" -ne 97 ] && [ "$src" -ne 124 ] && [ "$src" -ne 137 ] &&
-      fail 7 "sanitizer: $tool run failed (exit $src)"
-  done
-fi
 finish

@@ -1,12 +1,17 @@
-// GPU benchmark, key=value lines:
-//  - gpu_config=L: training throughput of MLP config L (1024-4096-4096-1024, ReLU, batch 512, one
-//    step = forward + backward + SGD) on one_device<gpu<0>>;
+// GPU benchmark, key=value lines; every line that checks a result ends with check=pass or
+// check=fail (scripts/gpu-check.sh requires pass):
+//  - gpu_config=L precision=fp32|tf32: training throughput of MLP config L (1024-4096-4096-1024,
+//    ReLU, batch 512, one step = forward + backward + SGD) on one_device<gpu<0>>, in FP32 and with
+//    strategy_options::tf32; check: the loss is finite and falls over the timed steps;
 //  - cublas_sgemm_ceiling: the same step's GEMMs alone, through cuBLAS SGEMM (the ceiling config L
 //    is measured against);
+//  - gpu_cnn: the Fashion-MNIST example's CNN (TensorFlow's tutorial CNN) at batch 256, FP32;
+//    check as for the MLP;
 //  - same_device_reducer: same_device_allreduce, the reducer mirrored<gpu<0>, gpu<0>> uses, on two
-//    replicas' 256 MiB buckets, against the device's copy bandwidth measured in the same run.
-// Exit code: 0 with every figure printed, 3 when there is no CUDA device ("no CUDA device: ..."),
-// 1 on an error.
+//    replicas' 256 MiB buckets, against the device's copy bandwidth measured in the same run;
+//    check: the summed value is the exact expected one.
+// Exit code: 0 with every figure printed and every check passed, 4 when a check failed, 3 when
+// there is no CUDA device ("no CUDA device: ..."), 1 on an error.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,13 +21,19 @@
 #include <memory>
 #include <vector>
 
-#include <lockstep/backend/cuda.hpp>
+#include <lockstep/cuda.hpp>
 #include <lockstep/distribute/mirrored.hpp>
 #include <lockstep/lockstep.hpp>
 
 namespace ls = lockstep;
 
 namespace {
+
+// "pass" or "fail", and remembers a failure for the exit code.
+const char* verdict(bool ok, bool& all_ok) {
+  all_ok = all_ok && ok;
+  return ok ? "pass" : "fail";
+}
 
 // Milliseconds of `reps` calls of f on stream s, timed with events.
 template <class F>
@@ -47,7 +58,7 @@ double copy_bandwidth(ls::cuda_context& ctx, const float* a, float* b, std::size
   return 2.0 * static_cast<double>(bytes) * reps / (ms * 1e-3) / 1e9;
 }
 
-void reducer_bandwidth() {
+void reducer_bandwidth(bool& all_ok) {
   const std::size_t n = std::size_t{1} << 26;  // 256 MiB of floats per replica
   ls::cuda_context c0(0), c1(0);
   ls::buffer<float, ls::gpu<0>> a(n), b(n);
@@ -80,24 +91,37 @@ void reducer_bandwidth() {
   const double gbs = 4.0 * static_cast<double>(n * sizeof(float)) * reps / s / 1e9;
   // printf, not {fmt}: nvcc cannot evaluate fmt's consteval format-string checks.
   std::printf("device_memcpy_gb_per_s=%.1f\n", copy_gbs);
-  std::printf("same_device_reducer replicas=2 bucket_mib=256 gb_per_s=%.1f ratio_to_memcpy=%.2f (check %.0f, expected %.0f)\n",
-              gbs, gbs / copy_gbs, static_cast<double>(check), 3.0 * std::pow(2.0, reps));
+  const double expected = 3.0 * std::pow(2.0, reps);
+  std::printf("same_device_reducer replicas=2 bucket_mib=256 gb_per_s=%.1f ratio_to_memcpy=%.2f sum=%.0f expected=%.0f "
+              "check=%s\n",
+              gbs, gbs / copy_gbs, static_cast<double>(check), expected,
+              verdict(static_cast<double>(check) == expected, all_ok));
 }
 
-void mlp() {
-  using net = ls::sequential<ls::dense<1024, 4096>, ls::relu, ls::dense<4096, 4096>, ls::relu, ls::dense<4096, 1024>>;
-  constexpr std::size_t batch = 512;
-  ls::one_device<ls::gpu<0>> strategy;
-  auto model = strategy.replicate<net>(ls::seed{1});
+// What a timed training run measured: seconds of the timed steps, and the mean loss of the first
+// and the last of them.
+struct timed_run {
+  double seconds = 0, first = 0, last = 0;
+  /// The loss is finite and training on one batch lowered it.
+  [[nodiscard]] bool ok() const { return std::isfinite(first) && std::isfinite(last) && last < first; }
+};
+
+// Trains `steps` timed steps (after 3 untimed) of Net on one_device<gpu<0>> with `options`, SGD,
+// on one fixed batch of random features and labels in [0, classes).
+template <class Net>
+timed_run train_timed(std::size_t batch, std::size_t classes, int steps, ls::strategy_options options) {
+  ls::one_device<ls::gpu<0>> strategy(options);
+  auto model = strategy.replicate<Net>(ls::seed{1});
+  constexpr std::size_t width = decltype(model)::model_type::input_size;
   auto b = std::make_shared<ls::data::batch>();
-  b->width = 1024;
-  b->features.resize(batch * 1024);
+  b->width = width;
+  b->features.resize(batch * width);
   b->labels.resize(batch);
   b->indices.resize(batch);
   const ls::counter_rng rng(5, 6);
   for (std::size_t i = 0; i < b->features.size(); ++i) b->features[i] = rng.uniform(i) - 0.5f;
   for (std::size_t i = 0; i < batch; ++i) {
-    b->labels[i] = static_cast<std::int32_t>(rng.u32(i) % 1024);
+    b->labels[i] = static_cast<std::int32_t>(rng.u32(i) % classes);
     b->indices[i] = i;
   }
   const ls::data::distributed_batch db{b, ls::data::split(*b, 1)};
@@ -105,22 +129,39 @@ void mlp() {
   const ls::softmax_cross_entropy loss;
   for (int i = 0; i < 3; ++i) (void)ls::train_step(strategy, model, opt, loss, db);
   model.replica(0).context().synchronize();
-  const int steps = 20;
+  timed_run r;
   const auto t0 = std::chrono::steady_clock::now();
-  double last = 0;
-  for (int i = 0; i < steps; ++i) last = ls::train_step(strategy, model, opt, loss, db).mean_loss();
+  for (int i = 0; i < steps; ++i) {
+    const double l = ls::train_step(strategy, model, opt, loss, db).mean_loss();
+    if (i == 0) r.first = l;
+    r.last = l;
+  }
   model.replica(0).context().synchronize();
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+void mlp(bool& all_ok) {
+  using net = ls::sequential<ls::dense<1024, 4096>, ls::relu, ls::dense<4096, 4096>, ls::relu, ls::dense<4096, 1024>>;
+  constexpr std::size_t batch = 512;
+  const int steps = 20;
   // FLOPs per step: forward 2 B (1024*4096 + 4096*4096 + 4096*1024); backward twice that, less
   // the first layer's input gradient, which is not computed.
   const double fwd = 2.0 * batch * (1024.0 * 4096 + 4096.0 * 4096 + 4096.0 * 1024);
   const double flops = 3 * fwd - 2.0 * batch * 1024 * 4096;
-  std::printf("gpu_config=L samples_per_s=%.0f tflops=%.2f step_ms=%.3f loss=%.4f\n", steps * batch / s,
-              steps * flops / s / 1e12, 1e3 * s / steps, last);
+  double fp32_seconds = 0;
+  for (const bool tf32 : {false, true}) {
+    const timed_run r = train_timed<net>(batch, 1024, steps, ls::strategy_options{.tf32 = tf32});
+    if (!tf32) fp32_seconds = r.seconds;
+    std::printf("gpu_config=L precision=%s samples_per_s=%.0f tflops=%.2f step_ms=%.3f loss_first=%.4f loss_last=%.4f "
+                "check=%s\n",
+                tf32 ? "tf32" : "fp32", steps * batch / r.seconds, steps * flops / r.seconds / 1e12,
+                1e3 * r.seconds / steps, r.first, r.last, verdict(r.ok(), all_ok));
+  }
 
   // The ceiling: the step's GEMMs alone (forward, weight gradients, input gradients but the first),
   // with the same shapes, through the same cuBLAS SGEMM calls.
-  ls::cuda_context& ctx = model.replica(0).context();
+  ls::cuda_context ctx(0);
   const std::size_t widths[4] = {1024, 4096, 4096, 1024};
   std::size_t biggest = 0;
   for (std::size_t w : widths) biggest = std::max(biggest, w);
@@ -146,7 +187,19 @@ void mlp() {
   gemms();
   const float ms = time_ms(ctx.compute_stream(), steps, gemms);
   std::printf("cublas_sgemm_ceiling config=L samples_per_s=%.0f tflops=%.2f step_ms=%.3f ratio_lockstep_to_ceiling=%.2f\n",
-              steps * batch / (ms * 1e-3), steps * flops / (ms * 1e-3) / 1e12, ms / steps, (ms * 1e-3) / s);
+              steps * batch / (ms * 1e-3), steps * flops / (ms * 1e-3) / 1e12, ms / steps, (ms * 1e-3) / fp32_seconds);
+}
+
+// The Fashion-MNIST example's CNN (TensorFlow's layers tutorial) at batch 256.
+void cnn(bool& all_ok) {
+  using net = ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<32, 5, 1, 2>, ls::relu, ls::max_pool2d<2>,
+                             ls::conv2d<64, 5, 1, 2>, ls::relu, ls::max_pool2d<2>, ls::flatten,
+                             ls::dense<3136, 1024>, ls::relu, ls::dense<1024, 10>>;
+  constexpr std::size_t batch = 256;
+  const int steps = 10;
+  const timed_run r = train_timed<net>(batch, 10, steps, ls::strategy_options{});
+  std::printf("gpu_cnn batch=%zu precision=fp32 samples_per_s=%.0f step_ms=%.3f loss_first=%.4f loss_last=%.4f check=%s\n",
+              batch, steps * batch / r.seconds, 1e3 * r.seconds / steps, r.first, r.last, verdict(r.ok(), all_ok));
 }
 
 }  // namespace
@@ -160,8 +213,14 @@ int main() {
     cudaDeviceProp p{};
     LOCKSTEP_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
     std::printf("device=%s sm=%d%d\n", p.name, p.major, p.minor);
-    reducer_bandwidth();
-    mlp();
+    bool all_ok = true;
+    reducer_bandwidth(all_ok);
+    mlp(all_ok);
+    cnn(all_ok);
+    if (!all_ok) {
+      std::printf("bench_cuda_mlp: a check failed (check=fail above)\n");
+      return 4;
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cuda_mlp: %s\n", e.what());
     return 1;

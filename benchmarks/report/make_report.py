@@ -304,6 +304,33 @@ def pipeline_section(run):
     return text + "\n\n" + table(head, rows)
 
 
+def images_section(run):
+    o = run.find("ours_images", "images_samples_per_s")
+    t = run.find("tf_images", "images_samples_per_s")
+    dec = run.find("ours_images", "images_decode_share")
+    rd = run.find("ours_images", "images_read_share")
+    st = run.find("ours_images", "images_stages_share")
+    jpg = run.find("ours_images_write", "mean_bytes")
+    rows = [["lockstep (`bench_images`)", cell(run, o, "ours_images"), "—"],
+            ["tf.data (`tf_images.py`)", cell(run, t, "tf_images", "tensorflow"), ratio(o, t)]]
+    text = ("JPEG decode + random resized crop to 224 × 224 + horizontal flip + per-channel normalisation, on one "
+            f"thread, over 512 generated 224 × 224 JPEG files (quality 90, {fmt(jpg) or '?'} bytes on average) read "
+            "from the page cache, batches of 64; both decode only the crop (lockstep: jpeg_crop_scanline and "
+            "jpeg_skip_scanlines; tf.data: decode_and_crop_jpeg) with the accurate integer DCT. lockstep's time: "
+            f"{fmt(100 * dec, 0) if dec is not None else '?'} % decoding, {fmt(100 * rd, 0) if rd is not None else '?'} % "
+            f"reading, {fmt(100 * st, 0) if st is not None else '?'} % in the image stages. Goal: ≥ 1.5× tf.data per core.")
+    scaling = []
+    for w in (1, 2, 4):
+        s = run.find("ours_images", "rank0_seconds", workers=w)
+        r = run.find("ours_images", "seconds_ratio_to_one", workers=w)
+        n = run.find("ours_images", "rank0_samples", workers=w)
+        scaling.append([str(w), cell(run, n, "ours_images"), cell(run, s, "ours_images", None, 3), fmt(r, 3) or "—",
+                        f"{1 / w:.3f}"])
+    text2 = ("Work per worker: one epoch cut for rank 0 of W workers (one replica each), rank 0 decoding its rows only:")
+    return (text + "\n\n" + table(["pipeline, one core", "samples/s", "lockstep / it"], rows) + "\n\n" + text2 + "\n\n" +
+            table(["workers W", "rank 0's samples", "rank 0's seconds", "seconds / W = 1", "1 / W"], scaling))
+
+
 def mainjob_section(run, peak, epochs):
     ow = run.cmds.get("ours_mainjob", (1, None, ""))[1] if run.cmds.get("ours_mainjob", (1,))[0] == 0 else None
     oa = run.find("ours_mainjob", "test_accuracy")
@@ -388,6 +415,7 @@ def main():
         "### Main job: Fashion-MNIST end to end", mainjob_section(run, peak, epochs),
         "### All-reduce between 2 replicas", allreduce_section(run),
         "### Input pipeline", pipeline_section(run),
+        "### Image decode and augmentation, one core", images_section(run),
         "### Compile cost", compile_section(run),
         "### Commands", commands_section(run),
     ]

@@ -4,7 +4,7 @@
 //   fashion_mnist [--replicas N] [--device cpu|gpu] [--epochs E] [--batch B] [--lr LR] [--seed S]
 //                 [--model mlp|small|cnn|cnn_bn] [--checkpoint-dir DIR] [--resume] [--data DIR]
 //                 [--metrics-file FILE] [--tensorboard DIR] [--export FILE [--export-dtype f32|bf16|f16]]
-//                 [--quiet] [--workers W]
+//                 [--data-format idx|png-folder|tar-shards] [--quiet] [--workers W]
 //
 // The replica count is a run-time value: each model is instantiated once per device kind
 // (mirrored<cpus> / mirrored<gpus>), whatever N is.
@@ -28,10 +28,13 @@
 #include <lockstep/data.hpp>
 #include <lockstep/lockstep.hpp>
 #ifdef LOCKSTEP_HAS_CUDA
-#include <lockstep/backend/cuda.hpp>
+#include <lockstep/cuda.hpp>
 #endif
 #ifdef LOCKSTEP_HAS_MPI
 #include <lockstep/distribute/multi_worker.hpp>
+#endif
+#ifdef LOCKSTEP_HAS_IMAGES
+#include <lockstep/data/images.hpp>
 #endif
 
 #include "options.hpp"
@@ -55,9 +58,9 @@ using cnn_bn = ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<32, 5, 1, 2>, l
                               ls::max_pool2d<2>, ls::conv2d<64, 5, 1, 2>, ls::batch_norm<>, ls::relu, ls::max_pool2d<2>,
                               ls::flatten, ls::dense<3136, 1024>, ls::relu, ls::dropout<2, 5>, ls::dense<1024, 10>>;
 
-/// A usage error: reported with the usage text, exit code 2.
-struct usage_error {
-  std::string message;
+/// A combination of options this build or device cannot run: `error: <message>`, exit code 2.
+struct usage_error : ls::config_error {
+  using ls::config_error::config_error;
 };
 
 auto images(const config& c, const char* split) {
@@ -66,10 +69,55 @@ auto images(const config& c, const char* split) {
                        (dir / (std::string(split) + "-labels-idx1-ubyte.gz")).string());
 }
 
-/// Trains on `strategy` (mirrored or multi-worker); `workers` processes take part, and this one
-/// prints when `chief`.
-template <class Net, class Kind, class Strategy>
-int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chief) {
+/// Calls f(train_set, test_set) with the pipelines of --data-format: the IDX files decoded once, or
+/// (index first) a PNG folder or tar shards written by export_images, whose batches are decoded
+/// when cut into this process's shards. All three yield the same batches, bit for bit.
+template <class F>
+int with_data(const config& c, F&& f) {
+  namespace ld = ls::data;
+  if (c.data_format == "idx") {
+    // the training set first, so that a missing directory is reported by its training file
+    auto train = images(c, "train") | ld::map(ld::scale(1.0f / 255)) | ld::shuffle(60'000, c.seed) |
+                 ld::batched(c.batch) | ld::prefetch(2);
+    auto test = images(c, "t10k") | ld::map(ld::scale(1.0f / 255)) | ld::batched(1000);
+    return f(train, test);
+  }
+#ifdef LOCKSTEP_HAS_IMAGES
+  const auto dir = std::filesystem::path(c.data);
+  const auto source = [&](const std::string& split) {
+    if (c.data_format == "png-folder") {
+      ld::image_folder_options o;
+      o.image.channels = 1;  // grey, as the IDX rows
+      o.list_file = (dir / (split + ".txt")).string();
+      return ld::image_folder((dir / split).string(), o);
+    }
+    std::vector<std::string> shards;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      if (e.path().filename().string().starts_with(split + "-") && e.path().extension() == ".tar")
+        shards.push_back(e.path().string());
+    if (shards.empty()) throw usage_error{"--data " + c.data + ": no " + split + "-*.tar shards (write them with export_images)"};
+    ld::tar_shards_options o;
+    o.image.channels = 1;
+    return ld::tar_shards(shards, o);
+  };
+  const auto train = source("train");
+  auto train_set = train | ld::map(ld::scale(1.0f / 255)) | ld::shuffle(60'000, c.seed) | ld::batched(c.batch) |
+                   ld::prefetch(2);
+  auto test_set = source("t10k") | ld::map(ld::scale(1.0f / 255)) | ld::batched(1000);
+  const int rc = f(train_set, test_set);
+  if (!c.quiet) std::fprintf(stderr, "%s", train.report().text().c_str());
+  return rc;
+#else
+  throw usage_error{"--data-format " + c.data_format + ": this build has no image component (install libpng-dev and "
+                    "libjpeg62-turbo-dev and reconfigure)"};
+#endif
+}
+
+/// Trains on `strategy` (mirrored or multi-worker) with the given pipelines; `workers` processes
+/// take part, and this one prints when `chief`.
+template <class Net, class Kind, class Strategy, class Train, class Test>
+int train_with(Strategy& strategy, const config& c, std::size_t workers, bool chief, const Train& train_set,
+               const Test& test_set) {
   const std::size_t n = strategy.num_replicas();
   const bool quiet = c.quiet || !chief;
   // Each process sees the cores it may run on (mpirun binds a worker to its own cores).
@@ -77,10 +125,6 @@ int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chie
     std::fprintf(stderr, "warning: %zu cpu replicas on %d allowed cores: the replicas share cores (oversubscribed)\n",
                  n, ls::allowed_cpu_count());
   auto model = strategy.template replicate<Net>(ls::seed{c.seed});
-
-  const auto train_set = images(c, "train") | ls::data::map(ls::data::scale(1.0f / 255)) |
-                         ls::data::shuffle(60'000, c.seed) | ls::data::batched(c.batch) | ls::data::prefetch(2);
-  const auto test_set = images(c, "t10k") | ls::data::map(ls::data::scale(1.0f / 255)) | ls::data::batched(1000);
 
   const std::uint64_t steps_per_epoch = (60'000 + c.batch - 1) / c.batch;
   const std::uint64_t epochs = epochs_of(c);
@@ -121,6 +165,15 @@ int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chie
   return 0;
 }
 
+/// Trains on `strategy` (mirrored or multi-worker) with the data of --data-format; `workers`
+/// processes take part, and this one prints when `chief`.
+template <class Net, class Kind, class Strategy>
+int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chief) {
+  return with_data(c, [&](const auto& train_set, const auto& test_set) {
+    return train_with<Net, Kind>(strategy, c, workers, chief, train_set, test_set);
+  });
+}
+
 template <class Net, class Kind>
 int train(const config& c) {
   const auto devices = c.replicas ? ls::device_selection::first(*c.replicas) : ls::device_selection::all();
@@ -138,7 +191,7 @@ template <class Net>
 int run(const config& c) {
 #ifdef LOCKSTEP_HAS_MPI
   if (ls::launched_by_mpi()) {
-    if (c.device != "cpu") throw usage_error{"under mpirun only --device cpu is supported by this build"};
+    if (c.device != "cpu") throw usage_error("under mpirun only --device cpu is supported by this build");
     ls::multi_worker_mirrored<ls::cpus> strategy(ls::device_selection::first(c.replicas.value_or(1)),
                                                  ls::strategy_options{.shard_optimizer = c.shard_optimizer});
     if (c.workers) ls::require_world_size(c.workers);
@@ -152,8 +205,8 @@ int run(const config& c) {
 #ifdef LOCKSTEP_HAS_MPI
     ls::require_mpi_launch(c.workers, "fashion_mnist");
 #else
-    throw usage_error{"--workers " + std::to_string(c.workers) +
-                      ": this build has no MPI support (install libopenmpi-dev and reconfigure with -DLOCKSTEP_MPI=ON)"};
+    throw usage_error("--workers " + std::to_string(c.workers) +
+                      ": this build has no MPI support (install libopenmpi-dev and reconfigure with -DLOCKSTEP_MPI=ON)");
 #endif
   }
   if (c.device == "cpu") return train<Net, ls::cpus>(c);
@@ -161,11 +214,18 @@ int run(const config& c) {
   if constexpr (runs_on_gpus<Net>)
     return train<Net, ls::gpus>(c);
   else
-    throw usage_error{"--model " + c.model + " --device gpu: batch_norm runs on cpu replicas only in this version"};
+    throw usage_error("--model " + c.model + " --device gpu: batch_norm runs on cpu replicas only in this version");
 #else
-  std::fprintf(stderr, "error: --device gpu: this build has no CUDA support (configure with -DLOCKSTEP_CUDA=ON and nvcc)\n");
-  return 2;
+  throw usage_error("--device gpu: this build has no CUDA support (configure with -DLOCKSTEP_CUDA=ON and nvcc)");
 #endif
+}
+
+/// The model the command line names.
+int run_model(const config& c) {
+  if (c.model == "small") return run<small>(c);
+  if (c.model == "cnn") return run<cnn>(c);
+  if (c.model == "cnn_bn") return run<cnn_bn>(c);
+  return run<mlp>(c);
 }
 
 }  // namespace
@@ -173,53 +233,18 @@ int run(const config& c) {
 int main(int argc, char** argv) {
   config c;
   if (const int rc = parse_command_line(argc, argv, c); rc >= 0) return rc;
+  // An error ends the program with `error: <what>` (and each nested cause) on stderr: exit code 2
+  // for bad input, options or checkpoints (a lockstep::error), 1 for anything else.
 #ifdef LOCKSTEP_HAS_MPI
   std::optional<ls::mpi_environment> mpi;
   if (ls::launched_by_mpi()) mpi.emplace(argc, argv);
-  // Under MPI, a failure on one rank ends the whole job (the others may wait in a collective);
-  // configuration errors are the same on every rank and reported by rank 0 alone.
-  const auto report = [&](const char* what, int code, bool same_everywhere) {
-    if (!mpi) {
-      std::fprintf(stderr, "error: %s\n", what);
-      return code;
-    }
-    if (!same_everywhere || mpi->rank() == 0) std::fprintf(stderr, "rank %d: error: %s\n", mpi->rank(), what);
-    std::fflush(stderr);
-    mpi->abort_on_exit(code);
-    return code;
-  };
+  ls::run_main_options report;
+  if (mpi) report.prefix = "rank " + std::to_string(mpi->rank()) + ": ";
+  const int code = ls::run_main([&] { return run_model(c); }, report);
+  // Under MPI, a failure on one rank ends the whole job (the others may wait in a collective).
+  if (mpi && code != 0) mpi->abort_on_exit(code);
+  return code;
 #else
-  const auto report = [](const char* what, int code, bool) {
-    std::fprintf(stderr, "error: %s\n", what);
-    return code;
-  };
+  return ls::run_main([&] { return run_model(c); });
 #endif
-  try {
-    if (c.resume && c.checkpoint_dir.empty()) throw usage_error{"--resume needs --checkpoint-dir"};
-    if (c.model == "small") return run<small>(c);
-    if (c.model == "cnn") return run<cnn>(c);
-    if (c.model == "cnn_bn") return run<cnn_bn>(c);
-    return run<mlp>(c);
-  } catch (const usage_error& e) {
-    std::fprintf(stderr, "error: %s\n%s", e.message.c_str(), usage_text().c_str());
-    return 2;
-  } catch (const ls::replica_error& e) {
-    // A replica's failure carries the original exception: bad input stays a usage-level error.
-    int code = 1;
-    try {
-      std::rethrow_if_nested(e);
-    } catch (const ls::data_error&) {
-      code = 2;
-    } catch (...) {
-    }
-    return report(e.what(), code, false);
-  } catch (const ls::data_error& e) {
-    return report(e.what(), 2, true);
-  } catch (const ls::checkpoint_error& e) {
-    return report(e.what(), 2, true);
-  } catch (const ls::config_error& e) {
-    return report(e.what(), 2, true);
-  } catch (const std::exception& e) {
-    return report(e.what(), 1, false);
-  }
 }

@@ -3,27 +3,89 @@
 
 #include <CLI/CLI.hpp>
 
+#include <charconv>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <limits>
+#include <string>
+#include <system_error>
 
 namespace {
+
+// Validators with messages that name the value and what was expected. CLI11 runs them on the
+// text before converting it, and puts the option's name in front of their message.
+
+/// The text of a value for a message: quoted, and cut to 32 characters.
+std::string shown_value(const std::string& v) {
+  return "'" + (v.size() > 32 ? v.substr(0, 32) + "...' (" + std::to_string(v.size()) + " characters)" : v + "'");
+}
+
+/// An integer from lo to hi.
+CLI::Validator integer_in(std::uint64_t lo, std::uint64_t hi) {
+  const std::string range = "an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& v) -> std::string {
+        std::uint64_t n = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+        if (v.empty() || end != v.data() + v.size() || (ec != std::errc{} && ec != std::errc::result_out_of_range))
+          return shown_value(v) + " is not a number (" + range + ")";
+        if (ec == std::errc::result_out_of_range || n < lo || n > hi) return "must be " + range + ", got " + shown_value(v);
+        return "";
+      },
+      range);
+}
+
+/// A finite number, > 0 when `positive`, else >= 0.
+CLI::Validator finite_number(bool positive) {
+  const std::string bound = positive ? "> 0" : ">= 0";
+  return CLI::Validator(
+      [positive, bound](std::string& v) -> std::string {
+        double x = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+        if (v.empty() || end != v.data() + v.size() || (ec != std::errc{} && ec != std::errc::result_out_of_range))
+          return shown_value(v) + " is not a number (a number " + bound + ")";
+        if (ec == std::errc::result_out_of_range || !std::isfinite(x) ||
+            std::fabs(x) > static_cast<double>(std::numeric_limits<float>::max()))
+          return "must be a finite number " + bound + " (at most 3.4e38), got " + shown_value(v);
+        if (positive ? !(x > 0) : !(x >= 0)) return "must be " + bound + ", got " + v;
+        return "";
+      },
+      std::string("a number ") + bound);
+}
+
+/// `what`, on one line and at most 200 characters.
+std::string one_line(std::string what) {
+  for (char& ch : what)
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  if (what.size() > 200) what = what.substr(0, 197) + "...";
+  return what;
+}
 
 void describe(CLI::App& app, config& c) {
   app.add_option("--replicas", c.replicas,
                  "number of replicas: cpu, any N >= 1 (default 2; beyond the allowed cores they share cores); "
-                 "gpu, up to the visible GPUs (default: all of them)");
+                 "gpu, up to the visible GPUs (default: all of them)")
+      ->check(integer_in(1, 4096));
   app.add_option("--device", c.device, "device kind of the replicas")->check(CLI::IsMember({"cpu", "gpu"}));
   app.add_option("--epochs", c.epochs, "epochs to train (default 20 for mlp and small, 12 for cnn and cnn_bn)")
-      ->check(CLI::Range(1, 100000));
-  app.add_option("--batch", c.batch, "global batch size (split across the replicas)")->check(CLI::Range(1, 60000));
-  app.add_option("--lr", c.lr, "peak learning rate of AdamW (cosine decay to 0)")->check(CLI::PositiveNumber);
-  app.add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay")->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", c.seed, "seed of initialisation, dropout and shuffling");
+      ->check(integer_in(1, 100000));
+  app.add_option("--batch", c.batch, "global batch size (split across the replicas)")->check(integer_in(1, 60000));
+  app.add_option("--lr", c.lr, "peak learning rate of AdamW (cosine decay to 0)")->check(finite_number(true));
+  app.add_option("--weight-decay", c.weight_decay, "AdamW decoupled weight decay")->check(finite_number(false));
+  app.add_option("--seed", c.seed, "seed of initialisation, dropout and shuffling")
+      ->check(integer_in(0, std::numeric_limits<std::uint64_t>::max()));
   app.add_option("--model", c.model,
                  "model preset: mlp (784-512-256-10, dropout 0.2), small (784-256-10), cnn (TensorFlow's layers-tutorial "
                  "CNN: conv5x5(32), maxpool2, conv5x5(64), maxpool2, dense 1024, dropout 0.4, dense 10) or cnn_bn "
                  "(cnn with batch normalisation after each convolution)")
       ->check(CLI::IsMember({"mlp", "small", "cnn", "cnn_bn"}));
-  app.add_option("--data", c.data, "directory holding the Fashion-MNIST *-ubyte.gz files");
+  app.add_option("--data", c.data,
+                 "directory of the data set: the *-ubyte.gz files (idx), or what export_images wrote (png-folder: "
+                 "train/, train.txt, t10k/, t10k.txt; tar-shards: train-*.tar, t10k-*.tar)");
+  app.add_option("--data-format", c.data_format,
+                 "idx (decoded once), png-folder or tar-shards (index first: each process decodes only its rows)")
+      ->check(CLI::IsMember({"idx", "png-folder", "tar-shards"}));
   app.add_option("--checkpoint-dir", c.checkpoint_dir, "write a checkpoint after every epoch into this directory");
   app.add_option("--metrics-file", c.metrics_file, "append one JSON object per epoch to this file");
   app.add_option("--tensorboard", c.tensorboard,
@@ -33,13 +95,14 @@ void describe(CLI::App& app, config& c) {
                  "save the trained weights to this safetensors file, with the names and layouts of PyTorch's "
                  "nn.Sequential");
   app.add_option("--export-dtype", c.export_dtype, "element type of --export")->check(CLI::IsMember({"f32", "bf16", "f16"}));
-  app.add_flag("--resume", c.resume, "continue from the newest checkpoint in --checkpoint-dir");
+  app.add_flag("--resume", c.resume, "continue from the newest checkpoint in --checkpoint-dir")
+      ->needs("--checkpoint-dir");
   app.add_flag("--shard-optimizer", c.shard_optimizer,
                "each replica updates 1/N of the parameters and keeps 1/N of the AdamW state (cpu, one process)");
   app.add_flag("-q,--quiet", c.quiet, "no progress output (the result line is still printed)");
   app.add_option("--workers", c.workers,
                  "expected number of worker processes (launch them with mpirun -np W; default: as launched)")
-      ->check(CLI::Range(1, 4096));
+      ->check(integer_in(1, 4096));
 }
 
 constexpr const char* summary =
@@ -55,15 +118,9 @@ int parse_command_line(int argc, char** argv, config& c) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "error: %s\n%s", e.what(), app.help().c_str());
+    // One line that names the option and the value, and where the usage is: not the usage itself.
+    std::fprintf(stderr, "error: %s\nrun with --help for usage\n", one_line(e.what()).c_str());
     return 2;
   }
   return -1;
-}
-
-std::string usage_text() {
-  config unused;
-  CLI::App app{summary};
-  describe(app, unused);
-  return app.help();
 }

@@ -17,7 +17,8 @@ struct config {
   float weight_decay = 0.02f;           ///< AdamW's decoupled weight decay
   std::uint64_t seed = 42;              ///< seed of initialisation, dropout and shuffling
   std::string model = "mlp";            ///< mlp, small, cnn or cnn_bn
-  std::string data = "/usr/share/datasets/fashion-mnist";  ///< directory of the *-ubyte.gz files
+  std::string data = "/usr/share/datasets/fashion-mnist";  ///< directory of the data set (see data_format)
+  std::string data_format = "idx";      ///< idx (*-ubyte.gz), png-folder or tar-shards (made by export_images)
   std::string checkpoint_dir;           ///< where checkpoints go ("" = none)
   std::string metrics_file;             ///< JSON-lines metrics ("" = none)
   std::string tensorboard;              ///< directory of TensorBoard event files ("" = none)
@@ -35,8 +36,6 @@ inline std::uint64_t epochs_of(const config& c) {
 }
 
 /// Parses the command line into `c`. Returns -1 to go on, or the exit code to end with: 0 after
-/// printing the help, 2 after printing a bad option's message and the usage text.
+/// printing the help, 2 after printing a bad option's one-line message and `run with --help for
+/// usage`.
 int parse_command_line(int argc, char** argv, config& c);
-
-/// The usage text.
-std::string usage_text();

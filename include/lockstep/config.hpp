@@ -8,10 +8,3 @@
 #else
 #define LOCKSTEP_HD
 #endif
-
-/// Asks the compiler to inline a hot helper.
-#if defined(__CUDACC__)
-#define LOCKSTEP_INLINE __forceinline__
-#else
-#define LOCKSTEP_INLINE inline __attribute__((always_inline))
-#endif

@@ -11,4 +11,4 @@
 #include <lockstep/layers/model.hpp>
 #include <lockstep/layers/residual.hpp>
 #include <lockstep/layers/sequential.hpp>
-#include <lockstep/layers/shape.hpp>
+#include <lockstep/core/shape.hpp>

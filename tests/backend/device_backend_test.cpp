@@ -14,112 +14,9 @@
 
 #include <lockstep/lockstep.hpp>
 
-namespace archetype {
+#include <lockstep/testing/archetypes/kind.hpp>
 
-/// The archetype kind: its memory is host memory in fact, but declared not host-accessible.
-struct cells {
-  static constexpr lockstep::device_kind kind = lockstep::device_kind::gpu;  ///< a device with its own memory
-  using kind_type = cells;                                                   ///< a kind is its own kind
-};
-
-/// Where a staged shard landed.
-struct staged {
-  const float* features = nullptr;       ///< features on the device
-  const std::int32_t* labels = nullptr;  ///< labels on the device
-  const float* targets = nullptr;        ///< targets on the device
-};
-
-/// The archetype context: activation and synchronisation counted, staging into its own buffers.
-class context {
-public:
-  using device_kind = cells;  ///< the kind this context runs on
-  void activate() const noexcept {}
-  void synchronize() const noexcept {}
-  staged stage_shard(const float* f, std::size_t nf, const std::int32_t* l, std::size_t nl, const float* t, std::size_t nt) {
-    features_.assign(f, f + nf);
-    labels_.assign(l ? l : nullptr, l ? l + nl : nullptr);
-    targets_.assign(t ? t : nullptr, t ? t + nt : nullptr);
-    return {features_.data(), l ? labels_.data() : nullptr, t ? targets_.data() : nullptr};
-  }
-
-private:
-  std::vector<float> features_, targets_;
-  std::vector<std::int32_t> labels_;
-};
-
-template <class T>
-void gemm(const context&, lockstep::backend::trans ta, lockstep::backend::trans tb, std::size_t m, std::size_t n,
-          std::size_t k, T alpha, const T* a, std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
-  const bool at = ta == lockstep::backend::trans::yes, bt = tb == lockstep::backend::trans::yes;
-  for (std::size_t i = 0; i < m; ++i)
-    for (std::size_t j = 0; j < n; ++j) {
-      T acc = 0;
-      for (std::size_t p = 0; p < k; ++p) acc += (at ? a[p * lda + i] : a[i * lda + p]) * (bt ? b[j * ldb + p] : b[p * ldb + j]);
-      c[i * ldc + j] = alpha * acc + (beta == T(0) ? T(0) : beta * c[i * ldc + j]);
-    }
-}
-template <class F>
-void for_each_index(const context&, std::size_t n, const F& f) {
-  for (std::size_t i = 0; i < n; ++i) f(i);
-}
-template <class T>
-void fill(const context&, T* p, std::size_t n, T v) {
-  for (std::size_t i = 0; i < n; ++i) p[i] = v;
-}
-template <class T>
-void copy(const context&, T* d, const T* s, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) d[i] = s[i];
-}
-template <class T>
-void copy_from_host(const context& c, T* d, const T* s, std::size_t n) {
-  copy(c, d, s, n);
-}
-template <class T>
-void copy_to_host(const context& c, T* d, const T* s, std::size_t n) {
-  copy(c, d, s, n);
-}
-template <class T>
-void broadcast_rows(const context&, T* y, const T* v, std::size_t rows, std::size_t cols) {
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t j = 0; j < cols; ++j) y[r * cols + j] = v[j];
-}
-template <class T>
-void column_sums(const context&, const T* x, std::size_t rows, std::size_t cols, T* out) {
-  for (std::size_t j = 0; j < cols; ++j) out[j] = 0;
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t j = 0; j < cols; ++j) out[j] += x[r * cols + j];
-}
-template <class T>
-double sum(const context&, const T* x, std::size_t n) {
-  double s = 0;
-  for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]);
-  return s;
-}
-template <class T>
-void scale(const context&, T* x, std::size_t n, T a) {
-  for (std::size_t i = 0; i < n; ++i) x[i] *= a;
-}
-
-}  // namespace archetype
-
-/// The archetype's registration: its traits ...
-template <>
-struct lockstep::backend_traits<archetype::cells> {
-  static constexpr bool registered = true;
-  using context_type = archetype::context;
-  static constexpr const char* name = "cell";
-  static constexpr bool ordinals_bounded = true;
-  static constexpr bool replica_owns_core = false;
-  static std::size_t device_count() { return 3; }
-  static context_type make_context(std::size_t, const lockstep::replica_settings&) { return {}; }
-};
-/// ... and its memory.
-template <>
-struct lockstep::device_memory<archetype::cells> {
-  static constexpr bool host_accessible = false;
-  static void* allocate(std::size_t bytes) { return bytes ? ::operator new(bytes) : nullptr; }
-  static void deallocate(void* p, std::size_t) noexcept { ::operator delete(p); }
-};
+namespace archetype = lockstep_archetypes;
 
 namespace ls = lockstep;
 
@@ -131,7 +28,7 @@ static_assert(!ls::device_backend<int>);
 namespace {
 
 using net = ls::sequential<ls::dense<12, 16>, ls::tanh, ls::dropout<1, 4>, ls::dense<16, 4>>;
-using on_cells = ls::basic_mirrored<ls::host_allreduce, ls::determinism::run_to_run, archetype::cells>;
+using on_cells = ls::mirrored<archetype::cells>;  // its default reducer: archetype::cells_reducer
 
 auto samples() {
   std::vector<float> x(60 * 12);
@@ -167,3 +64,8 @@ TEST_CASE("device_backend archetype: fit and evaluate through a strategy over an
   // The archetype's ordinals are bounded: a fourth device does not exist.
   CHECK_THROWS_AS(on_cells(ls::device_selection{0, 3}), ls::config_error);
 }
+
+#include <lockstep/testing/backend.hpp>
+
+// The public backend suite on the archetype kind (and on the host kind itself).
+TEST_CASE_TEMPLATE_INVOKE(lockstep_backend_conformance, archetype::cells, ls::cpus);

@@ -47,3 +47,9 @@ TEST_CASE("host_context: the BLAS thread budget is checked") {
   CHECK_THROWS_AS(lockstep::host_context(0), lockstep::config_error);
   CHECK(lockstep::host_context(3).blas_threads() == 3);
 }
+
+TEST_CASE("backend_traits<cpus>: strategy_options::tf32 is refused for host replicas") {
+  CHECK_THROWS_AS(lockstep::backend_traits<lockstep::cpus>::make_context(0, lockstep::replica_settings{.tf32 = true}),
+                  lockstep::config_error);
+  CHECK_NOTHROW(lockstep::backend_traits<lockstep::cpus>::make_context(0, lockstep::replica_settings{}));
+}

@@ -5,14 +5,19 @@
 # MODE=install: configures lockstep with its tests, examples and benchmarks off, installs it into
 # WORK_DIR/prefix, and builds the consumer with find_package(lockstep).
 # MODE=subdirectory: builds the consumer with add_subdirectory(<lockstep source>).
+# MODE=defaults: installs lockstep as MODE=install does, then configures the CMakeLists.txt that
+# docs/getting-started.md shows (tests/build/getting_started, around examples/getting_started.cpp)
+# WITHOUT a build type: it must choose Release, draw no warning, and build a program that does not
+# print the -O0 warning; and the consumer configured without a build type draws lockstep's warning
+# (single-configuration generators).
 cmake_minimum_required(VERSION 3.25)
 foreach(_var MODE LOCKSTEP_SOURCE_DIR CONSUMER_DIR WORK_DIR)
   if(NOT DEFINED ${_var})
     message(FATAL_ERROR "check_consumer.cmake: -D${_var}=... is required")
   endif()
 endforeach()
-if(NOT MODE MATCHES "^(install|subdirectory)$")
-  message(FATAL_ERROR "check_consumer.cmake: MODE must be install or subdirectory, got '${MODE}'")
+if(NOT MODE MATCHES "^(install|subdirectory|defaults)$")
+  message(FATAL_ERROR "check_consumer.cmake: MODE must be install, subdirectory or defaults, got '${MODE}'")
 endif()
 if(NOT DEFINED LOCKSTEP_CUDA OR LOCKSTEP_CUDA STREQUAL "")
   set(LOCKSTEP_CUDA AUTO)
@@ -22,13 +27,14 @@ if(NOT DEFINED LOCKSTEP_HOST_GEMM OR LOCKSTEP_HOST_GEMM STREQUAL "")
   set(LOCKSTEP_HOST_GEMM openblas)
 endif()
 
-set(_common -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=${LOCKSTEP_CUDA} -DLOCKSTEP_HOST_GEMM=${LOCKSTEP_HOST_GEMM})
+set(_tools)
 if(GENERATOR)
-  list(APPEND _common -G ${GENERATOR})
+  list(APPEND _tools -G ${GENERATOR})
 endif()
 if(CXX_COMPILER)
-  list(APPEND _common -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
+  list(APPEND _tools -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
 endif()
+set(_common -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=${LOCKSTEP_CUDA} -DLOCKSTEP_HOST_GEMM=${LOCKSTEP_HOST_GEMM} ${_tools})
 
 function(run_step what)
   message(STATUS "${what}: ${ARGN}")
@@ -43,7 +49,7 @@ endfunction()
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 
-if(MODE STREQUAL "install")
+if(MODE STREQUAL "install" OR MODE STREQUAL "defaults")
   set(_prefix ${WORK_DIR}/prefix)
   run_step("configure lockstep" ${CMAKE_COMMAND} -S ${LOCKSTEP_SOURCE_DIR} -B ${WORK_DIR}/lockstep ${_common}
            -DLOCKSTEP_BUILD_TESTS=OFF -DLOCKSTEP_BUILD_EXAMPLES=OFF -DLOCKSTEP_BUILD_BENCHMARKS=OFF
@@ -57,6 +63,10 @@ if(MODE STREQUAL "install")
     endif()
   endforeach()
   set(_consumer_options -DCMAKE_PREFIX_PATH=${_prefix})
+  if(MODE STREQUAL "defaults")
+    include(${CMAKE_CURRENT_LIST_DIR}/check_defaults.cmake)
+    return()
+  endif()
 else()
   set(_consumer_options -DLOCKSTEP_CONSUMER_SOURCE=${LOCKSTEP_SOURCE_DIR})
 endif()

@@ -1,6 +1,7 @@
 // A residual block whose body maps 2 x 6 x 6 images to 3 x 6 x 6 ones: y = x + f(x) cannot add
-// them, and the message names both shapes.
-// expect: residual_shape_mismatch<lockstep::shape<2, 6, 6>, lockstep::shape<3, 6, 6>
+// them, and the one error names the body and both shapes.
+// expect: shape_mismatch::residual_body<lockstep::sequential<lockstep::conv2d<3, 3, 1, 1.*::maps<lockstep::shape<2, 6, 6> ?>::to<lockstep::shape<3, 6, 6> ?>
+// errors: 1
 #include <lockstep/layers.hpp>
 #include <lockstep/layers/conv.hpp>
 #include <lockstep/layers/residual.hpp>

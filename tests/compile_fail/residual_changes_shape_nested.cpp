@@ -1,7 +1,8 @@
-// The same residual block inside a network: the message names the block's path (outer position
-// 1, inner position 1), the shape it was given and the block, whose body (its template
-// arguments) changes that shape.
-// expect: layer_input_shape_mismatch<lockstep::layer_path<1, 1>, lockstep::shape<2, 6, 6>, lockstep::residual<
+// The same residual block inside a network, in one error: the message names the block's path
+// (outer position 1, inner position 1), the block, whose body (its template arguments) changes
+// the shape, the shape it was given and the layer before it (relu at 1, 0).
+// expect: shape_mismatch::layer<lockstep::layer_path<1, 1>, lockstep::residual<.*::cannot_take<lockstep::shape<2, 6, 6> ?>::from_layer<lockstep::layer_path<1, 0>, lockstep::activation<lockstep::relu_fn> ?>
+// errors: 1
 #include <lockstep/layers.hpp>
 #include <lockstep/layers/conv.hpp>
 #include <lockstep/layers/residual.hpp>

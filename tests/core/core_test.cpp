@@ -17,8 +17,17 @@ namespace ls = lockstep;
 
 // A user-defined device tag outside the library's namespace.
 struct my_device {
-  static constexpr ls::device_kind kind = ls::device_kind::cpu;
+  using kind_type = ls::cpus;
   static constexpr std::size_t ordinal = 7;
+};
+// A kind of the user's own, and a tag of it: neither a cpu nor a gpu, whatever it resembles.
+struct my_kind {
+  using kind_type = my_kind;
+};
+template <std::size_t I>
+struct my_accel {
+  using kind_type = my_kind;
+  static constexpr std::size_t ordinal = I;
 };
 
 static_assert(ls::device<ls::cpu<0>> && ls::device<ls::gpu<3>> && ls::device<my_device>);
@@ -27,6 +36,16 @@ static_assert(ls::is_cpu_v<ls::cpu<2>> && !ls::is_gpu_v<ls::cpu<2>>);
 static_assert(ls::is_gpu_v<ls::gpu<1>> && !ls::is_cpu_v<ls::gpu<1>>);
 static_assert(ls::is_cpu_v<my_device> && !ls::is_cpu_v<int>);
 static_assert(ls::cpu<5>::ordinal == 5 && ls::gpu<2>::ordinal == 2);
+static_assert(ls::device<my_accel<1>> && ls::device_kind_tag<my_kind> && !ls::device<my_kind>);
+static_assert(std::is_same_v<ls::kind_of_t<my_accel<1>>, my_kind> && std::is_same_v<ls::kind_of_t<ls::gpus>, ls::gpus>);
+static_assert(!ls::is_gpu_v<my_accel<0>> && !ls::is_cpu_v<my_accel<0>> && !ls::is_gpu_v<my_kind>);
+static_assert(ls::all_of_kind_v<ls::gpus, ls::gpu<0>, ls::gpu<1>> && !ls::all_of_kind_v<ls::gpus, ls::gpu<0>, my_accel<1>>);
+static_assert(!ls::all_of_kind_v<ls::gpus> && ls::all_of_kind_v<my_kind, my_accel<0>, my_accel<3>>);
+// A tag that names no kind is no device.
+struct no_kind {
+  static constexpr std::size_t ordinal = 0;
+};
+static_assert(!ls::device<no_kind> && !ls::is_cpu_v<no_kind>);
 
 // A draw is a constant expression: the generator is a pure function.
 static_assert(ls::counter_rng(1, 2).u32(3) == ls::counter_rng(1, 2).u32(3));

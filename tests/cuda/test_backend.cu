@@ -8,7 +8,9 @@
 #include <lockstep/testing/drive.hpp>
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace lockstep_test;
@@ -111,7 +113,7 @@ void check_optimizer(const char* name, const Opt& opt, std::size_t n) {
 
 }  // namespace
 
-TEST_CASE("cuda: a failed CUDA or cuBLAS call is a device_error naming the call, file:line and message") {
+TEST_CASE("host: a failed CUDA or cuBLAS call is a device_error naming the call, file:line and message") {
   try {
     LOCKSTEP_CUDA_CHECK(cudaErrorInvalidValue);
     FAIL("no exception");
@@ -131,7 +133,7 @@ TEST_CASE("cuda: a failed CUDA or cuBLAS call is a device_error naming the call,
   }
 }
 
-TEST_CASE("cuda: a context on a device that does not exist is a device_error naming the ordinal") {
+TEST_CASE("host: a context on a device that does not exist is a device_error naming the ordinal") {
   const int n = ls::backend::cuda_device_count();
   try {
     ls::cuda_context ctx(n);
@@ -144,7 +146,7 @@ TEST_CASE("cuda: a context on a device that does not exist is a device_error nam
   CHECK_THROWS_AS(ls::cuda_context(-1), ls::device_error);
 }
 
-TEST_CASE("cuda: gemm matches a double reference for every transpose, padded strides and k = 0") {
+TEST_CASE("gpu: gemm matches a double reference for every transpose, padded strides and k = 0") {
   LOCKSTEP_REQUIRE_GPUS(1);
   ls::cuda_context ctx(0);
   struct shape {
@@ -176,7 +178,7 @@ TEST_CASE("cuda: gemm matches a double reference for every transpose, padded str
         }
 }
 
-TEST_CASE("cuda: elementwise ops, broadcast, column sums and sum match the host") {
+TEST_CASE("gpu: elementwise ops, broadcast, column sums and sum match the host") {
   LOCKSTEP_REQUIRE_GPUS(1);
   ls::cuda_context ctx(0);
   ls::host_context hc;
@@ -237,7 +239,7 @@ TEST_CASE("cuda: elementwise ops, broadcast, column sums and sum match the host"
   }
 }
 
-TEST_CASE("cuda: staged shards arrive intact and each stays valid until the second stage after it") {
+TEST_CASE("gpu: staged shards arrive intact and may be read by work queued before the next stage") {
   LOCKSTEP_REQUIRE_GPUS(1);
   ls::cuda_context ctx(0);
   auto make = [](std::size_t rows, std::uint64_t stream) {
@@ -248,25 +250,38 @@ TEST_CASE("cuda: staged shards arrive intact and each stays valid until the seco
   const auto [fa, la, ta] = make(9, 1);
   const auto [fb, lb, tb] = make(300, 2);  // larger: the second slot grows
   const auto [fc, lc, tc] = make(4, 3);
+  const auto [fe, le, te] = make(500, 5);  // larger still: the first slot grows under pending work
+  ls::buffer<float, ls::gpu<0>> out(fe.size());
   const auto a = ctx.stage_shard(fa.data(), fa.size(), la.data(), la.size(), ta.data(), ta.size());
-  const auto b = ctx.stage_shard(fb.data(), fb.size(), lb.data(), lb.size(), nullptr, 0);
-  CHECK(b.targets == nullptr);
   CHECK(to_host(ctx, a.features, fa.size()) == fa);
   CHECK(to_host(ctx, a.labels, la.size()) == la);
   CHECK(to_host(ctx, a.targets, ta.size()) == ta);
+  // Work reading a, queued before the next stage, that runs late: the stage after next reuses a's
+  // slot, and its copy must wait for this work.
+  spin_then_copy(ctx.compute_stream(), 200, a.features, out.data(), fa.size());
+  const auto b = ctx.stage_shard(fb.data(), fb.size(), lb.data(), lb.size(), nullptr, 0);
+  CHECK(b.targets == nullptr);
+  const auto c = ctx.stage_shard(fc.data(), fc.size(), lc.data(), lc.size(), tc.data(), tc.size());
+  CHECK(to_host(ctx, out.data(), fa.size()) == fa);
   CHECK(to_host(ctx, b.features, fb.size()) == fb);
   CHECK(to_host(ctx, b.labels, lb.size()) == lb);
-  const auto c = ctx.stage_shard(fc.data(), fc.size(), lc.data(), lc.size(), tc.data(), tc.size());
   CHECK(to_host(ctx, c.features, fc.size()) == fc);
   CHECK(to_host(ctx, c.labels, lc.size()) == lc);
   CHECK(to_host(ctx, c.targets, tc.size()) == tc);
-  CHECK(to_host(ctx, b.features, fb.size()) == fb);
+  // The same when the reused slot must grow (it is freed only after the work reading it).
+  spin_then_copy(ctx.compute_stream(), 200, c.features, out.data(), fc.size());
+  const auto d = ctx.stage_shard(fa.data(), fa.size(), nullptr, 0, nullptr, 0);
+  const auto e = ctx.stage_shard(fe.data(), fe.size(), le.data(), le.size(), te.data(), te.size());
+  CHECK(to_host(ctx, out.data(), fc.size()) == fc);
+  CHECK(to_host(ctx, d.features, fa.size()) == fa);
+  CHECK(to_host(ctx, e.features, fe.size()) == fe);
+  CHECK(to_host(ctx, e.targets, te.size()) == te);
   const auto empty = ctx.stage_shard(nullptr, 0, nullptr, 0, nullptr, 0);
   CHECK(empty.features == nullptr);
   CHECK(empty.labels == nullptr);
 }
 
-TEST_CASE("cuda: every layer's forward and backward match the host within 1e-5") {
+TEST_CASE("gpu: every layer's forward and backward match the host within 1e-5") {
   LOCKSTEP_REQUIRE_GPUS(1);
   check_layer_all_batches<ls::dense<13, 7>, 13>("dense<13, 7>");
   check_layer_all_batches<ls::dense<1, 1>, 1>("dense<1, 1>");
@@ -297,7 +312,7 @@ TEST_CASE("cuda: every layer's forward and backward match the host within 1e-5")
                           32>("small CNN");
 }
 
-TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the device too") {
+TEST_CASE("gpu: losses match the host, and a bad label is a data_error on the device too") {
   LOCKSTEP_REQUIRE_GPUS(1);
   ls::cuda_context ctx(0);
   ls::host_context hc;
@@ -375,7 +390,7 @@ TEST_CASE("cuda: losses match the host, and a bad label is a data_error on the d
                   ls::data_error);
 }
 
-TEST_CASE("cuda: optimisers match the host within 1e-5") {
+TEST_CASE("gpu: optimisers match the host within 1e-5") {
   LOCKSTEP_REQUIRE_GPUS(1);
   for (std::size_t n : {1u, 1000u, 70001u}) {
     check_optimizer("sgd", ls::sgd{.lr = 0.1f}, n);
@@ -384,4 +399,119 @@ TEST_CASE("cuda: optimisers match the host within 1e-5") {
     check_optimizer("adam", ls::adam{.weight_decay = 0.01f}, n);
     check_optimizer("adamw", ls::adamw{}, n);
   }
+}
+
+TEST_CASE("host: the device-memory check names the first replica that does not fit and the bytes") {
+  // Fake devices: 0 has 1000 bytes free of 5000, 1 has 250 free of 4000.
+  auto memory = [](int dev) {
+    return dev == 0 ? std::pair<std::size_t, std::size_t>{1000, 5000} : std::pair<std::size_t, std::size_t>{250, 4000};
+  };
+  using ls::backend::detail::replica_memory_shortfall;
+  CHECK(replica_memory_shortfall({0, 0, 0, 0}, 250, memory).empty());  // 4 x 250 fit in 1000 exactly
+  CHECK(replica_memory_shortfall({}, 250, memory).empty());
+  const std::string shared = replica_memory_shortfall({0, 0, 0, 0, 0}, 250, memory);
+  CAPTURE(shared);
+  CHECK(shared.find("replica 4 needs 250 bytes on CUDA device 0") != std::string::npos);
+  CHECK(shared.find("4 earlier replica(s) on that device took 1000 bytes") != std::string::npos);
+  CHECK(shared.find("1000 bytes free of 5000") != std::string::npos);
+  const std::string second = replica_memory_shortfall({0, 1, 1}, 200, memory);
+  CAPTURE(second);
+  CHECK(second.find("replica 2 needs 200 bytes on CUDA device 1") != std::string::npos);
+  CHECK(second.find("250 bytes free of 4000") != std::string::npos);
+  int asked = 0;
+  (void)replica_memory_shortfall({1, 1, 0, 1}, 1, [&](int dev) {
+    ++asked;
+    return memory(dev);
+  });
+  CHECK(asked == 2);  // once per device
+}
+
+TEST_CASE("gpu: replicate refuses a model larger than the GPU's free memory, naming the replica and the bytes") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  using huge = ls::sequential<ls::dense<200000, 200000>>;  // 4e10 parameters: 320 GB with gradients
+  ls::one_device<ls::gpu<0>> s;
+  try {
+    auto m = s.replicate<huge>(ls::seed{1});
+    FAIL("no exception");
+  } catch (const ls::device_error& e) {
+    const std::string m = e.what();
+    CAPTURE(m);
+    CHECK(m.find("replica 0 needs " + std::to_string(2 * ls::one_device<ls::gpu<0>>::model_type<huge>::param_count * sizeof(float)) + " bytes") !=
+          std::string::npos);
+    CHECK(m.find("bytes free of") != std::string::npos);
+  }
+}
+
+TEST_CASE("gpu: strategy_options::tf32 reaches every replica's cuBLAS handle") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  using net = ls::sequential<ls::dense<8, 4>>;
+  for (const bool tf32 : {false, true}) {
+    CAPTURE(tf32);
+    ls::mirrored<ls::gpu<0>, ls::gpu<0>> s{ls::strategy_options{.tf32 = tf32}};
+    auto m = s.replicate<net>(ls::seed{1});
+    for (std::size_t r = 0; r < 2; ++r) {
+      auto& ctx = m.replica(r).context();
+      CHECK(ctx.options().tf32 == tf32);
+      cublasMath_t mode{};
+      LOCKSTEP_CUBLAS_CHECK(cublasGetMathMode(ctx.blas_handle(), &mode));
+      CHECK(((mode & CUBLAS_TF32_TENSOR_OP_MATH) != 0) == tf32);
+    }
+  }
+}
+
+namespace {
+// The file of the first shared library mapped into this process whose name contains `name`
+// ("not loaded" when none is).
+std::string loaded_library(const std::string& name) {
+  std::FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (!maps) return "unknown";
+  char line[4096];
+  std::string found = "not loaded";
+  while (std::fgets(line, sizeof line, maps)) {
+    const std::string l(line);
+    const auto slash = l.find('/');
+    if (slash != std::string::npos && l.find(name, slash) != std::string::npos) {
+      found = l.substr(slash, l.find_last_not_of("\n") + 1 - slash);
+      break;
+    }
+  }
+  std::fclose(maps);
+  return found;
+}
+}  // namespace
+
+TEST_CASE("host: the CUDA driver, runtime, cuBLAS and NCCL this program loaded") {
+  // scripts/gpu-check.sh records these lines: the libraries actually loaded, not the headers'.
+  int driver = 0, runtime = 0;
+  (void)cudaDriverGetVersion(&driver);  // 0 without a driver
+  (void)cudaGetLastError();
+  REQUIRE(cudaRuntimeGetVersion(&runtime) == cudaSuccess);
+  CHECK(runtime >= 12000);
+  int major = 0, minor = 0, patch = 0;
+  REQUIRE(cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS);
+  std::printf("lockstep-env: cuda_driver=%d cuda_runtime=%d devices=%d\n", driver, runtime,
+              ls::backend::cuda_device_count());
+  if (ls::backend::cuda_device_count() == 0)
+    std::printf("lockstep-env: no CUDA device: %s\n", ls::backend::cuda_unavailable_reason().c_str());
+  std::printf("lockstep-env: cublas=%d.%d.%d cublas_library=%s\n", major, minor, patch,
+              loaded_library("libcublas.so").c_str());
+#if defined(LOCKSTEP_HAS_NCCL)
+  const int nccl = ls::detail::nccl_runtime_version();
+  std::printf("lockstep-env: nccl=%d nccl_headers=%d nccl_library=%s nccl_revoke=%s\n", nccl, NCCL_VERSION_CODE,
+              loaded_library("libnccl.so").c_str(), ls::detail::nccl_revoke_function(nccl) ? "yes" : "no");
+#else
+  std::printf("lockstep-env: nccl=none (built without NCCL)\n");
+#endif
+  for (int d = 0; d < ls::backend::cuda_device_count(); ++d) {
+    cudaDeviceProp p{};
+    REQUIRE(cudaGetDeviceProperties(&p, d) == cudaSuccess);
+    std::string name = p.name;
+    for (char& c : name)
+      if (c == ' ') c = '_';  // one key=value word
+    std::printf("lockstep-env: device=%d name=%s sm=%d%d memory_bytes=%zu\n", d, name.c_str(), p.major, p.minor,
+                p.totalGlobalMem);
+  }
+  std::fflush(stdout);
 }

@@ -93,7 +93,7 @@ void check_against_host(const char* name) {
 template <class S>
 void check_exact_sums_and_release(std::initializer_list<std::size_t> counts = {0, 1, 257, 1801}) {
   static_assert(S::replica_count == 3);
-  S s{ls::strategy_options{.timeout = std::chrono::milliseconds(5000)}};
+  S s{ls::strategy_options{.timeout = test_timeout(5000)}};
   auto m = s.template replicate<net>(ls::seed{1});
   const auto b = make_batch(0);
   for (std::size_t count : counts) {
@@ -144,48 +144,48 @@ static_assert(on_host::supports<ls::cpu<0>, ls::cpu<1>> && !on_host::supports<ls
 
 }  // namespace
 
-TEST_CASE("cuda: the root replica is the FIRST replica on the aggregation device (no GPU needed)") {
+TEST_CASE("host: the root replica is the FIRST replica on the aggregation device (no GPU needed)") {
   CHECK(ls::detail::aggregation_root<on_gpu0, ls::gpus>(std::vector<std::size_t>{0, 0, 0}) == 0);
   CHECK(ls::detail::aggregation_root<on_gpu1, ls::gpus>(std::vector<std::size_t>{0, 1, 1}) == 1);
   CHECK(ls::detail::aggregation_root<on_host, ls::gpus>(std::vector<std::size_t>{1, 0}) == 0);
 }
 
-TEST_CASE("cuda: one_device<gpu<0>> trains like one_device<cpu<0>> over 20 steps") {
+TEST_CASE("gpu: one_device<gpu<0>> trains like one_device<cpu<0>> over 20 steps") {
   LOCKSTEP_REQUIRE_GPUS(1);
   check_against_host<ls::one_device<ls::gpu<0>>>("one_device<gpu<0>>");
 }
 
-TEST_CASE("cuda: mirrored<gpu<0>, gpu<0>> (on-device reducer) trains like one host device over 20 steps") {
+TEST_CASE("gpu: mirrored<gpu<0>, gpu<0>> (on-device reducer) trains like one host device over 20 steps") {
   static_assert(std::is_same_v<ls::select_reducer_t<ls::gpu<0>, ls::gpu<0>>, ls::same_device_allreduce>);
   LOCKSTEP_REQUIRE_GPUS(1);
   check_against_host<ls::mirrored<ls::gpu<0>, ls::gpu<0>>>("mirrored<gpu<0>, gpu<0>>");
   check_against_host<ls::mirrored<ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>("mirrored<gpu<0> x 3>");
 }
 
-TEST_CASE("cuda: the on-device reducer sums uneven buckets in replica order and releases peers of a failed replica") {
+TEST_CASE("gpu: the on-device reducer sums uneven buckets in replica order and releases peers of a failed replica") {
   LOCKSTEP_REQUIRE_GPUS(1);
   check_exact_sums_and_release<ls::mirrored<ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>({0, 1, 257, 10007});
 }
 
-TEST_CASE("cuda: reduce_to_one_device<gpu<0>> over gpu<0> replicas trains like one host device over 20 steps") {
+TEST_CASE("gpu: reduce_to_one_device<gpu<0>> over gpu<0> replicas trains like one host device over 20 steps") {
   LOCKSTEP_REQUIRE_GPUS(1);
   check_against_host<aggregating<on_gpu0, ls::gpu<0>, ls::gpu<0>>>("reduce_to_one_device<gpu<0>>, gpu<0> x 2");
   check_against_host<aggregating<on_gpu0, ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>("reduce_to_one_device<gpu<0>>, gpu<0> x 3");
 }
 
-TEST_CASE("cuda: reduce_to_one_device<cpu<0>> over gpu<0> replicas trains like one host device over 20 steps") {
+TEST_CASE("gpu: reduce_to_one_device<cpu<0>> over gpu<0> replicas trains like one host device over 20 steps") {
   LOCKSTEP_REQUIRE_GPUS(1);
   check_against_host<aggregating<on_host, ls::gpu<0>, ls::gpu<0>>>("reduce_to_one_device<cpu<0>>, gpu<0> x 2");
   check_against_host<aggregating<on_host, ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>("reduce_to_one_device<cpu<0>>, gpu<0> x 3");
 }
 
-TEST_CASE("cuda: reduce_to_one_device on one GPU sums in replica order and releases peers of a failed replica") {
+TEST_CASE("gpu: reduce_to_one_device on one GPU sums in replica order and releases peers of a failed replica") {
   LOCKSTEP_REQUIRE_GPUS(1);
   SUBCASE("aggregating on gpu<0>") { check_exact_sums_and_release<aggregating<on_gpu0, ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>(); }
   SUBCASE("aggregating on the host") { check_exact_sums_and_release<aggregating<on_host, ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>(); }
 }
 
-TEST_CASE("cuda: reduce_to_one_device across two GPUs trains like one host device and sums in replica order") {
+TEST_CASE("multigpu: reduce_to_one_device across two GPUs trains like one host device and sums in replica order") {
   LOCKSTEP_REQUIRE_GPUS(2);
   // The root (gpu<1>) is not replica 0; replica 2 shares gpu<0> with replica 0 (both are staged).
   check_against_host<aggregating<on_gpu1, ls::gpu<0>, ls::gpu<1>>>("reduce_to_one_device<gpu<1>>, gpu<0>, gpu<1>");
@@ -196,7 +196,7 @@ TEST_CASE("cuda: reduce_to_one_device across two GPUs trains like one host devic
 }
 
 #if defined(LOCKSTEP_HAS_NCCL)
-TEST_CASE("cuda: mirrored<gpu<0>, gpu<1>> (NCCL) trains like one host device over 20 steps") {
+TEST_CASE("multigpu: mirrored<gpu<0>, gpu<1>> (NCCL) trains like one host device over 20 steps") {
   static_assert(std::is_same_v<ls::select_reducer_t<ls::gpu<0>, ls::gpu<1>>, ls::nccl_allreduce>);
   LOCKSTEP_REQUIRE_GPUS(2);
   check_against_host<ls::mirrored<ls::gpu<0>, ls::gpu<1>>>("mirrored<gpu<0>, gpu<1>>");

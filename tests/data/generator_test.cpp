@@ -124,7 +124,7 @@ TEST_CASE("generator: move-only values can be moved out") {
   for (int i = 0; i < 5; ++i) CHECK(*out[static_cast<std::size_t>(i)] == i);
 }
 
-TEST_CASE("generator: yielding an lvalue copies it; reference generators yield references") {
+TEST_CASE("generator: yielding an lvalue copies it and reference generators yield references") {
   std::vector<std::string> got;
   for (auto&& s : copies_lvalue()) got.push_back(std::move(s));
   CHECK(got == std::vector<std::string>{"kept", "kept!"});

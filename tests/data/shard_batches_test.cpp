@@ -79,7 +79,7 @@ TEST_CASE("distribute: every sample of an epoch reaches exactly one replica once
         }
 }
 
-TEST_CASE("distribute: a range of plain batches, moved or borrowed; empty shards are valid") {
+TEST_CASE("distribute: a range of plain batches, moved or borrowed, with empty shards") {
   std::vector<ld::batch> batches(2);
   batches[0].width = 1;
   batches[0].features = {1, 2, 3};

@@ -177,7 +177,18 @@ TEST_CASE("idx: malformed files raise data_error naming the file and the byte of
     write(lp, idx_bytes(0x803, {4, 2, 2}, 16));
     CHECK(error_of([&] { (void)ld::idx(ip, lp); }).find("expected 0x00000801") != std::string::npos);
   }
-  CHECK(error_of([&] { (void)ld::idx(dir.file("missing.gz")); }).find("cannot open") != std::string::npos);
+  CHECK(error_of([&] { (void)ld::idx(dir.file("missing.gz")); }) ==
+        "lockstep::data::idx: " + dir.file("missing.gz") + ": cannot open file: No such file or directory");
+  // A directory opens but cannot be read: the reason is the operating system's.
+  CHECK(error_of([&] { (void)ld::idx(dir.path.string()); }) ==
+        "lockstep::data::idx: " + dir.path.string() + ": byte offset 0: read error: Is a directory");
+  if (::geteuid() != 0) {  // root may read anything
+    const std::string locked = dir.file("locked");
+    write_plain(locked, idx_bytes(0x803, {1, 1, 1}, 1));
+    fs::permissions(locked, fs::perms::none);
+    CHECK(error_of([&] { (void)ld::idx(locked); }) ==
+          "lockstep::data::idx: " + locked + ": cannot open file: Permission denied");
+  }
 }
 
 TEST_CASE("idx: corrupt and truncated gzip streams raise data_error with the byte offset") {
@@ -245,9 +256,15 @@ TEST_CASE("csv: malformed rows raise data_error naming file, line and column") {
       {"1,2,3\n4,5\n", {}, ":2:3: missing field"},
       {"1,2,3\n4,5,6,7\n", {}, ":2:4: extra field"},
       {"h1,h2\n1,2\n\n3,4abc\n", {.header = true}, ":4:2: '4abc' is not a number"},
-      {"1,2\n3,2.5\n", {.label_column = 1}, ":2:2: label '2.5'"},
-      {"1,-1\n", {.label_column = 1}, ":1:2: label '-1'"},
-      {"1,2\n", {.label_column = 5}, ":1: label column 5 does not exist"},
+      {"1,2\n3,2.5\n", {.label_column = 1}, ":2:2: label '2.5' is not an integer >= 0 (label_column 1, counted from 0)"},
+      {"1,-1\n", {.label_column = 1}, ":1:2: label '-1' is not an integer >= 0 (label_column 1, counted from 0)"},
+      {"1,2\n", {.label_column = 5},
+       ":1: label_column 5 does not exist: columns are counted from 0, and the row has 2 fields (columns 0 to 1)"},
+      {"1,2\n", {.label_column = 2}, ":1: label_column 2 does not exist: columns are counted from 0"},
+      {"1,2,3\n", {.target_columns = {0, 3}}, ":1: target column 3 does not exist: columns are counted from 0, and the "
+                                               "row has 3 fields (columns 0 to 2)"},
+      {"1,2,3\n4,x,6\n", {.target_columns = {1}}, ":2:2: 'x' is not a number (target column 1, counted from 0)"},
+      {"1,2,3\n4,,6\n", {.label_column = 1}, ":2:2: missing value (empty field) (label_column 1, counted from 0)"},
       {"1;2\n3;x\n", {.delimiter = ';'}, ":2:2:"},
       {"1,2\n3,nan\n", {}, ":2:2: 'nan' is not a finite number"},
       {"1,2\ninf,4\n", {}, ":2:1: 'inf' is not a finite number"},
@@ -260,7 +277,61 @@ TEST_CASE("csv: malformed rows raise data_error naming file, line and column") {
     CAPTURE(msg);
     CHECK(msg.find(p + c.where) != std::string::npos);
   }
-  CHECK(error_of([&] { (void)ld::csv(dir.file("none.csv")); }).find("cannot open") != std::string::npos);
+  CHECK(error_of([&] { (void)ld::csv(dir.file("none.csv")); }) ==
+        "lockstep::data::csv: " + dir.file("none.csv") + ": cannot open file: No such file or directory");
+  CHECK(error_of([&] { (void)ld::csv(dir.path.string()); }) ==
+        "lockstep::data::csv: " + dir.path.string() + ": read error: Is a directory");
+  // Options that contradict each other are refused before the file is parsed.
+  std::ofstream(p) << "1,2,3\n";
+  CHECK(error_of([&] { (void)ld::csv(p, {.label_column = 1, .target_columns = {1}}); }) ==
+        "lockstep::data::csv: " + p + ": column 1 (counted from 0) is both label_column and a target column");
+  CHECK(error_of([&] { (void)ld::csv(p, {.target_columns = {2, 0, 2}}); }) ==
+        "lockstep::data::csv: " + p + ": target_columns names column 2 (counted from 0) twice");
+}
+
+TEST_CASE("csv: target columns give regression samples; the other columns are the features") {
+  temp_dir dir;
+  const std::string p = dir.file("reg.csv");
+  // Columns: x0, y1, x1, label, y0 (targets listed as {4, 1}: y0 first).
+  std::ofstream(p) << "x0,y1,x1,label,y0\n1,10,2,3,100\n4,40,5,0,400\n\n7,70,8,1,700\n";
+  const auto d = ld::csv(p, {.header = true, .label_column = 3, .target_columns = {4, 1}});
+  std::vector<ld::owned_sample> rows;
+  for (auto&& s : d.epoch()) rows.emplace_back(s);
+  REQUIRE(rows.size() == 3);
+  for (std::size_t r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    const float base = static_cast<float>(3 * r + 1);
+    CHECK(rows[r].features == std::vector<float>{base, base + 1});
+    CHECK(rows[r].targets == std::vector<float>{100 * base, 10 * base});
+    CHECK(rows[r].index == r);
+  }
+  CHECK(rows[0].label == 3);
+  CHECK(rows[2].label == 1);
+  // Batched: targets travel with their rows, target_width is the number of target columns.
+  for (const std::size_t size : {std::size_t{1}, std::size_t{2}, std::size_t{3}}) {
+    CAPTURE(size);
+    std::size_t seen = 0;
+    for (auto&& b : (ld::csv(p, {.header = true, .target_columns = {4, 1}}) | ld::batched(size)).epoch()) {
+      CHECK(b.width == 3);  // x0, x1 and the label column, which is a feature when not named
+      CHECK(b.target_width == 2);
+      REQUIRE(b.targets.size() == 2 * b.rows());
+      for (std::size_t i = 0; i < b.rows(); ++i) {
+        CHECK(b.targets[2 * i] == b.features[3 * i] * 100);
+        CHECK(b.targets[2 * i + 1] == b.features[3 * i] * 10);
+      }
+      seen += b.rows();
+    }
+    CHECK(seen == 3);
+  }
+  // Every column a target: zero features.
+  std::ofstream(p) << "1,2\n3,4\n";
+  std::size_t n = 0;
+  for (auto&& s : ld::csv(p, {.target_columns = {1, 0}}).epoch()) {
+    CHECK(s.width == 0);
+    CHECK(s.target_width == 2);
+    n += s.targets[0] == s.targets[1] + 1 ? 1 : 0;
+  }
+  CHECK(n == 2);
 }
 
 TEST_CASE("idx: the real Fashion-MNIST training set") {
@@ -423,7 +494,7 @@ TEST_CASE("csv: a field quoted in a message is escaped and cut short") {
         std::string::npos);
 }
 
-TEST_CASE("csv: numbers are rounded to float; out of float range is its own error") {
+TEST_CASE("csv: numbers are rounded to float and out of float range is its own error") {
   temp_dir dir;
   const std::string p = dir.file("n.csv");
   std::ofstream(p) << "1e-50,-1e-50,1e-40,1e-999,3.4e38,-3.4e38\n";

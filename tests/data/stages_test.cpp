@@ -208,7 +208,7 @@ TEST_CASE("batched: rows of different widths are a shape_error") {
   CHECK(collect(d).size() == 2);
 }
 
-TEST_CASE("cache replays the first complete pass; an abandoned pass caches nothing") {
+TEST_CASE("cache replays the first complete pass and an abandoned pass caches nothing") {
   for (int n : sizes) {
     CAPTURE(n);
     std::atomic<int> pulled{0};

@@ -16,8 +16,7 @@ namespace ls = lockstep;
 
 /// A device kind of this test whose ordinals must name existing devices (as GPUs must).
 struct accel {
-  static constexpr ls::device_kind kind = ls::device_kind::gpu;  ///< a device with its own memory
-  using kind_type = accel;                                       ///< a kind is its own kind
+  using kind_type = accel;  ///< a kind is its own kind
 };
 template <>
 struct lockstep::backend_traits<accel> {

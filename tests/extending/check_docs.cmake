@@ -3,7 +3,7 @@
 # Usage: cmake -DSOURCE=<file> -DDOC=<file> -P check_docs.cmake
 file(READ ${SOURCE} _src)
 file(READ ${DOC} _doc)
-string(REGEX MATCHALL "// example-begin [a-z_]+\n" _begins "${_src}")
+string(REGEX MATCHALL "// example-begin [A-Za-z0-9_.-]+\n" _begins "${_src}")
 if(NOT _begins)
   message(FATAL_ERROR "${SOURCE} has no example-begin markers")
 endif()

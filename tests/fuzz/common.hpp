@@ -95,8 +95,9 @@ struct idx_input {
   }
 };
 
-/// One CSV fuzz input: byte 0 holds flags (bit 0: header line, bit 1: a label column), byte 1 the
-/// label column (0..7 used), byte 2 picks the delimiter (from ",;\t| " by value mod 5, or the byte
+/// One CSV fuzz input: byte 0 holds flags (bit 0: header line, bit 1: a label column, bit 2: a
+/// target column, (byte 1 >> 3) mod 8, bit 3: a second one, byte 0 >> 4), byte 1 the label
+/// column (0..7 used), byte 2 picks the delimiter (from ",;\t| " by value mod 5, or the byte
 /// itself when it is >= 128); the file text is the rest.
 struct csv_input {
   std::uint8_t flags = 0;     ///< the flag bits above
@@ -127,12 +128,53 @@ struct csv_input {
   }
 };
 
+/// One .npy fuzz input: byte 0 holds flags (bit 0: a labels file, bits 1-2: the layout — rows,
+/// HWC or CHW images — bit 3: which of two workers cuts), bytes 1-2 the length of the features
+/// file (little-endian, clamped to what is there); the features file follows, the labels file is
+/// the rest.
+struct npy_input {
+  std::uint8_t flags = 0;  ///< the flag bits above
+  bytes features;          ///< the features file
+  bytes labels;            ///< the labels file
+
+  /// Splits a fuzz input.
+  static npy_input parse(const std::uint8_t* data, std::size_t size) {
+    npy_input in;
+    if (size < 3) return in;
+    in.flags = data[0];
+    std::size_t n = std::size_t{data[1]} | (std::size_t{data[2]} << 8);
+    data += 3;
+    size -= 3;
+    if (n > size) n = size;
+    in.features.assign(data, data + n);
+    in.labels.assign(data + n, data + size);
+    return in;
+  }
+  /// The fuzz input that parse() splits into this.
+  [[nodiscard]] bytes encode() const {
+    bytes out{flags, static_cast<std::uint8_t>(features.size() & 0xff), static_cast<std::uint8_t>(features.size() >> 8)};
+    out.insert(out.end(), features.begin(), features.end());
+    out.insert(out.end(), labels.begin(), labels.end());
+    return out;
+  }
+};
+
+/// The image limits of the image harnesses: small enough that every image a header may declare
+/// is decoded in milliseconds and allocates well under the 64 MiB the suite allows.
+struct image_limits {
+  static constexpr std::uint32_t side = 2048;                       ///< width and height
+  static constexpr std::uint64_t pixels = std::uint64_t{1} << 20;   ///< width x height
+  static constexpr std::uint64_t decoder = std::uint64_t{32} << 20; ///< libjpeg's memory
+  static constexpr std::uint32_t scans = 100;                       ///< scans of a progressive JPEG
+};
+
 /// Reads every value of every sample of one epoch of `d` (so every byte of the input is decoded).
 template <class Dataset>
 void touch_every_sample(const Dataset& d) {
   double sum = 0;
   for (auto&& s : d.epoch()) {
     for (std::uint32_t i = 0; i < s.width; ++i) sum += s.feature(i);
+    for (std::uint32_t i = 0; i < s.target_width; ++i) sum += s.targets[i];
     sum += s.label;
   }
   static volatile double sink;

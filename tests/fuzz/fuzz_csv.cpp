@@ -1,5 +1,5 @@
-// libFuzzer harness: lockstep::data::csv with the reader's options (header, label column,
-// delimiter) drawn from the input's first bytes. Only lockstep::error may escape.
+// libFuzzer harness: lockstep::data::csv with the reader's options (header, label column, target
+// columns, delimiter) drawn from the input's first bytes. Only lockstep::error may escape.
 #include <cstddef>
 #include <cstdint>
 
@@ -17,6 +17,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   lockstep::data::csv_options o;
   o.header = (in.flags & 1) != 0;
   if (in.flags & 2) o.label_column = in.label % 8;
+  if (in.flags & 4) o.target_columns.push_back((in.label >> 3) % 8);  // may be the label column: an error
+  if (in.flags & 8) o.target_columns.push_back(in.flags >> 4);        // may repeat the first: an error
   o.delimiter = in.delimiter();
   try {
     const auto d = lockstep::data::csv(path, o);

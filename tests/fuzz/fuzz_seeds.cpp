@@ -1,8 +1,11 @@
 // Writes the seed corpora of the fuzz harnesses: fuzz_seeds <dir> creates <dir>/idx, <dir>/csv,
-// <dir>/checkpoint (also the seeds of fuzz_checkpoint_crc) and <dir>/safetensors. Every seed is built here, from
-// the formats' own definitions, so the repository holds no binary blobs.
+// <dir>/checkpoint (also the seeds of fuzz_checkpoint_crc), <dir>/safetensors, <dir>/tar, <dir>/npy
+// and, with the image libraries, <dir>/png and <dir>/jpeg. Every seed is built here, from the
+// formats' own definitions and encoders, so the repository holds no binary blobs.
+#include <array>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,7 +13,16 @@
 #include <vector>
 
 #include <lockstep/io/checkpoint.hpp>
+#ifndef LOCKSTEP_FUZZ_NO_IMAGES
+#include <png.h>
 
+#include <csetjmp>
+
+#include <lockstep/data/jpeg.hpp>
+#include <lockstep/data/png.hpp>
+#endif
+
+#include "../data/tar_writer.hpp"
 #include "../support/legacy_checkpoint.hpp"
 #include "checkpoint_body.hpp"
 #include "common.hpp"
@@ -163,6 +175,143 @@ void safetensors_seeds(const fs::path& dir) {
   file.insert(file.end(), json.begin(), json.end());
   file.insert(file.end(), data.begin(), data.end());
   write(dir, "seed-reordered", file);
+// Pixels of a small test image.
+std::vector<std::uint8_t> pattern(std::uint32_t w, std::uint32_t h, std::uint32_t c) {
+  std::vector<std::uint8_t> p(std::size_t{w} * h * c);
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<std::uint8_t>(i * 37 + (i / c) * 11);
+  return p;
+}
+
+#ifndef LOCKSTEP_FUZZ_NO_IMAGES
+// A PNG of any colour type and bit depth (libpng's write API), rows filled with a pattern.
+lf::bytes variant_png(std::uint32_t w, std::uint32_t h, int color, int depth, bool interlace) {
+  lf::bytes out;
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  png_infop info = png_create_info_struct(png);
+  if (setjmp(png_jmpbuf(png))) std::abort();
+  png_set_write_fn(
+      png, &out, [](png_structp p, png_bytep d, std::size_t n) {
+        auto* o = static_cast<lf::bytes*>(png_get_io_ptr(p));
+        o->insert(o->end(), d, d + n);
+      },
+      [](png_structp) {});
+  png_set_IHDR(png, info, w, h, depth, color, interlace ? PNG_INTERLACE_ADAM7 : PNG_INTERLACE_NONE,
+               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  std::vector<png_color> palette;
+  if (color == PNG_COLOR_TYPE_PALETTE) {
+    for (int k = 0; k < (1 << depth); ++k)
+      palette.push_back({static_cast<png_byte>(k * 13), static_cast<png_byte>(255 - k), static_cast<png_byte>(k * 7)});
+    png_set_PLTE(png, info, palette.data(), static_cast<int>(palette.size()));
+  }
+  png_set_gAMA(png, info, 0.45455);
+  png_text text{};
+  text.compression = PNG_TEXT_COMPRESSION_zTXt;
+  text.key = const_cast<char*>("Comment");
+  text.text = const_cast<char*>("a compressed text chunk");
+  png_set_text(png, info, &text, 1);
+  const int comps = color == PNG_COLOR_TYPE_RGB ? 3 : color == PNG_COLOR_TYPE_RGB_ALPHA ? 4 : color == PNG_COLOR_TYPE_GRAY_ALPHA ? 2 : 1;
+  const std::size_t rowbytes = (std::size_t{w} * comps * depth + 7) / 8;
+  std::vector<std::vector<png_byte>> rows(h, std::vector<png_byte>(rowbytes));
+  std::vector<png_bytep> ptrs;
+  for (std::uint32_t y = 0; y < h; ++y) {
+    for (std::size_t i = 0; i < rowbytes; ++i) rows[y][i] = static_cast<png_byte>(y * 31 + i * 17);
+    ptrs.push_back(rows[y].data());
+  }
+  png_set_rows(png, info, ptrs.data());
+  png_write_png(png, info, PNG_TRANSFORM_IDENTITY, nullptr);
+  png_destroy_write_struct(&png, &info);
+  return out;
+}
+
+void png_seeds(const fs::path& dir) {
+  int n = 0;
+  auto add = [&](std::uint8_t flags, const lf::bytes& png) {
+    lf::bytes in{flags};
+    in.insert(in.end(), png.begin(), png.end());
+    write(dir, "seed-" + std::to_string(n++), in);
+  };
+  const auto grey = pattern(9, 7, 1), rgb = pattern(6, 5, 3);
+  add(0, lockstep::data::encode_png(grey.data(), 9, 7, 1));
+  add(1, lockstep::data::encode_png(rgb.data(), 6, 5, 3));
+  add(1, lockstep::data::encode_png(rgb.data(), 6, 5, 3, 0));
+  for (int depth : {1, 2, 4, 8, 16}) add(static_cast<std::uint8_t>(depth & 1), variant_png(11, 5, PNG_COLOR_TYPE_GRAY, depth, depth == 2));
+  for (int depth : {1, 4, 8}) add(1, variant_png(7, 6, PNG_COLOR_TYPE_PALETTE, depth, depth == 4));
+  add(1, variant_png(5, 4, PNG_COLOR_TYPE_RGB, 16, true));
+  add(0, variant_png(5, 4, PNG_COLOR_TYPE_RGB_ALPHA, 8, false));
+  add(1, variant_png(5, 4, PNG_COLOR_TYPE_GRAY_ALPHA, 16, false));
+}
+
+void jpeg_seeds(const fs::path& dir) {
+  int n = 0;
+  auto add = [&](std::uint8_t flags, std::array<std::uint8_t, 4> region, const lf::bytes& jpg) {
+    lf::bytes in{flags, region[0], region[1], region[2], region[3]};
+    in.insert(in.end(), jpg.begin(), jpg.end());
+    write(dir, "seed-" + std::to_string(n++), in);
+  };
+  const auto rgb = pattern(40, 24, 3), grey = pattern(17, 33, 1);
+  namespace ld = lockstep::data;
+  add(1, {0, 0, 255, 255}, ld::encode_jpeg(rgb.data(), 40, 24, 3));
+  add(1, {60, 90, 100, 80}, ld::encode_jpeg(rgb.data(), 40, 24, 3, {.quality = 60}));
+  add(0, {0, 0, 255, 255}, ld::encode_jpeg(rgb.data(), 40, 24, 3, {.quality = 90, .progressive = true}));
+  add(3, {128, 40, 60, 200}, ld::encode_jpeg(rgb.data(), 40, 24, 3, {.quality = 95, .progressive = true, .subsample = false}));
+  add(0, {0, 0, 255, 255}, ld::encode_jpeg(grey.data(), 17, 33, 1));
+  add(1, {200, 10, 20, 255}, ld::encode_jpeg(grey.data(), 17, 33, 1, {.quality = 40, .progressive = true}));
+}
+#endif
+
+void tar_seeds(const fs::path& dir) {
+  int n = 0;
+  auto add = [&](const tar_test::writer& w) { write(dir, "seed-" + std::to_string(n++), w.finish()); };
+  tar_test::writer a;
+  a.add("shard/0001.png", std::string(700, 'x'));
+  a.add("shard/0001.cls", "3\n");
+  a.add("shard/0002.jpg", "jpeg bytes");
+  a.add("shard/0002.cls", "4");
+  add(a);
+  tar_test::writer b;
+  b.add("dir/", std::vector<std::uint8_t>{}, '5');
+  b.add("dir/" + std::string(150, 'n') + ".seg.png", "long");
+  b.pax({{"path", "pax/k.cls"}, {"size", "1"}});
+  b.add("ignored", "7");
+  add(b);
+  tar_test::writer c;
+  c.add("a.txt", "");
+  c.add("link.png", std::vector<std::uint8_t>{}, '2');
+  add(c);
+}
+
+// A .npy file: a version-1 header with the dict, padded, then the data.
+lf::bytes npy_file(const std::string& dict, const lf::bytes& data) {
+  lf::bytes out{0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
+  std::string h = dict;
+  while ((10 + h.size() + 1) % 64 != 0) h += ' ';
+  h += '\n';
+  out.push_back(static_cast<std::uint8_t>(h.size()));
+  out.push_back(static_cast<std::uint8_t>(h.size() >> 8));
+  out.insert(out.end(), h.begin(), h.end());
+  out.insert(out.end(), data.begin(), data.end());
+  return out;
+}
+
+void npy_seeds(const fs::path& dir) {
+  int n = 0;
+  auto add = [&](std::uint8_t flags, const lf::bytes& x, const lf::bytes& y) {
+    write(dir, "seed-" + std::to_string(n++), lf::npy_input{flags, x, y}.encode());
+  };
+  const auto px = pattern(12, 4, 1);
+  lf::bytes labels64;
+  for (int i = 0; i < 4; ++i) labels64.insert(labels64.end(), {static_cast<std::uint8_t>(i), 0, 0, 0, 0, 0, 0, 0});
+  const lf::bytes labels8{1, 0, 2, 5};
+  add(1, npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (4, 12), }", px),
+      npy_file("{'descr': '<i8', 'fortran_order': False, 'shape': (4,), }", labels64));
+  add(3, npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (4, 2, 2, 3), }", px),
+      npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (4,), }", labels8));
+  add(12, npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (4, 3, 2, 2), }", px), {});
+  lf::bytes floats(4 * 3 * 4);
+  for (std::size_t i = 0; i < floats.size(); ++i) floats[i] = static_cast<std::uint8_t>(i % 4 == 3 ? 0x3f : i);
+  add(0, npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (4, 3), }", floats), {});
+  add(1, npy_file("{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (4, 3)}", floats),
+      npy_file("{'descr': '<u2', 'fortran_order': False, 'shape': (4,), }", {1, 0, 2, 0, 3, 0, 4, 0}));
 }
 
 }  // namespace
@@ -177,5 +326,11 @@ int main(int argc, char** argv) {
   csv_seeds(root / "csv");
   checkpoint_seeds(root / "checkpoint");
   safetensors_seeds(root / "safetensors");
+  tar_seeds(root / "tar");
+  npy_seeds(root / "npy");
+#ifndef LOCKSTEP_FUZZ_NO_IMAGES
+  png_seeds(root / "png");
+  jpeg_seeds(root / "jpeg");
+#endif
   return 0;
 }

@@ -36,7 +36,11 @@ set(_fuzz_env LOCKSTEP_FUZZ_DIR=${CMAKE_BINARY_DIR}/fuzz LOCKSTEP_FUZZ_CXX=${LOC
 add_test(NAME fuzz/build COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/fuzz.sh --build-only)
 set_tests_properties(fuzz/build PROPERTIES LABELS fuzz TIMEOUT 900 ENVIRONMENT "${_fuzz_env}"
                      FIXTURES_SETUP lockstep_fuzz_harnesses)
-foreach(_h idx csv checkpoint checkpoint_crc safetensors)
+set(_lockstep_fuzz_harnesses idx csv checkpoint checkpoint_crc safetensors tar npy)
+if(LOCKSTEP_HAS_IMAGES)
+  list(APPEND _lockstep_fuzz_harnesses png jpeg)
+endif()
+foreach(_h ${_lockstep_fuzz_harnesses})
   add_test(NAME fuzz/${_h} COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/fuzz.sh --no-build ${LOCKSTEP_FUZZ_SECONDS} ${_h})
   set_tests_properties(fuzz/${_h} PROPERTIES LABELS fuzz TIMEOUT 300 ENVIRONMENT "${_fuzz_env}"
                        FIXTURES_REQUIRED lockstep_fuzz_harnesses)

@@ -13,12 +13,12 @@
 #include <doctest/doctest.h>
 
 #include <lockstep/core/random.hpp>
-#include <lockstep/layers/shape.hpp>
+#include <lockstep/core/shape.hpp>
 #include <lockstep/losses/loss.hpp>
 
 namespace xent_ref {
 
-/// loss.evaluate on `rows` rows of `cols` outputs, with cols (1..16) known here only at run time
+/// loss.evaluate on `rows` rows of `cols` outputs, with cols (1..16 or a width of wide_rows()) known here only at run time
 /// (a loss sees the model's output shape at compile time).
 template <class Loss, class Ctx, class T>
 lockstep::loss_sum evaluate_cols(const Loss& loss, Ctx& ctx, const T* z, std::size_t rows, std::size_t cols,
@@ -32,7 +32,14 @@ lockstep::loss_sum evaluate_cols(const Loss& loss, Ctx& ctx, const T* z, std::si
                     : false),
      ...);
   }(std::make_index_sequence<16>{});
-  if (!done) throw std::invalid_argument("evaluate_cols: cols must be 1..16");
+  [&]<std::size_t... C>(std::index_sequence<C...>) {  // the widths of wide_rows()
+    ((!done && cols == C ? (r = loss.evaluate(ctx, lockstep::loss_args<T, Ctx, lockstep::shape<C>>{
+                                                        {z, rows}, t, {grad, rows}, scratch}),
+                             done = true)
+                          : false),
+     ...);
+  }(std::index_sequence<31, 32, 33, 70, 129>{});
+  if (!done) throw std::invalid_argument("evaluate_cols: cols must be 1..16, 31, 32, 33, 70 or 129");
   return r;
 }
 
@@ -87,6 +94,23 @@ inline std::vector<std::vector<float>> confident_rows() {
     const double spread = 1.0 + 200.0 * rng.uniform_double(100 + k);
     std::vector<float> z(cols);
     for (std::size_t c = 0; c < cols; ++c) z[c] = float((rng.uniform_double(1000 + 50 * k + c) * 2 - 1) * spread);
+    rows.push_back(z);
+  }
+  return rows;
+}
+
+/// Rows wider than a GPU warp (several columns per lane): random, with one confident class in the
+/// last lane, and with a tie for the maximum (the first column wins).
+inline std::vector<std::vector<float>> wide_rows() {
+  std::vector<std::vector<float>> rows;
+  const lockstep::counter_rng rng(5, 1);
+  for (std::size_t cols : {31u, 32u, 33u, 70u, 129u}) {
+    std::vector<float> z(cols);
+    for (std::size_t c = 0; c < cols; ++c) z[c] = 8.0f * (2.0f * rng.uniform(cols * 1000 + c) - 1.0f);
+    rows.push_back(z);
+    z[cols - 1] = 40.0f;
+    rows.push_back(z);
+    z[3] = 40.0f;
     rows.push_back(z);
   }
   return rows;

@@ -41,9 +41,21 @@ foreach(mode throw stall kill world nompirun)
   set_tests_properties(mpi/failure_${mode} PROPERTIES LABELS "mpi" TIMEOUT 60 ENVIRONMENT "${_lockstep_mpi_env}")
 endforeach()
 
+# The index-first input pipeline across 2 workers: Fashion-MNIST as a PNG folder and as tar shards,
+# each worker decoding only its rows (needs the image component).
+if(LOCKSTEP_HAS_IMAGES)
+  add_executable(test_mpi_data ${CMAKE_CURRENT_SOURCE_DIR}/mpi/main.cpp ${CMAKE_CURRENT_SOURCE_DIR}/mpi/test_data_mpi.cpp)
+  target_link_libraries(test_mpi_data PRIVATE lockstep::mpi lockstep::images doctest::doctest lockstep_warnings)
+  target_include_directories(test_mpi_data PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})  # data/images/fashion.hpp
+  add_test(NAME mpi/data_np2
+           COMMAND ${MPIEXEC_EXECUTABLE} ${LOCKSTEP_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:test_mpi_data>)
+  set_tests_properties(mpi/data_np2 PROPERTIES LABELS "mpi" TIMEOUT 600 ENVIRONMENT "${_lockstep_mpi_env}")
+endif()
+
 # The MPI headers compile on their own (the generic header check skips them: they need <mpi.h>).
 set(_mpi_header_tus)
-foreach(_header lockstep/distribute/mpi.hpp lockstep/distribute/multi_worker.hpp)
+foreach(_header lockstep/distribute/mpi.hpp lockstep/distribute/mpi_world.hpp lockstep/distribute/multi_worker.hpp
+                lockstep/distribute/reducers/mpi_host.hpp lockstep/distribute/reducers/over_workers.hpp)
   string(REGEX REPLACE "[/.]" "_" _tu_name "${_header}")
   set(_tu ${CMAKE_CURRENT_BINARY_DIR}/header_check_mpi/${_tu_name}.cpp)
   file(CONFIGURE OUTPUT ${_tu} CONTENT "#include <${_header}>\n#include <${_header}>\n" @ONLY)
@@ -54,3 +66,8 @@ target_link_libraries(lockstep_mpi_header_check PRIVATE lockstep::mpi lockstep_w
 add_test(NAME mpi/headers_compile_alone
          COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target lockstep_mpi_header_check)
 set_tests_properties(mpi/headers_compile_alone PROPERTIES LABELS "mpi;build" TIMEOUT 900)
+
+# The program docs/multi-node.md shows, compiled as shown (the docs_multi-node test compares the
+# page with it; the tests above run the same calls under mpirun).
+add_executable(docs_multi_node ${CMAKE_CURRENT_SOURCE_DIR}/mpi/docs_multi_node.cpp)
+target_link_libraries(docs_multi_node PRIVATE lockstep::mpi lockstep_warnings)

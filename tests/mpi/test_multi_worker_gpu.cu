@@ -28,7 +28,7 @@
 
 #include <unistd.h>
 
-#include <lockstep/backend/cuda.hpp>
+#include <lockstep/cuda.hpp>
 #include <lockstep/distribute/multi_worker.hpp>  // with nvcc and NCCL: multi_worker_nccl.cuh
 #include <lockstep/lockstep.hpp>
 

@@ -108,6 +108,7 @@ TEST_CASE("resume: a checkpoint of another kind of optimiser is refused, naming 
     CHECK(msg.find("section 'optimizer'") != std::string::npos);
     CHECK(msg.find("lockstep::adam or lockstep::adamw") != std::string::npos);
     CHECK(msg.find("lockstep::sgd with momentum 0.9 keeps") != std::string::npos);
+    CHECK(msg.find("(use another checkpoint_dir, or drop resume)") != std::string::npos);  // and what to do
   }
   CHECK(m.step() == 0);  // nothing was loaded
   fs::remove_all(dir);
@@ -131,6 +132,7 @@ TEST_CASE("resume: an AdamW checkpoint resumed with Adam (the same state size) i
     CHECK(msg.find("section 'optimizer'") != std::string::npos);
     CHECK(msg.find("written by lockstep::adamw;") != std::string::npos);
     CHECK(msg.find("this run's optimizer lockstep::adam keeps as much state") != std::string::npos);
+    CHECK(msg.find("(use another checkpoint_dir, or drop resume)") != std::string::npos);
   }
   CHECK(m.step() == 0);  // nothing was loaded
   fs::remove_all(dir);
@@ -361,4 +363,43 @@ TEST_CASE("resume: checkpoints of a sharded optimiser update resume bitwise, sha
     CHECK(train_to<sharded<two>>(9, dir, true) == plain);
     fs::remove_all(dir);
   }
+}
+
+namespace {
+/// Trains `steps` updates in total with checkpoints in `dir`, the progress display written to a
+/// file; returns what it printed.
+std::string progress_of(const fs::path& dir, bool resume, std::uint64_t steps) {
+  std::FILE* out = std::tmpfile();
+  REQUIRE(out != nullptr);
+  two s;
+  auto m = s.replicate<net>(ls::seed{21});
+  (void)ls::fit(s, m, optimizer, ls::softmax_cross_entropy{}, pipeline(samples, batch),
+                {.epochs = 1000,
+                 .progress = {.stream = out, .live = false},
+                 .checkpoint_dir = dir.string(),
+                 .checkpoint_every = 1,
+                 .resume = resume,
+                 .max_steps = steps});
+  std::string text;
+  std::rewind(out);
+  for (int ch = std::fgetc(out); ch != EOF; ch = std::fgetc(out)) text.push_back(static_cast<char>(ch));
+  std::fclose(out);
+  return text;
+}
+}  // namespace
+
+TEST_CASE("resume: fit says where a run starts, and its epoch count honours max_steps") {
+  const auto dir = temp_dir("lines");
+  const std::string fresh = progress_of(dir, true, 4);  // resume asked, nothing to resume
+  CAPTURE(fresh);
+  CHECK(fresh.rfind("no checkpoint in " + dir.string() + ": starting fresh\n", 0) == 0);
+  CHECK(fresh.find("epoch 1/1: ") != std::string::npos);  // the budget of 4 updates ends in epoch 1
+  CHECK(fresh.find("max_steps 4 reached") != std::string::npos);
+  const std::string resumed = progress_of(dir, true, 9);  // from step 4, in epoch 1
+  CAPTURE(resumed);
+  CHECK(resumed.rfind("resuming from " + (dir / "ckpt-000000000004.lsck").string() + " (epoch 1, step 4)\n", 0) == 0);
+  CHECK(resumed.find("epoch 2/2: ") != std::string::npos);  // 6 steps an epoch: the budget of 9 ends in epoch 2
+  const std::string plain = progress_of(temp_dir("lines_plain"), false, 2);  // no resume asked: no line
+  CHECK(plain.find("starting fresh") == std::string::npos);
+  CHECK(plain.find("resuming from") == std::string::npos);
 }

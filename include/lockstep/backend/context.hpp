@@ -12,11 +12,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <lockstep/backend/host/context.hpp>
 #include <lockstep/backend/host/ops.hpp>
 #include <lockstep/config.hpp>
 #include <lockstep/core/device.hpp>
+#include <lockstep/core/error.hpp>
+#include <lockstep/core/views.hpp>
 #include <lockstep/memory/resource.hpp>
 
 namespace lockstep {
@@ -25,6 +28,7 @@ namespace lockstep {
 struct replica_settings {
   int blas_threads = 1;          ///< host kinds: threads one replica's GEMMs may use
   bool flush_denormals = true;   ///< host kinds: the replica's thread flushes subnormal floats to zero
+  bool tf32 = false;             ///< GPU kinds: FP32 GEMMs may use TF32 tensor cores (host kinds refuse it)
 };
 
 /// What device kind Kind provides to the library. This primary template is chosen only for a
@@ -48,6 +52,9 @@ struct backend_traits<cpus> {
   static std::size_t device_count() { return static_cast<std::size_t>(allowed_cpu_count()); }
   /// The context of the replica on device `ordinal`.
   static context_type make_context(std::size_t, const replica_settings& s) {
+    if (s.tf32)
+      throw config_error("lockstep: strategy_options::tf32 applies to GPU replicas; cpu replicas compute FP32 GEMMs "
+                         "in FP32");
     return context_type(s.blas_threads, s.flush_denormals);
   }
 };
@@ -75,6 +82,16 @@ struct context_of {
 template <class D>
 using context_t = typename context_of<D>::type;
 
+/// Before a strategy allocates its replicas on kind K: throws device_error naming the first
+/// replica that does not fit when K's backend can tell (`backend_traits<K>::check_memory(contexts,
+/// bytes)`: each replica needs `bytes` on its device, replicas sharing a device add up); does
+/// nothing for a kind without such a check (host memory).
+template <class K>
+void check_replica_memory(const std::vector<context_t<K>>& contexts, std::size_t bytes) {
+  if constexpr (requires { backend_traits<K>::check_memory(contexts, bytes); })
+    backend_traits<K>::check_memory(contexts, bytes);
+}
+
 namespace detail {
 /// An elementwise functor shaped like those layers pass to for_each_index (callable on host and device).
 struct index_functor_archetype {
@@ -84,7 +101,7 @@ struct index_functor_archetype {
 }  // namespace detail
 
 /// A device kind with a complete backend: registered traits and memory, a context that names its
-/// kind (`using device_kind = K;`, which types the views layers receive) and can be activated on
+/// kind (`using kind_type = K;`, which types the views layers receive) and can be activated on
 /// the calling thread and synchronised, and the kernels every layer, loss and
 /// optimiser is written in (GEMM, the elementwise launch, fills and copies on the device and
 /// between host and device, row broadcast, column sums, sums, scaling), found by
@@ -96,7 +113,7 @@ concept device_backend =
     requires(typename backend_traits<K>::context_type& ctx, const replica_settings& rs, std::size_t n, float* p,
              const float* cp, double* dp, const double* cdp, const std::int32_t* ip, std::int32_t* wip,
              backend::trans t) {
-      requires std::same_as<typename backend_traits<K>::context_type::device_kind, K>;
+      requires std::same_as<kind_of_context_t<typename backend_traits<K>::context_type>, K>;
       { backend_traits<K>::name } -> std::convertible_to<const char*>;
       { backend_traits<K>::ordinals_bounded } -> std::convertible_to<bool>;
       { backend_traits<K>::replica_owns_core } -> std::convertible_to<bool>;

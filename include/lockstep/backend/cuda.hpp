@@ -1,9 +1,8 @@
 #pragma once
 /// @file cuda.hpp
-/// The CUDA backend for programs compiled with nvcc: `cuda_context`, device memory for gpu<I>,
-/// the kernels every layer, loss and optimiser runs on gpu<I>, and the GPU reducers. Include it
-/// (with <lockstep/lockstep.hpp>) in a .cu translation unit and link lockstep::cuda
-/// (and lockstep::nccl for several GPUs).
+/// The CUDA backend for programs compiled with nvcc: `cuda_context`, device memory for gpu<I>, and
+/// the kernels every layer, loss and optimiser runs on gpu<I>. The GPU reducers (and mirrored
+/// strategies over GPUs) come with the umbrella <lockstep/cuda.hpp>, which includes this file.
 
 #if !defined(__CUDACC__)
 #error "<lockstep/backend/cuda.hpp> contains CUDA kernels: compile this file with nvcc (a .cu file or LANGUAGE CUDA)"
@@ -14,4 +13,3 @@
 #include <lockstep/backend/cuda/error.hpp>
 #include <lockstep/backend/cuda/epilogue.cuh>
 #include <lockstep/backend/cuda/ops.cuh>
-#include <lockstep/distribute/reducers/cuda_reducers.cuh>

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 
 namespace lockstep {
 
@@ -88,5 +89,9 @@ class checkpoint_error : public error {
 public:
   using error::error;
 };
+
+/// The operating system's reason for error number `errnum` (for example "No such file or
+/// directory"), for messages that say why a file could not be opened or read.
+inline std::string os_reason(int errnum) { return std::generic_category().message(errnum); }
 
 }  // namespace lockstep

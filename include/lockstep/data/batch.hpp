@@ -5,24 +5,43 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
+
+#include <lockstep/core/error.hpp>
 
 namespace lockstep::data {
 
 /// A global batch as one pipeline produces it: row-major features, optional labels or targets, and
 /// the dataset index of every row.
+///
+/// A batch normally holds the values of every row. A batch cut from an index-first pipeline
+/// (indexed.hpp) holds only the rows this process trains on: `features`, `labels` and `targets`
+/// then start at global row `first_held` and hold `held_rows` rows, while `indices` still lists
+/// every row of the global batch.
 struct batch {
-  std::vector<float> features;        ///< rows() * width values, row-major
+  /// The value of `held_rows` for a batch that holds every row.
+  static constexpr std::size_t every_row = std::numeric_limits<std::size_t>::max();
+
+  std::vector<float> features;        ///< rows() * width values, row-major (see first_held)
   std::vector<std::int32_t> labels;   ///< one class label per row (empty for unlabelled data)
   std::vector<float> targets;         ///< rows() * target_width regression targets (may be empty)
   std::vector<std::uint64_t> indices; ///< dataset index of each row (exactly-once bookkeeping)
   std::size_t width = 0;              ///< features per row
   std::size_t target_width = 0;       ///< targets per row (0 when there are none)
+  std::size_t first_held = 0;         ///< the global row that features, labels and targets start at
+  std::size_t held_rows = every_row;  ///< rows whose values the batch holds (every_row: all of them)
 
   /// Number of rows (samples) in the batch.
   [[nodiscard]] std::size_t rows() const noexcept { return indices.size(); }
+  /// True when the batch holds the values of every row (always, except for the batches an
+  /// index-first pipeline cuts for one process).
+  [[nodiscard]] bool holds_every_row() const noexcept {
+    return held_rows == every_row || (first_held == 0 && held_rows >= rows());
+  }
 };
 
 /// One replica's contiguous part of a global batch: non-owning views plus where the rows sit.
@@ -52,9 +71,23 @@ struct distributed_batch {
   [[nodiscard]] std::size_t global_size() const noexcept { return global ? global->rows() : 0; }
 };
 
+namespace detail {
+/// Refuses a batch that does not hold every row, naming `what` needs them.
+inline void require_every_row(const batch& b, const char* what) {
+  if (!b.holds_every_row())
+    throw config_error(std::string("lockstep::data::") + what + ": the global batch holds the values of rows " +
+                       std::to_string(b.first_held) + ".." + std::to_string(b.first_held + b.held_rows) + " of its " +
+                       std::to_string(b.rows()) +
+                       " rows only (an index-first pipeline decodes only the rows of this process's shards); "
+                       "a step that reads every row of the global batch cannot run on it");
+}
+}  // namespace detail
+
 /// Cuts a global batch into n contiguous shards whose sizes differ by at most one (the first
 /// `rows % n` shards get one extra row). Requires n >= 1.
+/// @throws config_error when the batch does not hold every row (see batch::first_held).
 inline std::vector<shard> split(const batch& b, std::size_t n) {
+  detail::require_every_row(b, "split");
   std::vector<shard> out(n);
   const std::size_t rows = b.rows(), base = rows / n, extra = rows % n;
   std::size_t offset = 0;
@@ -76,6 +109,10 @@ inline std::vector<shard> split(const batch& b, std::size_t n) {
 }
 
 /// The whole batch as a single shard (what one-device training consumes).
-inline shard whole(const batch& b) { return split(b, 1).front(); }
+/// @throws config_error when the batch does not hold every row (see batch::first_held).
+inline shard whole(const batch& b) {
+  detail::require_every_row(b, "whole");
+  return split(b, 1).front();
+}
 
 }  // namespace lockstep::data

@@ -2,10 +2,16 @@
 /// @file batch_pool.hpp
 /// Recycling of batch buffers: `batch_pool` keeps the vectors of finished batches and
 /// `pooled_batch` (a `batch` that remembers its pool) gives them back when it is destroyed, so the
-/// steady state of a pipeline allocates and first-touches no new batch memory.
+/// steady state of a pipeline allocates and first-touches no new batch memory. The pool also hands
+/// out `row_buffer`s (the decoded rows of index-first pipelines) from a memory resource that a GPU
+/// backend may replace by page-locked (pinned) host memory.
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <memory_resource>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -14,11 +20,101 @@
 
 namespace lockstep::data {
 
-/// A thread-safe free list of batches whose vectors keep their capacity.
-class batch_pool {
+class batch_pool;
+
+/// A block of decoded rows from a batch_pool's memory resource (ordinary heap memory unless the
+/// pool was given another resource, such as pinned host memory for device staging). Move-only;
+/// goes back to its pool when destroyed.
+class row_buffer {
 public:
-  /// A pool that keeps at most `max_free` idle batches.
-  explicit batch_pool(std::size_t max_free = 16) : max_free_(max_free) {}
+  /// An empty buffer.
+  row_buffer() = default;
+  row_buffer(const row_buffer&) = delete;
+  row_buffer& operator=(const row_buffer&) = delete;
+  /// Takes over the other's block.
+  row_buffer(row_buffer&& o) noexcept
+      : pool_(std::move(o.pool_)), data_(std::exchange(o.data_, nullptr)), capacity_(std::exchange(o.capacity_, 0)) {}
+  /// Gives the current block back, then takes over the other's.
+  row_buffer& operator=(row_buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      pool_ = std::move(o.pool_);
+      data_ = std::exchange(o.data_, nullptr);
+      capacity_ = std::exchange(o.capacity_, 0);
+    }
+    return *this;
+  }
+  /// Gives the block back to its pool.
+  ~row_buffer() { reset(); }
+
+  /// The first byte (aligned to 64 bytes), or nullptr when empty.
+  [[nodiscard]] std::byte* data() const noexcept { return data_; }
+  /// Bytes available.
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  /// The block as elements of T (T trivially copyable, at most 64-byte aligned).
+  template <class T>
+  [[nodiscard]] T* as() const noexcept {
+    return reinterpret_cast<T*>(data_);
+  }
+  /// Returns the block to the pool now.
+  void reset() noexcept;
+
+private:
+  friend class batch_pool;
+  row_buffer(std::shared_ptr<batch_pool> pool, std::byte* data, std::size_t capacity) noexcept
+      : pool_(std::move(pool)), data_(data), capacity_(capacity) {}
+  std::shared_ptr<batch_pool> pool_;
+  std::byte* data_ = nullptr;
+  std::size_t capacity_ = 0;
+};
+
+/// A thread-safe free list of batches whose vectors keep their capacity, and of row buffers.
+class batch_pool : public std::enable_shared_from_this<batch_pool> {
+public:
+  /// A pool that keeps at most `max_free` idle batches (and as many idle row buffers), allocating
+  /// row buffers from `memory` (a hook: pass a resource of pinned host memory when the rows go to
+  /// a device; the default is operator new). The resource must outlive the pool.
+  explicit batch_pool(std::size_t max_free = 16, std::pmr::memory_resource* memory = std::pmr::new_delete_resource())
+      : max_free_(max_free), memory_(memory ? memory : std::pmr::new_delete_resource()) {}
+  batch_pool(const batch_pool&) = delete;
+  batch_pool& operator=(const batch_pool&) = delete;
+  /// Frees the idle row buffers.
+  ~batch_pool() {
+    for (auto& [p, n] : free_rows_) memory_->deallocate(p, n, alignment);
+  }
+
+  /// Alignment of every row buffer.
+  static constexpr std::size_t alignment = 64;
+
+  /// A row buffer of at least `bytes` bytes (an idle one that is large enough, or a new one). Call
+  /// through a shared_ptr: the buffer keeps the pool alive.
+  [[nodiscard]] row_buffer acquire_rows(std::size_t bytes) {
+    bytes = std::max<std::size_t>(bytes, alignment);
+    {
+      std::lock_guard lock(mutex_);
+      // The smallest idle block that fits.
+      auto best = free_rows_.end();
+      for (auto it = free_rows_.begin(); it != free_rows_.end(); ++it)
+        if (it->second >= bytes && (best == free_rows_.end() || it->second < best->second)) best = it;
+      if (best != free_rows_.end()) {
+        const auto [p, n] = *best;
+        free_rows_.erase(best);
+        return row_buffer(shared_from_this(), p, n);
+      }
+    }
+    auto* p = static_cast<std::byte*>(memory_->allocate(bytes, alignment));
+    const auto held = row_bytes_.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
+    std::int64_t peak = peak_row_bytes_.load();
+    while (held > peak && !peak_row_bytes_.compare_exchange_weak(peak, held)) {
+    }
+    return row_buffer(shared_from_this(), p, bytes);
+  }
+  /// Bytes of row buffers allocated and not freed (in use or idle).
+  [[nodiscard]] std::size_t row_bytes() const noexcept { return static_cast<std::size_t>(row_bytes_.load()); }
+  /// The largest row_bytes() seen.
+  [[nodiscard]] std::size_t peak_row_bytes() const noexcept { return static_cast<std::size_t>(peak_row_bytes_.load()); }
+  /// The resource row buffers come from.
+  [[nodiscard]] std::pmr::memory_resource* memory() const noexcept { return memory_; }
 
   /// An idle batch (contents unspecified, sizes kept) or a new empty one.
   [[nodiscard]] batch acquire() {
@@ -26,6 +122,8 @@ public:
     if (free_.empty()) return batch{};
     batch b = std::move(free_.back());
     free_.pop_back();
+    b.first_held = 0;
+    b.held_rows = batch::every_row;
     return b;
   }
   /// Takes a batch back for reuse (dropped when the pool is full).
@@ -46,10 +144,36 @@ public:
   }
 
 private:
+  friend class row_buffer;
+  void release_rows(std::byte* p, std::size_t n) noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      if (free_rows_.size() < max_free_) {
+        try {
+          free_rows_.emplace_back(p, n);
+          return;
+        } catch (...) {  // out of memory while recycling: free the block below
+        }
+      }
+    }
+    memory_->deallocate(p, n, alignment);
+    row_bytes_.fetch_sub(static_cast<std::int64_t>(n));
+  }
+
   mutable std::mutex mutex_;
   std::vector<batch> free_;
+  std::vector<std::pair<std::byte*, std::size_t>> free_rows_;
   std::size_t max_free_;
+  std::pmr::memory_resource* memory_;
+  std::atomic<std::int64_t> row_bytes_{0}, peak_row_bytes_{0};
 };
+
+inline void row_buffer::reset() noexcept {
+  if (data_ && pool_) pool_->release_rows(data_, capacity_);
+  data_ = nullptr;
+  capacity_ = 0;
+  pool_.reset();
+}
 
 /// A `batch` that returns its buffers to a `batch_pool` when destroyed. It is-a batch: use it
 /// wherever a `batch` is expected. Copies do not belong to the pool.

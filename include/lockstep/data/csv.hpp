@@ -1,14 +1,14 @@
 #pragma once
 /// @file csv.hpp
-/// The numeric CSV source: one sample per line, every field a number, optionally a header line
-/// and a label column. Parsed once into a float table; errors name file, line and column.
+/// The numeric CSV source: one sample per line, every field a number, optionally a header line,
+/// a label column and target columns. Parsed once into a float table; errors name file, line and column.
 
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <fstream>
-#include <iterator>
+#include <cstdio>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -24,10 +24,12 @@
 
 namespace lockstep::data {
 
-/// How to read a CSV file.
+/// How to read a CSV file. Columns are counted from 0 here (messages name columns from 1, as
+/// editors do, and say which option a column belongs to).
 struct csv_options {
   bool header = false;                       ///< the first line holds column names (skipped)
-  std::optional<std::size_t> label_column = std::nullopt;  ///< 0-based column holding an integer class label >= 0
+  std::optional<std::size_t> label_column = std::nullopt;  ///< column holding an integer class label >= 0 (counted from 0)
+  std::vector<std::size_t> target_columns{};  ///< columns holding regression targets, in this order (counted from 0)
   char delimiter = ',';                      ///< field separator
 };
 
@@ -127,27 +129,66 @@ inline std::optional<float> parse_float(std::string_view field, std::string& why
 }
 }  // namespace detail
 
-/// Reads a numeric CSV file into a dataset of float samples (labels from `label_column`). Blank
-/// lines are skipped; every other line must have the same number of fields as the first data line.
+namespace detail {
+/// The whole file at `path`. @throws data_error naming the file and the operating system's reason.
+inline std::string read_text_file(const std::string& path, const char* who) {
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) throw data_error(std::string(who) + ": " + path + ": cannot open file: " + os_reason(errno));
+  std::string text;
+  char buf[1 << 16];
+  while (true) {
+    const std::size_t got = std::fread(buf, 1, sizeof buf, f.get());
+    text.append(buf, got);
+    if (got < sizeof buf) break;
+  }
+  if (std::ferror(f.get())) throw data_error(std::string(who) + ": " + path + ": read error: " + os_reason(errno));
+  return text;
+}
+}  // namespace detail
+
+/// Reads a numeric CSV file into a dataset of float samples: labels from `label_column`,
+/// regression targets from `target_columns` (in that order), features from every other column.
+/// Blank lines are skipped; every other line must have the same number of fields as the first data line.
 /// A number is anything std::from_chars reads as a finite value in float range (a leading '+' is
 /// allowed), rounded to the nearest float; values too close to zero become zero or a subnormal.
-/// @throws data_error "file:line:column: what" for a missing, empty, non-numeric, infinite, NaN or
-/// out-of-range field, a non-integer or negative label, or a row of another length; "file: ..."
-/// when it cannot be read. A field quoted in a message is escaped and cut to 32 bytes.
+/// @throws data_error "file:line:column: what" (the column counted from 1) for a missing, empty,
+/// non-numeric, infinite, NaN or out-of-range field, a non-integer or negative label, or a row of
+/// another length; "file: ..." when it cannot be read (with the operating system's reason); a
+/// label or target column that the rows do not have, or a column given twice. A field quoted in a
+/// message is escaped and cut to 32 bytes.
 inline dataset<sample> csv(const std::string& path, const csv_options& options = {}) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw data_error("lockstep::data::csv: " + path + ": cannot open file");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw data_error("lockstep::data::csv: " + path + ": read error");
+  constexpr const char* who = "lockstep::data::csv";
+  const std::string text = detail::read_text_file(path, who);
 
   auto t = std::make_shared<table>();
   std::size_t columns = 0, line_no = 0, pos = 0;
   bool header_pending = options.header;
   auto fail = [&](std::size_t column, const std::string& what) {
-    throw data_error("lockstep::data::csv: " + path + ":" + std::to_string(line_no) +
+    throw data_error(std::string(who) + ": " + path + ":" + std::to_string(line_no) +
                      (column ? ":" + std::to_string(column) : std::string()) + ": " + what);
   };
-  std::vector<float> row;
+  // slot[c]: the target slot of column c (counted from 0), or -1.
+  std::vector<std::ptrdiff_t> slot;
+  for (std::size_t k = 0; k < options.target_columns.size(); ++k) {
+    const std::size_t c = options.target_columns[k];
+    if (options.label_column && *options.label_column == c)
+      throw data_error(std::string(who) + ": " + path + ": column " + std::to_string(c) +
+                       " (counted from 0) is both label_column and a target column");
+    if (c >= slot.size()) slot.resize(c + 1, -1);
+    if (slot[c] >= 0)
+      throw data_error(std::string(who) + ": " + path + ": target_columns names column " + std::to_string(c) +
+                       " (counted from 0) twice");
+    slot[c] = static_cast<std::ptrdiff_t>(k);
+  }
+  const std::size_t target_width = options.target_columns.size();
+  const auto role_note = [&](std::size_t column) {  // which option a field belongs to, for messages
+    const std::size_t c = column - 1;
+    if (options.label_column && *options.label_column == c)
+      return " (label_column " + std::to_string(c) + ", counted from 0)";
+    if (c < slot.size() && slot[c] >= 0) return " (target column " + std::to_string(c) + ", counted from 0)";
+    return std::string();
+  };
+  std::vector<float> row, targets(target_width);
   while (pos < text.size()) {
     std::size_t eol = text.find('\n', pos);
     if (eol == std::string::npos) eol = text.size();
@@ -168,31 +209,40 @@ inline dataset<sample> csv(const std::string& path, const csv_options& options =
       const bool last = end == std::string_view::npos;
       if (last) end = line.size();
       const std::string_view field = detail::trim(line.substr(start, end - start));
-      if (field.empty()) fail(column, "missing value (empty field)");
+      if (field.empty()) fail(column, "missing value (empty field)" + role_note(column));
       const bool is_label = options.label_column && column - 1 == *options.label_column;
       if (is_label) {
         std::int32_t v = 0;
         const auto [p, ec] = std::from_chars(field.data(), field.data() + field.size(), v);
         if (ec == std::errc::result_out_of_range && p == field.data() + field.size())
-          fail(column, "label " + detail::quote_field(field) + " is out of range (more than 2147483647)");
+          fail(column, "label " + detail::quote_field(field) + " is out of range (more than 2147483647)" +
+                           role_note(column));
         if (ec != std::errc{} || p != field.data() + field.size() || v < 0)
-          fail(column, "label " + detail::quote_field(field) + " is not an integer >= 0");
+          fail(column, "label " + detail::quote_field(field) + " is not an integer >= 0" + role_note(column));
         label = v;
       } else {
         std::string why;
         const std::optional<float> v = detail::parse_float(field, why);
-        if (!v) fail(column, detail::quote_field(field) + " " + why);
-        row.push_back(*v);
+        if (!v) fail(column, detail::quote_field(field) + " " + why + role_note(column));
+        const std::size_t c = column - 1;
+        if (c < slot.size() && slot[c] >= 0) targets[static_cast<std::size_t>(slot[c])] = *v;
+        else row.push_back(*v);
       }
       if (last) break;
       start = end + 1;
     }
     if (columns == 0) {
       columns = column;
-      if (options.label_column && *options.label_column >= columns)
-        fail(0, "label column " + std::to_string(*options.label_column) + " does not exist (the row has " +
-                    std::to_string(columns) + " fields)");
+      const auto missing = [&](const std::string& option, std::size_t c) {
+        fail(0, option + " " + std::to_string(c) + " does not exist: columns are counted from 0, and the row has " +
+                    std::to_string(columns) + " field" + (columns == 1 ? "" : "s") + " (columns 0 to " +
+                    std::to_string(columns - 1) + ")");
+      };
+      if (options.label_column && *options.label_column >= columns) missing("label_column", *options.label_column);
+      for (const std::size_t c : options.target_columns)
+        if (c >= columns) missing("target column", c);
       t->width = row.size();
+      t->target_width = target_width;
     } else if (column != columns) {
       fail(column < columns ? column + 1 : columns + 1,
            column < columns ? "missing field: expected " + std::to_string(columns) + " fields, found " +
@@ -201,6 +251,7 @@ inline dataset<sample> csv(const std::string& path, const csv_options& options =
                                   std::to_string(column));
     }
     t->values.insert(t->values.end(), row.begin(), row.end());
+    t->targets.insert(t->targets.end(), targets.begin(), targets.end());
     if (label) t->labels.push_back(*label);
     ++t->rows;
   }

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -52,7 +53,7 @@ inline std::string hex32(std::uint32_t v) {
 class idx_stream {
 public:
   explicit idx_stream(std::string path) : path_(std::move(path)), file_(std::fopen(path_.c_str(), "rb")) {
-    if (!file_) throw data_error("lockstep::data::idx: " + path_ + ": byte offset 0: cannot open file");
+    if (!file_) throw data_error("lockstep::data::idx: " + path_ + ": cannot open file: " + os_reason(errno));
     in_.resize(std::size_t{1} << 16);
     refill();
     gzip_ = avail_ >= 2 && in_[0] == 0x1f && in_[1] == 0x8b;
@@ -117,7 +118,7 @@ private:
     while (!eof_ && avail_ < in_.size()) {
       const std::size_t got = std::fread(in_.data() + avail_, 1, in_.size() - avail_, file_);
       if (got == 0) {
-        if (std::ferror(file_)) fail(offset_, "read error");
+        if (std::ferror(file_)) fail(offset_, "read error: " + os_reason(errno));
         eof_ = true;
       }
       avail_ += got;
@@ -269,12 +270,10 @@ inline idx_file read_idx(const std::string& path, std::uint8_t rank) {
   return f;
 }
 
-/// Images (IDX rank 3, magic 0x00000803) and their labels (IDX rank 1, magic 0x00000801), plain
-/// or gzip. Decoded once into one contiguous uint8 array; each sample is a view of one image row
-/// (width = rows * cols) with its label; `map(scale(1.0f / 255))` normalises it to [0, 1] while the
-/// batch is assembled. @throws data_error (file and byte offset) on any malformed input, or
-/// when the image and label counts disagree.
-inline dataset<sample> idx(const std::string& images_path, const std::string& labels_path) {
+/// Images (IDX rank 3) and their labels (IDX rank 1) decoded into one table (what idx() serves;
+/// `indexed(idx_table(...), 1, rows, cols)` serves the same rows index-first).
+/// @throws data_error as idx(images, labels).
+inline std::shared_ptr<const table> idx_table(const std::string& images_path, const std::string& labels_path) {
   idx_file images = read_idx(images_path, 3);
   idx_file labels = read_idx(labels_path, 1);
   if (images.dims[0] != labels.dims[0])
@@ -287,7 +286,16 @@ inline dataset<sample> idx(const std::string& images_path, const std::string& la
   t->byte_offset = images.header_size;
   t->bytes = std::move(images.bytes);
   t->labels.assign(labels.bytes.begin() + static_cast<std::ptrdiff_t>(labels.header_size), labels.bytes.end());
-  return from_table(std::move(t));
+  return t;
+}
+
+/// Images (IDX rank 3, magic 0x00000803) and their labels (IDX rank 1, magic 0x00000801), plain
+/// or gzip. Decoded once into one contiguous uint8 array; each sample is a view of one image row
+/// (width = rows * cols) with its label; `map(scale(1.0f / 255))` normalises it to [0, 1] while the
+/// batch is assembled. @throws data_error (file and byte offset) on any malformed input, or
+/// when the image and label counts disagree.
+inline dataset<sample> idx(const std::string& images_path, const std::string& labels_path) {
+  return from_table(idx_table(images_path, labels_path));
 }
 
 /// Unlabelled images from one IDX rank-3 file. @throws data_error as idx(images, labels).

@@ -1,7 +1,7 @@
 #pragma once
 /// @file prefetch.hpp
 /// `prefetch(n)`: runs the upstream pipeline on its own producer thread, n elements ahead of the
-/// consumer, through a bounded queue. Exceptions of the upstream reach the consumer (after the
+/// consumer, through a bounded queue (index batches are decoded there too: index_batch::load_ahead). Exceptions of the upstream reach the consumer (after the
 /// elements produced before them); a consumer that leaves early stops the producer after its
 /// current element and the thread is joined before the generator's destructor returns.
 
@@ -93,8 +93,11 @@ public:
       std::exception_ptr error;
       try {
         generator<T> source = std::move(up);  // destroyed on this thread, before finish()
-        for (auto&& x : source)
+        for (auto&& x : source) {
+          // An index batch decodes this process's rows here, off the consumer's thread.
+          if constexpr (requires { x.load_ahead(); }) x.load_ahead();
           if (!ch->push(std::move(x))) break;
+        }
       } catch (...) {
         error = std::current_exception();
       }

@@ -109,12 +109,31 @@ concept batchable = requires(const S& s, float* dst) {
   { s.index } -> std::convertible_to<std::uint64_t>;
 };
 
+class sample_recipe;
+
+/// One element of an index-first pipeline before batching (indexed.hpp): which sample, and how to
+/// load it. Nothing is read or decoded until the batch it joins is cut into shards. Trivially
+/// copyable; `how` is valid while the dataset that produced the reference lives.
+struct sample_ref {
+  std::uint64_t index = 0;             ///< dataset index
+  std::uint64_t epoch = 0;             ///< the source epoch that produced it (keys the random image stages)
+  std::int32_t label = no_label;       ///< the label when the source's index knows it, else no_label
+  std::uint32_t group = 0;             ///< the source's group (tar shard, folder), for interleave
+  float scale = 1.0f;                  ///< factor applied when the row is converted to float
+  const sample_recipe* how = nullptr;  ///< how to load it
+};
+
 /// The transform `x -> x * factor` for `map`: on a view sample it only records the factor (applied
 /// when the batch is assembled), on owned samples and plain numbers it multiplies.
 struct scale_fn {
   float factor = 1.0f;  ///< the multiplier
   /// Records the factor on a view (no pass over the data).
   sample operator()(sample s) const noexcept {
+    s.scale *= factor;
+    return s;
+  }
+  /// Records the factor on an index-first sample (applied when its row is converted to float).
+  sample_ref operator()(sample_ref s) const noexcept {
     s.scale *= factor;
     return s;
   }

@@ -24,6 +24,7 @@
 #include <lockstep/data/batch_pool.hpp>
 #include <lockstep/data/dataset.hpp>
 #include <lockstep/data/generator.hpp>
+#include <lockstep/data/indexed.hpp>
 
 namespace lockstep::data {
 
@@ -37,33 +38,43 @@ inline void check_replicas(std::size_t replicas) {
   if (replicas == 0) throw config_error("lockstep::data::shard_batches: replicas must be >= 1");
 }
 
-/// Moves (or copies, for a const or lvalue source) a global batch into shared ownership and cuts it.
+/// Moves (or copies, for a const or lvalue source) a global batch into shared ownership and cuts
+/// it. An index_batch loads the rows of its shards instead (index_batch::load_shards).
 template <class B>
 distributed_batch make_sharded(B&& b, std::size_t replicas) {
   using D = std::remove_cvref_t<B>;
-  auto owned = std::make_shared<const D>(std::forward<B>(b));
-  distributed_batch out;
-  out.shards = split(*owned, replicas);
-  out.global = std::move(owned);
-  return out;
+  if constexpr (deferred_batch<D>) {
+    return b.load_shards(replicas, 0, replicas);
+  } else {
+    auto owned = std::make_shared<const D>(std::forward<B>(b));
+    distributed_batch out;
+    out.shards = split(*owned, replicas);
+    out.global = std::move(owned);
+    return out;
+  }
 }
 
 /// As make_sharded, but cuts the batch into `parts` shards and keeps `count` of them from `first`
-/// (one process's shards of a global batch shared by several processes).
+/// (one process's shards of a global batch shared by several processes). An index_batch loads,
+/// decodes and stages the rows of those shards only.
 template <class B>
 distributed_batch make_sharded(B&& b, std::size_t parts, std::size_t first, std::size_t count) {
-  if (parts == 0 || count == 0 || first + count > parts)
-    throw config_error("lockstep::data: cannot take shards " + std::to_string(first) + ".." +
-                       std::to_string(first + count) + " of " + std::to_string(parts));
-  if (first + count == parts && first == 0) return make_sharded(std::forward<B>(b), parts);
   using D = std::remove_cvref_t<B>;
-  auto owned = std::make_shared<const D>(std::forward<B>(b));
-  distributed_batch out;
-  auto all = split(*owned, parts);
-  out.shards.assign(all.begin() + static_cast<std::ptrdiff_t>(first),
-                    all.begin() + static_cast<std::ptrdiff_t>(first + count));
-  out.global = std::move(owned);
-  return out;
+  if constexpr (deferred_batch<D>) {
+    return b.load_shards(parts, first, count);
+  } else {
+    if (parts == 0 || count == 0 || first + count > parts)
+      throw config_error("lockstep::data: cannot take shards " + std::to_string(first) + ".." +
+                         std::to_string(first + count) + " of " + std::to_string(parts));
+    if (first + count == parts && first == 0) return make_sharded(std::forward<B>(b), parts);
+    auto owned = std::make_shared<const D>(std::forward<B>(b));
+    distributed_batch out;
+    auto all = split(*owned, parts);
+    out.shards.assign(all.begin() + static_cast<std::ptrdiff_t>(first),
+                      all.begin() + static_cast<std::ptrdiff_t>(first + count));
+    out.global = std::move(owned);
+    return out;
+  }
 }
 
 template <class R>
@@ -91,6 +102,14 @@ void copy_rows(const From& from, To& to, std::size_t offset, std::size_t size, s
     std::copy_n(from.begin() + static_cast<std::ptrdiff_t>(offset * per_row), size * per_row, to.begin());
   else
     to.clear();
+}
+
+template <class B>
+generator<index_batch> worker_index_gen(generator<B> up, std::size_t rank, std::size_t world) {
+  for (auto&& g : up) {
+    const std::pair<std::size_t, std::size_t> part = part_of(g.rows(), rank, world);
+    co_yield g.slice(part.first, part.second);
+  }
 }
 
 template <class B>
@@ -149,13 +168,20 @@ inline shard_batches_closure shard_batches(std::size_t replicas) {
 struct worker_closure : closure<worker_closure> {
   std::size_t rank = 0;   ///< this worker
   std::size_t world = 1;  ///< number of workers
-  /// Applies the stage to a dataset of global batches.
+  /// Applies the stage to a dataset of global batches (index batches stay index batches: the
+  /// part's rows are loaded when it is cut).
   template <global_batch B>
-  dataset<pooled_batch> operator()(dataset<B> d) const {
-    auto pool = std::make_shared<batch_pool>();
-    return dataset<pooled_batch>{[d = std::move(d), r = rank, w = world, pool](std::uint64_t e) {
-      return detail::worker_gen<B>(d.epoch(e), r, w, pool);
-    }};
+  auto operator()(dataset<B> d) const {
+    if constexpr (deferred_batch<B>) {
+      return dataset<index_batch>{[d = std::move(d), r = rank, w = world](std::uint64_t e) {
+        return detail::worker_index_gen<B>(d.epoch(e), r, w);
+      }};
+    } else {
+      auto pool = std::make_shared<batch_pool>();
+      return dataset<pooled_batch>{[d = std::move(d), r = rank, w = world, pool](std::uint64_t e) {
+        return detail::worker_gen<B>(d.epoch(e), r, w, pool);
+      }};
+    }
   }
 };
 /// Multi-process data: every worker runs the same pipeline (same sources, seeds and batch size),

@@ -22,6 +22,7 @@
 #include <lockstep/data/dataset.hpp>
 #include <lockstep/data/detail/random.hpp>
 #include <lockstep/data/generator.hpp>
+#include <lockstep/data/indexed.hpp>
 #include <lockstep/data/sample.hpp>
 
 namespace lockstep::data {
@@ -281,9 +282,18 @@ struct batch_closure : closure<batch_closure> {
       return detail::batch_gen<S>(d.epoch(e), n, drop, pool);
     }};
   }
+  /// Applies the stage to an index-first dataset: each batch holds the samples' indices only
+  /// (index_batch); its rows are loaded when it is cut into shards.
+  dataset<index_batch> operator()(dataset<sample_ref> d) const {
+    auto stage = std::make_shared<detail::index_stage>();
+    return dataset<index_batch>{[d = std::move(d), n = size, drop = drop_remainder, stage](std::uint64_t e) {
+      return detail::index_batch_gen(d.epoch(e), n, drop, stage);
+    }};
+  }
 };
 /// Groups `size` consecutive samples into one `batch` (yielded as `pooled_batch`, a batch whose
-/// buffers are recycled when it is destroyed). The last batch is smaller unless drop_remainder.
+/// buffers are recycled when it is destroyed); index-first samples (sample_ref) into an
+/// `index_batch`, loaded when cut into shards. The last batch is smaller unless drop_remainder.
 /// `indices` holds each row's dataset index. @throws config_error when size is 0.
 /// (Named `batched`, not `batch`: a function `batch` would hide the type `lockstep::data::batch`.)
 inline batch_closure batched(std::size_t size, bool drop_remainder = false) {

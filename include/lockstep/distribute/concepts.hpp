@@ -41,6 +41,9 @@ struct strategy_options {
   /// memory per replica ÷ N, the same bits as unsharded. Host replicas of mirrored, elementwise
   /// optimisers (sgd, adam, adamw; see optimizer_elementwise_v).
   bool shard_optimizer = false;
+  /// GPU replicas: cuBLAS may use TF32 tensor cores for FP32 GEMMs (about 10 mantissa bits;
+  /// faster, off by default). Host replicas refuse it (config_error).
+  bool tf32 = false;
 };
 
 /// What one synchronous training step returns, over the whole global batch (every replica of

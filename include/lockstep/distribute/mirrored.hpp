@@ -21,9 +21,17 @@
 #include <lockstep/distribute/device_set.hpp>
 #include <lockstep/distribute/reducer.hpp>
 #include <lockstep/distribute/reducers/host.hpp>
+#include <lockstep/distribute/reducers/select.hpp>
 #include <lockstep/distribute/strategy.hpp>
 
 namespace lockstep {
+
+namespace detail {
+/// The kind a strategy is built for: Kind, or — for a device set whose missing reducer was already
+/// named (no_reducer) — cpus, so that nothing of an unusable kind adds errors of its own.
+template <class Kind, class Reducer>
+using strategy_kind_t = std::conditional_t<is_no_reducer_v<Reducer>, cpus, Kind>;
+}  // namespace detail
 
 /// The static form: a strategy over Devices... (one device tag per replica) with an explicit
 /// reducer and determinism.
@@ -32,18 +40,25 @@ namespace lockstep {
 /// @tparam Devices     one device tag per replica: all cpu<I> (distinct) or all gpu<I>
 template <class Reducer, determinism Determinism, class... Devices>
 class basic_mirrored
-    : public mirrored_strategy<kind_of_t<std::tuple_element_t<0, std::tuple<Devices..., cpus>>>, Reducer, Determinism> {
+    : public mirrored_strategy<
+          detail::strategy_kind_t<kind_of_t<std::tuple_element_t<0, std::tuple<Devices..., cpus>>>, Reducer>, Reducer,
+          Determinism> {
+  // A device set with no reducer was already named by select_reducer (one error): no more checks.
+  static constexpr bool named = is_no_reducer_v<Reducer>;
   static_assert(sizeof...(Devices) > 0, "lockstep::mirrored needs at least one device");
-  static_assert((device<Devices> && ...), "lockstep::mirrored: every template argument must be a device tag (cpu<I> or gpu<I>)");
-  static_assert(distinct_cpu_ordinals_v<Devices...>,
+  static_assert(named || (device<Devices> && ...),
+                "lockstep::mirrored: every template argument must be a device tag (cpu<I> or gpu<I>)");
+  static_assert(named || distinct_cpu_ordinals_v<Devices...>,
                 "lockstep::mirrored: a cpu<I> device appears twice; each host replica needs its own ordinal "
                 "(mirrored<cpu<0>, cpu<1>, ...>)");
-  static_assert((is_cpu_v<Devices> && ...) || (is_gpu_v<Devices> && ...),
+  static_assert(named || (is_cpu_v<Devices> && ...) || (is_gpu_v<Devices> && ...),
                 "lockstep::mirrored: cpu and gpu devices cannot be mixed in one strategy");
-  static_assert(Reducer::template supports<Devices...>,
+  static_assert(named || Reducer::template supports<Devices...>,
                 "lockstep::mirrored: this reducer has no path for this device set (for example a repeated gpu<I> "
                 "needs a reducer for replicas sharing one GPU)");
-  using base = mirrored_strategy<kind_of_t<std::tuple_element_t<0, std::tuple<Devices..., cpus>>>, Reducer, Determinism>;
+  using base = mirrored_strategy<
+      detail::strategy_kind_t<kind_of_t<std::tuple_element_t<0, std::tuple<Devices..., cpus>>>, Reducer>, Reducer,
+      Determinism>;
 
 public:
   using devices = device_list<Devices...>;                          ///< the device tags, in replica order
@@ -58,15 +73,17 @@ public:
 /// Kind that `devices` selects (default: every device of the kind).
 template <class Reducer, determinism Determinism, class Kind>
   requires device_kind_tag<Kind>
-class basic_mirrored<Reducer, Determinism, Kind> : public mirrored_strategy<Kind, Reducer, Determinism> {
-  using base = mirrored_strategy<Kind, Reducer, Determinism>;
+class basic_mirrored<Reducer, Determinism, Kind>
+    : public mirrored_strategy<detail::strategy_kind_t<Kind, Reducer>, Reducer, Determinism> {
+  using base = mirrored_strategy<detail::strategy_kind_t<Kind, Reducer>, Reducer, Determinism>;
+  using kind = detail::strategy_kind_t<Kind, Reducer>;
 
 public:
   /// A strategy over the selected devices (every device of the kind by default).
   /// @throws config_error for a repeated ordinal, a device that does not exist, or a bad option.
   explicit basic_mirrored(const device_selection& devices = {}, strategy_options options = {})
-      : base(resolve_devices<Kind>(devices, backend_traits<Kind>::device_count(),
-                                   std::string("lockstep::mirrored<") + backend_traits<Kind>::name + "s>"),
+      : base(resolve_devices<kind>(devices, backend_traits<kind>::device_count(),
+                                   std::string("lockstep::mirrored<") + backend_traits<kind>::name + "s>"),
              options) {}
   /// A strategy over every device of the kind, with the given options.
   explicit basic_mirrored(strategy_options options) : basic_mirrored(device_selection{}, options) {}

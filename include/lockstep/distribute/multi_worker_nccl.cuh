@@ -47,6 +47,8 @@
 #include <vector>
 
 #include <lockstep/backend/cuda.hpp>
+#include <lockstep/distribute/reducers/detail/cuda_common.hpp>
+#include <lockstep/distribute/reducers/detail/nccl.hpp>
 #include <lockstep/distribute/mpi.hpp>
 #include <lockstep/distribute/mpi_world.hpp>
 #include <lockstep/distribute/multi_worker.hpp>
@@ -315,16 +317,12 @@ private:
   // Aborts (and frees) every local communicator; no replica inside an NCCL call.
   void abort_all() noexcept {
     failed_.store(true);
-    for (auto& c : comms_)
-      if (c) {
-        (void)ncclCommAbort(c);
-        c = nullptr;
-      }
+    detail::nccl_abort_all(comms_);
   }
 
   // Healthy: finalize every communicator (non-blocking: each returns at once), poll until all are
   // quiescent (at most the timeout: a worker that is gone cannot take part), then destroy them.
-  // Failed, or not quiescent in time: abort them.
+  // Failed, or not quiescent in time: abort them (detail/nccl.hpp, shared by every NCCL reducer).
   void destroy() noexcept {
     std::unique_lock<std::shared_timed_mutex> use(use_);
     bool any = false;
@@ -334,31 +332,7 @@ private:
       abort_all();
       return;
     }
-    bool ok = true;
-    for (ncclComm_t c : comms_) {
-      const ncclResult_t s = ncclCommFinalize(c);
-      ok = ok && (s == ncclSuccess || s == ncclInProgress);
-    }
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    for (ncclComm_t c : comms_) {
-      ncclResult_t state = ncclInProgress;
-      while (ok && state == ncclInProgress) {
-        if (ncclCommGetAsyncError(c, &state) != ncclSuccess) state = ncclInternalError;
-        if (state == ncclInProgress) {
-          if (std::chrono::steady_clock::now() > deadline) ok = false;
-          else std::this_thread::sleep_for(std::chrono::microseconds(200));
-        }
-      }
-      ok = ok && state == ncclSuccess;
-    }
-    if (!ok) {
-      abort_all();
-      return;
-    }
-    for (auto& c : comms_) {
-      (void)ncclCommDestroy(c);
-      c = nullptr;
-    }
+    if (!detail::nccl_finalize_destroy(comms_, timeout_)) failed_.store(true);
   }
 
   detail::mpi_channel* channel_;

@@ -58,6 +58,7 @@ public:
   template <class Loss, class Hook = no_layer_hook>
   loss_sum forward_backward(const Loss& loss, const data::shard& s, const pass_info& info, const Hook& on_layer_done = {}) {
     check_width(s);
+    check_loss_labels<Loss>(s.labels, s.size, model_type::output_size, {s.indices, info.rank, info.step});
     reserve(s.size);
     pass_info i = info;
     i.sample_offset = s.offset;
@@ -92,6 +93,7 @@ public:
   template <class Loss>
   loss_sum loss_of(const Loss& loss, const data::shard& s, const T* out) {
     check_loss<Loss>();
+    check_loss_labels<Loss>(s.labels, s.size, model_type::output_size, {s.indices});
     return loss.evaluate(ctx_, loss_args_t{{out, s.size}, targets_of(s), {}, scratch_.data()});
   }
 

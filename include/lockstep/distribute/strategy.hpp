@@ -34,6 +34,7 @@
 #include <vector>
 
 #include <lockstep/backend/context.hpp>
+#include <lockstep/core/build_check.hpp>
 #include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/core/random.hpp>
@@ -101,12 +102,15 @@ struct first_device_of<gpus> {
   using type = gpu<0>;  ///< GPU replicas
 };
 
-/// True when Reducer serves replicas of kind Kind: its `supports` for a device of the kind (its
-/// aggregation device when that is of the kind, else device 0).
+/// True when Reducer serves replicas of kind Kind: its `supports_kind<Kind>` when it says, else
+/// its `supports` for a device of the kind (its aggregation device when that is of the kind, else
+/// device 0; a kind without device tags is vouched for by its backend).
 template <class Reducer, class Kind>
 constexpr bool reducer_serves_kind() {
   using D = typename first_device_of<Kind>::type;
-  if constexpr (std::is_void_v<D>) {
+  if constexpr (requires { { Reducer::template supports_kind<Kind> } -> std::convertible_to<bool>; }) {
+    return Reducer::template supports_kind<Kind>;
+  } else if constexpr (std::is_void_v<D>) {
     return true;  // a kind the library does not know: its backend vouches for its reducers
   } else {
     if constexpr (requires { typename Reducer::aggregation_device; }) {
@@ -166,7 +170,9 @@ public:
             world_, ordinals_)),
         step_(ordinals_.size(), options_, world_),
         exec_(ordinals_.size(), options_.pin_replicas && backend_traits<Kind>::replica_owns_core, &abort_all, &reset_all,
-              this) {}
+              this) {
+    warn_if_unoptimised();  // once per process, for a program compiled without optimisation
+  }
   /// A strategy in a local world (one process).
   mirrored_strategy(std::vector<std::size_t> ordinals, strategy_options options)
     requires std::is_same_v<World, local_world>
@@ -205,7 +211,9 @@ public:
     contexts.reserve(num_replicas());
     for (const std::size_t o : ordinals_)
       contexts.push_back(
-          backend_traits<Kind>::make_context(o, replica_settings{options_.blas_threads, options_.flush_denormals}));
+          backend_traits<Kind>::make_context(o, replica_settings{options_.blas_threads, options_.flush_denormals, options_.tf32}));
+    check_replica_memory<Kind>(contexts, (model_type<Net, T>::stored_count + model_type<Net, T>::param_count) * sizeof(T) +
+                                             reducer_.workspace_bytes(model_type<Net, T>::param_count * sizeof(T)));
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
     m.set_optimizer_sharding(options_.shard_optimizer);
     collective_ids::check_buckets(m.buckets().size, "lockstep::mirrored");

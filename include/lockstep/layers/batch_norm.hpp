@@ -21,7 +21,7 @@
 #include <lockstep/backend/host/context.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/layers/layer.hpp>
-#include <lockstep/layers/shape.hpp>
+#include <lockstep/core/shape.hpp>
 
 namespace lockstep {
 

@@ -12,7 +12,7 @@
 #include <lockstep/config.hpp>
 #include <lockstep/layers/init.hpp>
 #include <lockstep/layers/layer.hpp>
-#include <lockstep/layers/shape.hpp>
+#include <lockstep/core/shape.hpp>
 
 namespace lockstep {
 

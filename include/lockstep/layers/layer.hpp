@@ -11,8 +11,8 @@
 #include <type_traits>
 
 #include <lockstep/core/random.hpp>
-#include <lockstep/layers/shape.hpp>
-#include <lockstep/layers/views.hpp>
+#include <lockstep/core/shape.hpp>
+#include <lockstep/core/views.hpp>
 
 namespace lockstep {
 
@@ -134,9 +134,9 @@ using bound_output_shape_t = typename bound_output_shape<B>::type;
 /// count, the batch) and its flat parameter and scratch slices.
 template <class T, class Ctx, class In, class Out>
 struct forward_args {
-  using kind = kind_of_context_t<Ctx>;                    ///< the device kind every pointer lives on
-  using input_view = rows_view<const T, In, kind>;        ///< type of x
-  using output_view = rows_view<T, Out, kind>;            ///< type of y
+  using kind_type = kind_of_context_t<Ctx>;               ///< the device kind every pointer lives on
+  using input_view = rows_view<const T, In, kind_type>;        ///< type of x
+  using output_view = rows_view<T, Out, kind_type>;            ///< type of y
   const T* params = nullptr;  ///< the layer's `param_count` parameters (then, at info.state_offset, its state)
   input_view x;               ///< the input rows
   output_view y;              ///< the output rows to write (as many as x)
@@ -151,10 +151,10 @@ struct forward_args {
 /// it: the model's first layer) and the parameter gradient to OVERWRITE.
 template <class T, class Ctx, class In, class Out>
 struct backward_args {
-  using kind = kind_of_context_t<Ctx>;                   ///< the device kind
-  using input_view = rows_view<const T, In, kind>;       ///< type of x
-  using output_view = rows_view<const T, Out, kind>;     ///< type of y and dy
-  using input_grad_view = rows_view<T, In, kind>;        ///< type of dx
+  using kind_type = kind_of_context_t<Ctx>;              ///< the device kind
+  using input_view = rows_view<const T, In, kind_type>;       ///< type of x
+  using output_view = rows_view<const T, Out, kind_type>;     ///< type of y and dy
+  using input_grad_view = rows_view<T, In, kind_type>;        ///< type of dx
   const T* params = nullptr;  ///< the layer's parameters, as in forward
   input_view x;               ///< forward's input rows
   output_view y;              ///< forward's output rows

@@ -22,9 +22,6 @@
 
 namespace lockstep {
 
-/// Train or evaluation mode of a forward pass.
-enum class mode { train, eval };
-
 namespace detail {
 /// g[i] += acc[i]: a layer's gradient of one batch added to the running sum of the earlier ones.
 template <class T>

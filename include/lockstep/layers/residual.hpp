@@ -12,14 +12,25 @@
 
 namespace lockstep {
 
-/// Reported when the body of a residual block maps rows of shape In to rows of another shape Out
-/// (y = x + f(x) needs them equal); see the template arguments.
-template <class In, class Out>
-struct residual_shape_mismatch {
-  static_assert(sizeof(In*) == 0,
-                "lockstep::residual: the body must keep the shape of its input (In is the input shape, Out the "
-                "body's output shape); see the template arguments");
+namespace shape_mismatch {
+/// A residual block whose body maps rows of shape In to rows of another shape Out, so that
+/// y = x + f(x) cannot add them; the compiler's one error names
+/// `residual_body<Body>::maps<In>::to<Out>`.
+template <class Body>
+struct residual_body {
+  /// ... maps rows of shape In ...
+  template <class In>
+  struct maps {
+    /// ... to rows of shape Out.
+    template <class Out>
+    struct to {
+      static_assert(detail::reported<to>,
+                    "lockstep::residual: the body must keep the shape of its input (y = x + f(x)). The type named in "
+                    "this diagnostic reads as a sentence: residual_body<body>::maps<input shape>::to<output shape>");
+    };
+  };
 };
+}  // namespace shape_mismatch
 
 namespace detail {
 /// a[i] += b[i].
@@ -31,14 +42,12 @@ struct add_into_op {
   LOCKSTEP_HD void operator()(std::size_t i) const { a[i] += b[i]; }
 };
 
-template <class S, class Body, bool Keeps = std::is_same_v<typename Body::output_shape, S>>
-struct residual_check {
-  static constexpr bool ok = true;
-};
-template <class S, class Body>
-struct residual_check<S, Body, false> : residual_shape_mismatch<S, typename Body::output_shape> {
-  static constexpr bool ok = false;
-};
+/// Reports a body (bound to S) that changes the shape, once; nothing otherwise.
+template <class Body, class S, class Bound, bool Keeps = std::is_same_v<typename Bound::output_shape, S>>
+struct residual_check {};
+template <class Body, class S, class Bound>
+struct residual_check<Body, S, Bound, false>
+    : shape_mismatch::residual_body<Body>::template maps<S>::template to<typename Bound::output_shape> {};
 }  // namespace detail
 
 /// y = x + f(x) with f = `sequential<Layers...>`, whose output must have the input's shape.
@@ -61,11 +70,12 @@ struct residual {
   template <class S>
   using chain_at = typename body::template chain_at<S>;
 
-  /// The block bound to input rows of shape S.
+  /// The block bound to input rows of shape S (a body that changes the shape is reported here,
+  /// in one compile error).
   template <class S>
   struct bind_shape {
     using inner = typename body::template bind_shape<S>;  ///< the bound body
-    static_assert(detail::residual_check<S, inner>::ok);
+    static_assert(sizeof(detail::residual_check<body, S, inner>) > 0);  // reports a body that changes the shape
     using input_shape = S;                                        ///< an input row
     using output_shape = S;                                       ///< the input's shape
     static constexpr std::size_t input_size = S::size;            ///< features in

@@ -2,11 +2,11 @@
 /// @file sequential.hpp
 /// `sequential<Layers...>`: layers applied in order, itself a layer (so it nests). The layers are
 /// a flat type list: widths are chained once at compile time and forward / backward are fold
-/// expressions over the list, never a recursive nesting of types. A width mismatch between two
-/// consecutive layers fails to compile with `layer_shape_mismatch<Position, Given, Expected>` in the
-/// message (`nested_layer_shape_mismatch<layer_path<Outer, Inner>, Given, Expected>` when the two
-/// layers are inside a nested sequential); `composable<Layers...>` tests the same in a
-/// requires-expression.
+/// expressions over the list, never a recursive nesting of types. A shape mismatch between two
+/// consecutive layers fails to compile with exactly one error, whose diagnostic names
+/// `shape_mismatch::layer<layer_path<2>, dense<128, 10>>::expects_inputs<128>::but_layer<
+/// layer_path<1>, relu>::gives<256>` (see namespace shape_mismatch); `composable<Layers...>` tests
+/// the same in a requires-expression.
 
 #include <algorithm>
 #include <array>
@@ -47,8 +47,19 @@ struct prepend_position<P, layer_path<Ps...>> {
   using type = layer_path<P, Ps...>;
 };
 
-/// The chain of a sequential's layers from input rows of shape S (flat list, bound once).
-template <std::size_t Pos, class S, class... Ls>
+/// The layer before a position: its path (in the frame of the chain that holds it) and its type.
+template <class Path, class Layer>
+struct previous {
+  using path = Path;          ///< where it is
+  using layer_type = Layer;   ///< what it is
+};
+/// The layer before position 0 of a chain: outside the chain (the enclosing sequential's layer
+/// before it, or the model's input).
+struct previous_outside {};
+
+/// The chain of a sequential's layers from input rows of shape S (flat list, bound once); Prev is
+/// the layer before position Pos.
+template <std::size_t Pos, class S, class Prev, class... Ls>
 struct chain {
   using bound = type_list<>;
   static constexpr bool ok = true;
@@ -56,91 +67,130 @@ struct chain {
   using bad_path = layer_path<>;
   using bad_shape = S;
   using bad_layer = void;
+  using bad_previous = previous_outside;
   static constexpr std::size_t bad_input = 0, bad_expected = 0;
+};
+
+/// The layer before a mismatch found inside layer L at position Pos: Prev itself when the inner
+/// chain failed at its own first position, else the inner one, its path under Pos.
+template <std::size_t Pos, class Prev, class InnerPrevious>
+struct resolve_previous {
+  using type = previous<typename prepend_position<Pos, typename InnerPrevious::path>::type,
+                        typename InnerPrevious::layer_type>;
+};
+template <std::size_t Pos, class Prev>
+struct resolve_previous<Pos, Prev, previous_outside> {
+  using type = Prev;
 };
 
 /// Where layer L at position Pos fails for input shape S: inside L when L is a chain (a nested
 /// sequential, a residual block's body) that takes S at its entrance and fails within, else at L
 /// itself (a residual block whose body chains but changes the shape).
-template <std::size_t Pos, class S, class L>
+template <std::size_t Pos, class S, class Prev, class L>
 struct mismatch_at {
   using path = layer_path<Pos>;
   using given_shape = S;
   using layer_type = L;
+  using previous_layer = Prev;
   static constexpr std::size_t given = S::size, expected = L::expected_input;
 };
-template <std::size_t Pos, class S, class L>
+template <std::size_t Pos, class S, class Prev, class L>
   requires requires { L::template chain_at<S>::ok; } && (L::expected_input == 0 || L::expected_input == S::size) &&
            (!L::template chain_at<S>::ok)
-struct mismatch_at<Pos, S, L> {
+struct mismatch_at<Pos, S, Prev, L> {
   using inner = typename L::template chain_at<S>;
   using path = typename prepend_position<Pos, typename inner::bad_path>::type;
   using given_shape = typename inner::bad_shape;
   using layer_type = typename inner::bad_layer;
+  using previous_layer = typename resolve_previous<Pos, Prev, typename inner::bad_previous>::type;
   static constexpr std::size_t given = inner::bad_input, expected = inner::bad_expected;
 };
 
-template <bool Accepted, std::size_t Pos, class S, class L, class... Ls>
+template <bool Accepted, std::size_t Pos, class S, class Prev, class L, class... Ls>
 struct chain_step {
   using bound = type_list<>;
   static constexpr bool ok = false;
   using output = S;
-  using bad_path = typename mismatch_at<Pos, S, L>::path;
-  using bad_shape = typename mismatch_at<Pos, S, L>::given_shape;
-  using bad_layer = typename mismatch_at<Pos, S, L>::layer_type;
-  static constexpr std::size_t bad_input = mismatch_at<Pos, S, L>::given,
-                               bad_expected = mismatch_at<Pos, S, L>::expected;
+  using bad_path = typename mismatch_at<Pos, S, Prev, L>::path;
+  using bad_shape = typename mismatch_at<Pos, S, Prev, L>::given_shape;
+  using bad_layer = typename mismatch_at<Pos, S, Prev, L>::layer_type;
+  using bad_previous = typename mismatch_at<Pos, S, Prev, L>::previous_layer;
+  static constexpr std::size_t bad_input = mismatch_at<Pos, S, Prev, L>::given,
+                               bad_expected = mismatch_at<Pos, S, Prev, L>::expected;
 };
 
-template <std::size_t Pos, class S, class L, class... Ls>
-struct chain_step<true, Pos, S, L, Ls...> {
+template <std::size_t Pos, class S, class Prev, class L, class... Ls>
+struct chain_step<true, Pos, S, Prev, L, Ls...> {
   using head = bind_shape_t<L, S>;
-  using tail = chain<Pos + 1, output_shape_t<L, S>, Ls...>;
+  using tail = chain<Pos + 1, output_shape_t<L, S>, previous<layer_path<Pos>, L>, Ls...>;
   using bound = typename prepend<head, typename tail::bound>::type;
   static constexpr bool ok = tail::ok;
   using output = typename tail::output;
   using bad_path = typename tail::bad_path;
   using bad_shape = typename tail::bad_shape;
   using bad_layer = typename tail::bad_layer;
+  using bad_previous = typename tail::bad_previous;
   static constexpr std::size_t bad_input = tail::bad_input, bad_expected = tail::bad_expected;
 };
 
-template <std::size_t Pos, class S, class L, class... Ls>
-struct chain<Pos, S, L, Ls...> : chain_step<accepts_shape_v<L, S>(), Pos, S, L, Ls...> {};
+template <std::size_t Pos, class S, class Prev, class L, class... Ls>
+struct chain<Pos, S, Prev, L, Ls...> : chain_step<accepts_shape_v<L, S>(), Pos, S, Prev, L, Ls...> {};
+
+template <class T>
+inline constexpr bool reported = false;  // a shape mismatch, named by the type T
 
 }  // namespace detail
 
-/// Reported when layer number Position (0-based) of a sequential receives Given features but
-/// expects Expected. The template arguments in the compiler's message name the position and both
-/// widths.
-template <std::size_t Position, std::size_t Given, std::size_t Expected>
-struct layer_shape_mismatch {
-  static_assert(Position != Position,
-                "lockstep::sequential: the layer at Position receives Given features from the layer "
-                "before it (or from the model input) but expects Expected; see the template arguments");
+/// The names of a shape mismatch between two layers, read as a sentence in the compiler's one
+/// error: `layer<Path, Layer>::expects_inputs<E>::but_layer<PreviousPath, Previous>::gives<G>`
+/// (Layer, at Path, expects rows of E features, but Previous, the layer before it at
+/// PreviousPath, gives G), or `layer<Path, Layer>::cannot_take<Shape>::from_layer<PreviousPath,
+/// Previous>` for a layer that reads the shape of its rows (a convolution needs `shape<C, H, W>` at
+/// least as large as its window). A path is `layer_path<Outer, ..., Inner>`: the positions inside
+/// nested sequentials, outermost first, counted from 0 with activations included.
+/// `the_model_input` stands for the layer before the first one.
+namespace shape_mismatch {
+
+/// The "layer" before the first layer of a model: its input rows.
+struct the_model_input {};
+
+/// Layer at Path (see the namespace's comment).
+template <class Path, class Layer>
+struct layer {
+  /// ... expects rows of Expected features ...
+  template <std::size_t Expected>
+  struct expects_inputs {
+    /// ... but the layer before it, Previous at PreviousPath, ...
+    template <class PreviousPath, class Previous>
+    struct but_layer {
+      /// ... gives rows of Given features.
+      template <std::size_t Given>
+      struct gives {
+        static_assert(detail::reported<gives>,
+                      "lockstep::sequential: a layer expects rows of another width than the layer before it gives. "
+                      "The type named in this diagnostic reads as a sentence: "
+                      "layer<path, layer type>::expects_inputs<width>::but_layer<path, type of the layer before>::"
+                      "gives<width> (layers count from 0, activations included; a path is outer position first)");
+      };
+    };
+  };
+  /// ... cannot take rows of shape Shape ...
+  template <class Shape>
+  struct cannot_take {
+    /// ... from the layer before it, Previous at PreviousPath.
+    template <class PreviousPath, class Previous>
+    struct from_layer {
+      static_assert(detail::reported<from_layer>,
+                    "lockstep::sequential: a layer cannot take the shape of the rows the layer before it gives. "
+                    "The type named in this diagnostic reads as a sentence: "
+                    "layer<path, layer type>::cannot_take<shape>::from_layer<path, type of the layer before> "
+                    "(layers count from 0, activations included; a path is outer position first; the layer's own "
+                    "template arguments say what it needs)");
+    };
+  };
 };
 
-/// Reported when the layer at Path (`layer_path<Outer, ..., Inner>`, 0-based, outermost first)
-/// cannot take input rows of shape Given (a `shape<...>`); Layer is that layer, whose own template
-/// arguments say what it needs (a convolution needs `shape<C, H, W>` at least as large as its
-/// window, a dense layer a row of its input width).
-template <class Path, class Given, class Layer>
-struct layer_input_shape_mismatch {
-  static_assert(sizeof(Path*) == 0,
-                "lockstep::sequential: the layer at Path (outer position first) cannot take input rows of shape "
-                "Given; see the template arguments: Given is the shape the layer before it produces, Layer the "
-                "layer that rejects it");
-};
-
-/// Reported when a layer inside a nested sequential receives Given features but expects
-/// Expected. Path is `layer_path<Outer, ..., Inner>`: the position of the nested sequential in the
-/// outer one, then the position inside it (0-based), as the compiler's message shows.
-template <class Path, std::size_t Given, std::size_t Expected>
-struct nested_layer_shape_mismatch {
-  static_assert(Given != Given,
-                "lockstep::sequential: inside a nested sequential, the layer at Path (outer position first) "
-                "receives Given features but expects Expected; see the template arguments");
-};
+}  // namespace shape_mismatch
 
 namespace detail {
 /// The input width of the first layer that fixes one (0 when none does).
@@ -156,7 +206,8 @@ constexpr std::size_t first_fixed_input() {
 /// from the first fixed input width (or width 1 when every layer takes any width).
 template <class... Ls>
 concept composable = sizeof...(Ls) > 0 && (layer<Ls> && ...) &&
-                     detail::chain<0, shape<std::max(std::size_t{1}, detail::first_fixed_input<Ls...>())>, Ls...>::ok;
+                     detail::chain<0, shape<std::max(std::size_t{1}, detail::first_fixed_input<Ls...>())>,
+                                   detail::previous_outside, Ls...>::ok;
 
 namespace detail {
 
@@ -363,21 +414,71 @@ template <bool Ok, class Chain, class S>
 struct checked_bind {
   using type = bound_sequential<S, typename Chain::output, typename Chain::bound>;
 };
-template <class Path, std::size_t Given, std::size_t Expected>
-struct width_mismatch_report : nested_layer_shape_mismatch<Path, Given, Expected> {};
-template <std::size_t Position, std::size_t Given, std::size_t Expected>
-struct width_mismatch_report<layer_path<Position>, Given, Expected> : layer_shape_mismatch<Position, Given, Expected> {};
+
+/// What a sequential whose shapes do not chain binds to, after its one error: a complete bound
+/// layer that maps rows of shape S to rows of shape S and does nothing, so that no second error
+/// follows from the first (an incomplete type, a missing member).
+template <class S>
+struct unbound_sequential {
+  using input_shape = S;                                 ///< as given
+  using output_shape = S;                                ///< as given
+  static constexpr std::size_t input_size = S::size;     ///< features in
+  static constexpr std::size_t output_size = S::size;    ///< features out
+  static constexpr std::size_t param_count = 0;          ///< none
+  static constexpr std::size_t state_count = 0;          ///< none
+  static constexpr std::size_t workspace_per_sample = 0; ///< none
+  static constexpr std::size_t workspace_fixed = 0;      ///< none
+  static constexpr bool couples_rows = false;            ///< no
+  /// Nothing to check.
+  template <class T, class Ctx>
+  static constexpr bool check_layers() {
+    return true;
+  }
+  /// Nothing to initialise.
+  template <class T>
+  static void init(T*, const counter_rng&) {}
+  /// Nothing to initialise.
+  template <class T>
+  static void init_state(T*) {}
+  /// Never runs (the program does not compile).
+  template <class T, class Ctx>
+  static void forward(Ctx&, const forward_args<T, Ctx, S, S>&) {}
+  /// Never runs (the program does not compile).
+  template <class T, class Ctx>
+  static void backward(Ctx&, const backward_args<T, Ctx, S, S>&) {}
+};
+
+/// The path of the layer before a mismatch, and its type (the model's input before position 0).
+template <class Previous>
+struct previous_names {
+  using path = typename Previous::path;
+  using layer_type = typename Previous::layer_type;
+};
+template <>
+struct previous_names<previous_outside> {
+  using path = layer_path<>;
+  using layer_type = shape_mismatch::the_model_input;
+};
+
 template <class Chain, bool ShapeReport = !std::is_void_v<typename Chain::bad_layer> &&
                                           (shape_aware_layer<typename Chain::bad_layer> || Chain::bad_shape::rank > 1)>
 struct shape_mismatch_report
-    : width_mismatch_report<typename Chain::bad_path, Chain::bad_input, Chain::bad_expected> {};
+    : shape_mismatch::layer<typename Chain::bad_path, typename Chain::bad_layer>::template expects_inputs<
+          Chain::bad_expected>::template but_layer<typename previous_names<typename Chain::bad_previous>::path,
+                                                   typename previous_names<typename Chain::bad_previous>::layer_type>::
+          template gives<Chain::bad_input> {};
 template <class Chain>
 struct shape_mismatch_report<Chain, true>
-    : layer_input_shape_mismatch<typename Chain::bad_path, typename Chain::bad_shape, typename Chain::bad_layer> {};
+    : shape_mismatch::layer<typename Chain::bad_path, typename Chain::bad_layer>::template cannot_take<
+          typename Chain::bad_shape>::template from_layer<typename previous_names<typename Chain::bad_previous>::path,
+                                                           typename previous_names<typename Chain::bad_previous>::layer_type> {};
 
 template <class Chain, class S>
-struct checked_bind<false, Chain, S> : shape_mismatch_report<Chain> {
-  using type = void;
+struct checked_bind<false, Chain, S> {
+  using type = unbound_sequential<S>;
+  // Instantiates the report (its static_assert is the one error) without making this class, and
+  // so `type`, invalid: clang would otherwise add an error for every later use of `type`.
+  static_assert(sizeof(shape_mismatch_report<Chain>) > 0);
 };
 
 }  // namespace detail
@@ -395,7 +496,7 @@ struct sequential {
 
   /// True when the whole chain is valid from input rows of shape S.
   template <class S>
-  static constexpr bool accepts_shape = detail::chain<0, S, Layers...>::ok;
+  static constexpr bool accepts_shape = detail::chain<0, S, detail::previous_outside, Layers...>::ok;
 
   /// True when the whole chain is valid from flat input rows of width In.
   template <std::size_t In>
@@ -403,11 +504,12 @@ struct sequential {
 
   /// The chain of shapes from input shape S (where a mismatch is, for the enclosing sequential's message).
   template <class S>
-  using chain_at = detail::chain<0, S, Layers...>;
+  using chain_at = detail::chain<0, S, detail::previous_outside, Layers...>;
 
-  /// The sequential bound to input rows of shape S (a mismatch is reported here, with its position).
+  /// The sequential bound to input rows of shape S (a mismatch is reported here, with its position
+  /// and the layer before it, in one compile error).
   template <class S>
-  using bind_shape = typename detail::checked_bind<detail::chain<0, S, Layers...>::ok, detail::chain<0, S, Layers...>, S>::type;
+  using bind_shape = typename detail::checked_bind<chain_at<S>::ok, chain_at<S>, S>::type;
 
   /// The sequential bound to flat input rows of width In.
   template <std::size_t In>

@@ -7,9 +7,11 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
-#include <lockstep/layers/shape.hpp>
-#include <lockstep/layers/views.hpp>
+#include <lockstep/core/labels.hpp>
+#include <lockstep/core/shape.hpp>
+#include <lockstep/core/views.hpp>
 
 namespace lockstep {
 
@@ -29,9 +31,9 @@ struct targets {
 /// shape Shape (the model's output row): typed views of the outputs and of where the gradient goes.
 template <class T, class Ctx, class Shape>
 struct loss_args {
-  using kind = kind_of_context_t<Ctx>;                  ///< the device kind every pointer lives on
-  using output_view = rows_view<const T, Shape, kind>;  ///< type of out
-  using grad_view = rows_view<T, Shape, kind>;          ///< type of grad
+  using kind_type = kind_of_context_t<Ctx>;             ///< the device kind every pointer lives on
+  using output_view = rows_view<const T, Shape, kind_type>;  ///< type of out
+  using grad_view = rows_view<T, Shape, kind_type>;          ///< type of grad
   output_view out;                 ///< the network's output rows (may be 0 rows)
   lockstep::targets<T> target;     ///< what each row is compared with
   grad_view grad;                  ///< where the gradient of the sum goes; empty in evaluation
@@ -68,7 +70,12 @@ inline constexpr bool counts_correct_v = requires { requires L::counts_correct; 
 ///   - `static constexpr std::size_t scratch_per_row`: elements of scratch per row that evaluate
 ///     may use (at most 4: a replica reserves that much);
 ///   - optionally `static constexpr bool counts_correct = true;` when evaluate fills
-///     loss_sum::correct (the top-1 hits), so that training accuracy needs no read-back.
+///     loss_sum::correct (the top-1 hits), so that training accuracy needs no read-back;
+///   - optionally, for a loss over class labels, `static constexpr std::size_t
+///     label_classes(std::size_t outputs)`: labels must lie in [0, label_classes(outputs)) for a
+///     model with `outputs` outputs. A replica then checks every shard's labels on the host
+///     before the loss sees them (check_labels), and names the loss by its
+///     `static constexpr std::string_view name` when it has one.
 /// Which element types and contexts it runs on is `loss_for<L, T, Ctx>`.
 template <class L>
 concept loss = requires {
@@ -76,6 +83,30 @@ concept loss = requires {
   requires std::same_as<typename L::loss_concept, loss_tag>;
   { L::scratch_per_row } -> std::convertible_to<std::size_t>;
 };
+
+/// True when loss L takes class labels that index the model's output row (it declares
+/// `label_classes`, see `loss`).
+template <class L>
+concept takes_class_labels = requires(std::size_t outputs) {
+  { L::label_classes(outputs) } -> std::convertible_to<std::size_t>;
+};
+
+/// The name of loss L in messages: its `name`, or "lockstep: the loss".
+template <class L>
+constexpr std::string_view loss_name() noexcept {
+  if constexpr (requires { { L::name } -> std::convertible_to<std::string_view>; })
+    return std::string_view(L::name);
+  else
+    return "lockstep: the loss";
+}
+
+/// Checks the `rows` labels of a shard for loss L and a model with `outputs` outputs (see
+/// check_labels); does nothing for a loss that does not take class labels, or without labels.
+template <class L>
+void check_loss_labels(const std::int32_t* labels, std::size_t rows, std::size_t outputs, const label_site& site = {}) {
+  if constexpr (takes_class_labels<L>)
+    check_labels(loss_name<L>(), labels, rows, static_cast<std::size_t>(L::label_classes(outputs)), outputs, site);
+}
 
 namespace detail {
 /// L has `loss_sum evaluate(Ctx&, const loss_args<T, Ctx, Shape>&) const`.

@@ -14,22 +14,6 @@
 
 namespace lockstep {
 
-/// A non-owning, trivially copyable view of `size` elements of T on some device.
-template <class T>
-struct array_view {
-  T* data = nullptr;      ///< first element (device or host pointer)
-  std::size_t size = 0;   ///< element count
-};
-
-/// A non-owning row-major matrix view: rows x cols elements with a row stride (ld).
-template <class T>
-struct matrix_view {
-  T* data = nullptr;      ///< first element
-  std::size_t rows = 0;   ///< row count
-  std::size_t cols = 0;   ///< column count
-  std::size_t ld = 0;     ///< distance between rows, in elements (>= cols)
-};
-
 /// An owning array of `size()` trivially copyable T on device kind Kind: aligned, move-only,
 /// never value-initialised (first touch is the caller's job: fill or copy into it).
 template <class T, class Kind>
@@ -67,10 +51,6 @@ public:
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   /// True when the buffer holds no elements.
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
-  /// A view of the elements.
-  [[nodiscard]] array_view<T> view() noexcept { return {data_, size_}; }
-  /// A read-only view of the elements.
-  [[nodiscard]] array_view<const T> view() const noexcept { return {data_, size_}; }
 
   /// The elements as a span (host buffers only).
   [[nodiscard]] std::span<T> span() noexcept requires device_memory<Kind>::host_accessible { return {data_, size_}; }

@@ -44,6 +44,7 @@
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/testing/allocations.hpp>
 #include <lockstep/testing/drive.hpp>
+#include <lockstep/testing/report.hpp>
 
 namespace lockstep::testing {
 
@@ -139,8 +140,22 @@ std::vector<double> inputs(std::size_t rows) {
 /// In a layer made of layers (one with `check_layers`: a sequential, a residual block), a
 /// parameter to which several shards contribute their rows' parts (a layer around the coupled
 /// one) sums to the whole up to the order of summation.
+/// The elementwise checks of coupled_split_check, reported once over every split it is called for.
+struct split_reports {
+  element_report outputs{"outputs of the split batch vs one call", "split", "one call"};
+  element_report inputs{"input gradient of the split batch vs one call", "split", "one call"};
+  element_report grads{"parameter gradient summed over the shards vs one call", "summed", "one call"};
+  /// Names the split the next elements come from.
+  void context(const std::string& where) {
+    outputs.context(where);
+    inputs.context(where);
+    grads.context(where);
+  }
+};
+
 template <class B>
-void coupled_split_check(std::size_t rows, std::size_t n) {
+void coupled_split_check(std::size_t rows, std::size_t n, split_reports& reports) {
+  reports.context(std::to_string(rows) + " rows over " + std::to_string(n) + " replicas");
   const pass_info info = suite_info<B>(true);
   const auto x = inputs<B>(rows);
   const auto w = weights(rows * B::output_size);
@@ -177,8 +192,8 @@ void coupled_split_check(std::size_t rows, std::size_t n) {
     });
   for (auto& t : threads) t.join();
   for (const auto& f : failures) REQUIRE_MESSAGE(f.empty(), f);
-  CHECK(y2 == y);
-  CHECK(dx2 == dx);
+  for (std::size_t i = 0; i < y.size(); ++i) reports.outputs.equal(i, y2[i], y[i]);
+  for (std::size_t i = 0; i < dx.size(); ++i) reports.inputs.equal(i, dx2[i], dx[i]);
   constexpr bool composite = requires { B::template check_layers<double, host_context>(); };
   for (std::size_t k = 0; k < B::param_count; ++k) {
     double sum = part_dp[0][k];  // replicas' contributions, summed as a reducer would
@@ -187,19 +202,12 @@ void coupled_split_check(std::size_t rows, std::size_t n) {
       sum += part_dp[r][k];
       if (part_dp[r][k] != 0) ++contributors;
     }
-    CAPTURE(k);
-    CAPTURE(contributors);
-    if (!composite || contributors <= 1) {
-      CHECK(sum == dp[k]);  // one shard wrote it all: bitwise
-    } else {
-      CHECK(std::abs(sum - dp[k]) <= 1e-12 * std::max(1.0, std::abs(dp[k])));  // partial sums, added in another order
-    }
+    if (!composite || contributors <= 1)
+      reports.grads.equal(k, sum, dp[k]);  // one shard wrote it all: bitwise
+    else
+      reports.grads.close(k, sum, dp[k], 1e-12 * std::max(1.0, std::abs(dp[k])));  // partial sums, added in another order
   }
   for (std::size_t r = 0; r < n; ++r) CHECK(parts[r].params == whole.params);  // state included
-}
-
-inline bool close(double analytic, double numeric, const gradient_tolerance& tol) {
-  return std::abs(analytic - numeric) <= tol.relative * std::max(1.0, std::abs(numeric));
 }
 
 }  // namespace detail
@@ -214,10 +222,19 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
   const lt::gradient_tolerance tol{};
 
   SUBCASE("gradients of inputs and parameters match central finite differences (batch 0, 1, 7, 64)") {
+    // One report per check over every mode and batch size: the first failing elements with their
+    // numbers, and how many more.
+    lt::element_report param_report("parameter gradient vs central finite differences", "analytic", "numeric");
+    lt::element_report input_report("input gradient vs central finite differences", "analytic", "numeric");
+    lt::element_report nodx_report("parameter gradient without dx vs with dx", "without dx", "with dx");
     for (const bool training : {false, true}) {
       for (const std::size_t rows : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{64}}) {
         CAPTURE(training);
         CAPTURE(rows);
+        const std::string where = std::string(training ? "training" : "evaluation") + ", " + std::to_string(rows) + " rows";
+        param_report.context(where);
+        input_report.context(where);
+        nodx_report.context(where);
         const lockstep::pass_info info = lt::suite_info<B>(training);
         lt::detail::layer_harness<B> h;
         const auto x = lt::detail::inputs<B>(rows);
@@ -239,8 +256,8 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
           a[k] += tol.step;
           b[k] -= tol.step;
           const double numeric = (h.objective(a, x, w, rows, info) - h.objective(b, x, w, rows, info)) / (2 * tol.step);
-          CAPTURE(k);
-          CHECK(lt::detail::close(dp[k], numeric, tol));  // also: backward OVERWRITES (-7 is gone)
+          // also: backward OVERWRITES (-7 is gone)
+          param_report.close(k, dp[k], numeric, tol.relative * std::max(1.0, std::abs(numeric)));
         }
         // Inputs: probe up to 40 of them.
         const std::size_t xstride = std::max<std::size_t>(1, x.size() / 40);
@@ -250,16 +267,19 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
           b[k] -= tol.step;
           const double numeric =
               (h.objective(h.params, a, w, rows, info) - h.objective(h.params, b, w, rows, info)) / (2 * tol.step);
-          CAPTURE(k);
-          CHECK(lt::detail::close(dx[k], numeric, tol));
+          input_report.close(k, dx[k], numeric, tol.relative * std::max(1.0, std::abs(numeric)));
         }
         // Without dx the parameter gradient is the same and nothing is written to the input side.
         std::vector<double> dp2(B::param_count + 1, 3.0);
         lockstep::testing::run_backward<B>(h.ctx, h.params.data(), x.data(), y.data(), w.data(), static_cast<double*>(nullptr), dp2.data(),
                     ws.data(), rows, info);
-        for (std::size_t k = 0; k < B::param_count; ++k) CHECK(dp2[k] == doctest::Approx(dp[k]).epsilon(1e-12));
+        for (std::size_t k = 0; k < B::param_count; ++k)
+          nodx_report.close(k, dp2[k], dp[k], 1e-12 * (1.0 + std::max(std::abs(dp2[k]), std::abs(dp[k]))));
       }
     }
+    CHECK_MESSAGE(param_report.ok(), param_report.text());
+    CHECK_MESSAGE(input_report.ok(), input_report.text());
+    CHECK_MESSAGE(nodx_report.ok(), nodx_report.text());
   }
 
   SUBCASE("init writes exactly param_count elements and is a pure function of its generator") {
@@ -268,11 +288,14 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
     B::init(b.data() + 1, lockstep::counter_rng(9, 2));
     CHECK(a.front() == 123.0);
     CHECK(a.back() == 123.0);
+    lt::element_report same("init twice from one generator", "first", "second");
+    lt::element_report finite("init writes finite values", "value");
     for (std::size_t k = 0; k < B::param_count; ++k) {
-      CAPTURE(k);
-      CHECK(a[k + 1] == b[k + 1]);
-      CHECK(std::isfinite(a[k + 1]));
+      same.equal(k, a[k + 1], b[k + 1]);
+      finite.holds(k, std::isfinite(a[k + 1]), a[k + 1]);
     }
+    CHECK_MESSAGE(same.ok(), same.text());
+    CHECK_MESSAGE(finite.ok(), finite.text());
     if constexpr (requires { B::param_offsets; B::params; }) {
       std::size_t acc = 0;
       for (std::size_t i = 0; i < B::params.size(); ++i) {
@@ -294,7 +317,9 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
       const auto y2 = h.forward(h.params, x, 13, info);
       CHECK(x == x0);
       CHECK(y1 == y2);
-      for (double v : y1) CHECK(std::isfinite(v));
+      lt::element_report finite("forward writes finite outputs", "output");
+      for (std::size_t i = 0; i < y1.size(); ++i) finite.holds(i, std::isfinite(y1[i]), y1[i]);
+      CHECK_MESSAGE(finite.ok(), finite.text());
     }
   }
 
@@ -321,6 +346,8 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
 
   if constexpr (!lockstep::couples_rows_v<B>) {
     SUBCASE("micro-shard invariance: a row's output does not depend on the other rows or on the split") {
+      lt::element_report split("a row's output, computed in two shards vs in the whole batch", "in a shard",
+                               "in the whole batch");
       for (const bool training : {false, true}) {
         CAPTURE(training);
         const lockstep::pass_info info = lt::suite_info<B>(training);
@@ -329,7 +356,7 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
         const auto x = lt::detail::inputs<B>(rows);
         const auto whole = h.forward(h.params, x, rows, info);
         for (const std::size_t cut : {std::size_t{1}, std::size_t{10}, std::size_t{28}}) {
-          CAPTURE(cut);
+          split.context(std::string(training ? "training" : "evaluation") + ", cut after row " + std::to_string(cut));
           const std::vector<double> head(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(cut * B::input_size));
           const std::vector<double> tail(x.begin() + static_cast<std::ptrdiff_t>(cut * B::input_size), x.end());
           lockstep::pass_info second = info;
@@ -338,20 +365,24 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
           const auto b = h.forward(h.params, tail, rows - cut, second);
           for (std::size_t i = 0; i < whole.size(); ++i) {
             const double part = i < a.size() ? a[i] : b[i - a.size()];
-            CAPTURE(i);
-            CHECK(std::abs(part - whole[i]) <= 1e-12 * std::max(1.0, std::abs(whole[i])));
+            split.close(i, part, whole[i], 1e-12 * std::max(1.0, std::abs(whole[i])));
           }
         }
       }
+      CHECK_MESSAGE(split.ok(), split.text());
     }
   } else {
     SUBCASE("a layer that couples rows: split over 1 to 4 replicas through a row exchange, bitwise one device") {
+      lt::detail::split_reports reports;
       for (const std::size_t rows : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{29}})
         for (std::size_t n = 1; n <= 4; ++n) {
           CAPTURE(rows);
           CAPTURE(n);
-          lt::detail::coupled_split_check<B>(rows, n);
+          lt::detail::coupled_split_check<B>(rows, n, reports);
         }
+      CHECK_MESSAGE(reports.outputs.ok(), reports.outputs.text());
+      CHECK_MESSAGE(reports.inputs.ok(), reports.inputs.text());
+      CHECK_MESSAGE(reports.grads.ok(), reports.grads.text());
     }
   }
 }

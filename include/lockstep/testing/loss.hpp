@@ -20,10 +20,12 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <lockstep/backend/host.hpp>
 #include <lockstep/losses/loss.hpp>
+#include <lockstep/testing/report.hpp>
 
 namespace lockstep::testing {
 
@@ -86,8 +88,10 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep loss conformance", L, lockstep_loss_conforma
   constexpr bool labels = lt::loss_uses_labels<L>;
 
   SUBCASE("the gradient of the sum matches central finite differences (batch 0, 1, 7, 64)") {
+    lt::element_report report("gradient of the loss sum vs central finite differences", "analytic", "numeric");
     for (const std::size_t rows : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{64}}) {
       CAPTURE(rows);
+      report.context(std::to_string(rows) + " rows");
       const lt::detail::loss_batch b(rows, labels);
       std::vector<double> grad(rows * b.cols + 1, -9.0);
       const lockstep::loss_sum s = lt::detail::evaluate_rows(loss, b.out, b, 0, rows, grad.data());
@@ -101,11 +105,11 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep loss conformance", L, lockstep_loss_conforma
         const double numeric = (lt::detail::evaluate_rows(loss, up, b, 0, rows, nullptr).sum -
                                 lt::detail::evaluate_rows(loss, down, b, 0, rows, nullptr).sum) /
                                (2 * h);
-        CAPTURE(k);
-        CHECK(std::abs(grad[k] - numeric) <= 1e-5 * std::max(1.0, std::abs(numeric)));
+        report.close(k, grad[k], numeric, 1e-5 * std::max(1.0, std::abs(numeric)));
       }
       CHECK(std::isfinite(s.sum));
     }
+    CHECK_MESSAGE(report.ok(), report.text());
   }
 
   SUBCASE("SUM + count: the count is the rows, and the sums of the parts of a batch add up") {

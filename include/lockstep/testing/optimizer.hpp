@@ -25,14 +25,17 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <lockstep/backend/host.hpp>
 #include <lockstep/optimizers/optimizer.hpp>
 #include <lockstep/optimizers/schedule.hpp>
+#include <lockstep/testing/report.hpp>
 
 namespace lockstep::testing {
 
@@ -100,7 +103,9 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep optimizer conformance", O, lockstep_optimize
       CHECK(b.g.back() == 77.0);
       CHECK(b.state.front() == 77.0);
       CHECK(b.state.back() == 77.0);
-      for (std::size_t i = 0; i < n; ++i) CHECK(std::isfinite(b.p[i + 1]));
+      lt::element_report finite("parameters after 3 updates are finite", "value");
+      for (std::size_t i = 0; i < n; ++i) finite.holds(i, std::isfinite(b.p[i + 1]), b.p[i + 1]);
+      CHECK_MESSAGE(finite.ok(), finite.text());
     }
   }
 
@@ -118,11 +123,14 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep optimizer conformance", O, lockstep_optimize
           lt::optimizer_reference<O>::update(o, ref.p.data() + 1, ref.g.data() + 1, ref.state.data() + 1, n,
                                              lt::detail::info_at(k));
         }
-        for (std::size_t i = 0; i < n; ++i) {
-          CAPTURE(i);
-          CHECK(b.p[i + 1] == doctest::Approx(ref.p[i + 1]).epsilon(1e-12));
-        }
-        for (std::size_t i = 0; i < b.s; ++i) CHECK(b.state[i + 1] == doctest::Approx(ref.state[i + 1]).epsilon(1e-12));
+        const auto tolerance = [](double a, double r) { return 1e-12 * (1.0 + std::max(std::abs(a), std::abs(r))); };
+        lt::element_report params("parameters after 5 updates vs the reference", "update", "reference");
+        for (std::size_t i = 0; i < n; ++i) params.close(i, b.p[i + 1], ref.p[i + 1], tolerance(b.p[i + 1], ref.p[i + 1]));
+        CHECK_MESSAGE(params.ok(), params.text());
+        lt::element_report state("state after 5 updates vs the reference", "update", "reference");
+        for (std::size_t i = 0; i < b.s; ++i)
+          state.close(i, b.state[i + 1], ref.state[i + 1], tolerance(b.state[i + 1], ref.state[i + 1]));
+        CHECK_MESSAGE(state.ok(), state.text());
       }
     }
   }
@@ -182,12 +190,17 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep optimizer conformance", O, lockstep_optimize
             slices[q].step(o, lt::detail::info_at(step));
           }
         }
+        lt::element_report params("parameters updated in slices vs in one update", "slices", "whole");
+        lt::element_report state("state updated in slices vs in one update", "slices", "whole");
         for (std::size_t q = 0; q < parts; ++q) {
           const std::size_t lo = n * q / parts, hi = n * (q + 1) / parts, len = hi - lo;
-          for (std::size_t i = 0; i < len; ++i) CHECK(slices[q].p[i + 1] == w.p[lo + i + 1]);
+          for (std::size_t i = 0; i < len; ++i) params.equal(lo + i, slices[q].p[i + 1], w.p[lo + i + 1]);
           for (std::size_t c = 0; c < k; ++c)
-            for (std::size_t i = 0; i < len; ++i) CHECK(slices[q].state[c * len + i + 1] == w.state[c * n + lo + i + 1]);
+            for (std::size_t i = 0; i < len; ++i)
+              state.equal(c * n + lo + i, slices[q].state[c * len + i + 1], w.state[c * n + lo + i + 1]);
         }
+        CHECK_MESSAGE(params.ok(), params.text());
+        CHECK_MESSAGE(state.ok(), state.text());
       }
     }
   }

@@ -30,6 +30,7 @@
 #include <lockstep/backend/host.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/distribute/reducer.hpp>
+#include <lockstep/testing/report.hpp>
 
 namespace lockstep::testing::detail {
 
@@ -89,6 +90,7 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
   using ms = std::chrono::milliseconds;
 
   SUBCASE("every replica gets the same sum, bitwise repeatable, over 1..8 replicas and lengths 0, 1, primes") {
+    lockstep::testing::element_report sums("replica 0's sum vs the exact sum", "sum", "exact");
     for (std::size_t replicas = 1; replicas <= 8; ++replicas)
       for (const std::size_t length : {0u, 1u, 2u, 3u, 7u, 13u, 31u, 1009u, 65537u}) {
         CAPTURE(replicas);
@@ -99,28 +101,29 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
           CHECK(std::memcmp(a[r].data(), a[0].data(), length * sizeof(float)) == 0);  // the same on every replica
           CHECK(std::memcmp(a[r].data(), b[r].data(), length * sizeof(float)) == 0);  // a fixed order
         }
-        std::size_t wrong = 0;
+        sums.context(std::to_string(replicas) + " replicas, length " + std::to_string(length));
         for (std::size_t i = 0; i < length; ++i) {
           double exact = 0;
           for (std::size_t r = 0; r < replicas; ++r) exact += lt::reducer_value(i, r);
-          wrong += std::abs(a[0][i] - exact) <= 1e-5 * (1.0 + std::abs(exact)) ? 0 : 1;
+          sums.close(i, a[0][i], exact, 1e-5 * (1.0 + std::abs(exact)));
         }
-        CHECK(wrong == 0);
       }
+    CHECK_MESSAGE(sums.ok(), sums.text());
   }
 
   SUBCASE("10^7 elements over 1..3 replicas") {
+    lockstep::testing::element_report sums("the last replica's sum vs the exact sum (every 997th element)", "sum", "exact");
     for (std::size_t replicas = 1; replicas <= 3; ++replicas) {
       CAPTURE(replicas);
+      sums.context(std::to_string(replicas) + " replicas");
       const auto a = lt::reducer_sums<R>(replicas, 10'000'000);
-      std::size_t wrong = 0;
       for (std::size_t i = 0; i < a[0].size(); i += 997) {
         double exact = 0;
         for (std::size_t r = 0; r < replicas; ++r) exact += lt::reducer_value(i, r);
-        wrong += std::abs(a[replicas - 1][i] - exact) <= 1e-5 * (1.0 + std::abs(exact)) ? 0 : 1;
+        sums.close(i, a[replicas - 1][i], exact, 1e-5 * (1.0 + std::abs(exact)));
       }
-      CHECK(wrong == 0);
     }
+    CHECK_MESSAGE(sums.ok(), sums.text());
   }
 
   SUBCASE("broadcast copies the root's data to every replica") {

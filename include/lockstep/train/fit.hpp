@@ -461,6 +461,7 @@ public:
     ctl.step = st.step;
     ctl.epoch = st.epoch;
     h.resumed_from_step = st.step;
+    resume_note_ = resume_line(source, st.epoch, st.step);
   }
 
   /// Opens the metrics file and the progress display (after resuming).
@@ -468,7 +469,8 @@ public:
     if (!o_.metrics_file.empty() && chief_) mlog_.emplace(o_.metrics_file);
     progress_options po = o_.progress;
     po.quiet = po.quiet || o_.quiet || !chief_;
-    bar_.emplace(po, o_.epochs);
+    bar_.emplace(po, o_.epochs, o_.max_steps);
+    if (o_.resume && ckpt_) bar_->note(resume_note_.empty() ? fresh_start_line(o_.checkpoint_dir) : resume_note_);
     expected_steps_ = o_.steps_per_epoch;
   }
 
@@ -485,7 +487,8 @@ public:
   void begin_epoch(std::uint64_t e) {
     ctl.epoch = e;
     t0_ = std::chrono::steady_clock::now();
-    bar_->begin_epoch(e, expected_steps_);
+    // the bar counts updates: under accumulation, those of the resumed epoch so far
+    bar_->begin_epoch(e, expected_steps_, ctl.step, e == start_epoch ? (o_.accumulate > 1 ? resumed_.steps : skip_) : 0);
     const bool resumed = e == start_epoch;
     correct_ = resumed ? resumed_.correct : 0;
     labelled_ = resumed ? resumed_.labelled : 0;
@@ -608,20 +611,40 @@ public:
     ckpt_->save(st);
   }
 
-  history h;                          ///< the result
-  training_control ctl;               ///< what callbacks see and change
-  float lr = 0;                       ///< the rate of the last update (the checkpoint's when resuming)
-  std::uint64_t start_epoch = 0;      ///< the first epoch to run
-  std::uint64_t batches = 0;          ///< global batches of the epoch in progress consumed so far
-  std::uint64_t to_skip = 0;          ///< batches of this epoch consumed before the checkpoint
+  /// The first epoch to run (the checkpoint's when resuming).
+  [[nodiscard]] std::uint64_t first_epoch() const noexcept { return start_epoch; }
+  /// True (and counts the batch as consumed) while the epoch's batches are those consumed before
+  /// the checkpoint being resumed.
+  bool skip_consumed() noexcept {
+    if (batches >= to_skip) return false;
+    ++batches;
+    return true;
+  }
+  /// Counts `n` batches of the epoch as consumed without an update (fit_options::drop_partial_update).
+  void drop_batches(std::uint64_t n) noexcept { batches += n; }
+  /// The learning rate of the update after `step` updates (rate_at), remembered as the last rate.
+  float next_rate(std::uint64_t step) {
+    lr = rate_at(step);
+    return lr;
+  }
+  /// The run's history (the session is done with it).
+  [[nodiscard]] history take_history() noexcept { return std::move(h); }
 
 private:
+  history h;                          // the result
+  training_control ctl;               // what callbacks see and change
+  float lr = 0;                       // the rate of the last update (the checkpoint's when resuming)
+  std::uint64_t start_epoch = 0;      // the first epoch to run
+  std::uint64_t batches = 0;          // global batches of the epoch in progress consumed so far
+  std::uint64_t to_skip = 0;          // batches of this epoch consumed before the checkpoint
+
   const fit_options& o_;
   std::size_t replicas_;
   bool chief_ = true;
   std::optional<io::checkpoint_manager> ckpt_;
   std::optional<metrics_log> mlog_;
   std::optional<progress> bar_;
+  std::string resume_note_;  // resume_line of the checkpoint resumed from (empty: a fresh start)
   struct epoch_sums {
     double loss_sum = 0;
     std::uint64_t samples = 0, steps = 0, labelled = 0, correct = 0;
@@ -673,7 +696,11 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   const shard_plan plan = w.plan();
   fit_session run(o, optimizer.lr, plan.parts, w.is_chief());  // plan.parts: the replicas of every worker
   if (const auto ck = run.checkpoint_to_resume()) {
-    check_resumable(m, optimizer, ck->first, ck->second);
+    try {
+      check_resumable(m, optimizer, ck->first, ck->second);
+    } catch (const checkpoint_error& e) {  // the checkpoint is another run's: say what to do
+      throw checkpoint_error(std::string(e.what()) + " (use another checkpoint_dir, or drop resume)");
+    }
     run.resume_from(ck->first, ck->second);  // refuses callback states that do not fit, before the model changes
     restore(m, static_cast<const model_state&>(ck->first), optimizer, ck->second);
   }
@@ -712,13 +739,12 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
     }
     if (group < k && o.drop_partial_update) {  // an epoch's last batches that do not fill an update
       if constexpr (requires { s.abandon_update(); }) s.abandon_update();
-      run.batches += group;
+      run.drop_batches(group);
       group = 0;
       return false;
     }
-    run.lr = run.rate_at(m.step());
     Optimizer opt = optimizer;
-    opt.lr = run.lr;
+    opt.lr = run.next_rate(m.step());
     step_stats r;
     if constexpr (takes_recipe)
       r = s.train_step(m, opt, loss, db, recipe);
@@ -728,16 +754,13 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
     group = 0;
     return run.end_step(r, m.step(), save, used);
   };
-  for (std::uint64_t e = run.start_epoch; run.runs(e, m.step()); ++e) {
+  for (std::uint64_t e = run.first_epoch(); run.runs(e, m.step()); ++e) {
     run.begin_epoch(e);
     group = 0;
     std::optional<data::distributed_batch> held;  // under accumulation, one batch is held back to know the epoch's last
     bool stopped = false;
     for (auto&& b : train.epoch(e)) {
-      if (run.batches < run.to_skip) {  // resume: these batches were consumed before the checkpoint
-        ++run.batches;
-        continue;
-      }
+      if (run.skip_consumed()) continue;  // resume: these batches were consumed before the checkpoint
       data::distributed_batch db = data::detail::make_sharded(std::move(b), plan.parts, plan.first, s.num_replicas());
       if (k == 1) {
         if ((stopped = batch_of_update(db, false))) break;
@@ -759,7 +782,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
     }
     run.end_epoch(st, finished, save);
   }
-  return std::move(run.h);
+  return run.take_history();
 }
 
 }  // namespace detail

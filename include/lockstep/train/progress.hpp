@@ -1,11 +1,15 @@
 #pragma once
 /// @file progress.hpp
 /// Progress display for fit: on a terminal a live bar on stderr (epoch, step/steps, samples/s,
-/// loss, ETA) redrawn at most every `interval`; elsewhere one plain line per epoch. Also the
-/// optional JSON-lines metrics file (one object per epoch).
+/// loss, ETA) redrawn at most every `interval`; elsewhere one plain line per epoch. Told the run's
+/// step budget (fit_options::max_steps), the bar, the epoch count and the summary count only the
+/// steps that will run. Also the lines that say where a run starts (resume_line,
+/// fresh_start_line) and the optional JSON-lines metrics file (one object per epoch).
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -44,8 +48,37 @@ inline std::string json_number(double v) {
 }
 }  // namespace detail
 
-/// The one-line summary of an epoch, as printed by the plain display.
-inline std::string epoch_line(const epoch_stats& s, std::uint64_t epochs) {
+/// The line a run that resumes prints first: `resuming from <file> (epoch E, step S)`, where E is
+/// the epoch it continues (`epoch`, counted from 0 as checkpoints store it, shown counted from 1 as
+/// the progress lines count) and S the updates already done.
+inline std::string resume_line(const std::string& file, std::uint64_t epoch, std::uint64_t step) {
+  return "resuming from " + file + " (epoch " + std::to_string(epoch + 1) + ", step " + std::to_string(step) + ")";
+}
+
+/// The line a run asked to resume prints when `dir` holds no checkpoint:
+/// `no checkpoint in <dir>: starting fresh`.
+inline std::string fresh_start_line(const std::string& dir) { return "no checkpoint in " + dir + ": starting fresh"; }
+
+/// The epochs a run of `epochs` epochs will show when at most `max_steps` updates run in total (0:
+/// no limit), seen from epoch `epoch` (counted from 0) with `steps_done` updates done, `consumed`
+/// batches of that epoch already consumed and `steps_per_epoch` steps in an epoch (0: unknown,
+/// then `epochs`).
+inline std::uint64_t epochs_within_budget(std::uint64_t epochs, std::uint64_t max_steps, std::uint64_t epoch,
+                                          std::uint64_t steps_done, std::uint64_t consumed,
+                                          std::uint64_t steps_per_epoch) noexcept {
+  if (max_steps == 0 || steps_per_epoch == 0) return epochs;
+  const std::uint64_t left = max_steps > steps_done ? max_steps - steps_done : 0;
+  const std::uint64_t in_this = steps_per_epoch > consumed ? steps_per_epoch - consumed : 0;
+  std::uint64_t last = epoch;  // the last epoch that runs a step (counted from 0)
+  if (left > in_this) last += (left - in_this + steps_per_epoch - 1) / steps_per_epoch;
+  return std::min(epochs, last + 1);
+}
+
+/// The one-line summary of an epoch, as printed by the plain display: `epoch E/N: loss … acc …`,
+/// then validation, samples/s, the learning rate and the time. With a step budget `max_steps`
+/// (0: none), N counts the epochs the budget lets run, and the epoch at which the budget runs out
+/// says so (`| max_steps 100 reached`).
+inline std::string epoch_line(const epoch_stats& s, std::uint64_t epochs, std::uint64_t max_steps = 0) {
   std::string line = detail::progress_format("epoch %llu/%llu: loss %s acc %s", static_cast<unsigned long long>(s.epoch + 1),
                                     static_cast<unsigned long long>(epochs),
                                     detail::metric_or_dash("%.4f", s.train_loss).c_str(),
@@ -59,25 +92,44 @@ inline std::string epoch_line(const epoch_stats& s, std::uint64_t epochs) {
   if (s.skipped_updates > 0)
     line += detail::progress_format(" | skipped %llu", static_cast<unsigned long long>(s.skipped_updates));
   line += detail::progress_format(" | %.1f s", s.seconds);
+  if (max_steps != 0 && s.global_step >= max_steps)
+    line += " | max_steps " + std::to_string(max_steps) + " reached";
   return line;
 }
 
 /// The display fit drives: begin_epoch, step (often), end_epoch.
 class progress {
 public:
-  /// A display for a run of `epochs` epochs.
-  explicit progress(progress_options o, std::uint64_t epochs)
-      : o_(o), out_(o.stream ? o.stream : stderr), epochs_(epochs) {
+  /// A display for a run of `epochs` epochs that ends after `max_steps` updates in total (0: no
+  /// limit, fit_options::max_steps).
+  explicit progress(progress_options o, std::uint64_t epochs, std::uint64_t max_steps = 0)
+      : o_(o), out_(o.stream ? o.stream : stderr), epochs_(epochs), shown_epochs_(epochs), max_steps_(max_steps) {
     live_ = o_.live ? *o_.live : ::isatty(::fileno(out_)) != 0;
   }
 
   /// True when the live bar is in use.
   [[nodiscard]] bool live() const noexcept { return live_ && !o_.quiet; }
 
-  /// Starts epoch `epoch`; `steps` is the expected number of steps (0 when unknown).
-  void begin_epoch(std::uint64_t epoch, std::uint64_t steps) {
+  /// Prints one line (a newline is added) unless quiet: what fit says before the first epoch,
+  /// such as resume_line or fresh_start_line.
+  void note(const std::string& line) {
+    if (o_.quiet) return;
+    std::fprintf(out_, "%s\n", line.c_str());
+    std::fflush(out_);
+  }
+
+  /// Starts epoch `epoch`; `steps` is the expected number of steps of an epoch (0 when unknown),
+  /// `steps_done` the updates done so far in the run (the model's step) and `consumed` the batches
+  /// of this epoch consumed before (a run resumed in the middle of it). With a step budget, the bar
+  /// ends where the budget does, and the epoch count shown is the epochs the budget lets run.
+  void begin_epoch(std::uint64_t epoch, std::uint64_t steps, std::uint64_t steps_done = 0, std::uint64_t consumed = 0) {
     epoch_ = epoch;
     steps_ = steps;
+    if (max_steps_ != 0 && steps != 0) {
+      const std::uint64_t left = max_steps_ > steps_done ? max_steps_ - steps_done : 0;
+      steps_ = std::min(steps, consumed + left);
+    }
+    shown_epochs_ = epochs_within_budget(epochs_, max_steps_, epoch, steps_done, consumed, steps);
     start_ = std::chrono::steady_clock::now();
     last_draw_ = start_ - o_.interval;
     drawn_ = false;
@@ -99,8 +151,13 @@ public:
       constexpr int width = 24;
       const int filled = static_cast<int>(static_cast<double>(width) * static_cast<double>(std::min(step, steps_)) /
                                           static_cast<double>(steps_));
-      bar = "[" + std::string(static_cast<std::size_t>(filled), '=') +
-            std::string(static_cast<std::size_t>(width - filled), ' ') + "] ";
+      // Appended piece by piece: g++ 12 warns (-Wrestrict, wrongly) about `"[" + std::string(...)`
+      // once the widths are known constants.
+      bar.reserve(width + 3);
+      bar += '[';
+      bar.append(static_cast<std::size_t>(filled), '=');
+      bar.append(static_cast<std::size_t>(width - filled), ' ');
+      bar += "] ";
     }
     std::string eta = "?";
     if (steps_ && step > 0 && step <= steps_)
@@ -110,7 +167,7 @@ public:
     if (!std::isnan(norm)) recipe += detail::progress_format(" | norm %.4g clip %.3g", norm, clip);
     if (skipped > 0) recipe += detail::progress_format(" | skipped %llu", static_cast<unsigned long long>(skipped));
     std::fprintf(out_, "\r\033[Kepoch %llu/%llu %s%llu/%s | %.0f samples/s | loss %.4f%s | ETA %s",
-                 static_cast<unsigned long long>(epoch_ + 1), static_cast<unsigned long long>(epochs_), bar.c_str(),
+                 static_cast<unsigned long long>(epoch_ + 1), static_cast<unsigned long long>(shown_epochs_), bar.c_str(),
                  static_cast<unsigned long long>(step), total.c_str(), rate, loss, recipe.c_str(), eta.c_str());
     std::fflush(out_);
     drawn_ = true;
@@ -120,7 +177,9 @@ public:
   void end_epoch(const epoch_stats& s) {
     if (o_.quiet) return;
     if (live() && drawn_) std::fputs("\r\033[K", out_);
-    std::fprintf(out_, "%s\n", epoch_line(s, epochs_).c_str());
+    // the epoch in which the budget ran out is the last one, whether or not its length was known
+    const std::uint64_t shown = max_steps_ != 0 && s.global_step >= max_steps_ ? s.epoch + 1 : shown_epochs_;
+    std::fprintf(out_, "%s\n", epoch_line(s, shown, max_steps_).c_str());
     std::fflush(out_);
   }
 
@@ -128,6 +187,8 @@ private:
   progress_options o_;
   std::FILE* out_;
   std::uint64_t epochs_;
+  std::uint64_t shown_epochs_;  // epochs_, or fewer when the step budget ends the run sooner
+  std::uint64_t max_steps_;
   bool live_ = false;
   std::uint64_t epoch_ = 0;
   std::uint64_t steps_ = 0;
@@ -151,9 +212,10 @@ inline std::string epoch_json(const epoch_stats& s) {
 /// A JSON-lines file receiving one object per epoch (flushed after each line).
 class metrics_log {
 public:
-  /// Opens (appends to) `path`. @throws config_error when it cannot be opened.
+  /// Opens (appends to) `path`. @throws config_error when it cannot be opened (with the operating
+  /// system's reason).
   explicit metrics_log(const std::string& path) : f_(std::fopen(path.c_str(), "a")), path_(path) {
-    if (!f_) throw config_error("lockstep: metrics_file '" + path + "' cannot be opened for writing");
+    if (!f_) throw config_error("lockstep: metrics_file '" + path + "' cannot be opened for writing: " + os_reason(errno));
   }
   metrics_log(const metrics_log&) = delete;
   metrics_log& operator=(const metrics_log&) = delete;
@@ -163,7 +225,7 @@ public:
   void write(const epoch_stats& s) {
     const std::string line = epoch_json(s) + "\n";
     if (std::fputs(line.c_str(), f_) < 0 || std::fflush(f_) != 0)
-      throw config_error("lockstep: cannot write to metrics_file '" + path_ + "'");
+      throw config_error("lockstep: cannot write to metrics_file '" + path_ + "': " + os_reason(errno));
   }
 
 private:

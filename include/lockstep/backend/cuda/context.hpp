@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <lockstep/backend/context.hpp>
 #include <lockstep/backend/cuda/device.hpp>
@@ -91,6 +92,38 @@ struct staging_slot {
 /// Rounds n up to a multiple of 256 bytes (the alignment of cudaMalloc).
 constexpr std::size_t align256(std::size_t n) noexcept { return (n + 255) / 256 * 256; }
 
+/// Why replicas on `devices` (replica r on CUDA device devices[r]) needing `bytes` each do not fit,
+/// or "" when they do: `memory(device)` gives {free, total} bytes (cudaMemGetInfo), asked once per
+/// device. Replicas sharing a device add up; the first replica past the free memory is named.
+template <class MemInfo>
+std::string replica_memory_shortfall(const std::vector<int>& devices, std::size_t bytes, const MemInfo& memory) {
+  std::vector<std::pair<int, std::pair<std::size_t, std::size_t>>> known;  // device -> {free, total}
+  std::vector<std::pair<int, std::size_t>> used;                           // device -> bytes so far
+  for (std::size_t r = 0; r < devices.size(); ++r) {
+    const int dev = devices[r];
+    auto k = std::find_if(known.begin(), known.end(), [&](const auto& e) { return e.first == dev; });
+    if (k == known.end()) {
+      known.emplace_back(dev, memory(dev));
+      used.emplace_back(dev, 0);
+      k = known.end() - 1;
+    }
+    auto& u = std::find_if(used.begin(), used.end(), [&](const auto& e) { return e.first == dev; })->second;
+    const std::size_t before = u;
+    u = bytes > SIZE_MAX - before ? SIZE_MAX : before + bytes;
+    if (u > k->second.first) {
+      const std::size_t sharing = before / (bytes ? bytes : 1);
+      return "lockstep: replica " + std::to_string(r) + " needs " + std::to_string(bytes) +
+             " bytes on CUDA device " + std::to_string(dev) + " (its parameters, gradients and reducer workspace" +
+             (sharing ? ", after " + std::to_string(sharing) + " earlier replica(s) on that device took " +
+                            std::to_string(before) + " bytes"
+                      : std::string()) +
+             "), but the device has " + std::to_string(k->second.first) + " bytes free of " +
+             std::to_string(k->second.second) + " (a smaller model, fewer replicas per GPU, or more GPUs)";
+    }
+  }
+  return {};
+}
+
 /// Everything a cuda_context owns; created with its device current, destroyed the same way.
 struct cuda_context_state {
   int ordinal;
@@ -147,7 +180,7 @@ struct cuda_context_deleter {
 /// context makes its device current on the calling thread, so buffers allocated next land on it.
 class cuda_context {
 public:
-  using device_kind = gpus;  ///< the kind of device this context runs on
+  using kind_type = gpus;  ///< the kind of device this context runs on
   /// A context on CUDA device `ordinal` (throws device_error when the device is not usable).
   explicit cuda_context(int ordinal = 0, cuda_options options = {}) {
     const int n = cuda_device_count();
@@ -217,8 +250,12 @@ public:
   /// Copies one shard's features, labels and targets (any may be empty) to the device through
   /// the next of two pinned staging slots: a host copy into pinned memory, then an asynchronous
   /// copy on the copy stream that the compute stream waits for. The copy of this shard overlaps
-  /// whatever the compute stream still runs from the previous one. The returned pointers stay
-  /// valid until the second stage_shard call after this one.
+  /// whatever the compute stream still runs from the previous one.
+  /// The returned pointers may be read by work queued on the compute stream before the NEXT
+  /// stage_shard call: the call after that reuses this slot, and its copy waits (on the device)
+  /// for exactly that work, no later work. (A replica queues all the work of a shard before it
+  /// stages the next one.) The host waits only when a slot's previous copy is still running, or
+  /// when a slot grows.
   staged_shard stage_shard(const float* features, std::size_t feature_count, const std::int32_t* labels,
                            std::size_t label_count, const float* targets, std::size_t target_count) const {
     const std::size_t fb = features ? feature_count * sizeof(float) : 0;
@@ -288,9 +325,22 @@ struct backend_traits<gpus> {
   static std::size_t device_count() { return static_cast<std::size_t>(backend::cuda_device_count()); }
   /// Why no device is visible, for messages: "no CUDA device: <CUDA's reason>".
   static std::string why_none() { return "no CUDA device: " + backend::cuda_unavailable_reason(); }
-  /// The context of the replica on CUDA device `ordinal`.
-  static context_type make_context(std::size_t ordinal, const replica_settings&) {
-    return context_type(static_cast<int>(ordinal));
+  /// The context of the replica on CUDA device `ordinal` (TF32 GEMMs when the settings ask).
+  static context_type make_context(std::size_t ordinal, const replica_settings& s) {
+    return context_type(static_cast<int>(ordinal), backend::cuda_options{.tf32 = s.tf32});
+  }
+  /// Throws device_error naming the first replica whose device has too little free memory
+  /// (cudaMemGetInfo) for `bytes` per replica (replicas sharing a device add up).
+  static void check_memory(const std::vector<context_type>& contexts, std::size_t bytes) {
+    std::vector<int> devices;
+    for (const auto& c : contexts) devices.push_back(c.ordinal());
+    const std::string why = backend::detail::replica_memory_shortfall(devices, bytes, [](int dev) {
+      backend::device_guard g(dev);
+      std::size_t free_bytes = 0, total = 0;
+      LOCKSTEP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+      return std::pair<std::size_t, std::size_t>{free_bytes, total};
+    });
+    if (!why.empty()) throw device_error(why);
   }
 };
 

@@ -26,9 +26,9 @@
 #include <lockstep/backend/cuda/device.hpp>
 #include <lockstep/backend/cuda/error.hpp>
 #include <lockstep/backend/host/ops.hpp>
+#include <lockstep/backend/softmax_xent.hpp>
 #include <lockstep/config.hpp>
 #include <lockstep/core/error.hpp>
-#include <lockstep/losses/softmax_cross_entropy.hpp>
 
 namespace lockstep::backend {
 
@@ -133,12 +133,14 @@ struct xent_scratch {
   double* partials;    ///< per block: loss, hits
 };
 
-/// Softmax cross-entropy, one kernel: warp w of the grid handles rows w, w + warps, ...; per row,
-/// the maximum m and first arg-max, s = sum exp(z - m), and, in the shifted space (no rounding of
-/// m + log s before the subtraction): loss = log s - (z[y] - m), grad = exp(z - m - log s) - [c == y].
-/// Per-row loss and hit go to row_loss / row_hit; each block adds its rows' values in double in a
-/// fixed order, and the last block to finish adds the blocks' partials in block order into
-/// totals (run-to-run deterministic). A label outside [0, cols) gives a NaN loss.
+/// Softmax cross-entropy, one kernel: warp w of the grid handles rows w, w + warps, ...; lane l
+/// of a warp takes columns l, l + 32, ... of the row (one part, backend/softmax_xent.hpp), and the
+/// lanes combine their maxima and their shares of t with xor shuffles in a fixed order. Loss and
+/// gradient come from the same LOCKSTEP_HD pieces as the host's row (log1p(t) - (z[y] - m), the
+/// arg-max entry as -t / (1 + t)). Per-row loss and hit go to row_loss / row_hit; each block adds
+/// its rows' values in double in a fixed order, and the last block to finish adds the blocks'
+/// partials in block order into totals (run-to-run deterministic). A label outside [0, cols) or a
+/// maximum that is not finite gives a NaN loss.
 template <class T>
 __global__ void __launch_bounds__(cuda_xent_threads)
     softmax_xent_kernel(const T* z, const std::int32_t* labels, std::size_t rows, std::size_t cols, T* grad,
@@ -150,35 +152,16 @@ __global__ void __launch_bounds__(cuda_xent_threads)
   for (std::size_t r = static_cast<std::size_t>(blockIdx.x) * warps + warp; r < rows;
        r += static_cast<std::size_t>(gridDim.x) * warps) {
     const T* zr = z + r * cols;
-    T m = lane < cols ? zr[lane] : zr[0];
-    std::size_t arg = lane < cols ? lane : 0;
-    for (std::size_t c = lane + 32; c < cols; c += 32)
-      if (zr[c] > m) {
-        m = zr[c];
-        arg = c;
-      }
-    for (unsigned off = 16; off > 0; off /= 2) {  // the largest value, the first index on ties
-      const T om = __shfl_xor_sync(full, m, off);
-      const std::size_t oa = __shfl_xor_sync(full, arg, off);
-      if (om > m || (om == m && oa < arg)) {
-        m = om;
-        arg = oa;
-      }
-    }
-    T s = 0;
-    for (std::size_t c = lane; c < cols; c += 32) s += exp(zr[c] - m);
-    for (unsigned off = 16; off > 0; off /= 2) s += __shfl_xor_sync(full, s, off);
-    const T log_s = log(s);
+    xent_max<T> mx = xent_max_part(zr, cols, lane, 32);
+    for (unsigned off = 16; off > 0; off /= 2)  // the largest value, the first column on ties
+      mx = xent_max_combine(mx, xent_max<T>{__shfl_xor_sync(full, mx.value, off), __shfl_xor_sync(full, mx.arg, off)});
+    T t = xent_t_part(zr, cols, lane, 32, mx.value, mx.arg);
+    for (unsigned off = 16; off > 0; off /= 2) t += __shfl_xor_sync(full, t, off);
     const std::int32_t y = labels[r];
-    const bool valid = y >= 0 && static_cast<std::size_t>(y) < cols;
-    if (grad) {
-      T* gr = grad + r * cols;
-      for (std::size_t c = lane; c < cols; c += 32)
-        gr[c] = exp((zr[c] - m) - log_s) - (valid && static_cast<std::size_t>(y) == c ? T(1) : T(0));
-    }
+    if (grad) xent_grad_part(zr, cols, lane, 32, y, mx.value, mx.arg, t, grad + r * cols);
     if (lane == 0) {
-      const T loss = valid ? log_s - (zr[y] - m) : static_cast<T>(NAN);
-      const T hit = valid && static_cast<std::size_t>(y) == arg ? T(1) : T(0);
+      const T loss = xent_row_loss(zr, cols, y, mx.value, t);
+      const T hit = xent_label_valid(y, cols) && static_cast<std::size_t>(y) == mx.arg ? T(1) : T(0);
       row_loss[r] = loss;
       row_hit[r] = hit;
       my_loss += static_cast<double>(loss);

@@ -60,7 +60,7 @@ inline int allowed_cpu_count() {
 /// on the context type, so contexts and their kernels share namespace lockstep::backend.
 class host_context {
 public:
-  using device_kind = cpus;  ///< host replicas run on cpu devices
+  using kind_type = cpus;  ///< host replicas run on cpu devices
   /// A context whose GEMMs may use `blas_threads` threads (1 when several replicas share the cores)
   /// and whose thread computes with subnormal floats flushed to zero when `flush_denormals`.
   explicit host_context(int blas_threads = 1, bool flush_denormals = true)

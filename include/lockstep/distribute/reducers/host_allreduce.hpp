@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include <lockstep/core/device.hpp>
+#include <lockstep/core/views.hpp>
 #include <lockstep/distribute/reducer.hpp>
 #include <lockstep/distribute/reducers/detail/host_sum.hpp>
 
@@ -23,12 +24,19 @@ public:
   /// Serves any set of host devices.
   template <class... Ds>
   static constexpr bool supports = (is_cpu_v<Ds> && ...);
+  /// Serves the replicas of a kind whose memory the host reads and writes.
+  template <class Kind>
+  static constexpr bool supports_kind = device_memory<Kind>::host_accessible;
   /// A reducer for `c.replicas` replicas.
   explicit host_allreduce(const reducer_config& c = {}) : host_reducer_base(c, 0) {}
   /// Replica `replica` contributes `count` elements at `data` to bucket `bucket` (in-place sum).
   template <class Ctx, class T>
   void start(std::size_t replica, Ctx&, T* data, std::size_t count, std::size_t bucket) {
     static_assert(std::is_arithmetic_v<T>, "lockstep::host_allreduce sums arithmetic elements");
+    static_assert(device_memory<kind_of_context_t<Ctx>>::host_accessible,
+                  "lockstep::host_allreduce sums memory the host can read, and this kind's device_memory says it "
+                  "cannot (host_accessible = false): use the reducer its backend provides, or "
+                  "reduce_to_one_device<cpu<I>> where its backend stages buckets through host memory");
     comm_.start(replica, bucket, data, count, &detail::allreduce_work<T>);
   }
 };

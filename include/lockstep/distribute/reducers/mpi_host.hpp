@@ -37,6 +37,9 @@ public:
   /// Serves host device sets (the local replicas of each worker).
   template <class... Ds>
   static constexpr bool supports = (is_cpu_v<Ds> && ...);
+  /// Serves the replicas of a kind whose memory the host reads and writes.
+  template <class Kind>
+  static constexpr bool supports_kind = device_memory<Kind>::host_accessible;
 
   /// A reducer for `c.replicas` local replicas whose inter-worker part runs on the world's
   /// communication thread (host replicas need nothing of their ordinals).

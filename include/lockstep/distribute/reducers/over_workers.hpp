@@ -27,6 +27,9 @@ public:
   /// The device sets the local reducer serves.
   template <class... Ds>
   static constexpr bool supports = Local::template supports<Ds...>;
+  /// Serves the kinds whose memory the host reads and writes (the sum across workers reads it).
+  template <class Kind>
+  static constexpr bool supports_kind = device_memory<Kind>::host_accessible;
 
   /// `Local` made from `c`, extended over the workers of `world`.
   over_workers(const reducer_config& c, mpi_world& world, const std::vector<std::size_t>& = {})

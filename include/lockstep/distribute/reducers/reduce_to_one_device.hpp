@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <lockstep/core/device.hpp>
+#include <lockstep/core/views.hpp>
 #include <lockstep/distribute/reducer.hpp>
 #include <lockstep/distribute/reducers/detail/host_aggregation.hpp>
 #include <lockstep/distribute/reducers/detail/host_sum.hpp>
@@ -33,6 +34,12 @@ public:
   template <class... Ds>
   static constexpr bool supports = ((is_cpu_v<Ds> && ...) && (std::is_same_v<D, Ds> || ...)) ||
                                    (is_cpu_v<D> && sizeof...(Ds) >= 1 && (detail::host_aggregation_serves<Ds> && ...));
+  /// Serves the replicas of kind Kind: host memory, or (D a host device) a kind whose backend
+  /// aggregates on the host.
+  template <class Kind>
+  static constexpr bool supports_kind =
+      device_memory<Kind>::host_accessible ||
+      (is_cpu_v<D> && detail::host_aggregation<std::remove_const_t<context_t<Kind>>>::enabled);
   /// A reducer aggregating on replica `c.root` (the strategy sets it to D's position).
   explicit reduce_to_one_device(const reducer_config& c = {}) : host_reducer_base(c, c.root), staging_(c.replicas) {}
   /// Replica `replica` contributes `count` elements at `data` to bucket `bucket` (in-place sum).
@@ -40,6 +47,10 @@ public:
   void start(std::size_t replica, Ctx& ctx, T* data, std::size_t count, std::size_t bucket) {
     static_assert(std::is_arithmetic_v<T>, "lockstep::reduce_to_one_device sums arithmetic elements");
     using path = detail::host_aggregation<std::remove_const_t<Ctx>>;
+    static_assert(path::enabled || device_memory<kind_of_context_t<Ctx>>::host_accessible,
+                  "lockstep::reduce_to_one_device sums memory the host can read, and this kind's device_memory says "
+                  "it cannot (host_accessible = false) while its backend does not stage buckets through host memory "
+                  "(detail::host_aggregation): use the reducer its backend provides");
     if constexpr (path::enabled)
       path::start(comm_, staging_.at(replica), replica, ctx, data, count, bucket);
     else

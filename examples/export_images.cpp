@@ -1,0 +1,77 @@
+// Writes an IDX data set (by default Fashion-MNIST's train and t10k splits) as the two image layouts
+// lockstep reads index first, for `fashion_mnist --data-format png-folder|tar-shards`:
+//
+//   OUT/train/NNNNN.png with the list file OUT/train.txt ("NNNNN.png label" lines), the same for t10k;
+//   OUT/train-SSSSSS.tar, OUT/t10k-SSSSSS.tar: WebDataset shards of NNNNN.png + NNNNN.cls.
+//
+// PNG is lossless, so both decode to the IDX bytes.
+//
+// usage: export_images OUT [IDX_DIR] [SHARDS]   (default /usr/share/datasets/fashion-mnist, 8 shards)
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <lockstep/data.hpp>
+#include <lockstep/data/images.hpp>
+
+namespace ld = lockstep::data;
+
+namespace {
+
+std::string padded(std::size_t v, std::size_t width) {
+  const std::string s = std::to_string(v);
+  return std::string(s.size() < width ? width - s.size() : 0, '0') + s;
+}
+
+void export_split(const std::string& idx_dir, const std::string& out, const std::string& split, std::size_t shards) {
+  namespace fs = std::filesystem;
+  const auto t = ld::idx_table(idx_dir + "/" + split + "-images-idx3-ubyte.gz", idx_dir + "/" + split + "-labels-idx1-ubyte.gz");
+  const auto side = static_cast<std::uint32_t>(t->width == 784 ? 28 : 0);
+  if (side == 0) throw std::runtime_error("export_images: expected 28 x 28 images");
+  fs::create_directories(fs::path(out) / split);
+  std::ofstream list(fs::path(out) / (split + ".txt"));
+  std::vector<std::unique_ptr<ld::tar_writer>> tars;
+  for (std::size_t s = 0; s < shards; ++s)
+    tars.push_back(std::make_unique<ld::tar_writer>(out + "/" + split + "-" + padded(s, 6) + ".tar"));
+  for (std::size_t i = 0; i < t->rows; ++i) {
+    const auto png = ld::encode_png(t->bytes.data() + t->byte_offset + i * t->width, side, side, 1);
+    const std::string key = padded(i, 5), label = std::to_string(t->labels[i]);
+    std::ofstream(fs::path(out) / split / (key + ".png"), std::ios::binary)
+        .write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
+    list << key << ".png " << label << "\n";
+    auto& tar = *tars[i * shards / t->rows];  // consecutive samples per shard
+    tar.add(key + ".png", png.data(), png.size());
+    tar.add(key + ".cls", label);
+  }
+  for (auto& tar : tars) tar->close();
+  std::printf("%s: %zu images -> %s/%s/ (+ %s.txt) and %zu shards %s-*.tar\n", split.c_str(), t->rows, out.c_str(),
+              split.c_str(), split.c_str(), shards, split.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || argc > 4) {
+    std::fprintf(stderr, "usage: export_images OUT [IDX_DIR] [SHARDS]\n");
+    return 2;
+  }
+  const std::string out = argv[1];
+  const std::string idx_dir = argc > 2 ? argv[2] : "/usr/share/datasets/fashion-mnist";
+  const std::size_t shards = argc > 3 ? std::strtoul(argv[3], nullptr, 10) : 8;
+  if (shards == 0) {
+    std::fprintf(stderr, "export_images: SHARDS must be >= 1\n");
+    return 2;
+  }
+  try {
+    for (const char* split : {"train", "t10k"}) export_split(idx_dir, out, split, shards);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

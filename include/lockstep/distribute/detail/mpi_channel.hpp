@@ -1,0 +1,344 @@
+#pragma once
+/// @file mpi_channel.hpp
+/// Internal: the communication thread of one worker. Every MPI call of a multi-worker strategy
+/// runs here (so MPI_THREAD_SERIALIZED suffices while the program makes no MPI calls of its own
+/// during a strategy's calls): jobs run in the order they were posted; non-blocking collectives
+/// are polled with a deadline; on a timeout the other workers are asked how far they got
+/// (mpi_straggler.hpp), so the timeout_error names the missing rank. Under MPI_THREAD_MULTIPLE an
+/// idle channel also answers such questions, so a rank stalled outside the strategy is named as
+/// not arrived rather than as silent. The float sums run in a shared-memory window when every
+/// worker is on one machine (mpi_window_sum.hpp), through MPI's messages otherwise (mpi_sum.hpp).
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <lockstep/core/error.hpp>
+#include <lockstep/distribute/collective_ids.hpp>
+#include <lockstep/distribute/detail/mpi_error.hpp>
+#include <lockstep/distribute/detail/mpi_straggler.hpp>
+#include <lockstep/distribute/detail/mpi_sum.hpp>
+#include <lockstep/distribute/detail/mpi_window_sum.hpp>
+
+namespace lockstep::detail {
+
+/// The communication thread of one worker (see the file comment).
+class mpi_channel final : private mpi_progress {
+public:
+  /// What a job does.
+  enum class op {
+    sum_floats,        ///< deterministic in-place sum of floats (reduce-scatter by alltoallv, fixed order, all-gather)
+    gather_doubles,    ///< in-place all-gather of `count` doubles per rank (rank r's at r * count)
+    gather_floats_v,   ///< in-place all-gather of floats, rank r's part at displs[r] with counts[r]
+    gather_doubles_v,  ///< in-place all-gather of doubles, rank r's part at displs[r] with counts[r]
+    broadcast_bytes,   ///< bytes from rank 0 to every rank
+    barrier,           ///< every rank arrives
+    gather_bytes,      ///< in-place all-gather of `count` bytes per rank (rank r's at r * count)
+    alltoallv_floats   ///< all-to-all of floats: `data` with counts/displs to send, `recv` with recv_counts/recv_displs
+  };
+  /// One job: the data and what to call once it completed (on the communication thread).
+  struct job {
+    op kind = op::barrier;                          ///< what to do
+    void* data = nullptr;                           ///< the buffer
+    std::size_t count = 0;                          ///< elements (bytes for broadcast_bytes and gather_bytes)
+    std::size_t bucket = 0;                         ///< the collective id, named in a timeout message
+    const std::vector<int>* counts = nullptr;       ///< *_v and alltoallv: elements per rank
+    const std::vector<int>* displs = nullptr;       ///< *_v and alltoallv: offsets per rank
+    void* recv = nullptr;                           ///< alltoallv_floats: where the received floats go
+    const std::vector<int>* recv_counts = nullptr;  ///< alltoallv_floats: floats received from each rank
+    const std::vector<int>* recv_displs = nullptr;  ///< alltoallv_floats: their offsets in `recv`
+    void (*done)(void*, const job&) = nullptr;      ///< called after completion
+    void* done_ctx = nullptr;                       ///< its argument
+  };
+
+  /// A channel over a duplicate of `comm` (the caller's communicator is never used directly).
+  /// @throws config_error when MPI is not initialised or its thread level is below SERIALIZED.
+  mpi_channel(MPI_Comm comm, std::chrono::milliseconds timeout, std::size_t max_bucket_floats)
+      : timeout_(timeout), comms_(comm), level_(comms_.level), probe_(comms_.ctrl, comms_.rank, comms_.size),
+        sum_(comms_.size, max_bucket_floats), window_(comms_.node, comms_.rank, comms_.size) {
+    // All workers on one machine: the sums run in a shared-memory window.
+    int node_size = 0;
+    MPI_Comm_size(comms_.node, &node_size);
+    shm_ = node_size == comms_.size && comms_.size > 1 && std::getenv("LOCKSTEP_MPI_NO_SHM") == nullptr;
+    thread_ = std::thread([this] { loop(); });
+  }
+  mpi_channel(const mpi_channel&) = delete;
+  mpi_channel& operator=(const mpi_channel&) = delete;
+  /// Stops the thread; frees the window and the communicators unless a failure left a collective pending.
+  ~mpi_channel() override {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    if (!broken_.load()) {
+      window_.free();
+      comms_.free();
+    }
+  }
+
+  /// This worker's rank.
+  [[nodiscard]] int rank() const noexcept { return comms_.rank; }
+  /// The number of workers.
+  [[nodiscard]] int size() const noexcept { return comms_.size; }
+  /// The MPI thread level in force.
+  [[nodiscard]] int thread_level() const noexcept { return level_; }
+  /// True when the workers' sums run in a shared-memory window (every worker on one machine).
+  [[nodiscard]] bool shared_memory() const noexcept { return shm_; }
+  /// Scratch of the sum (grown before posting when a bucket is larger than announced).
+  void reserve_floats(std::size_t n) {
+    std::lock_guard lk(mu_);
+    if (!queue_.empty() || busy_) throw config_error("lockstep::multi_worker: cannot grow the channel while busy");
+    sum_.reserve(n);
+  }
+
+  /// Queues a job; returns its ticket (jobs complete in ticket order).
+  std::uint64_t post(const job& j) {
+    std::uint64_t t;
+    {
+      std::lock_guard lk(mu_);
+      if (broken_.load()) throw_broken();
+      queue_.push_back(j);
+      t = ++posted_;
+    }
+    cv_.notify_all();
+    return t;
+  }
+
+  /// Waits until job `ticket` completed. @throws timeout_error or worker_aborted.
+  void wait(std::uint64_t ticket) {
+    std::unique_lock lk(mu_);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_ + std::chrono::seconds(5);
+    while (completed_ < ticket && !broken_.load()) {
+      if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && completed_ < ticket && !broken_.load()) {
+        fail_locked("lockstep: multi-worker: rank " + std::to_string(comms_.rank) +
+                    " gave up waiting for its communication thread");
+      }
+    }
+    if (completed_ < ticket) throw_broken();
+  }
+
+  /// post + wait.
+  void run(const job& j) { wait(post(j)); }
+
+  /// Marks the channel unusable (a local failure left collectives unmatched); waiters throw.
+  void abort(const std::string& why = "a replica of this worker failed") noexcept {
+    std::lock_guard lk(mu_);
+    if (!broken_.load()) {
+      try {
+        reason_ = "lockstep: multi-worker: rank " + std::to_string(comms_.rank) + " abandoned its collectives: " + why;
+      } catch (...) {
+      }
+      broken_.store(true);
+    }
+    cv_.notify_all();
+  }
+  /// True after a failure: the workers' collectives no longer match; the strategy cannot be used again.
+  [[nodiscard]] bool broken() const noexcept { return broken_.load(); }
+
+private:
+  // The duplicated communicators: data (collectives), ctrl (straggler questions), node (the
+  // processes sharing this machine's memory).
+  struct communicators {
+    MPI_Comm data = MPI_COMM_NULL, ctrl = MPI_COMM_NULL, node = MPI_COMM_NULL;
+    int rank = 0, size = 1, level = MPI_THREAD_SINGLE;
+    explicit communicators(MPI_Comm comm) {
+      int initialized = 0;
+      MPI_Initialized(&initialized);
+      if (!initialized)
+        throw config_error("lockstep::multi_worker: MPI is not initialised; create a lockstep::mpi_environment (or call "
+                           "MPI_Init_thread with MPI_THREAD_SERIALIZED) before the strategy");
+      MPI_Query_thread(&level);
+      if (level < MPI_THREAD_SERIALIZED)
+        throw config_error(std::string("lockstep::multi_worker: MPI was initialised with ") + mpi_thread_level_name(level) +
+                           "; multi-worker strategies need MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE");
+      mpi_check(MPI_Comm_dup(comm, &data), "MPI_Comm_dup");
+      mpi_check(MPI_Comm_dup(comm, &ctrl), "MPI_Comm_dup");
+      MPI_Comm_rank(data, &rank);
+      MPI_Comm_size(data, &size);
+      mpi_check(MPI_Comm_split_type(data, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    }
+    void free() noexcept {
+      MPI_Comm_free(&node);
+      MPI_Comm_free(&data);
+      MPI_Comm_free(&ctrl);
+    }
+  };
+
+  [[noreturn]] void throw_broken() const {
+    if (timed_out_) throw timeout_error(reason_);
+    throw worker_aborted(reason_);
+  }
+
+  void fail_locked(std::string why, bool timeout = false) {
+    if (!broken_.load()) {
+      reason_ = std::move(why);
+      timed_out_ = timeout;
+      broken_.store(true);
+    }
+    cv_.notify_all();
+    throw_broken();
+  }
+
+  std::uint64_t posted() {
+    std::lock_guard lk(mu_);
+    return posted_;
+  }
+
+  void loop() {
+    for (;;) {
+      job j;
+      {
+        std::unique_lock lk(mu_);
+        while (queue_.empty() && !stop_) {
+          cv_.wait_for(lk, std::chrono::milliseconds(2));
+          if (level_ >= MPI_THREAD_MULTIPLE && queue_.empty() && !stop_ && !broken_.load()) {
+            lk.unlock();
+            probe_.answer([this] { return posted(); });
+            lk.lock();
+          }
+        }
+        if (stop_) return;
+        j = queue_.front();
+        queue_.pop_front();
+        busy_ = true;
+      }
+      bool ok = !broken_.load();
+      if (ok) {
+        try {
+          execute(j);
+          if (j.done) j.done(j.done_ctx, j);
+        } catch (const std::exception& e) {
+          std::lock_guard lk(mu_);
+          ok = false;
+          if (!broken_.load()) {
+            reason_ = e.what();
+            timed_out_ = dynamic_cast<const timeout_error*>(&e) != nullptr;
+            broken_.store(true);
+          }
+        }
+      }
+      {
+        std::lock_guard lk(mu_);
+        busy_ = false;
+        if (ok) ++completed_;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  // mpi_progress: waits for request `r` of the job in progress. Open MPI moves a non-blocking
+  // collective forward only inside MPI calls, so the thread polls MPI_Test without pause for the
+  // first milliseconds (while the data moves), then with short sleeps, so that a late peer does
+  // not cost a core; on timeout it names the missing ranks.
+  void complete(MPI_Request& r, std::size_t bucket) override {
+    const auto start = std::chrono::steady_clock::now();
+    const auto spin_until = start + std::chrono::milliseconds(20);
+    int done = 0;
+    std::uint32_t polls = 0;
+    while (true) {
+      mpi_check(MPI_Test(&r, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done) return;
+      if (++polls % 256 != 0) continue;
+      if (std::chrono::steady_clock::now() < spin_until) continue;
+      const std::uint64_t ticket = completed_ + 1;
+      idle(start, bucket, [&] { return probe_.missing(ticket); });
+      polls = 255;  // check the clock after every poll from now on
+    }
+  }
+
+  // mpi_progress: between two polls.
+  void idle(std::chrono::steady_clock::time_point start, std::size_t bucket,
+            const std::function<std::string()>& late) override {
+    if (broken_.load()) throw worker_aborted(reason_);
+    if (std::chrono::steady_clock::now() > start + timeout_) {
+      std::string missing = late();
+      std::lock_guard lk(mu_);
+      fail_locked("lockstep: collective timed out: rank " + std::to_string(comms_.rank) + " waited " +
+                      std::to_string(timeout_.count()) + " ms in " + collective_name(bucket) + "; " + missing +
+                      " (raise strategy_options::timeout if a step legitimately takes longer)",
+                  true);
+    }
+    probe_.answer([this] { return posted(); });
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+
+  static std::string collective_name(std::size_t id) { return collective_ids::name(id); }
+
+  void execute(const job& j) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    const MPI_Comm c = comms_.data;
+    switch (j.kind) {
+      case op::barrier: mpi_check(MPI_Ibarrier(c, &r), "MPI_Ibarrier"); break;
+      case op::broadcast_bytes:
+        mpi_check(MPI_Ibcast(j.data, mpi_int_count(j.count, "a broadcast"), MPI_BYTE, 0, c, &r), "MPI_Ibcast");
+        break;
+      case op::gather_doubles:
+        mpi_check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, j.data, mpi_int_count(j.count, "a gather"), MPI_DOUBLE,
+                                 c, &r),
+                  "MPI_Iallgather");
+        break;
+      case op::gather_bytes:
+        mpi_check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, j.data, mpi_int_count(j.count, "a gather"), MPI_BYTE, c,
+                                 &r),
+                  "MPI_Iallgather");
+        break;
+      case op::gather_floats_v:
+        mpi_check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, j.data, j.counts->data(), j.displs->data(), MPI_FLOAT,
+                                  c, &r),
+                  "MPI_Iallgatherv");
+        break;
+      case op::gather_doubles_v:
+        mpi_check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, j.data, j.counts->data(), j.displs->data(),
+                                  MPI_DOUBLE, c, &r),
+                  "MPI_Iallgatherv");
+        break;
+      case op::alltoallv_floats:
+        mpi_check(MPI_Ialltoallv(j.data, j.counts->data(), j.displs->data(), MPI_FLOAT, j.recv, j.recv_counts->data(),
+                                 j.recv_displs->data(), MPI_FLOAT, c, &r),
+                  "MPI_Ialltoallv");
+        break;
+      case op::sum_floats:
+        if (comms_.size > 1 && j.count > 0) {
+          if (shm_)
+            window_.run(static_cast<float*>(j.data), j.count, j.bucket, *this);
+          else
+            sum_.run(static_cast<float*>(j.data), j.count, c, comms_.rank, *this, j.bucket);
+        }
+        return;
+    }
+    complete(r, j.bucket);
+  }
+
+  std::chrono::milliseconds timeout_;
+  communicators comms_;
+  int level_;
+  mpi_straggler_probe probe_;
+  mpi_ordered_sum sum_;
+  mpi_window_sum window_;
+  bool shm_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<job> queue_;
+  std::uint64_t posted_ = 0, completed_ = 0;
+  bool busy_ = false, stop_ = false, timed_out_ = false;
+  std::atomic<bool> broken_{false};
+  std::string reason_;
+  std::thread thread_;
+};
+
+}  // namespace lockstep::detail
