@@ -20,9 +20,9 @@
 #include <lockstep/distribute.hpp>
 #ifdef LOCKSTEP_HAS_MPI
 #include <lockstep/distribute/multi_worker.hpp>
+#endif
 
 #include "timing.hpp"
-#endif
 
 namespace ls = lockstep;
 
