@@ -22,22 +22,15 @@
 #include <lockstep/distribute/multi_worker.hpp>
 #endif
 
+#include "timing.hpp"
+
 namespace ls = lockstep;
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-double memcpy_gbps(std::size_t bytes) {
-  std::vector<char> a(bytes, 1), b(bytes, 2);
-  double best = 1e30;
-  for (int rep = 0; rep < 10; ++rep) {
-    const auto t0 = clock_type::now();
-    std::memcpy(b.data(), a.data(), bytes);
-    best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count());
-  }
-  return static_cast<double>(bytes) / best / 1e9 + 0 * b[bytes / 2];
-}
+double memcpy_gbps(std::size_t bytes) { return bench_timing::memcpy_gb_per_s(bytes, 10); }
 
 template <class S>
 void bench(std::size_t bytes) {

@@ -23,16 +23,14 @@
 
 #include <lockstep/backend/host.hpp>
 
+#include "timing.hpp"
+
 namespace {
 
 namespace ls = lockstep;
 using ls::backend::trans;
 
-double thread_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
+using bench_timing::thread_seconds;
 
 struct shape {
   std::size_t m, n, k;

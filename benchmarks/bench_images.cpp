@@ -29,13 +29,14 @@
 #include <lockstep/data.hpp>
 #include <lockstep/data/images.hpp>
 
+#include "timing.hpp"
+
 namespace ld = lockstep::data;
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-
-double seconds_since(clock_type::time_point start) { return std::chrono::duration<double>(clock_type::now() - start).count(); }
+using clock_type = bench_timing::wall_clock;
+using bench_timing::seconds_since;
 
 std::string padded(std::size_t v) {
   const std::string s = std::to_string(v);

@@ -16,28 +16,15 @@
 
 #include <lockstep/data.hpp>
 
+#include "timing.hpp"
+
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-
-double seconds_since(clock_type::time_point start) {
-  return std::chrono::duration<double>(clock_type::now() - start).count();
-}
+using clock_type = bench_timing::wall_clock;
+using bench_timing::seconds_since;
 
 // Best of several copies of a large buffer (allocated and touched before timing).
-double memcpy_gb_per_s() {
-  const std::size_t bytes = std::size_t{128} << 20;
-  std::vector<char> src(bytes, 1), dst(bytes, 0);
-  double best = 1e30;
-  for (int rep = 0; rep < 8; ++rep) {
-    src[static_cast<std::size_t>(rep)] = static_cast<char>(rep);
-    const auto start = clock_type::now();
-    std::memcpy(dst.data(), src.data(), bytes);
-    best = std::min(best, seconds_since(start));
-    if (dst[static_cast<std::size_t>(rep)] != static_cast<char>(rep)) std::abort();
-  }
-  return static_cast<double>(bytes) / best / 1e9;
-}
+double memcpy_gb_per_s() { return bench_timing::memcpy_gb_per_s(std::size_t{128} << 20); }
 
 }  // namespace
 

@@ -35,6 +35,8 @@
 
 #include <lockstep/lockstep.hpp>
 
+#include "timing.hpp"
+
 namespace {
 
 namespace ls = lockstep;
@@ -42,11 +44,7 @@ namespace ls = lockstep;
 // thread), and unlike wall time it does not count the slices other processes take from the core.
 struct clock_type {
   using time_point = double;
-  static double now() {
-    timespec ts{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-  }
+  static double now() { return bench_timing::thread_seconds(); }
 };
 
 double seconds_since(double start) { return clock_type::now() - start; }

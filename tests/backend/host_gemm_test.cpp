@@ -19,22 +19,21 @@
 #include <lockstep/backend/host.hpp>
 #include <lockstep/core/random.hpp>
 
+#include "support/random.hpp"
+
 namespace ls = lockstep;
 using ls::backend::trans;
 
 namespace {
 template <class T>
 std::vector<T> random_matrix(std::size_t n, std::uint64_t stream) {
-  std::vector<T> v(n);
-  const ls::counter_rng rng(77, stream);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<T>(rng.uniform_double(i) * 2 - 1);
-  return v;
+  return test_support::random_vector<T>(n, stream, T(-1), T(1), 77);
 }
 
-// op(X)[r][c] of a row-major matrix with leading dimension ld.
+// op(X)[r][c], in double.
 template <class T>
 double at(const std::vector<T>& x, std::size_t ld, trans t, std::size_t r, std::size_t c) {
-  return static_cast<double>(t == trans::no ? x[r * ld + c] : x[c * ld + r]);
+  return static_cast<double>(test_support::op_at(x, ld, t, r, c));
 }
 
 struct gemm_case {

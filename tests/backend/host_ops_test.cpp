@@ -9,6 +9,8 @@
 #include <lockstep/backend/host.hpp>
 #include <lockstep/core/random.hpp>
 
+#include "support/random.hpp"
+
 namespace ls = lockstep;
 using ls::backend::trans;
 
@@ -16,18 +18,10 @@ static_assert(std::is_same_v<ls::context_t<ls::cpu<0>>, ls::host_context>);
 static_assert(std::is_same_v<ls::context_t<ls::cpu<3>>, ls::host_context>);
 
 namespace {
-template <class T>
-std::vector<T> random_vector(std::size_t n, std::uint64_t stream) {
-  std::vector<T> v(n);
-  const ls::counter_rng rng(123, stream);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<T>(rng.uniform_double(i) * 2 - 1);
-  return v;
-}
-
-// op(X)[r][c] of a row-major matrix with leading dimension ld.
+using test_support::random_vector;
 template <class T>
 T at(const std::vector<T>& x, std::size_t ld, trans t, std::size_t r, std::size_t c) {
-  return t == trans::no ? x[r * ld + c] : x[c * ld + r];
+  return test_support::op_at(x, ld, t, r, c);
 }
 
 const std::size_t sizes[] = {0, 1, 2, 3, 7, 13};

@@ -16,6 +16,8 @@
 #include <lockstep/cuda.hpp>
 #include <lockstep/lockstep.hpp>
 
+#include "../support/random.hpp"
+
 namespace lockstep_test {
 
 namespace ls = lockstep;
@@ -89,10 +91,7 @@ inline std::chrono::milliseconds test_timeout(long ms) {
 
 // n pseudo-random floats in [lo, hi) from a counter-based stream (reproducible).
 inline std::vector<float> random_vector(std::size_t n, std::uint64_t stream, float lo = -1.0f, float hi = 1.0f) {
-  const ls::counter_rng rng(1234, stream);
-  std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * rng.uniform(i);
-  return v;
+  return test_support::random_vector<float>(n, stream, lo, hi);
 }
 
 // A device buffer holding a copy of host data.

@@ -175,6 +175,8 @@ void safetensors_seeds(const fs::path& dir) {
   file.insert(file.end(), json.begin(), json.end());
   file.insert(file.end(), data.begin(), data.end());
   write(dir, "seed-reordered", file);
+}
+
 // Pixels of a small test image.
 std::vector<std::uint8_t> pattern(std::uint32_t w, std::uint32_t h, std::uint32_t c) {
   std::vector<std::uint8_t> p(std::size_t{w} * h * c);

@@ -17,16 +17,15 @@
 #include <lockstep/layers/conv.hpp>
 #include <lockstep/testing/drive.hpp>
 
+#include "support/random.hpp"
+
 namespace ls = lockstep;
 
 namespace {
 
 template <class T>
 std::vector<T> random_values(std::size_t n, std::uint64_t stream) {
-  std::vector<T> v(n);
-  const ls::counter_rng rng(91, stream);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<T>(rng.uniform_double(i) * 2 - 1);
-  return v;
+  return test_support::random_vector<T>(n, stream, T(-1), T(1), 91);
 }
 
 /// Everything one forward + backward of B produces, from fixed inputs.
