@@ -8,8 +8,9 @@
 # cuCollections' cmake/header_testing.cmake.
 #
 # A header that needs MPI (mpi.h, distribute/mpi.hpp, multi_worker.hpp), NCCL (nccl.h,
-# reducers/nccl.hpp, multi_worker_nccl.cuh) or oneDNN (oneapi/dnnl) is compiled only where that
-# library was found. The translation units are compiled for PTX only (compute_90, no ptxas) and
+# reducers/nccl.hpp, multi_worker_nccl.cuh), oneDNN (oneapi/dnnl) or the image libraries (png.h,
+# jpeglib.h, the data/ headers built on them) is compiled only where that library was found. In a
+# build with nvcc these are the per-header checks of the host compiler too (tests/build_tests.cmake). The translation units are compiled for PTX only (compute_90, no ptxas) and
 # the host compiler runs at -O0: what is checked is that nvcc's front ends (host and device side,
 # so every LOCKSTEP_HD function compiles for the device) and the host compiler accept each header
 # alone, warning-free, not machine code.
@@ -77,6 +78,13 @@ foreach(_header IN LISTS _lockstep_nvcc_headers)
   endif()
   if(_text MATCHES "#[ \t]*include[ \t]*<oneapi/dnnl" AND NOT LOCKSTEP_HOST_GEMM STREQUAL "onednn")
     continue()
+  endif()
+  # The image component's headers (libpng, libjpeg-turbo) only where it was found.
+  if(_text MATCHES "#[ \t]*include[ \t]*<(png\\.h|jpeglib\\.h|lockstep/data/(png|jpeg|image_decode|image_folder|webdataset)\\.hpp)>")
+    if(NOT LOCKSTEP_HAS_IMAGES)
+      continue()
+    endif()
+    list(APPEND _libs lockstep::images)
   endif()
   string(REGEX REPLACE "[/.]" "_" _name "${_header}")
   set(_tu ${CMAKE_CURRENT_BINARY_DIR}/nvcc_header_check/${_name}.cu)

@@ -52,6 +52,18 @@ if(LOCKSTEP_HAS_IMAGES)
   set_tests_properties(mpi/data_np2 PROPERTIES LABELS "mpi" TIMEOUT 600 ENVIRONMENT "${_lockstep_mpi_env}")
 endif()
 
+# Each test runs two or more processes: under ctest -j, each takes the cores of its processes
+# (at most what -j gives), so that a worker is not starved into a straggler diagnosis.
+set(_lockstep_mpi_process_tests mpi/multi_worker_np2 mpi/multi_worker_np3 mpi/multi_worker_np2_mpi_path
+    mpi/failure_stall_mpi_path mpi/replica_count_invariant_np4)
+foreach(mode throw stall kill world nompirun)
+  list(APPEND _lockstep_mpi_process_tests mpi/failure_${mode})
+endforeach()
+if(LOCKSTEP_HAS_IMAGES)
+  list(APPEND _lockstep_mpi_process_tests mpi/data_np2)
+endif()
+set_tests_properties(${_lockstep_mpi_process_tests} PROPERTIES PROCESSORS 2)
+
 # The MPI headers compile on their own (the generic header check skips them: they need <mpi.h>).
 set(_mpi_header_tus)
 foreach(_header lockstep/distribute/mpi.hpp lockstep/distribute/mpi_world.hpp lockstep/distribute/multi_worker.hpp
