@@ -103,7 +103,8 @@ TEST_CASE("accumulation, replica_count_invariant: 1x1x8, 1x2x4 and 1x4x2 give bi
   // 5 updates of 64 rows, then an uneven last update of 32 rows in fewer batches.
   const auto big = train_split<invariant>(1, plan(5, 64, 1, 32, 1), opt);
   CHECK(big.identical);
-  for (const auto& [replicas, k] : std::vector<std::pair<std::size_t, std::size_t>>{{1, 8}, {2, 4}, {4, 2}, {3, 2}}) {
+  for (const auto& split : std::vector<std::pair<std::size_t, std::size_t>>{{1, 8}, {2, 4}, {4, 2}, {3, 2}}) {
+    const std::size_t replicas = split.first, k = split.second;  // named: CAPTURE takes variables, not bindings
     CAPTURE(replicas);
     CAPTURE(k);
     check_same(train_split<invariant>(replicas, plan(5, 64, k, 32, k / 2 ? k / 2 : 1), opt), big);
@@ -120,7 +121,8 @@ TEST_CASE("accumulation, replica_count_invariant: with clipping by global norm a
   recipe.clip_value = 0.01f;
   const auto big = train_split<invariant>(1, plan(4, 64, 1), opt, recipe);
   for (const double n : big.norms) CHECK(n > recipe.clip_global_norm);
-  for (const auto& [replicas, k] : std::vector<std::pair<std::size_t, std::size_t>>{{1, 8}, {2, 4}, {4, 2}, {5, 1}}) {
+  for (const auto& split : std::vector<std::pair<std::size_t, std::size_t>>{{1, 8}, {2, 4}, {4, 2}, {5, 1}}) {
+    const std::size_t replicas = split.first, k = split.second;  // named: CAPTURE takes variables, not bindings
     CAPTURE(replicas);
     CAPTURE(k);
     check_same(train_split<invariant>(replicas, plan(4, 64, k), opt, recipe), big);
