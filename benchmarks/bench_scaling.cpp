@@ -6,9 +6,14 @@
 // Built with MPI and launched by mpirun (`mpirun -np 2 bench_scaling`), it measures W workers of
 // one replica each (multi_worker_mirrored<cpus>, one process per worker) against one device
 // measured in the same job on rank 0 while the other ranks wait idle, and rank 0 prints both.
+// The line `replicas=2 trace=on` is 2 replicas recording a timeline of every step
+// (strategy::set_trace, the recorder emptied between rounds, untimed) against `trace=off`, the
+// same strategy without a recorder, in the same rounds.
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -52,8 +57,19 @@ struct run {
   }
   void step() { ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, d); }
 
+  // From now on, a timeline of every step is recorded (trace=on).
+  std::unique_ptr<ls::trace_recorder> rec;
+  void trace_every_step() {
+    rec = std::make_unique<ls::trace_recorder>(
+        s.num_replicas() + 1, ls::trace_options{.steps = {0, std::numeric_limits<std::uint64_t>::max()}});
+    s.set_trace(rec.get());
+    rec->begin_step(0);
+    step();  // its buffers touched
+  }
+
   // Samples per second over `steps` steps.
   double measure(int steps) {
+    if (rec) rec->clear();  // the spans of earlier rounds (the buffers stay)
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < steps; ++i) step();
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -106,15 +122,22 @@ int main() {
   run<ls::one_device<ls::cpu<0>>> one(g);
   run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>> two(g);
   run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>> sharded(g, ls::strategy_options{.shard_optimizer = true});
+  run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>> traced(g);
+  traced.trace_every_step();
   // Alternate short rounds of the configurations and keep each one's best round, so that a burst
   // of other load on the machine does not favour any of them.
-  double best_one = 0, best_two = 0, best_sharded = 0;
+  double best_one = 0, best_two = 0, best_sharded = 0, best_traced = 0;
   for (int round = 0; round < 8; ++round) {
     best_one = std::max(best_one, one.measure(40));
     best_two = std::max(best_two, two.measure(40));
     best_sharded = std::max(best_sharded, sharded.measure(40));
+    best_traced = std::max(best_traced, traced.measure(40));
   }
   fmt::print("replicas=1 samples_per_s={:.0f} speedup=1.00\n", best_one);
   fmt::print("replicas=2 samples_per_s={:.0f} speedup={:.2f}\n", best_two, best_two / best_one);
   fmt::print("replicas=2 shard_optimizer=1 samples_per_s={:.0f} speedup={:.2f}\n", best_sharded, best_sharded / best_one);
+  fmt::print("replicas=2 trace=off samples_per_s={:.0f}\n", best_two);
+  fmt::print("replicas=2 trace=on samples_per_s={:.0f} overhead={:.2f}% spans_per_step={:.0f}\n", best_traced,
+             100.0 * (best_two / best_traced - 1.0),
+             static_cast<double>(traced.rec->events(0).size() + traced.rec->events(1).size()) / 40.0);
 }

@@ -5,14 +5,18 @@
 // every worker.
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -444,4 +448,57 @@ TEST_CASE("multi_worker: a NaN in the last worker's shard skips the update on ev
     CHECK(m.parameters_to_host() == before);
     CHECK(m.step() == 0);
   }
+}
+
+TEST_CASE("multi_worker: fit's trace is written once, by the chief, with every worker's spans on its clock") {
+  ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1));
+  unsigned long long tag = static_cast<unsigned long long>(::getpid());
+  MPI_Bcast(&tag, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  const auto dir = std::filesystem::temp_directory_path() / ("lockstep-mpi-trace-" + std::to_string(tag));
+  if (s.world().is_chief()) std::filesystem::create_directories(dir);
+  s.barrier();
+  auto m = s.replicate<mlp>(ls::seed{7});
+  ls::fit_options fo{.epochs = 1, .quiet = true};
+  // Each rank names its own file: only the chief's may exist afterwards.
+  fo.trace_file = (dir / ("trace-" + std::to_string(s.world().rank()) + ".json")).string();
+  fo.trace_steps = {2, 5};
+  // The other workers start their clocks 300 ms after the chief's: only the offsets measured at
+  // the start-up barrier put their spans next to the chief's.
+  if (!s.world().is_chief()) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  (void)ls::fit(s, m, ls::sgd{.lr = 0.05f}, ls::softmax_cross_entropy{}, twenty_batches{}, fo);
+  s.barrier();
+  for (int r = 1; r < world_size(); ++r) CHECK_FALSE(std::filesystem::exists(dir / ("trace-" + std::to_string(r) + ".json")));
+  if (s.world().is_chief()) {
+    std::ifstream in(dir / "trace-0.json");
+    std::ostringstream text;
+    text << in.rdbuf();
+    const std::string json = text.str();
+    const auto count = [&](const std::string& what) {
+      std::size_t n = 0;
+      for (auto p = json.find(what); p != std::string::npos; p = json.find(what, p + what.size())) ++n;
+      return n;
+    };
+    CHECK(count("\"name\":\"train_step\"") == 3 * static_cast<std::size_t>(world_size()));  // steps 2..4, every worker
+    for (int r = 0; r < world_size(); ++r) {
+      CAPTURE(r);
+      CHECK(json.find("{\"name\":\"worker " + std::to_string(r) + "\"}") != std::string::npos);
+      CHECK(json.find("\"ph\":\"X\",\"pid\":" + std::to_string(r) + ",") != std::string::npos);
+    }
+    // The workers' steps end together (a collective ends each): on the chief's clock, the k-th
+    // train_step span of every worker ends within 100 ms of the chief's.
+    std::vector<std::vector<double>> ends(static_cast<std::size_t>(world_size()));
+    for (auto p = json.find("\"name\":\"train_step\""); p != std::string::npos;
+         p = json.find("\"name\":\"train_step\"", p + 1)) {
+      const auto open = json.rfind('{', p);
+      const std::string ev = json.substr(open, p - open);
+      const auto field = [&](const char* k) { return std::stod(ev.substr(ev.find(k) + std::strlen(k))); };
+      ends[static_cast<std::size_t>(field("\"pid\":"))].push_back(field("\"ts\":") + field("\"dur\":"));
+    }
+    for (std::size_t w = 1; w < ends.size(); ++w) {
+      REQUIRE(ends[w].size() == ends[0].size());
+      for (std::size_t k = 0; k < ends[0].size(); ++k) CHECK(std::fabs(ends[w][k] - ends[0][k]) < 100e3);  // µs
+    }
+    std::filesystem::remove_all(dir);
+  }
+  s.barrier();
 }

@@ -176,6 +176,34 @@ public:
     channel_->run(detail::mpi_channel::job{});
   }
 
+  /// Every worker's `block` (bytes of any length, a trace's events) in rank order, on every
+  /// worker: one sum of the lengths, then one all-gather of blocks padded to the longest.
+  /// Collective; not for the steps (it allocates).
+  [[nodiscard]] std::vector<std::vector<std::uint8_t>> gather_blocks(std::span<const std::uint8_t> block) {
+    check_usable();
+    std::vector<double> lengths(size_, 0.0);
+    lengths[rank_] = static_cast<double>(block.size());
+    sum(lengths);
+    std::size_t longest = 0;
+    for (const double l : lengths) longest = std::max(longest, static_cast<std::size_t>(l));
+    std::vector<std::vector<std::uint8_t>> out(size_);
+    if (longest == 0) return out;
+    std::vector<std::uint8_t> all(longest * size_, 0);
+    std::copy(block.begin(), block.end(), all.begin() + static_cast<std::ptrdiff_t>(rank_ * longest));
+    if (size_ > 1) {
+      detail::mpi_channel::job j;
+      j.kind = detail::mpi_channel::op::gather_bytes;
+      j.data = all.data();
+      j.count = longest;
+      channel_->run(j);
+    }
+    for (std::size_t p = 0; p < size_; ++p) {
+      const auto first = all.begin() + static_cast<std::ptrdiff_t>(p * longest);
+      out[p].assign(first, first + static_cast<std::ptrdiff_t>(lengths[p]));
+    }
+    return out;
+  }
+
   /// After a failure the workers' collectives no longer match: the strategy refuses further use.
   static constexpr bool recovers_after_failure = false;
   /// The world in words: "rank 0 of 2 workers".

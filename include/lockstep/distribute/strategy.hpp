@@ -38,6 +38,7 @@
 #include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/core/random.hpp>
+#include <lockstep/core/trace.hpp>
 #include <lockstep/data/batch.hpp>
 #include <lockstep/data/shard_batches.hpp>
 #include <lockstep/distribute/collective_ids.hpp>
@@ -186,6 +187,22 @@ public:
   [[nodiscard]] const std::vector<std::size_t>& device_ordinals() const noexcept { return ordinals_; }
   /// The options.
   [[nodiscard]] const strategy_options& options() const noexcept { return options_; }
+  /// Records the steps' spans on `rec` from now on (null: stops): each replica's forward and
+  /// backward per top-level layer, each bucket's reduction from its start to its wait, the
+  /// epilogue, the update and its gather, as thread r of `rec` for replica r (core/trace.hpp).
+  /// `rec` records only in its window of steps (trace_recorder::begin_step) and must outlive
+  /// its use here; needs at least num_replicas() threads.
+  /// @throws config_error when `rec` has fewer threads than this process has replicas.
+  void set_trace(trace_recorder* rec) {
+    if (rec != nullptr && rec->threads() < num_replicas())
+      throw config_error("lockstep::mirrored::set_trace: the recorder has " + std::to_string(rec->threads()) +
+                         " threads; this strategy has " + std::to_string(num_replicas()) +
+                         " replicas, one recorder thread each");
+    trace_ = rec;
+  }
+  /// The recorder set by set_trace (null: none).
+  [[nodiscard]] trace_recorder* trace() const noexcept { return trace_; }
+
   /// The reducer (for collectives issued from inside run()).
   [[nodiscard]] Reducer& reducer() noexcept { return reducer_; }
   /// The world: `world().rank()`, `size()`, `is_chief()`, `plan()`, `global_replicas()`, `sum(values)`.
@@ -341,10 +358,12 @@ public:
     const update_part part{pending_.rows, pending_.batches == 0, true};
     const std::size_t rows = pending_.rows + total;
     if (rows == 0) return {};
-    const pass_info info = pass_info::for_training(m.seed().value, m.step());
+    pass_info info = pass_info::for_training(m.seed().value, m.step());
+    info.trace = trace_;
     // The optimiser counts the updates it applied (a skipped update is not one).
     const update_info base{opt.lr, m.step() - m.skipped_updates() + 1, 1.0 / static_cast<double>(rows)};
     detail::update_phase<model_type<Net, T>, Optimizer> finish(m, opt, recipe, base, rows, loss_scale_, epilogue_);
+    finish.set_trace(trace_);
     if (part.first) std::fill(epilogue_.nonfinite_loss.begin(), epilogue_.nonfinite_loss.end(), 0);
     step_stats out;
     try {
@@ -401,7 +420,8 @@ public:
     step_stats out;
     if (total > 0) {
       const update_part part{pending_.rows, pending_.batches == 0, false};
-      const pass_info info = pass_info::for_training(m.seed().value, m.step());
+      pass_info info = pass_info::for_training(m.seed().value, m.step());
+      info.trace = trace_;
       epilogue_.prepare(num_replicas(), model_type<Net, T>::param_count);
       if (part.first) std::fill(epilogue_.nonfinite_loss.begin(), epilogue_.nonfinite_loss.end(), 0);
       detail::accumulate_phase<Kind> phase(epilogue_);
@@ -605,6 +625,7 @@ private:
   std::size_t workspace_bytes_ = 0;
   executor exec_;
   detail::epilogue_workspace<Kind> epilogue_;
+  trace_recorder* trace_ = nullptr;
   /// The factor the loss carries into the gradient sums (1: no loss scaling). The epilogue
   /// removes it; a precision policy with loss scaling sets it.
   double loss_scale_ = 1;

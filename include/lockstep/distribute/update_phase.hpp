@@ -19,6 +19,7 @@
 #include <vector>
 
 #include <lockstep/backend/context.hpp>
+#include <lockstep/core/trace.hpp>
 #include <lockstep/distribute/epilogue.hpp>
 #include <lockstep/distribute/sharded_update.hpp>
 #include <lockstep/losses/loss.hpp>
@@ -125,6 +126,9 @@ public:
     ws.prepare(m.size(), param_count);
   }
 
+  /// Records the epilogue of each replica as a span on `rec` (null: none).
+  void set_trace(trace_recorder* rec) noexcept { trace_ = rec; }
+
   /// Records replica r's loss of one (micro-)shard.
   void observe(std::size_t r, const loss_sum& l) noexcept {
     if (!(l.sum - l.sum == 0)) ws_->nonfinite_loss[r] = 1;
@@ -149,6 +153,7 @@ public:
     update_info u = base_;
     bool read_back = false;
     if (recipe_->needs_epilogue()) {
+      const trace_span span(trace_, r, "epilogue", "compute");
       if constexpr (device_memory<kind_type>::host_accessible) {
         const double* c = chunks_ready ? ws_->shared.data() : scan(g, ws_->per_replica[r]);
         res = decide_update(c, epilogue_chunks(param_count), in_);
@@ -224,6 +229,7 @@ private:
   epilogue_inputs in_;
   bool ema_ = false;
   double ema_decay_ = 0;
+  trace_recorder* trace_ = nullptr;
 };
 
 }  // namespace lockstep::detail

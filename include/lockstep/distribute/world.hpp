@@ -118,6 +118,10 @@ public:
   void sum(std::span<double>) noexcept {}
   /// Every worker arrives: there is only this one.
   void barrier() noexcept {}
+  /// Every worker's `block` in rank order (a trace's events, fit_trace.hpp): this one's.
+  [[nodiscard]] std::vector<std::vector<std::uint8_t>> gather_blocks(std::span<const std::uint8_t> block) const {
+    return {std::vector<std::uint8_t>(block.begin(), block.end())};
+  }
   /// A failure leaves the strategy usable (its collectives are re-armed).
   static constexpr bool recovers_after_failure = true;
   /// The world in words, for a strategy's description (empty: nothing to add).

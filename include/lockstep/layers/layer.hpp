@@ -16,6 +16,8 @@
 
 namespace lockstep {
 
+class trace_recorder;  // core/trace.hpp
+
 /// The exchange that layers whose training forward couples the rows of the GLOBAL batch
 /// (batch_norm) use to see the rows of every replica. A strategy passes one in `pass_info`; every
 /// replica of the step calls it the same number of times, in the same order, with the same width.
@@ -59,6 +61,11 @@ struct pass_info {
   /// (gradient accumulation; only layers that say `accumulates_gradients` are given it, see
   /// accumulates_gradients_v).
   bool accumulate = false;
+  /// Where the top-level model records a span per layer's forward and backward, as recorder
+  /// thread `trace_thread` (null: no trace). Set by a strategy with a recorder (set_trace) and
+  /// its step policy; a sequential clears it for the layers it runs.
+  trace_recorder* trace = nullptr;
+  std::size_t trace_thread = 0;  ///< the recorder thread of this pass (the local replica's index)
 
   /// A training pass of update `step` of a model seeded with `seed` (the other fields are set
   /// where they become known: the replica sets the shard's offset and the global batch's rows,

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <lockstep/core/trace.hpp>
 #include <lockstep/layers/layer.hpp>
 
 namespace lockstep {
@@ -324,11 +325,7 @@ public:
     const std::size_t batch = a.batch();
     T* ws = a.workspace;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (layer_type<I>::forward(ctx, forward_args_for<T, Ctx, layer_type<I>>{a.params + param_offsets[I],
-                                                                        {input_of<I>(a.x.data(), ws, batch), batch},
-                                                                        {output_of<I>(a.y.data(), ws, batch), batch},
-                                                                        scratch_of<I>(ws, batch), child(a.info, I)}),
-       ...);
+      (forward_one<I>(ctx, a, ws, batch), ...);
     }(std::make_index_sequence<layer_count>{});
   }
 
@@ -359,6 +356,7 @@ private:
     // The state of layer i, seen from its parameters: ours start at our params + state_offset.
     c.state_offset = info.state_offset - static_cast<std::ptrdiff_t>(param_offsets[i]) +
                      static_cast<std::ptrdiff_t>(state_offsets[i]);
+    c.trace = nullptr;  // spans are per top-level layer: a nested sequential records none
     return c;
   }
   template <std::size_t I, class T>
@@ -379,6 +377,14 @@ private:
   static T* pingpong(T* ws, std::size_t batch, std::size_t which) noexcept {
     return ws + batch * (grads_offset + which * max_inner) + workspace_fixed;
   }
+  template <std::size_t I, class T, class Ctx>
+  static void forward_one(Ctx& ctx, const forward_args<T, Ctx, S, Out>& a, T* ws, std::size_t batch) {
+    const trace_span span(a.info.trace, a.info.trace_thread, "forward", "compute", "layer", static_cast<std::int64_t>(I));
+    layer_type<I>::forward(ctx, forward_args_for<T, Ctx, layer_type<I>>{a.params + param_offsets[I],
+                                                                     {input_of<I>(a.x.data(), ws, batch), batch},
+                                                                     {output_of<I>(a.y.data(), ws, batch), batch},
+                                                                     scratch_of<I>(ws, batch), child(a.info, I)});
+  }
   template <std::size_t J, class T, class Ctx, class Hook>
   static void backward_one(Ctx& ctx, const backward_args<T, Ctx, S, Out>& a, const Hook& on_layer_done) {
     const std::size_t batch = a.batch();
@@ -387,6 +393,7 @@ private:
     // layer J's input gradient: J gets an empty dx, and a parameter-free J is skipped (a network
     // that starts with reshape, or an activation, computes no gradient nobody reads).
     const bool nothing_below = param_offsets[J] == 0 && a.dx.empty();
+    const trace_span span(a.info.trace, a.info.trace_thread, "backward", "compute", "layer", static_cast<std::int64_t>(J));
     if (nothing_below && params[J] == 0) {
       on_layer_done(J, param_offsets[J], params[J]);
       return;

@@ -30,6 +30,7 @@
 #include <lockstep/distribute.hpp>
 #include <lockstep/io/checkpoint.hpp>
 #include <lockstep/train/checkpoint.hpp>
+#include <lockstep/train/fit_trace.hpp>
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/losses/loss.hpp>
 #include <lockstep/optimizers/optimizer.hpp>
@@ -404,6 +405,12 @@ struct fit_options {
   std::uint64_t max_consecutive_skips = 20;  ///< nonfinite_policy::skip: numerics_error after this many in a row
   ema_options ema{};                      ///< an exponential moving average of the weights (decay 0: none)
   bool validate_with_ema = false;         ///< validation evaluates the EMA weights (swapped in, then the live ones restored)
+  /// A timeline of the steps in `trace_steps`, written by the chief at the end of the run to this
+  /// file in the Chrome trace-event format (Perfetto, chrome://tracing; "" = no trace): every
+  /// replica's forward and backward per layer, each bucket's reduction, the epilogue, the update,
+  /// and the driver's pipeline waits, steps and checkpoint writes, one process per worker.
+  std::string trace_file{};
+  trace_window trace_steps{};             ///< the updates a trace records (default: steps 10 to 19)
 
   /// The update recipe these options describe.
   [[nodiscard]] update_recipe recipe() const {
@@ -462,6 +469,11 @@ public:
     ctl.epoch = st.epoch;
     h.resumed_from_step = st.step;
     resume_note_ = resume_line(source, st.epoch, st.step);
+  }
+
+  /// Prints `line` on the progress display (the chief's, unless quiet).
+  void note(const std::string& line) {
+    if (bar_) bar_->note(line);
   }
 
   /// Opens the metrics file and the progress display (after resuming).
@@ -705,9 +717,12 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
     restore(m, static_cast<const model_state&>(ck->first), optimizer, ck->second);
   }
   run.open_outputs();
+  fit_tracer<Strategy> trace(s, w, o.trace_file, o.trace_steps, s.num_replicas());
   const auto save = [&](std::uint64_t epoch, std::uint64_t batches) {
     if (w.is_chief()) {
+      const std::int64_t t0 = trace.now();
       run.save(capture(m, optimizer), epoch, batches, model_seed(m, o));
+      trace.driver_span("checkpoint", "io", t0, trace.now(), "step", static_cast<std::int64_t>(m.step()));
     }
   };
   const update_recipe recipe = o.recipe();
@@ -731,10 +746,16 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   std::size_t group = 0;  // global batches of the update in progress
   // The last batch of an update completes it (train_step); the ones before it accumulate.
   // Returns true when training must stop.
+  std::int64_t waited_from = trace.now();  // the driver's pipeline wait: from the last step's end to the next batch
   const auto batch_of_update = [&](const data::distributed_batch& db, bool epoch_ends) -> bool {
     ++group;
+    trace.begin_step(m.step());
+    const std::int64_t t0 = trace.now();
+    trace.driver_span("pipeline wait", "pipeline", waited_from, t0, "step", static_cast<std::int64_t>(m.step()));
     if (group < k && !epoch_ends) {
       if constexpr (requires { s.accumulate(m, loss, db); }) (void)s.accumulate(m, loss, db);
+      trace.driver_span("accumulate", "step", t0, trace.now(), "step", static_cast<std::int64_t>(m.step()));
+      waited_from = trace.now();
       return false;
     }
     if (group < k && o.drop_partial_update) {  // an epoch's last batches that do not fill an update
@@ -746,13 +767,17 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
     Optimizer opt = optimizer;
     opt.lr = run.next_rate(m.step());
     step_stats r;
+    const std::uint64_t step = m.step();
     if constexpr (takes_recipe)
       r = s.train_step(m, opt, loss, db, recipe);
     else
       r = s.train_step(m, opt, loss, db);
+    trace.driver_span("train_step", "step", t0, trace.now(), "step", static_cast<std::int64_t>(step));
     const std::uint64_t used = group;
     group = 0;
-    return run.end_step(r, m.step(), save, used);
+    const bool stop = run.end_step(r, m.step(), save, used);
+    waited_from = trace.now();
+    return stop;
   };
   for (std::uint64_t e = run.first_epoch(); run.runs(e, m.step()); ++e) {
     run.begin_epoch(e);
@@ -781,7 +806,10 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
       st.val_samples = v.samples;
     }
     run.end_epoch(st, finished, save);
+    waited_from = trace.now();  // validation and the epoch's end are not pipeline waits
   }
+  const trace_written tw = trace.finish(w, w.is_chief());
+  if (tw.bytes > 0) run.note(trace_line(o.trace_file, tw));
   return run.take_history();
 }
 

@@ -17,10 +17,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
+#include <lockstep/core/trace.hpp>
 #include <lockstep/data/batch.hpp>
 #include <lockstep/distribute/concepts.hpp>
 #include <lockstep/distribute/detail/host_comm.hpp>
@@ -136,8 +138,10 @@ public:
     auto job = [&](std::size_t r) {
       auto& rep = m.replica(r);
       const std::size_t gr = world_->plan().first + r;  // this replica among all replicas of all workers
+      pass_info info_r = info_b;
+      info_r.trace_thread = r;
       for (std::size_t k = k_total * gr / gn; k < k_total * (gr + 1) / gn; ++k) {
-        const loss_sum l = rep.forward_backward(loss, detail::micro_shard(g, whole, k, rows_), info_b);
+        const loss_sum l = rep.forward_backward(loss, detail::micro_shard(g, whole, k, rows_), info_r);
         finish.observe(r, l);
         micro_[3 * k] = l.sum;
         micro_[3 * k + 1] = static_cast<double>(l.correct);
@@ -152,6 +156,8 @@ public:
           }
         }
       }
+      std::optional<trace_span> summing;
+      summing.emplace(info.trace, r, "sum micro-shards", "communication");
       sync_.barrier(r);
       if (!spans) {
         // Replica r sums its slice (whole chunks of the epilogue's grid) over the slots, after the
@@ -193,11 +199,16 @@ public:
           }
         }
       }
+      summing.reset();
       if (!part.last) return;
       sync_.barrier(r);
-      finish.apply(r, chunk_sums != nullptr && (ride || spans));
+      {
+        const trace_span span(info.trace, r, "update", "compute");
+        finish.apply(r, chunk_sums != nullptr && (ride || spans));
+      }
       if (finish.gathers()) {  // every replica has applied before anyone copies
         sync_.barrier(r);
+        const trace_span span(info.trace, r, "gather update", "communication");
         finish.gather(r);
       }
     };

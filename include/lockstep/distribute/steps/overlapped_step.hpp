@@ -8,13 +8,19 @@
 /// batches before an update's last one add into each replica's own gradients, with no
 /// collective. Summation order is the reducer's (fixed for a given replica and worker
 /// count), so repeated runs are bitwise equal. Across workers the reducer spans every worker, and
-/// the step's loss and hits are summed over the workers in rank order.
+/// the step's loss and hits are summed over the workers in rank order. With a trace recording
+/// (pass_info::trace), each bucket's reduction is a span from its start to the end of its wait,
+/// and the update and its gather are spans of each replica.
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
+#include <lockstep/core/trace.hpp>
 #include <lockstep/data/batch.hpp>
 #include <lockstep/distribute/buckets.hpp>
+#include <lockstep/distribute/collective_ids.hpp>
 #include <lockstep/distribute/concepts.hpp>
 #include <lockstep/distribute/detail/row_exchange.hpp>
 #include <lockstep/distribute/executor.hpp>
@@ -53,6 +59,7 @@ public:
       pass_info info_r = info;  // layers that couple rows (batch_norm) exchange them through exchange_
       info_r.exchange = &exchange_;
       info_r.rank = r;
+      info_r.trace_thread = r;
       info_r.update_offset = part.offset;
       info_r.accumulate = !part.first;
       const auto& layout = m.buckets();
@@ -61,8 +68,13 @@ public:
       if (alone || !part.last) {
         l = rep.forward_backward(loss, b.shards[r], info_r);
       } else {
+        // Each bucket's reduction is one span, from its start to the end of its wait (the recorder's
+        // clock; written only while a trace records, so nothing is initialised otherwise).
+        std::array<std::int64_t, collective_ids::max_buckets> started;
+        trace_recorder* const rec = info.trace != nullptr && info.trace->active() ? info.trace : nullptr;
         auto hook = [&](std::size_t layer, std::size_t, std::size_t) {
           if (const std::size_t k = layout.completes[layer]) {
+            if (rec) started[k - 1] = rec->now();
             const gradient_bucket& g = layout.buckets[k - 1];
             // No host wait here: a reducer orders its collective after the compute already
             // queued on ctx (host work is synchronous; GPU reducers wait on an event of the
@@ -71,19 +83,29 @@ public:
           }
         };
         l = rep.forward_backward(loss, b.shards[r], info_r, hook);
-        for (std::size_t k = 0; k < layout.size; ++k) reducer.wait(r, ctx, k);
+        for (std::size_t k = 0; k < layout.size; ++k) {
+          reducer.wait(r, ctx, k);
+          if (rec)
+            rec->record(r, "reduce bucket", "communication", started[k], rec->now(), "bucket", static_cast<std::int64_t>(k));
+        }
       }
       finish.observe(r, l);
       loss_[r].sum += l.sum;
       loss_[r].count += l.count;
       loss_[r].correct += l.correct;
       loss_[r].labelled += l.labelled;
-      if (part.last) finish.apply(r, false);
+      if (part.last) {
+        const trace_span span(info.trace, r, "update", "compute");
+        finish.apply(r, false);
+      }
     };
     ex.execute(job, info.step);
     // A second phase (the sharded update's copy of the others' slices) once every replica applied.
     if (part.last && finish.gathers()) {
-      auto gather = [&](std::size_t r) { finish.gather(r); };
+      auto gather = [&](std::size_t r) {
+        const trace_span span(info.trace, r, "gather update", "communication");
+        finish.gather(r);
+      };
       ex.execute(gather, info.step);
     }
     step_stats out;
