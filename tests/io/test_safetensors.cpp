@@ -18,6 +18,8 @@
 #include <lockstep/distribute.hpp>
 #include <lockstep/io/safetensors.hpp>
 #include <lockstep/layers.hpp>
+#include <lockstep/losses.hpp>
+#include <lockstep/optimizers.hpp>
 
 namespace ls = lockstep;
 namespace st = lockstep::io::detail::safetensors;
@@ -466,4 +468,34 @@ TEST_CASE("safetensors: save and load a replicated model; the outputs are the sa
     CHECK_THROWS_AS(ls::save_safetensors(f, dir / "ema.safetensors", {.ema = true}), ls::config_error);
   }
   fs::remove_all(dir);
+}
+
+TEST_CASE("safetensors: the EMA of the weights exports in place of the weights, sharded or not") {
+  for (const bool sharded : {false, true}) {
+    CAPTURE(sharded);
+    ls::mirrored<ls::cpu<0>, ls::cpu<1>> s(ls::strategy_options{.shard_optimizer = sharded});
+    auto m = s.replicate<flat_net>(ls::seed{5});
+    const auto dir = temp_dir(sharded ? "ema_sharded" : "ema");
+    CHECK_THROWS_WITH_AS(ls::save_safetensors(m, dir / "none.safetensors", {.ema = true}), doctest::Contains("no EMA"),
+                         ls::config_error);
+    ls::data::batch b;
+    b.width = 6;
+    for (std::size_t i = 0; i < 10 * 6; ++i) b.features.push_back(static_cast<float>((i * 37) % 11) / 11.0f - 0.5f);
+    for (std::int32_t r = 0; r < 10; ++r) {
+      b.labels.push_back(r % 3);
+      b.indices.push_back(static_cast<std::uint64_t>(r));
+    }
+    const auto g = std::make_shared<const ls::data::batch>(b);
+    const ls::data::distributed_batch d{g, ls::data::split(*g, 2)};
+    for (int i = 0; i < 4; ++i)
+      (void)s.train_step(m, ls::sgd{.lr = 0.3f}, ls::softmax_cross_entropy{}, d, ls::update_recipe{.ema = {.decay = 0.5}});
+    const auto ema = m.ema_to_host();
+    REQUIRE(ema.size() == m.parameters_to_host().size());
+    CHECK(ema != m.parameters_to_host());  // the average lags the weights
+    ls::save_safetensors(m, dir / "ema.safetensors", {.ema = true});
+    auto back = s.replicate<flat_net>(ls::seed{6});
+    ls::load_safetensors(back, dir / "ema.safetensors");
+    CHECK(back.parameters_to_host() == ema);
+    fs::remove_all(dir);
+  }
 }

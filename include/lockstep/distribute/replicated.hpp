@@ -6,6 +6,7 @@
 /// guard's counters, and host access to parameters, optimiser state and EMA (for checkpoints). Made by
 /// `strategy.template replicate<Net>(seed)`, and bound to that strategy: another strategy refuses it.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -135,6 +136,17 @@ public:
   /// together from the slices when sharded); empty without an EMA.
   [[nodiscard]] std::vector<T> ema_to_host() const {
     return has_ema() ? update_.ema_to_host(replicas()) : std::vector<T>{};
+  }
+  /// The EMA into `out` (stored_count elements: the parameters, then the non-trainable state), as
+  /// parameters_to_host writes the weights (io::save_safetensors with safetensors_options::ema).
+  /// @throws config_error when there is no EMA yet; shape_error when out's length is not stored_count.
+  void ema_parameters_to_host(std::span<T> out) const {
+    check_length(out.size(), stored_count, "ema_parameters_to_host");
+    if (!has_ema())
+      throw config_error("lockstep::replicated::ema_parameters_to_host: the model holds no EMA of its weights (set "
+                         "update_recipe::ema, or fit_options::ema, and train at least one update)");
+    const std::vector<T> v = ema_to_host();
+    std::copy(v.begin(), v.end(), out.begin());
   }
   /// Loads an EMA (as ema_to_host returns it) that has taken in `updates` updates into every
   /// replica (its slice when sharded); an empty span with 0 updates removes the EMA.
