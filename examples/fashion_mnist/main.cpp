@@ -4,6 +4,8 @@
 //   fashion_mnist [--replicas N] [--device cpu|gpu] [--epochs E] [--batch B] [--lr LR] [--seed S]
 //                 [--model mlp|small|cnn|cnn_bn] [--checkpoint-dir DIR] [--resume] [--data DIR]
 //                 [--metrics-file FILE] [--tensorboard DIR] [--export FILE [--export-dtype f32|bf16|f16]]
+//                 [--trace FILE [--trace-steps A:B]] [--accumulate K] [--clip-norm C] [--clip-value V]
+//                 [--ema DECAY] [--label-smoothing E] [--replica-count-invariant]
 //                 [--data-format idx|png-folder|tar-shards] [--quiet] [--workers W]
 //
 // The replica count is a run-time value: each model is instantiated once per device kind
@@ -69,6 +71,14 @@ auto images(const config& c, const char* split) {
                        (dir / (std::string(split) + "-labels-idx1-ubyte.gz")).string());
 }
 
+/// The pipeline's batch: --batch, cut into --accumulate batches per update.
+std::size_t pipeline_batch(const config& c) {
+  if (c.batch % c.accumulate != 0)
+    throw usage_error("--accumulate " + std::to_string(c.accumulate) + ": --batch " + std::to_string(c.batch) +
+                      " is not a multiple of it (each update's batch is cut into --accumulate equal batches)");
+  return c.batch / c.accumulate;
+}
+
 /// Calls f(train_set, test_set) with the pipelines of --data-format: the IDX files decoded once, or
 /// (index first) a PNG folder or tar shards written by export_images, whose batches are decoded
 /// when cut into this process's shards. All three yield the same batches, bit for bit.
@@ -78,7 +88,7 @@ int with_data(const config& c, F&& f) {
   if (c.data_format == "idx") {
     // the training set first, so that a missing directory is reported by its training file
     auto train = images(c, "train") | ld::map(ld::scale(1.0f / 255)) | ld::shuffle(60'000, c.seed) |
-                 ld::batched(c.batch) | ld::prefetch(2);
+                 ld::batched(pipeline_batch(c)) | ld::prefetch(2);
     auto test = images(c, "t10k") | ld::map(ld::scale(1.0f / 255)) | ld::batched(1000);
     return f(train, test);
   }
@@ -101,7 +111,7 @@ int with_data(const config& c, F&& f) {
     return ld::tar_shards(shards, o);
   };
   const auto train = source("train");
-  auto train_set = train | ld::map(ld::scale(1.0f / 255)) | ld::shuffle(60'000, c.seed) | ld::batched(c.batch) |
+  auto train_set = train | ld::map(ld::scale(1.0f / 255)) | ld::shuffle(60'000, c.seed) | ld::batched(pipeline_batch(c)) |
                    ld::prefetch(2);
   auto test_set = source("t10k") | ld::map(ld::scale(1.0f / 255)) | ld::batched(1000);
   const int rc = f(train_set, test_set);
@@ -126,7 +136,9 @@ int train_with(Strategy& strategy, const config& c, std::size_t workers, bool ch
                  n, ls::allowed_cpu_count());
   auto model = strategy.template replicate<Net>(ls::seed{c.seed});
 
-  const std::uint64_t steps_per_epoch = (60'000 + c.batch - 1) / c.batch;
+  // Updates per epoch: the pipeline's batches, --accumulate to an update (the last one shorter).
+  const std::uint64_t batches_per_epoch = (60'000 + pipeline_batch(c) - 1) / pipeline_batch(c);
+  const std::uint64_t steps_per_epoch = (batches_per_epoch + c.accumulate - 1) / c.accumulate;
   const std::uint64_t epochs = epochs_of(c);
   ls::fit_options o;
   o.epochs = epochs;
@@ -139,15 +151,23 @@ int train_with(Strategy& strategy, const config& c, std::size_t workers, bool ch
   o.resume = c.resume;
   o.data_seed = c.seed;
   o.steps_per_epoch = steps_per_epoch;
+  o.accumulate = c.accumulate;
+  o.clip_global_norm = c.clip_norm;
+  o.clip_value = c.clip_value;
+  o.ema.decay = c.ema;
+  o.validate_with_ema = c.ema > 0;
+  o.trace_file = c.trace_file;
+  o.trace_steps = ls::parse_trace_steps(c.trace_steps);
   if (!quiet)
     std::fprintf(stderr,
                  "training %s on %zu worker(s) x %zu %s replica(s): %llu epochs, global batch %zu, AdamW lr %g (cosine), "
                  "seed %llu\n",
                  c.model.c_str(), workers, n, c.device.c_str(), static_cast<unsigned long long>(epochs), c.batch,
                  static_cast<double>(c.lr), static_cast<unsigned long long>(c.seed));
-  (void)ls::fit(strategy, model, ls::adamw{.lr = c.lr, .weight_decay = c.weight_decay}, ls::softmax_cross_entropy{},
-                train_set, o);
-  const auto test = ls::evaluate(strategy, model, ls::softmax_cross_entropy{}, test_set);
+  const ls::softmax_cross_entropy loss{.label_smoothing = c.label_smoothing};
+  (void)ls::fit(strategy, model, ls::adamw{.lr = c.lr, .weight_decay = c.weight_decay}, loss, train_set, o);
+  // The test, and --export, use the EMA of the weights when there is one.
+  const auto test = ls::evaluate(strategy, model, loss, test_set, c.ema > 0 ? ls::weights::ema : ls::weights::live);
   if (!quiet)
     std::fprintf(stderr, "test: loss %.4f, accuracy %.4f, top-5 %.4f over %llu samples\n", test.loss, test.accuracy,
                  test.top_k_accuracy, static_cast<unsigned long long>(test.samples));
@@ -155,7 +175,7 @@ int train_with(Strategy& strategy, const config& c, std::size_t workers, bool ch
     const auto dtype = c.export_dtype == "bf16"  ? ls::io::safetensors_dtype::bf16
                        : c.export_dtype == "f16" ? ls::io::safetensors_dtype::f16
                                                  : ls::io::safetensors_dtype::f32;
-    ls::save_safetensors(model, c.export_file, {.dtype = dtype});
+    ls::save_safetensors(model, c.export_file, {.dtype = dtype, .ema = c.ema > 0});
     if (!quiet) std::fprintf(stderr, "weights written to %s (safetensors, %s)\n", c.export_file.c_str(), c.export_dtype.c_str());
   }
   if (chief) {
@@ -177,7 +197,17 @@ int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chie
 template <class Net, class Kind>
 int train(const config& c) {
   const auto devices = c.replicas ? ls::device_selection::first(*c.replicas) : ls::device_selection::all();
-  ls::mirrored<Kind> strategy(devices, ls::strategy_options{.shard_optimizer = c.shard_optimizer});
+  const ls::strategy_options options{.shard_optimizer = c.shard_optimizer};
+  if (c.invariant) {
+    if constexpr (std::is_same_v<Kind, ls::cpus>) {
+      ls::basic_mirrored<ls::select_reducer_t<ls::cpus>, ls::determinism::replica_count_invariant, ls::cpus> strategy(
+          devices, options);
+      return train_on<Net, Kind>(strategy, c, 1, true);
+    } else {
+      throw usage_error("--replica-count-invariant: cpu replicas only in this example");
+    }
+  }
+  ls::mirrored<Kind> strategy(devices, options);
   return train_on<Net, Kind>(strategy, c, 1, true);
 }
 
@@ -192,6 +222,7 @@ int run(const config& c) {
 #ifdef LOCKSTEP_HAS_MPI
   if (ls::launched_by_mpi()) {
     if (c.device != "cpu") throw usage_error("under mpirun only --device cpu is supported by this build");
+    if (c.invariant) throw usage_error("--replica-count-invariant: not under mpirun in this example");
     ls::multi_worker_mirrored<ls::cpus> strategy(ls::device_selection::first(c.replicas.value_or(1)),
                                                  ls::strategy_options{.shard_optimizer = c.shard_optimizer});
     if (c.workers) ls::require_world_size(c.workers);

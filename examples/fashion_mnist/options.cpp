@@ -3,6 +3,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <lockstep/core/trace.hpp>
+
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -95,6 +97,50 @@ void describe(CLI::App& app, config& c) {
                  "save the trained weights to this safetensors file, with the names and layouts of PyTorch's "
                  "nn.Sequential");
   app.add_option("--export-dtype", c.export_dtype, "element type of --export")->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  app.add_option("--accumulate", c.accumulate,
+                 "batches per update (gradient accumulation): the pipeline's batch is --batch / k, so the update "
+                 "batch, the schedule and the number of updates are those of --batch alone")
+      ->check(integer_in(1, 60000));
+  app.add_option("--clip-norm", c.clip_norm, "clip each update's gradient to this global norm")->check(finite_number(true));
+  app.add_option("--clip-value", c.clip_value, "clamp each gradient element to [-v, v]")->check(finite_number(true));
+  app.add_option("--ema", c.ema,
+                 "keep an exponential moving average of the weights with this decay (0 < d < 1); it is what "
+                 "validation, the test and --export use")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            double d = 0;
+            const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
+            if (v.empty() || end != v.data() + v.size() || ec != std::errc{} || !(d > 0 && d < 1))
+              return "must be a number between 0 and 1 (exclusive), got " + shown_value(v);
+            return "";
+          },
+          "a number in (0, 1)"));
+  app.add_option("--label-smoothing", c.label_smoothing, "label smoothing of the cross-entropy, in [0, 1)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            double e = 0;
+            const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), e);
+            if (v.empty() || end != v.data() + v.size() || ec != std::errc{} || !(e >= 0 && e < 1))
+              return "must be a number from 0 up to, not including, 1, got " + shown_value(v);
+            return "";
+          },
+          "a number in [0, 1)"));
+  app.add_flag("--replica-count-invariant", c.invariant,
+               "determinism::replica_count_invariant (cpu): the same bits for any number of replicas and any "
+               "--accumulate");
+  app.add_option("--trace", c.trace_file,
+                 "write a timeline of the steps of --trace-steps to this file (Chrome trace-event format: open it in "
+                 "ui.perfetto.dev or chrome://tracing)");
+  app.add_option("--trace-steps", c.trace_steps, "the steps --trace records: A:B (A to B - 1) or A: (to the end)")
+      ->needs("--trace")
+      ->check([](const std::string& v) -> std::string {
+        try {
+          (void)lockstep::parse_trace_steps(v);
+        } catch (const lockstep::config_error&) {
+          return "must be A:B (the steps A to B - 1, B > A) or A: (every step from A), got '" + v + "'";
+        }
+        return {};
+      });
   app.add_flag("--resume", c.resume, "continue from the newest checkpoint in --checkpoint-dir")
       ->needs("--checkpoint-dir");
   app.add_flag("--shard-optimizer", c.shard_optimizer,

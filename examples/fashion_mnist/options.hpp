@@ -24,6 +24,14 @@ struct config {
   std::string tensorboard;              ///< directory of TensorBoard event files ("" = none)
   std::string export_file;              ///< safetensors file of the trained weights ("" = none)
   std::string export_dtype = "f32";     ///< f32, bf16 or f16
+  std::string trace_file;               ///< timeline of the steps in trace_steps, Chrome trace-event format ("" = none)
+  std::string trace_steps = "10:20";    ///< the steps --trace records, A:B (A to B - 1) or A: (to the end)
+  std::size_t accumulate = 1;           ///< global batches per update; the pipeline's batch is batch / accumulate
+  double clip_norm = 0;                 ///< > 0: clip each update's gradient to this global norm
+  float clip_value = 0;                 ///< > 0: clamp each gradient element to [-clip_value, clip_value]
+  double ema = 0;                       ///< decay of an EMA of the weights, evaluated and exported (0: none)
+  float label_smoothing = 0;            ///< label smoothing of the cross-entropy, in [0, 1)
+  bool invariant = false;               ///< determinism::replica_count_invariant (cpu): the same bits for any replica count
   bool resume = false;                  ///< continue from the newest checkpoint
   bool shard_optimizer = false;         ///< split the optimiser update and its state over the replicas
   bool quiet = false;                   ///< no progress output

@@ -50,6 +50,8 @@ if(LOCKSTEP_BUILD_EXAMPLES AND EXISTS ${PROJECT_SOURCE_DIR}/examples/fashion_mni
       "batch_out_of_range|--batch|0|error: --batch: must be an integer from 1 to 60000, got '0'"
       "batch_too_large|--batch|99999999999999999999999|error: --batch: must be an integer from 1 to 60000, got '99999999999999999999999'"
       "lr_zero|--lr|0|error: --lr: must be > 0, got 0"
+      "trace_steps_no_colon|--trace|t.json|--trace-steps|5|error: --trace-steps: must be A:B (the steps A to B - 1, B > A) or A: (every step from A), got '5'"
+      "trace_steps_empty_window|--trace|t.json|--trace-steps|7:7|error: --trace-steps: must be A:B (the steps A to B - 1, B > A) or A: (every step from A), got '7:7'"
       "lr_negative|--lr|-0.5|error: --lr: must be > 0, got -0.5"
       "lr_not_finite|--lr|1e400|error: --lr: must be a finite number > 0 (at most 3.4e38), got '1e400'"
       "lr_not_a_number|--lr|fast|error: --lr: 'fast' is not a number (a number > 0)"
@@ -79,4 +81,14 @@ if(LOCKSTEP_BUILD_EXAMPLES AND EXISTS ${PROJECT_SOURCE_DIR}/examples/fashion_mni
                    "-DSTDERR=${_no_data}" -P ${_check})
   set_tests_properties(programs/fashion_mnist_cli_bad_model programs/fashion_mnist_missing_data
                        PROPERTIES LABELS "programs" TIMEOUT 60)
+  # --accumulate 4 under replica_count_invariant: bitwise the run without it (the same update
+  # batches of 128 rows, cut into 4 batches of 32), on 2 epochs of Fashion-MNIST.
+  set(_fashion_dir /usr/share/datasets/fashion-mnist)
+  add_test(NAME programs/fashion_mnist_accumulate_bitwise
+           COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:fashion_mnist> -DDATA_DIR=${_fashion_dir}
+                   "-DARGS_A=--epochs|2|--replicas|2|--replica-count-invariant"
+                   "-DARGS_B=--epochs|2|--replicas|2|--replica-count-invariant|--accumulate|4"
+                   -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/accumulate_bitwise -P ${CMAKE_CURRENT_SOURCE_DIR}/programs/check_same_run.cmake)
+  set_tests_properties(programs/fashion_mnist_accumulate_bitwise PROPERTIES LABELS "programs" TIMEOUT 300
+                       SKIP_RETURN_CODE 77 PROCESSORS 2)
 endif()
