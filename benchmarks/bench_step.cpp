@@ -12,6 +12,12 @@
 // `host_gemm=<kernels>`, and per config
 //   config=<c> samples_per_s=<n> gflops=<n> fraction_of_sgemm_peak=<f> gemm_ceiling_samples_per_s=<n>
 //   config=<c> ratio_to_gemm_ceiling=<x> step_ms=<t> gemm_ms=<t> sgemm_gflops=<n>
+//   config=<c> trace=off step_ms=<t>
+//   config=<c> trace=on step_ms=<t> overhead=<p>%
+//   config=<c> accumulate=4 update_ms=<t> ratio_to_one_batch=<x>
+// (trace=on: the same step recording a span per layer's forward and backward; accumulate=4: the
+// same rows as 4 batches of a quarter, added into one gradient, then one update; both timed in
+// the same interleaved repeats.)
 // gflops is the step's GEMM flops over the step time; fraction_of_sgemm_peak is that rate over the
 // measured SGEMM rate (= GEMM time / step time = ratio_to_gemm_ceiling). Times are the calling
 // thread's CPU time; the step and every GEMM shape are timed in many short interleaved repeats and
@@ -24,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -85,8 +92,10 @@ std::vector<gemm_shape> step_gemms(const std::vector<std::size_t>& w, std::size_
 }
 
 struct result {
-  double step_s = 1e30;  // best time per step
-  double gemm_s = 1e30;  // best summed GEMM time per step
+  double step_s = 1e30;         // best time per step
+  double gemm_s = 1e30;         // best summed GEMM time per step
+  double traced_step_s = 1e30;  // best time per step while a trace records every layer's spans
+  double accumulate_s = 1e30;   // best time per update of the same rows as 4 accumulated batches
 };
 
 template <class Net>
@@ -114,10 +123,28 @@ result measure(const std::vector<std::size_t>& widths, std::size_t batch, int st
   const ls::softmax_cross_entropy loss;
   std::uint64_t step = 0;
   double sink = 0;
+  // trace=on: the same step with a recorder taking a span per layer's forward and backward.
+  ls::trace_recorder rec(1, {.steps = {0, std::numeric_limits<std::uint64_t>::max()}});
+  rec.begin_step(0);
+  ls::trace_recorder* tracing = nullptr;
   auto one_step = [&] {
     ++step;
-    const ls::pass_info info{.training = true, .seed = 42, .step = step};
+    ls::pass_info info{.training = true, .seed = 42, .step = step};
+    info.trace = tracing;
     sink += rep.forward_backward(loss, sh, info).sum;
+    rep.apply(opt, ls::update_info{.lr = opt.lr, .step = step, .grad_scale = 1.0 / static_cast<double>(batch)});
+  };
+
+  // accumulate=4: the same rows as 4 batches of batch / 4 added into one gradient (the GEMMs'
+  // beta = 1 after the first), then one update.
+  const std::vector<ls::data::shard> quarters = ls::data::split(b, 4);
+  auto accumulated_update = [&] {
+    ++step;
+    for (std::size_t q = 0; q < quarters.size(); ++q) {
+      ls::pass_info info{.training = true, .seed = 42, .step = step};
+      info.accumulate = q > 0;
+      sink += rep.forward_backward(loss, quarters[q], info).sum;
+    }
     rep.apply(opt, ls::update_info{.lr = opt.lr, .step = step, .grad_scale = 1.0 / static_cast<double>(batch)});
   };
 
@@ -125,9 +152,12 @@ result measure(const std::vector<std::size_t>& widths, std::size_t batch, int st
   for (const auto& s : step_gemms(widths, batch)) ops.emplace_back(s);
   std::vector<double> best_gemm(ops.size(), 1e30);
 
-  // Warm up both (first touch, OpenBLAS buffers, caches).
+  // Warm up both (first touch, OpenBLAS buffers, caches; the recorder's buffer).
   one_step();
+  tracing = &rec;
   one_step();
+  tracing = nullptr;
+  accumulated_update();
   const ls::host_context gemm_ctx(1);
   for (auto& o : ops) o.run(gemm_ctx);
 
@@ -139,6 +169,15 @@ result measure(const std::vector<std::size_t>& widths, std::size_t batch, int st
     double t0 = clock_type::now();
     for (int i = 0; i < steps_per_repeat; ++i) one_step();
     r.step_s = std::min(r.step_s, seconds_since(t0) / steps_per_repeat);
+    rec.clear();  // the spans of earlier repeats (the buffer stays)
+    tracing = &rec;
+    t0 = clock_type::now();
+    for (int i = 0; i < steps_per_repeat; ++i) one_step();
+    r.traced_step_s = std::min(r.traced_step_s, seconds_since(t0) / steps_per_repeat);
+    tracing = nullptr;
+    t0 = clock_type::now();
+    for (int i = 0; i < steps_per_repeat; ++i) accumulated_update();
+    r.accumulate_s = std::min(r.accumulate_s, seconds_since(t0) / steps_per_repeat);
     for (std::size_t g = 0; g < ops.size(); ++g) {
       t0 = clock_type::now();
       for (int i = 0; i < steps_per_repeat; ++i) ops[g].run(gemm_ctx);
@@ -168,6 +207,11 @@ void run_config(const char* name, const std::vector<std::size_t>& widths, std::s
              name, samples / r.step_s, flops / r.step_s / 1e9, ratio, samples / r.gemm_s);
   fmt::print("config={} ratio_to_gemm_ceiling={:.3f} step_ms={:.3f} gemm_ms={:.3f} sgemm_gflops={:.2f}\n", name, ratio,
              r.step_s * 1e3, r.gemm_s * 1e3, flops / r.gemm_s / 1e9);
+  fmt::print("config={} trace=off step_ms={:.4f}\n", name, r.step_s * 1e3);
+  fmt::print("config={} trace=on step_ms={:.4f} overhead={:.2f}%\n", name, r.traced_step_s * 1e3,
+             100.0 * (r.traced_step_s / r.step_s - 1.0));
+  fmt::print("config={} accumulate=4 update_ms={:.4f} ratio_to_one_batch={:.3f}\n", name, r.accumulate_s * 1e3,
+             r.accumulate_s / r.step_s);
   std::fflush(stdout);
 }
 
