@@ -257,3 +257,52 @@ TEST_CASE("tensorboard: every_steps thins the step scalars; without validation n
   CHECK(!steps.count("epoch/val_loss"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("tensorboard: with clipping, the gradient norm and skipped updates per step and per epoch") {
+  const auto dir = temp_dir("tb_norm");
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  auto m = s.replicate<net>(ls::seed{3});
+  const std::size_t epochs = 2;  // 5 steps per epoch
+  std::vector<double> norms;       // each update's, as fit's callbacks see them
+  ls::callback seen;
+  seen.step_end = [&](double, ls::training_control& c) { norms.push_back(c.grad_norm); };
+  ls::fit_options o{.epochs = epochs, .callbacks = {seen, ls::tensorboard(dir)}, .quiet = true};
+  o.clip_global_norm = 0.5;
+  o.nonfinite = ls::nonfinite_policy::skip;
+  const auto h = ls::fit(s, m, ls::adam{.lr = 1e-2f}, ls::softmax_cross_entropy{}, pipeline(100, 20), o);
+  const auto ev = read_events(only_event_file(dir));
+  std::map<std::string, std::map<std::int64_t, float>> series;
+  for (const auto& e : ev)
+    for (const auto& [tag, v] : e.values) series[tag][e.step] = v;
+  REQUIRE(norms.size() == epochs * 5);
+  REQUIRE(series["step/grad_norm"].size() == epochs * 5);
+  REQUIRE(series["step/skipped"].size() == epochs * 5);
+  for (std::int64_t step = 1; step <= static_cast<std::int64_t>(epochs * 5); ++step) {
+    CAPTURE(step);
+    CHECK(series["step/grad_norm"][step] == static_cast<float>(norms[static_cast<std::size_t>(step - 1)]));
+    CHECK(series["step/grad_norm"][step] > 0);
+    CHECK(series["step/skipped"][step] == 0);
+  }
+  for (std::size_t e = 0; e < epochs; ++e) {
+    const auto k = static_cast<std::int64_t>(e);
+    CHECK(series["epoch/grad_norm"][k] == static_cast<float>(h.epochs[e].grad_norm));
+    CHECK(series["epoch/clip_factor"][k] == static_cast<float>(h.epochs[e].clip_factor));
+    CHECK(series["epoch/skipped_updates"][k] == 0);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("tensorboard: without an epilogue there is no gradient-norm tag") {
+  const auto dir = temp_dir("tb_no_norm");
+  ls::mirrored<ls::cpu<0>> s;
+  auto m = s.replicate<net>(ls::seed{3});
+  (void)ls::fit(s, m, ls::adam{.lr = 1e-2f}, ls::softmax_cross_entropy{}, pipeline(40, 20),
+                {.epochs = 1, .callbacks = {ls::tensorboard(dir)}, .quiet = true});
+  for (const auto& e : read_events(only_event_file(dir)))
+    for (const auto& [tag, v] : e.values) {
+      CAPTURE(tag);
+      CHECK(tag.find("grad_norm") == std::string::npos);
+      CHECK(tag.find("skipped") == std::string::npos);
+    }
+  fs::remove_all(dir);
+}

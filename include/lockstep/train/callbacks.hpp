@@ -71,6 +71,10 @@ struct training_control {
   float base_lr = 0;              ///< the optimiser's learning rate as given to fit
   float lr_factor = 1;            ///< multiplies the base rate before schedules (saved in checkpoints)
   bool stop = false;              ///< set to end training after the current step or epoch
+  /// The last update's gradient norm before clipping (NaN when the update recipe computed none:
+  /// no clipping and no non-finite guard).
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();
+  bool skipped = false;           ///< the non-finite guard skipped the last update
 };
 
 /// A set of hooks fit calls; empty hooks are skipped. Build them with the functions below or

@@ -541,6 +541,8 @@ public:
     correct_ += r.correct;
     labelled_ += r.labelled;
     ctl.step = model_step;
+    ctl.grad_norm = r.grad_norm;
+    ctl.skipped = r.skipped;
     const double step_loss = r.count ? r.loss_sum / static_cast<double>(r.count) : 0.0;
     for (const auto& c : o_.callbacks)
       if (c.step_end) c.step_end(step_loss, ctl);

@@ -4,8 +4,11 @@
 /// (io/tensorboard.hpp), as Keras's TensorBoard callback and PyTorch's SummaryWriter do.
 ///
 /// Per epoch (step = the epoch number): epoch/loss, epoch/accuracy, epoch/lr,
-/// epoch/samples_per_second, and with validation data epoch/val_loss and epoch/val_accuracy.
-/// Per update (step = the number of updates done): step/loss and step/lr, plus whatever
+/// epoch/samples_per_second, with validation data epoch/val_loss and epoch/val_accuracy, and when
+/// the update recipe has an epilogue (clipping or the non-finite guard) epoch/grad_norm and
+/// epoch/clip_factor (means over the epoch's updates) and epoch/skipped_updates.
+/// Per update (step = the number of updates done): step/loss and step/lr, with an epilogue
+/// step/grad_norm (before clipping) and step/skipped (1 for a skipped update), plus whatever
 /// tensorboard_options::step_scalars adds. A metric that is not available (NaN) is left out.
 
 #include <cmath>
@@ -36,9 +39,8 @@ struct tensorboard_options {
   bool chief = true;
   /// Write the per-update scalars every this many updates (0: none, only the per-epoch ones).
   std::uint64_t every_steps = 1;
-  /// Called at each written update to add scalars to its event (for example a gradient norm or a
-  /// count of skipped updates, from the training control): `f(control, out)` with
-  /// `out.add("step/grad_norm", value)`.
+  /// Called at each written update to add scalars of one's own to its event, from the training
+  /// control: `f(control, out)` with `out.add("step/epoch", control.epoch)`.
   std::function<void(const training_control&, tensorboard_step_scalars&)> step_scalars{};
 };
 
@@ -74,6 +76,10 @@ inline callback tensorboard(const std::filesystem::path& dir, tensorboard_option
     row.clear();
     if (!std::isnan(loss)) row.push_back({"step/loss", loss});
     if (st->rate_known) row.push_back({"step/lr", st->rate});
+    if (!std::isnan(ctl.grad_norm) || ctl.skipped) {  // the update recipe has an epilogue
+      if (!std::isnan(ctl.grad_norm)) row.push_back({"step/grad_norm", ctl.grad_norm});
+      row.push_back({"step/skipped", ctl.skipped ? 1.0 : 0.0});
+    }
     if (st->options.step_scalars) {
       auto& extra = st->extra.values;
       extra.clear();
@@ -92,6 +98,11 @@ inline callback tensorboard(const std::filesystem::path& dir, tensorboard_option
     add("epoch/accuracy", s.train_accuracy);
     add("epoch/lr", s.lr);
     add("epoch/samples_per_second", s.samples_per_second);
+    if (!std::isnan(s.grad_norm) || s.skipped_updates > 0) {  // the update recipe has an epilogue
+      add("epoch/grad_norm", s.grad_norm);
+      add("epoch/clip_factor", s.clip_factor);
+      add("epoch/skipped_updates", static_cast<double>(s.skipped_updates));
+    }
     if (s.val_samples > 0) {
       add("epoch/val_loss", s.val_loss);
       add("epoch/val_accuracy", s.val_accuracy);
