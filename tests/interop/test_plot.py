@@ -1,5 +1,6 @@
 """scripts/plot.py draws lockstep metrics files (two runs in one file, a run without validation,
-NaN written as null) into a PNG, and refuses a file that is not one."""
+NaN written as null) into a PNG, and refuses a file that is not one; with --trace it draws one
+step of a timeline and names a step that is not in it."""
 import argparse
 import json
 import os
@@ -41,6 +42,29 @@ def main():
         f.write("not json\n")
     r = subprocess.run([sys.executable, a.script, "--out", os.path.join(a.work, "bad.png"), bad], capture_output=True, text=True)
     assert r.returncode != 0 and "bad.jsonl:1" in r.stderr, r.stderr
+    # --trace: one step of a timeline, and a step that is not in it named
+    trace = os.path.join(a.work, "trace.json")
+    events = [{"ph": "M", "pid": 0, "tid": t, "ts": 0, "name": "thread_name", "cat": "__metadata",
+               "args": {"name": n}} for t, n in ((0, "replica 0"), (1, "driver"))]
+    for step in (10, 11):
+        t0 = 1000.0 * step
+        events += [{"ph": "X", "pid": 0, "tid": 1, "ts": t0 - 50, "dur": 50, "name": "pipeline wait", "cat": "pipeline",
+                    "args": {"step": step}},
+                   {"ph": "X", "pid": 0, "tid": 1, "ts": t0, "dur": 900, "name": "train_step", "cat": "step",
+                    "args": {"step": step}}]
+        events += [{"ph": "X", "pid": 0, "tid": 0, "ts": t0 + 100 * i, "dur": 90, "name": n, "cat": "compute",
+                    "args": {"layer": i}} for i, n in enumerate(["forward", "forward", "backward", "backward"])]
+        events.append({"ph": "X", "pid": 0, "tid": 0, "ts": t0 + 350, "dur": 300, "name": "reduce bucket",
+                       "cat": "communication", "args": {"bucket": 0}})
+    with open(trace, "w") as f:
+        json.dump({"traceEvents": events}, f)
+    png = os.path.join(a.work, "step.png")
+    r = subprocess.run([sys.executable, a.script, "--trace", trace, "--step", "11", "--out", png], capture_output=True, text=True)
+    assert r.returncode == 0 and "step 11, 7 spans" in r.stdout, r.stdout + r.stderr
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n", png
+    r = subprocess.run([sys.executable, a.script, "--trace", trace, "--step", "12", "--out", png], capture_output=True, text=True)
+    assert r.returncode != 0 and "step 12 is not in the trace" in r.stderr, r.stderr
     print("interop plot: passed")
 
 
