@@ -6,7 +6,9 @@
 // Built with MPI and launched by mpirun (`mpirun -np 2 bench_scaling`), it measures W workers of
 // one replica each (multi_worker_mirrored<cpus>, one process per worker) against one device
 // measured in the same job on rank 0 while the other ranks wait idle, and rank 0 prints both.
-// The line `replicas=2 trace=on` is 2 replicas recording a timeline of every step
+// The line `replicas=2 accumulate=4` trains the same rows as 4 batches of 64 per update (one
+// all-reduce per update; strategy::accumulate for the first 3); `ratio_to_one_batch` is its rate
+// over `replicas=2`'s. The line `replicas=2 trace=on` is 2 replicas recording a timeline of every step
 // (strategy::set_trace, the recorder emptied between rounds, untimed) against `trace=off`, the
 // same strategy without a recorder, in the same rounds.
 
@@ -51,11 +53,27 @@ struct run {
   ls::data::distributed_batch d;
   ls::sgd opt{.lr = 0.01f, .momentum = 0.9f};
 
-  explicit run(const std::shared_ptr<const ls::data::batch>& g, ls::strategy_options o = {})
+  std::vector<ls::data::distributed_batch> parts;  // accumulate > 1: the update's batches
+
+  // `k` > 1: each step is one update of the same global batch's rows as k batches of 1/k.
+  explicit run(const std::shared_ptr<const ls::data::batch>& g, ls::strategy_options o = {}, std::size_t k = 1)
       : s(o), d{g, ls::data::split(*g, S::replica_count)} {
+    if (k > 1) {
+      for (std::size_t q = 0; q < k; ++q) {
+        const auto part = std::make_shared<const ls::data::batch>(make_batch(g->rows() / k));
+        parts.push_back({part, ls::data::split(*part, S::replica_count)});
+      }
+    }
     for (int i = 0; i < 5; ++i) step();  // warm up: buffers allocated and touched
   }
-  void step() { ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, d); }
+  void step() {
+    if (parts.empty()) {
+      ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, d);
+      return;
+    }
+    for (std::size_t q = 0; q + 1 < parts.size(); ++q) (void)s.accumulate(m, ls::softmax_cross_entropy{}, parts[q]);
+    (void)s.train_step(m, opt, ls::softmax_cross_entropy{}, parts.back());
+  }
 
   // From now on, a timeline of every step is recorded (trace=on).
   std::unique_ptr<ls::trace_recorder> rec;
@@ -124,18 +142,22 @@ int main() {
   run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>> sharded(g, ls::strategy_options{.shard_optimizer = true});
   run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>> traced(g);
   traced.trace_every_step();
+  run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>> accumulated(g, {}, 4);
   // Alternate short rounds of the configurations and keep each one's best round, so that a burst
   // of other load on the machine does not favour any of them.
-  double best_one = 0, best_two = 0, best_sharded = 0, best_traced = 0;
+  double best_one = 0, best_two = 0, best_sharded = 0, best_traced = 0, best_accumulated = 0;
   for (int round = 0; round < 8; ++round) {
     best_one = std::max(best_one, one.measure(40));
     best_two = std::max(best_two, two.measure(40));
     best_sharded = std::max(best_sharded, sharded.measure(40));
     best_traced = std::max(best_traced, traced.measure(40));
+    best_accumulated = std::max(best_accumulated, accumulated.measure(40));
   }
   fmt::print("replicas=1 samples_per_s={:.0f} speedup=1.00\n", best_one);
   fmt::print("replicas=2 samples_per_s={:.0f} speedup={:.2f}\n", best_two, best_two / best_one);
   fmt::print("replicas=2 shard_optimizer=1 samples_per_s={:.0f} speedup={:.2f}\n", best_sharded, best_sharded / best_one);
+  fmt::print("replicas=2 accumulate=4 samples_per_s={:.0f} ratio_to_one_batch={:.3f}\n", best_accumulated,
+             best_accumulated / best_two);
   fmt::print("replicas=2 trace=off samples_per_s={:.0f}\n", best_two);
   fmt::print("replicas=2 trace=on samples_per_s={:.0f} overhead={:.2f}% spans_per_step={:.0f}\n", best_traced,
              100.0 * (best_two / best_traced - 1.0),

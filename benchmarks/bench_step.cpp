@@ -15,9 +15,11 @@
 //   config=<c> trace=off step_ms=<t>
 //   config=<c> trace=on step_ms=<t> overhead=<p>%
 //   config=<c> accumulate=4 update_ms=<t> ratio_to_one_batch=<x>
+//   config=<c> clip=1 step_ms=<t> plain_step_ms=<t> ratio_to_no_clip=<x>
 // (trace=on: the same step recording a span per layer's forward and backward; accumulate=4: the
 // same rows as 4 batches of a quarter, added into one gradient, then one update; both timed in
-// the same interleaved repeats.)
+// the same interleaved repeats. clip=1: the step through one_device<cpu<0>> with clipping by
+// global norm against the same without, in wall time.)
 // gflops is the step's GEMM flops over the step time; fraction_of_sgemm_peak is that rate over the
 // measured SGEMM rate (= GEMM time / step time = ratio_to_gemm_ceiling). Times are the calling
 // thread's CPU time; the step and every GEMM shape are timed in many short interleaved repeats and
@@ -31,8 +33,10 @@
 #include <cstdlib>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cblas.h>
@@ -195,6 +199,40 @@ result measure(const std::vector<std::size_t>& widths, std::size_t batch, int st
   return r;
 }
 
+/// clip=1: the same step through one_device<cpu<0>> with and without clipping by global norm
+/// (the epilogue's sum of squares and the clip factor folded into the update), wall time, in
+/// interleaved repeats; returns {plain, clipped} seconds per step.
+template <class Net>
+std::pair<double, double> measure_clip(std::size_t in, std::size_t classes, std::size_t batch, int steps_per_repeat,
+                                       int repeats) {
+  ls::one_device<ls::cpu<0>> s;
+  auto m = s.replicate<Net>(ls::seed{42});
+  auto g = std::make_shared<ls::data::batch>();
+  g->width = in;
+  const ls::counter_rng rng(7, 0);
+  for (std::size_t i = 0; i < batch * in; ++i) g->features.push_back(rng.uniform(i));
+  for (std::size_t r = 0; r < batch; ++r) {
+    g->labels.push_back(static_cast<std::int32_t>(rng.u32(batch * in + r) % classes));
+    g->indices.push_back(r);
+  }
+  const ls::data::distributed_batch d{g, ls::data::split(*g, 1)};
+  const ls::sgd opt{.lr = 1e-4f};
+  const ls::update_recipe clipped{.clip_global_norm = 1.0};
+  auto steps = [&](const ls::update_recipe& recipe) {
+    const auto t0 = bench_timing::wall_clock::now();
+    for (int i = 0; i < steps_per_repeat; ++i) (void)s.train_step(m, opt, ls::softmax_cross_entropy{}, d, recipe);
+    return bench_timing::seconds_since(t0) / steps_per_repeat;
+  };
+  steps({});
+  steps(clipped);
+  double plain = 1e30, clip = 1e30;
+  for (int rp = 0; rp < repeats; ++rp) {
+    plain = std::min(plain, steps({}));
+    clip = std::min(clip, steps(clipped));
+  }
+  return {plain, clip};
+}
+
 template <class Net>
 void run_config(const char* name, const std::vector<std::size_t>& widths, std::size_t batch, int steps_per_repeat,
                 int repeats, bool verbose) {
@@ -212,6 +250,10 @@ void run_config(const char* name, const std::vector<std::size_t>& widths, std::s
              100.0 * (r.traced_step_s / r.step_s - 1.0));
   fmt::print("config={} accumulate=4 update_ms={:.4f} ratio_to_one_batch={:.3f}\n", name, r.accumulate_s * 1e3,
              r.accumulate_s / r.step_s);
+  const auto [plain, clipped] =
+      measure_clip<Net>(widths.front(), widths.back(), batch, steps_per_repeat, std::max(2, repeats / 2));
+  fmt::print("config={} clip=1 step_ms={:.4f} plain_step_ms={:.4f} ratio_to_no_clip={:.3f}\n", name, clipped * 1e3,
+             plain * 1e3, clipped / plain);
   std::fflush(stdout);
 }
 
