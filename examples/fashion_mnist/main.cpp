@@ -253,6 +253,7 @@ int run(const config& c) {
 
 /// The model the command line names.
 int run_model(const config& c) {
+  (void)pipeline_batch(c);  // --accumulate that does not divide --batch: refused before any work
   if (c.model == "small") return run<small>(c);
   if (c.model == "cnn") return run<cnn>(c);
   if (c.model == "cnn_bn") return run<cnn_bn>(c);

@@ -56,6 +56,20 @@ CLI::Validator finite_number(bool positive) {
       std::string("a number ") + bound);
 }
 
+/// A number below 1 and above 0 (or from 0, when `zero`).
+CLI::Validator fraction(bool zero) {
+  const std::string range = zero ? "a number from 0 up to, not including, 1" : "a number between 0 and 1 (exclusive)";
+  return CLI::Validator(
+      [zero, range](std::string& v) -> std::string {
+        double x = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+        if (v.empty() || end != v.data() + v.size() || ec != std::errc{} || !(zero ? x >= 0 : x > 0) || !(x < 1))
+          return "must be " + range + ", got " + shown_value(v);
+        return "";
+      },
+      range);
+}
+
 /// `what`, on one line and at most 200 characters.
 std::string one_line(std::string what) {
   for (char& ch : what)
@@ -106,25 +120,9 @@ void describe(CLI::App& app, config& c) {
   app.add_option("--ema", c.ema,
                  "keep an exponential moving average of the weights with this decay (0 < d < 1); it is what "
                  "validation, the test and --export use")
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            double d = 0;
-            const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
-            if (v.empty() || end != v.data() + v.size() || ec != std::errc{} || !(d > 0 && d < 1))
-              return "must be a number between 0 and 1 (exclusive), got " + shown_value(v);
-            return "";
-          },
-          "a number in (0, 1)"));
+      ->check(fraction(false));
   app.add_option("--label-smoothing", c.label_smoothing, "label smoothing of the cross-entropy, in [0, 1)")
-      ->check(CLI::Validator(
-          [](std::string& v) -> std::string {
-            double e = 0;
-            const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), e);
-            if (v.empty() || end != v.data() + v.size() || ec != std::errc{} || !(e >= 0 && e < 1))
-              return "must be a number from 0 up to, not including, 1, got " + shown_value(v);
-            return "";
-          },
-          "a number in [0, 1)"));
+      ->check(fraction(true));
   app.add_flag("--replica-count-invariant", c.invariant,
                "determinism::replica_count_invariant (cpu): the same bits for any number of replicas and any "
                "--accumulate");

@@ -50,6 +50,9 @@ if(LOCKSTEP_BUILD_EXAMPLES AND EXISTS ${PROJECT_SOURCE_DIR}/examples/fashion_mni
       "batch_out_of_range|--batch|0|error: --batch: must be an integer from 1 to 60000, got '0'"
       "batch_too_large|--batch|99999999999999999999999|error: --batch: must be an integer from 1 to 60000, got '99999999999999999999999'"
       "lr_zero|--lr|0|error: --lr: must be > 0, got 0"
+      "accumulate_zero|--accumulate|0|error: --accumulate: must be an integer from 1 to 60000, got '0'"
+      "ema_one|--ema|1|error: --ema: must be a number between 0 and 1 (exclusive), got '1'"
+      "label_smoothing_negative|--label-smoothing|-0.1|error: --label-smoothing: must be a number from 0 up to, not including, 1, got '-0.1'"
       "trace_steps_no_colon|--trace|t.json|--trace-steps|5|error: --trace-steps: must be A:B (the steps A to B - 1, B > A) or A: (every step from A), got '5'"
       "trace_steps_empty_window|--trace|t.json|--trace-steps|7:7|error: --trace-steps: must be A:B (the steps A to B - 1, B > A) or A: (every step from A), got '7:7'"
       "lr_negative|--lr|-0.5|error: --lr: must be > 0, got -0.5"
@@ -79,8 +82,14 @@ if(LOCKSTEP_BUILD_EXAMPLES AND EXISTS ${PROJECT_SOURCE_DIR}/examples/fashion_mni
   add_test(NAME programs/fashion_mnist_missing_data
            COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:fashion_mnist> "-DARGS=--data|${_missing}|--quiet" -DEXIT=2
                    "-DSTDERR=${_no_data}" -P ${_check})
+  # --accumulate that does not divide --batch: one line naming both, exit 2, before any data is read.
+  add_test(NAME programs/fashion_mnist_accumulate_not_a_divisor
+           COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:fashion_mnist> "-DARGS=--accumulate|3|--data|${_missing}|--quiet"
+                   -DEXIT=2
+                   "-DSTDERR=error: --accumulate 3: --batch 128 is not a multiple of it (each update's batch is cut into --accumulate equal batches)"
+                   -P ${_check})
   set_tests_properties(programs/fashion_mnist_cli_bad_model programs/fashion_mnist_missing_data
-                       PROPERTIES LABELS "programs" TIMEOUT 60)
+                       programs/fashion_mnist_accumulate_not_a_divisor PROPERTIES LABELS "programs" TIMEOUT 60)
   # --accumulate 4 under replica_count_invariant: bitwise the run without it (the same update
   # batches of 128 rows, cut into 4 batches of 32), on 2 epochs of Fashion-MNIST.
   set(_fashion_dir /usr/share/datasets/fashion-mnist)
