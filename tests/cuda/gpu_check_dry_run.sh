@@ -84,10 +84,10 @@ expect feature_broken 0 "batch_norm: FAIL (1 of 1 case(s) ran, 1 failed)" "core:
 variant core_broken
 cat >>"$tmp/core_broken/tests.log" <<'EOF'
 ===============================================================================
-tests/cuda/test_backend.cu:40:
+tests/cuda/backend_test.cu:40:
 TEST CASE:  gpu: losses match the host, and a bad label is a data_error on the device too
 
-tests/cuda/test_backend.cu:52: ERROR: CHECK( dx.sum == hx.sum ) is NOT correct!
+tests/cuda/backend_test.cu:52: ERROR: CHECK( dx.sum == hx.sum ) is NOT correct!
 EOF
 echo 1 >"$tmp/core_broken/tests.rc"
 expect core_broken 4 "core: FAIL (failing: gpu: losses match the host"

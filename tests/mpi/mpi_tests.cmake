@@ -1,7 +1,7 @@
 # The MPI tests, included by tests/CMakeLists.txt when MPI is found. Every test launches its
 # processes with mpirun; the environment below keeps Open MPI working in a container (as root,
 # more processes than cores, shared memory without ptrace-based single copy).
-add_executable(test_mpi ${CMAKE_CURRENT_SOURCE_DIR}/mpi/main.cpp ${CMAKE_CURRENT_SOURCE_DIR}/mpi/test_multi_worker.cpp)
+add_executable(test_mpi ${CMAKE_CURRENT_SOURCE_DIR}/mpi/main.cpp ${CMAKE_CURRENT_SOURCE_DIR}/mpi/multi_worker_test.cpp)
 target_link_libraries(test_mpi PRIVATE lockstep::mpi doctest::doctest lockstep_warnings)
 target_include_directories(test_mpi PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})  # distribute/common.hpp
 add_executable(mpi_failure_probe ${CMAKE_CURRENT_SOURCE_DIR}/mpi/failure_probe.cpp)
@@ -44,7 +44,7 @@ endforeach()
 # The index-first input pipeline across 2 workers: Fashion-MNIST as a PNG folder and as tar shards,
 # each worker decoding only its rows (needs the image component).
 if(LOCKSTEP_HAS_IMAGES)
-  add_executable(test_mpi_data ${CMAKE_CURRENT_SOURCE_DIR}/mpi/main.cpp ${CMAKE_CURRENT_SOURCE_DIR}/mpi/test_data_mpi.cpp)
+  add_executable(test_mpi_data ${CMAKE_CURRENT_SOURCE_DIR}/mpi/main.cpp ${CMAKE_CURRENT_SOURCE_DIR}/mpi/data_mpi_test.cpp)
   target_link_libraries(test_mpi_data PRIVATE lockstep::mpi lockstep::images doctest::doctest lockstep_warnings)
   target_include_directories(test_mpi_data PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})  # data/images/fashion.hpp
   add_test(NAME mpi/data_np2

@@ -32,20 +32,15 @@
 #include <lockstep/distribute/multi_worker.hpp>  // with nvcc and NCCL: multi_worker_nccl.cuh
 #include <lockstep/lockstep.hpp>
 
+#include "support/mpi.hpp"
+
 namespace {
 
 namespace ls = lockstep;
+using test_support::same_on_every_rank;
+using test_support::world_rank;
+using test_support::world_size;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 // This worker's GPUs: its share of the GPUs of its machine (see the file comment).
 struct placement {
@@ -67,7 +62,7 @@ placement place() {
 }
 ls::device_selection my_gpus() { return ls::device_selection(place().ordinals); }
 
-// Smooth activations only (as in tests/cuda/test_training.cu): the GPU's GEMMs round differently
+// Smooth activations only (as in tests/cuda/training_test.cu): the GPU's GEMMs round differently
 // from the host's, and a ReLU pre-activation within that rounding of zero would switch a unit
 // off on one side only (a gradient difference of order 1, not of order 1e-7).
 using net = ls::sequential<ls::dense<20, 32>, ls::gelu, ls::dropout<1, 10>, ls::dense<32, 32>, ls::tanh,
@@ -140,15 +135,6 @@ void check_close(const std::vector<float>& got, const std::vector<float>& want, 
   CHECK(bad == 0);
 }
 
-// True when every rank passed `v` (the same bits everywhere).
-bool same_on_every_rank(const std::vector<float>& v) {
-  std::vector<float> root = v;
-  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
-  int same = std::equal(v.begin(), v.end(), root.begin()) ? 1 : 0, all = 0;
-  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all == 1;
-}
-
 // The 20 batches as a dataset (every epoch the same), for fit and evaluate.
 struct twenty_batches {
   ls::data::generator<ls::data::batch> epoch(std::uint64_t) const {
@@ -180,7 +166,7 @@ TEST_CASE("multi_worker<gpus>: the NCCL ranks follow the workers' GPU counts") {
 }
 
 // Tolerance 1e-4 relative to the largest parameter, as for one process's NCCL strategy against
-// the host (tests/cuda/test_training.cu): cuBLAS and OpenBLAS round their GEMMs differently
+// the host (tests/cuda/training_test.cu): cuBLAS and OpenBLAS round their GEMMs differently
 // (about 1e-7 relative per product) and NCCL sums the GPUs' gradient sums in its own order, not
 // the host's row order; through 20 SGD steps with momentum and smooth activations such
 // differences stay below 1e-5 relative, while a wrong shard, a missing or doubled GPU, or a
@@ -216,16 +202,7 @@ TEST_CASE("multi_worker<gpus>: every sample of an epoch reaches exactly one GPU 
     for (auto& v : seen) mine.insert(mine.end(), v.begin(), v.end());
     expected += sizes[k];
   }
-  const int n = static_cast<int>(mine.size());
-  std::vector<int> counts(static_cast<std::size_t>(world_size())), displs(counts.size());
-  MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  int total = 0;
-  for (std::size_t i = 0; i < counts.size(); ++i) {
-    displs[i] = total;
-    total += counts[i];
-  }
-  std::vector<std::uint64_t> all(static_cast<std::size_t>(total));
-  MPI_Allgatherv(mine.data(), n, MPI_UINT64_T, all.data(), counts.data(), displs.data(), MPI_UINT64_T, MPI_COMM_WORLD);
+  std::vector<std::uint64_t> all = test_support::gather_all(mine);
   CHECK(all.size() == expected);
   std::sort(all.begin(), all.end());
   std::vector<std::uint64_t> want;
@@ -236,9 +213,7 @@ TEST_CASE("multi_worker<gpus>: every sample of an epoch reaches exactly one GPU 
 
 TEST_CASE("multi_worker<gpus>: fit sums over workers, only rank 0 writes, its checkpoint resumes on one host device") {
   ls::multi_worker_mirrored<ls::gpus> s(my_gpus());
-  unsigned long long tag = static_cast<unsigned long long>(::getpid());
-  MPI_Bcast(&tag, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
-  const auto dir = std::filesystem::temp_directory_path() / ("lockstep-mpi-gpu-test-" + std::to_string(tag));
+  const auto dir = test_support::job_directory("lockstep-mpi-gpu-test-");
   if (s.world().is_chief()) std::filesystem::remove_all(dir);
   s.barrier();
 

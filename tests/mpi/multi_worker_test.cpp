@@ -20,8 +20,6 @@
 #include <type_traits>
 #include <vector>
 
-#include <unistd.h>
-
 #include <doctest/doctest.h>
 
 #include <lockstep/distribute/multi_worker.hpp>
@@ -29,6 +27,7 @@
 #include <lockstep/testing/recipe.hpp>
 
 #include "distribute/common.hpp"
+#include "support/mpi.hpp"
 #include "support/user_reducer.hpp"
 
 namespace {
@@ -37,17 +36,10 @@ namespace ls = lockstep;
 using dist_test::make_batch;
 using dist_test::mlp;
 using dist_test::mlp_dropout;
+using test_support::same_on_every_rank;
+using test_support::world_rank;
+using test_support::world_size;
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 
 // Global batch sizes of the 20 steps: full, uneven, fewer rows than replicas, an uneven last one.
@@ -76,15 +68,6 @@ double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double d = 0;
   for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, static_cast<double>(std::fabs(a[i] - b[i])));
   return d;
-}
-
-// True when every rank passed `v` (the same bits everywhere).
-bool same_on_every_rank(const std::vector<float>& v) {
-  std::vector<float> root = v;
-  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
-  int same = std::equal(v.begin(), v.end(), root.begin()) ? 1 : 0, all = 0;
-  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all == 1;
 }
 
 }  // namespace
@@ -182,16 +165,7 @@ TEST_CASE("multi_worker: every sample of an epoch reaches exactly one replica of
     for (auto& v : seen) mine.insert(mine.end(), v.begin(), v.end());
     expected += sizes[i];
   }
-  const int n = static_cast<int>(mine.size());
-  std::vector<int> counts(static_cast<std::size_t>(world_size())), displs(counts.size());
-  MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  int total = 0;
-  for (std::size_t i = 0; i < counts.size(); ++i) {
-    displs[i] = total;
-    total += counts[i];
-  }
-  std::vector<std::uint64_t> all(static_cast<std::size_t>(total));
-  MPI_Allgatherv(mine.data(), n, MPI_UINT64_T, all.data(), counts.data(), displs.data(), MPI_UINT64_T, MPI_COMM_WORLD);
+  std::vector<std::uint64_t> all = test_support::gather_all(mine);
   CHECK(all.size() == expected);
   std::sort(all.begin(), all.end());
   CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());
@@ -214,9 +188,7 @@ TEST_CASE("multi_worker: fit and evaluate cover every worker's samples; only ran
   const ls::adam opt{.lr = 1e-3f};
   ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1));
   // One directory for the whole job: rank 0's name, broadcast.
-  unsigned long long tag = static_cast<unsigned long long>(::getpid());
-  MPI_Bcast(&tag, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
-  const auto dir = std::filesystem::temp_directory_path() / ("lockstep-mpi-test-" + std::to_string(tag));
+  const auto dir = test_support::job_directory("lockstep-mpi-test-");
   if (s.world().is_chief()) std::filesystem::remove_all(dir);
   s.barrier();
 
@@ -452,9 +424,7 @@ TEST_CASE("multi_worker: a NaN in the last worker's shard skips the update on ev
 
 TEST_CASE("multi_worker: fit's trace is written once, by the chief, with every worker's spans on its clock") {
   ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1));
-  unsigned long long tag = static_cast<unsigned long long>(::getpid());
-  MPI_Bcast(&tag, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
-  const auto dir = std::filesystem::temp_directory_path() / ("lockstep-mpi-trace-" + std::to_string(tag));
+  const auto dir = test_support::job_directory("lockstep-mpi-trace-");
   if (s.world().is_chief()) std::filesystem::create_directories(dir);
   s.barrier();
   auto m = s.replicate<mlp>(ls::seed{7});

@@ -120,7 +120,7 @@ TEST_CASE("host: a failed CUDA or cuBLAS call is a device_error naming the call,
   } catch (const ls::device_error& e) {
     const std::string m = e.what();
     CHECK(m.find("cudaErrorInvalidValue") != std::string::npos);
-    CHECK(m.find("test_backend.cu:") != std::string::npos);
+    CHECK(m.find("backend_test.cu:") != std::string::npos);
     CHECK(m.find("CUDA call") != std::string::npos);
   }
   try {
