@@ -26,8 +26,6 @@
 #include <thread>
 #include <vector>
 
-#include <unistd.h>
-
 #include <lockstep/cuda.hpp>
 #include <lockstep/distribute/multi_worker.hpp>  // with nvcc and NCCL: multi_worker_nccl.cuh
 #include <lockstep/lockstep.hpp>
