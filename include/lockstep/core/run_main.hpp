@@ -27,30 +27,44 @@ struct run_main_options {
   std::FILE* stream = nullptr;   ///< where the report goes (nullptr: stderr)
 };
 
+namespace detail {
+
+/// Calls `f(level)` for `e` and then for each exception nested in it (std::nested_exception),
+/// outermost first; `level` is null for a nested exception that is not a std::exception, which
+/// ends the chain. Each level is rethrown once and caught by reference while `f` sees it.
+template <class F>
+void for_each_nested(const std::exception& e, F&& f) {
+  f(&e);
+  const std::exception* current = &e;
+  std::exception_ptr keep;  // holds the level being examined
+  while (const auto* nested = dynamic_cast<const std::nested_exception*>(current)) {
+    keep = nested->nested_ptr();
+    if (!keep) return;
+    try {
+      std::rethrow_exception(keep);
+    } catch (const std::exception& inner) {
+      f(&inner);
+      current = &inner;
+      continue;
+    } catch (...) {
+      f(nullptr);
+    }
+    return;
+  }
+}
+
+}  // namespace detail
+
 /// The report of exception `e`: `error: <what>`, then one `  caused by: <what>` line for each
 /// exception nested in it (std::nested_exception, as a replica_error carries the replica's
 /// failure), innermost last. A message that ends with the message of the exception nested in it
 /// (a replica_error repeats its cause) is shown without that repetition. Every line ends with a
 /// newline and starts with `prefix`.
 inline std::string error_report(const std::exception& e, const std::string& prefix = {}) {
-  std::vector<std::string> chain{e.what()};
-  const std::exception* current = &e;
-  // Each level is rethrown once and caught by reference; `keep` holds the level being examined.
-  std::exception_ptr keep;
-  while (const auto* nested = dynamic_cast<const std::nested_exception*>(current)) {
-    keep = nested->nested_ptr();
-    if (!keep) break;
-    try {
-      std::rethrow_exception(keep);
-    } catch (const std::exception& inner) {
-      chain.emplace_back(inner.what());
-      current = &inner;
-      continue;
-    } catch (...) {
-      chain.emplace_back("an exception that is not a std::exception");
-    }
-    break;
-  }
+  std::vector<std::string> chain;
+  detail::for_each_nested(e, [&](const std::exception* level) {
+    chain.emplace_back(level ? level->what() : "an exception that is not a std::exception");
+  });
   std::string out;
   for (std::size_t i = 0; i < chain.size(); ++i) {
     std::string line = chain[i];
@@ -69,21 +83,11 @@ inline std::string error_report(const std::exception& e, const std::string& pref
 /// The exit code run_main returns for exception `e`: 2 when the innermost exception nested in it
 /// (or `e` itself) is a lockstep::error, else 1.
 inline int exit_code_of(const std::exception& e) {
-  const std::exception* current = &e;
-  std::exception_ptr keep;
-  while (const auto* nested = dynamic_cast<const std::nested_exception*>(current)) {
-    keep = nested->nested_ptr();
-    if (!keep) break;
-    try {
-      std::rethrow_exception(keep);
-    } catch (const std::exception& inner) {
-      current = &inner;
-      continue;
-    } catch (...) {
-      return 1;
-    }
-  }
-  return dynamic_cast<const lockstep::error*>(current) ? 2 : 1;
+  bool lockstep_error = false;
+  detail::for_each_nested(e, [&](const std::exception* level) {
+    lockstep_error = level != nullptr && dynamic_cast<const lockstep::error*>(level) != nullptr;
+  });
+  return lockstep_error ? 2 : 1;
 }
 
 /// Runs `body()` (returning int, the exit code, or void, meaning 0). An exception that escapes it
