@@ -61,30 +61,12 @@ struct no_reducer_diagnosis {
 /// form only (every call does nothing), so that the strategy built on it adds no error of its
 /// own (every check of the strategy is skipped for it: is_no_reducer_v).
 template <class... Devices>
-struct no_reducer {
-  using reducer_concept = reducer_tag;  ///< in form a reducer
+struct no_reducer : single_device_reducer {
   /// Claims every device set (the error was already given).
   template <class... Ds>
   static constexpr bool supports = true;
-  /// Ignores the configuration.
-  explicit no_reducer(const reducer_config& = {}) noexcept {}
-  /// No workspace.
-  [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
-  /// Nothing to bind.
-  void bind(std::size_t, void*, std::size_t) noexcept {}
-  /// Nothing to sum.
-  template <class Ctx, class T>
-  void start(std::size_t, Ctx&, T*, std::size_t, std::size_t) noexcept {}
-  /// Nothing to wait for.
-  template <class Ctx>
-  void wait(std::size_t, Ctx&, std::size_t) noexcept {}
-  /// Nothing to broadcast.
-  template <class Ctx, class T>
-  void broadcast(std::size_t, Ctx&, T*, std::size_t, std::size_t) noexcept {}
-  /// Nothing to release.
-  void abort() noexcept {}
-  /// Nothing to re-arm.
-  void reset() noexcept {}
+  /// Ignores the configuration (every call does nothing, as single_device_reducer's).
+  explicit no_reducer(const reducer_config& c = {}) noexcept : single_device_reducer(c) {}
 };
 
 /// True for no_reducer<...>: the reducer of a device set whose error select_reducer already gave.
