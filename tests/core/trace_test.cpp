@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -131,4 +132,66 @@ TEST_CASE("trace: threads record concurrently into their own buffers; spans nest
   bad = block;
   bad.push_back(0);
   CHECK_THROWS_WITH_AS((void)ls::read_trace_block(bad), doctest::Contains("trailing"), ls::data_error);
+}
+
+namespace {
+/// A context that times its own stream, as the CUDA backend's does: it keeps what it was asked.
+struct timed_context {
+  std::vector<std::string> opened;
+  std::vector<std::size_t> closed;
+  int begun = 0, flushed = 0;
+  std::size_t trace_open(const char* name, const char*, const char*, std::int64_t) {
+    opened.emplace_back(name);
+    return opened.size() - 1;
+  }
+  void trace_close(std::size_t i) noexcept { closed.push_back(i); }
+  void trace_begin(const ls::trace_recorder&) { ++begun; }
+  void trace_flush(ls::trace_recorder& rec, std::size_t thread) {
+    ++flushed;
+    for (std::size_t i = 0; i < opened.size(); ++i) rec.record(thread, "device", "compute", 10, 20, "span", static_cast<std::int64_t>(i));
+  }
+};
+struct plain_context {};
+}  // namespace
+
+TEST_CASE("trace: work on a context that times its stream is a device span; on another, a host span") {
+  ls::trace_recorder rec(1, {.steps = {0, 1}});
+  timed_context dev;
+  plain_context host;
+  for (const bool active : {false, true}) {
+    CAPTURE(active);
+    rec.begin_step(active ? 0 : 5);
+    rec.clear();
+    dev = {};
+    ls::begin_device_spans(dev, &rec);
+    {
+      ls::work_span outer(dev, &rec, 0, "forward", "compute", "layer", 0);
+      ls::work_span inner(dev, &rec, 0, "backward", "compute", "layer", 0);
+    }
+    { ls::work_span on_host(host, &rec, 0, "update", "compute"); }
+    ls::end_device_spans(dev, &rec, 0);
+    ls::end_device_spans(host, &rec, 0);  // nothing to end on a plain context
+    if (!active) {
+      CHECK(dev.opened.empty());
+      CHECK(dev.begun == 0);
+      CHECK(dev.flushed == 0);
+      CHECK(rec.events(0).empty());
+      continue;
+    }
+    CHECK(dev.begun == 1);
+    CHECK(dev.opened == std::vector<std::string>{"forward", "backward"});
+    CHECK(dev.closed == std::vector<std::size_t>{1, 0});  // inner first
+    CHECK(dev.flushed == 1);
+    // the host span of the plain context, then the two device spans the flush recorded
+    REQUIRE(rec.events(0).size() == 3);
+    CHECK(std::string(rec.events(0)[0].name) == "update");
+    CHECK(std::string(rec.events(0)[1].name) == "device");
+  }
+  // a null recorder: nothing at all
+  timed_context none;
+  { ls::work_span s(none, nullptr, 0, "forward", "compute"); }
+  ls::begin_device_spans(none, nullptr);
+  ls::end_device_spans(none, nullptr, 0);
+  CHECK(none.opened.empty());
+  CHECK(none.begun + none.flushed == 0);
 }

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <charconv>
+#include <concepts>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -202,6 +203,58 @@ private:
   std::int64_t arg_ = 0;
   std::int64_t start_ = 0;
 };
+
+/// A span of work queued on context `ctx`: on a context that times its own stream (members
+/// `trace_open` and `trace_close`, the CUDA backend's) a device span, read back at the end of the
+/// step (end_device_spans), so that it shows when the work ran rather than when it was queued;
+/// on any other context a trace_span of the calling thread. Costs what a trace_span costs while
+/// the recorder is null or inactive.
+template <class Ctx>
+class work_span {
+public:
+  /// Starts a span of `thread` (a replica) on `recorder` (which may be null) for work on `ctx`.
+  work_span(Ctx& ctx, trace_recorder* recorder, std::size_t thread, const char* name, const char* category,
+            const char* arg_name = nullptr, std::int64_t arg = 0) noexcept
+      : host_(device_timed ? nullptr : recorder, thread, name, category, arg_name, arg) {
+    if constexpr (device_timed)
+      if (recorder != nullptr && recorder->active()) {
+        ctx_ = &ctx;
+        index_ = ctx.trace_open(name, category, arg_name, arg);
+      }
+  }
+  work_span(const work_span&) = delete;
+  work_span& operator=(const work_span&) = delete;
+  /// Ends the span.
+  ~work_span() {
+    if constexpr (device_timed)
+      if (ctx_ != nullptr) ctx_->trace_close(index_);
+  }
+
+private:
+  static constexpr bool device_timed = requires(Ctx& c, const char* s, std::int64_t a, std::size_t i) {
+    { c.trace_open(s, s, s, a) } -> std::convertible_to<std::size_t>;
+    c.trace_close(i);
+  };
+  trace_span host_;
+  Ctx* ctx_ = nullptr;
+  std::size_t index_ = 0;
+};
+
+/// Starts the device spans of a step on `ctx` (see work_span) when `recorder` records; nothing
+/// on a context without them.
+template <class Ctx>
+void begin_device_spans(Ctx& ctx, trace_recorder* recorder) {
+  if constexpr (requires(trace_recorder& r) { ctx.trace_begin(r); })
+    if (recorder != nullptr && recorder->active()) ctx.trace_begin(*recorder);
+}
+
+/// Ends the device spans of a step on `ctx`: waits for its work and records them as thread
+/// `thread` of `recorder` (call from that thread); nothing on a context without them.
+template <class Ctx>
+void end_device_spans(Ctx& ctx, trace_recorder* recorder, std::size_t thread) {
+  if constexpr (requires(trace_recorder& r) { ctx.trace_flush(r, thread); })
+    if (recorder != nullptr && recorder->active()) ctx.trace_flush(*recorder, thread);
+}
 
 /// One span of a serialized block, with its strings.
 struct trace_block_event {

@@ -153,7 +153,7 @@ public:
     update_info u = base_;
     bool read_back = false;
     if (recipe_->needs_epilogue()) {
-      const trace_span span(trace_, r, "epilogue", "compute");
+      const work_span span(ctx, trace_, r, "epilogue", "compute");
       if constexpr (device_memory<kind_type>::host_accessible) {
         const double* c = chunks_ready ? ws_->shared.data() : scan(g, ws_->per_replica[r]);
         res = decide_update(c, epilogue_chunks(param_count), in_);

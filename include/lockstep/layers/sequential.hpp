@@ -379,7 +379,8 @@ private:
   }
   template <std::size_t I, class T, class Ctx>
   static void forward_one(Ctx& ctx, const forward_args<T, Ctx, S, Out>& a, T* ws, std::size_t batch) {
-    const trace_span span(a.info.trace, a.info.trace_thread, "forward", "compute", "layer", static_cast<std::int64_t>(I));
+    const work_span<Ctx> span(ctx, a.info.trace, a.info.trace_thread, "forward", "compute", "layer",
+                              static_cast<std::int64_t>(I));
     layer_type<I>::forward(ctx, forward_args_for<T, Ctx, layer_type<I>>{a.params + param_offsets[I],
                                                                      {input_of<I>(a.x.data(), ws, batch), batch},
                                                                      {output_of<I>(a.y.data(), ws, batch), batch},
@@ -393,7 +394,8 @@ private:
     // layer J's input gradient: J gets an empty dx, and a parameter-free J is skipped (a network
     // that starts with reshape, or an activation, computes no gradient nobody reads).
     const bool nothing_below = param_offsets[J] == 0 && a.dx.empty();
-    const trace_span span(a.info.trace, a.info.trace_thread, "backward", "compute", "layer", static_cast<std::int64_t>(J));
+    const work_span<Ctx> span(ctx, a.info.trace, a.info.trace_thread, "backward", "compute", "layer",
+                              static_cast<std::int64_t>(J));
     if (nothing_below && params[J] == 0) {
       on_layer_done(J, param_offsets[J], params[J]);
       return;

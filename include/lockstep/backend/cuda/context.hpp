@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,7 @@
 #include <lockstep/backend/cuda/error.hpp>
 #include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
+#include <lockstep/core/trace.hpp>
 #include <lockstep/memory/resource.hpp>
 
 namespace lockstep {
@@ -124,6 +126,23 @@ std::string replica_memory_shortfall(const std::vector<int>& devices, std::size_
   return {};
 }
 
+/// The device spans of a trace (core/trace.hpp's work_span) on a context's compute stream: two
+/// timing events per span, made while a trace records and reused by later steps, and the base
+/// event that ties the stream's clock to the recorder's at the start of each traced step.
+struct device_trace {
+  /// What a span shows (static strings, as trace_event's).
+  struct span {
+    const char* name;
+    const char* category;
+    const char* arg_name;
+    std::int64_t arg;
+  };
+  std::vector<cuda_event> events;  // start and end of span i at 2i and 2i + 1
+  std::vector<span> spans;         // the step's spans so far
+  std::optional<cuda_event> base;  // marks base_ns on the compute stream
+  std::int64_t base_ns = 0;        // the recorder's time of the base event
+};
+
 /// Everything a cuda_context owns; created with its device current, destroyed the same way.
 struct cuda_context_state {
   int ordinal;
@@ -138,6 +157,7 @@ struct cuda_context_state {
   pinned_buffer<double> result{2};
   staging_slot slots[2];
   int next_slot = 0;
+  device_trace trace;
 
   cuda_context_state(int dev, cuda_options opts) : ordinal(dev), options(opts) {
     LOCKSTEP_CUBLAS_CHECK(cublasCreate(&blas));
@@ -242,6 +262,54 @@ public:
       state_->scratch = detail::device_bytes(std::max<std::size_t>(bytes, 4096));
     }
     return state_->scratch.get();
+  }
+
+  /// Starts the device spans of a traced step (core/trace.hpp's begin_device_spans): waits for the
+  /// compute stream, then marks it with a timing event taken as the recorder's present time. A
+  /// host wait, only while a trace records.
+  void trace_begin(const trace_recorder& rec) const {
+    device_guard g(ordinal());
+    auto& t = state_->trace;
+    if (!t.base) t.base.emplace(true);
+    state_->compute.synchronize();
+    t.base->record(compute_stream());
+    t.base->synchronize();
+    t.base_ns = rec.now();
+    t.spans.clear();
+  }
+  /// Opens a device span of the work queued next on the compute stream (core/trace.hpp's
+  /// work_span); returns its index for trace_close. Makes its events the first time only.
+  std::size_t trace_open(const char* name, const char* category, const char* arg_name, std::int64_t arg) const {
+    device_guard g(ordinal());
+    auto& t = state_->trace;
+    const std::size_t i = t.spans.size();
+    while (t.events.size() < 2 * (i + 1)) t.events.emplace_back(true);
+    t.spans.push_back({name, category, arg_name, arg});
+    t.events[2 * i].record(compute_stream());
+    return i;
+  }
+  /// Closes span `i` after the work queued so far (errors are left to the next checked call).
+  void trace_close(std::size_t i) const noexcept {
+    auto& t = state_->trace;
+    if (2 * i + 1 < t.events.size()) (void)cudaEventRecord(t.events[2 * i + 1].get(), compute_stream());
+  }
+  /// Waits for the step's work and records its device spans into `rec` as thread `thread`, on
+  /// the recorder's clock (the base event's time plus each event's time after it).
+  void trace_flush(trace_recorder& rec, std::size_t thread) const {
+    device_guard g(ordinal());
+    auto& t = state_->trace;
+    if (!t.base) return;
+    state_->compute.synchronize();
+    const auto at = [&](const cuda_event& e) {
+      float ms = 0;
+      LOCKSTEP_CUDA_CHECK(cudaEventElapsedTime(&ms, t.base->get(), e.get()));
+      return t.base_ns + static_cast<std::int64_t>(static_cast<double>(ms) * 1e6);
+    };
+    for (std::size_t i = 0; i < t.spans.size(); ++i) {
+      const auto& s = t.spans[i];
+      rec.record(thread, s.name, s.category, at(t.events[2 * i]), at(t.events[2 * i + 1]), s.arg_name, s.arg);
+    }
+    t.spans.clear();
   }
 
   /// Two page-locked doubles, where a reduction's results are copied for the host.

@@ -140,6 +140,7 @@ public:
       const std::size_t gr = world_->plan().first + r;  // this replica among all replicas of all workers
       pass_info info_r = info_b;
       info_r.trace_thread = r;
+      begin_device_spans(rep.context(), info.trace);
       for (std::size_t k = k_total * gr / gn; k < k_total * (gr + 1) / gn; ++k) {
         const loss_sum l = rep.forward_backward(loss, detail::micro_shard(g, whole, k, rows_), info_r);
         finish.observe(r, l);
@@ -200,17 +201,19 @@ public:
         }
       }
       summing.reset();
-      if (!part.last) return;
-      sync_.barrier(r);
-      {
-        const trace_span span(info.trace, r, "update", "compute");
-        finish.apply(r, chunk_sums != nullptr && (ride || spans));
-      }
-      if (finish.gathers()) {  // every replica has applied before anyone copies
+      if (part.last) {
         sync_.barrier(r);
-        const trace_span span(info.trace, r, "gather update", "communication");
-        finish.gather(r);
+        {
+          const work_span span(rep.context(), info.trace, r, "update", "compute");
+          finish.apply(r, chunk_sums != nullptr && (ride || spans));
+        }
+        if (finish.gathers()) {  // every replica has applied before anyone copies
+          sync_.barrier(r);
+          const trace_span span(info.trace, r, "gather update", "communication");
+          finish.gather(r);
+        }
       }
+      end_device_spans(rep.context(), info.trace, r);
     };
     ex.execute(job, info.step);
     // The update's sums so far, continued in micro-shard order: the same bits for any split.

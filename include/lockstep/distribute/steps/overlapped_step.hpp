@@ -64,6 +64,7 @@ public:
       info_r.accumulate = !part.first;
       const auto& layout = m.buckets();
       auto* grads = rep.model().gradients().data();
+      begin_device_spans(ctx, info.trace);
       loss_sum l;
       if (alone || !part.last) {
         l = rep.forward_backward(loss, b.shards[r], info_r);
@@ -95,9 +96,10 @@ public:
       loss_[r].correct += l.correct;
       loss_[r].labelled += l.labelled;
       if (part.last) {
-        const trace_span span(info.trace, r, "update", "compute");
+        const work_span span(ctx, info.trace, r, "update", "compute");
         finish.apply(r, false);
       }
+      end_device_spans(ctx, info.trace, r);
     };
     ex.execute(job, info.step);
     // A second phase (the sharded update's copy of the others' slices) once every replica applied.
