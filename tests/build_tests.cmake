@@ -5,10 +5,10 @@
 # All carry the CTest label `build`.
 
 # --- every public header alone ------------------------------------------------------------------
-# Where nvcc exists, tests/cuda/header_tests.cmake compiles every public header alone under nvcc,
-# whose host pass is this g++ with the same warnings (less -Wpedantic, which nvcc's generated code
-# does not meet): this g++ check is then left to the clang++ build (scripts/test.sh), which runs it
-# with -Wpedantic, so that a CUDA build does not parse every header a third time.
+# Where nvcc exists, tests/cuda/header_tests.cmake compiles every public header under nvcc, whose
+# host pass is this g++ with the same warnings (less -Wpedantic, which nvcc's generated code does
+# not meet): this check of each header alone is then left to the clang++ build (scripts/test.sh),
+# which runs it with -Wpedantic, so that a CUDA build does not parse every header once more.
 if(NOT LOCKSTEP_HAS_CUDA)
   # Headers under detail/ are private; .cuh files, backend/cuda/ and headers that include CUDA
   # headers need nvcc and are checked by the CUDA build.

@@ -1,19 +1,20 @@
-# Every public header compiled alone by nvcc (included by tests/cuda/CMakeLists.txt): each .hpp
-# and each .cuh of include/lockstep (detail/ folders are private and reached through them) gets a
-# generated .cu translation unit that includes it twice (the second inclusion checks the include
-# guard) and its own OBJECT library, built with the main build (-j) and re-checked by a CTest named
-# after the header, `build/nvcc_header/<header>` (label `build`). Then every header object is
+# Every public header compiled by nvcc (included by tests/cuda/CMakeLists.txt): each CUDA header
+# (.cuh, and the .hpp that hold CUDA code, see below) of include/lockstep (detail/ folders are
+# private and reached through them) gets a generated .cu translation unit that includes it twice
+# (the second inclusion checks the include guard) and its own OBJECT library; the host headers
+# of each folder share one. They are built with the main build (-j) and re-checked by a CTest
+# named after each header, `build/nvcc_header/<header>` (label `build`). Then every header object is
 # linked TWICE into one program (`build/nvcc_headers_link_twice`): a header that defines a
 # non-inline function or variable would define it twice, which the linker refuses. The model is
 # cuCollections' cmake/header_testing.cmake.
 #
 # A header that needs MPI (mpi.h, distribute/mpi.hpp, multi_worker.hpp), NCCL (nccl.h,
 # reducers/nccl.hpp, multi_worker_nccl.cuh), oneDNN (oneapi/dnnl) or the image libraries (png.h,
-# jpeglib.h, the data/ headers built on them) is compiled only where that library was found. In a
-# build with nvcc these are the per-header checks of the host compiler too (tests/build_tests.cmake). The translation units are compiled for PTX only (compute_90, no ptxas) and
-# the host compiler runs at -O0: what is checked is that nvcc's front ends (host and device side,
-# so every LOCKSTEP_HD function compiles for the device) and the host compiler accept each header
-# alone, warning-free, not machine code.
+# jpeglib.h, the data/ headers built on them) is compiled only where that library was found. The
+# translation units are compiled for PTX only (compute_90, no ptxas) and the host compiler runs at
+# -O0: what is checked is that nvcc's front ends (host and device side, so every LOCKSTEP_HD
+# function compiles for the device) and the host compiler accept each header, warning-free, not
+# machine code.
 set(_lockstep_include_dir ${PROJECT_SOURCE_DIR}/include)
 file(GLOB_RECURSE _lockstep_nvcc_headers CONFIGURE_DEPENDS RELATIVE ${_lockstep_include_dir}
      ${_lockstep_include_dir}/lockstep/*.hpp ${_lockstep_include_dir}/lockstep/*.cuh)
@@ -57,7 +58,14 @@ foreach(_lib mpi nccl)
   endwhile()
 endforeach()
 
+# A CUDA header (a .cuh, or a .hpp that includes CUDA's headers, a backend/cuda header, or
+# declares LOCKSTEP_HD or __device__ code) is compiled alone, one translation unit each. The host
+# headers of one folder share one translation unit (each included twice, in order): nvcc's front
+# ends and its host pass see every one of them, and each is compiled alone with -Wpedantic by the
+# host compilers' build/headers_compile_alone (tests/build_tests.cmake, the clang++ build of
+# scripts/test.sh), so a CUDA build does not parse every host header once more per header.
 set(_lockstep_nvcc_header_targets)
+set(_lockstep_nvcc_groups)
 foreach(_header IN LISTS _lockstep_nvcc_headers)
   if(_header MATCHES "(^|/)detail/")
     continue()
@@ -86,20 +94,50 @@ foreach(_header IN LISTS _lockstep_nvcc_headers)
     endif()
     list(APPEND _libs lockstep::images)
   endif()
-  string(REGEX REPLACE "[/.]" "_" _name "${_header}")
-  set(_tu ${CMAKE_CURRENT_BINARY_DIR}/nvcc_header_check/${_name}.cu)
-  file(CONFIGURE OUTPUT ${_tu}
-       CONTENT "// Generated: checks that <${_header}> compiles on its own under nvcc.\n#include <${_header}>\n#include <${_header}>\n"
-       @ONLY)
-  set(_target nvcc_header_${_name})
-  add_library(${_target} OBJECT ${_tu})
-  target_link_libraries(${_target} PRIVATE ${_libs} lockstep_warnings)
-  set_target_properties(${_target} PROPERTIES CUDA_ARCHITECTURES 90-virtual)
-  target_compile_options(${_target} PRIVATE -Xcompiler=-O0)  # the host pass only parses and type-checks
+  if(_header MATCHES "\\.cuh$" OR _header MATCHES "^lockstep/backend/cuda" OR _header STREQUAL "lockstep/cuda.hpp" OR
+     _text MATCHES "#[ \t]*include[ \t]*<(cuda|cublas|nccl|cub/|thrust/|lockstep/backend/cuda)" OR
+     _text MATCHES "LOCKSTEP_HD|__device__|__global__")
+    string(REGEX REPLACE "[/.]" "_" _name "${_header}")
+    set(_tu ${CMAKE_CURRENT_BINARY_DIR}/nvcc_header_check/${_name}.cu)
+    file(CONFIGURE OUTPUT ${_tu}
+         CONTENT "// Generated: checks that <${_header}> compiles on its own under nvcc.\n#include <${_header}>\n#include <${_header}>\n"
+         @ONLY)
+    set(_target nvcc_header_${_name})
+    add_library(${_target} OBJECT ${_tu})
+    target_link_libraries(${_target} PRIVATE ${_libs} lockstep_warnings)
+    list(APPEND _lockstep_nvcc_header_targets ${_target})
+  else()
+    get_filename_component(_folder ${_header} DIRECTORY)
+    string(REGEX REPLACE "[/.]" "_" _group "${_folder}")
+    if(NOT _group IN_LIST _lockstep_nvcc_groups)
+      list(APPEND _lockstep_nvcc_groups ${_group})
+      set(_group_headers_${_group})
+      set(_group_libs_${_group})
+    endif()
+    list(APPEND _group_headers_${_group} ${_header})
+    list(APPEND _group_libs_${_group} ${_libs})
+    set(_target nvcc_headers_${_group})
+  endif()
   add_test(NAME build/nvcc_header/${_header} COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target ${_target})
   set_tests_properties(build/nvcc_header/${_header} PROPERTIES LABELS "build" TIMEOUT 300
                        RESOURCE_LOCK lockstep_build_tree)  # one cmake --build of this tree at a time
+endforeach()
+foreach(_group IN LISTS _lockstep_nvcc_groups)
+  set(_content "// Generated: the host headers of one folder under nvcc, each included twice.\n")
+  foreach(_header IN LISTS _group_headers_${_group})
+    string(APPEND _content "#include <${_header}>\n#include <${_header}>\n")
+  endforeach()
+  set(_tu ${CMAKE_CURRENT_BINARY_DIR}/nvcc_header_check/group_${_group}.cu)
+  file(CONFIGURE OUTPUT ${_tu} CONTENT "${_content}" @ONLY)
+  list(REMOVE_DUPLICATES _group_libs_${_group})
+  set(_target nvcc_headers_${_group})
+  add_library(${_target} OBJECT ${_tu})
+  target_link_libraries(${_target} PRIVATE ${_group_libs_${_group}} lockstep_warnings)
   list(APPEND _lockstep_nvcc_header_targets ${_target})
+endforeach()
+foreach(_target IN LISTS _lockstep_nvcc_header_targets)
+  set_target_properties(${_target} PROPERTIES CUDA_ARCHITECTURES 90-virtual)
+  target_compile_options(${_target} PRIVATE -Xcompiler=-O0)  # the host pass only parses and type-checks
 endforeach()
 
 # Every header object twice in one program: non-inline definitions collide.
