@@ -38,7 +38,8 @@ run_tests() {
 #    bundle made from them); every test;
 #  - clang: the host path with clang++ and the host float GEMM through oneDNN's matmul primitive
 #    (CUDA, the fuzz harnesses, MPI and interop ran above): every header alone with -Wpedantic,
-#    tests, examples and benchmarks built, the tests run;
+#    tests, examples and benchmarks built at -O1 (clang's warnings come from its front end; the
+#    g++ build runs the tests at -O3), the tests run;
 #  - tsan: the pipeline tests and the reducer and stage conformance suites (test_threads) under
 #    ThreadSanitizer (the pipeline's stages and the reducers use threads).
 declare -A passed skipped_of
