@@ -20,7 +20,7 @@ static_assert(std::is_same_v<ls::context_t<ls::cpu<3>>, ls::host_context>);
 namespace {
 using test_support::random_vector;
 template <class T>
-T at(const std::vector<T>& x, std::size_t ld, trans t, std::size_t r, std::size_t c) {
+T ref_at(const std::vector<T>& x, std::size_t ld, trans t, std::size_t r, std::size_t c) {
   return test_support::op_at(x, ld, t, r, c);
 }
 
@@ -64,7 +64,7 @@ TEST_CASE_TEMPLATE("gemm matches the naive product for all transpositions and ed
                   }
                   double ref = 0;
                   for (std::size_t i = 0; i < k; ++i)
-                    ref += double(at(a, lda, ta, r, i)) * double(at(b, ldb, tb, i, col));
+                    ref += double(ref_at(a, lda, ta, r, i)) * double(ref_at(b, ldb, tb, i, col));
                   ref = double(alpha) * ref + double(beta) * double(c0[r * ldc + col]);
                   CHECK(std::abs(double(c[r * ldc + col]) - ref) <= tol * (1 + double(k)));
                 }

@@ -20,7 +20,7 @@ namespace ld = lockstep::data;
 
 namespace {
 
-std::vector<int> range_of(int n) {
+std::vector<int> stage_range(int n) {
   std::vector<int> v(static_cast<std::size_t>(n));
   std::iota(v.begin(), v.end(), 0);
   return v;
@@ -41,14 +41,14 @@ TEST_CASE("map, filter and composed closures") {
   for (int n : sizes) {
     CAPTURE(n);
     const auto stage = ld::map([](int x) { return 2 * x; }) | ld::filter([](int x) { return x % 3 != 0; });
-    const auto d = ld::from_vector(range_of(n)) | stage;
+    const auto d = ld::from_vector(stage_range(n)) | stage;
     std::vector<int> want;
     for (int x = 0; x < n; ++x)
       if ((2 * x) % 3 != 0) want.push_back(2 * x);
     CHECK(collect(d) == want);
     CHECK(collect(d, 5) == want);  // every epoch replays
   }
-  const auto to_string = ld::from_vector(range_of(3)) | ld::map([](int x) { return std::to_string(x); });
+  const auto to_string = ld::from_vector(stage_range(3)) | ld::map([](int x) { return std::to_string(x); });
   CHECK(collect(to_string) == std::vector<std::string>{"0", "1", "2"});
 }
 
@@ -57,10 +57,10 @@ TEST_CASE("take, skip, repeat count elements exactly") {
     for (std::uint64_t k : {0u, 1u, 2u, 5u, 200u}) {
       CAPTURE(n);
       CAPTURE(k);
-      const auto src = ld::from_vector(range_of(n));
+      const auto src = ld::from_vector(stage_range(n));
       const auto taken = collect(src | ld::take(k));
       CHECK(taken.size() == std::min<std::size_t>(k, static_cast<std::size_t>(n)));
-      CHECK(std::equal(taken.begin(), taken.end(), range_of(n).begin()));
+      CHECK(std::equal(taken.begin(), taken.end(), stage_range(n).begin()));
       const auto skipped = collect(src | ld::skip(k));
       CHECK(skipped.size() == static_cast<std::size_t>(n) - std::min<std::size_t>(k, static_cast<std::size_t>(n)));
       if (!skipped.empty()) CHECK(skipped.front() == static_cast<int>(k));
@@ -74,7 +74,7 @@ TEST_CASE("take, skip, repeat count elements exactly") {
 
 TEST_CASE("take pulls no more elements than it yields") {
   int pulled = 0;
-  const auto src = ld::from_vector(range_of(100)) | ld::map([&pulled](int x) {
+  const auto src = ld::from_vector(stage_range(100)) | ld::map([&pulled](int x) {
                      ++pulled;
                      return x;
                    });
@@ -85,31 +85,31 @@ TEST_CASE("take pulls no more elements than it yields") {
 TEST_CASE("shuffle: buffer 1 is the identity") {
   for (int n : sizes) {
     CAPTURE(n);
-    CHECK(collect(ld::from_vector(range_of(n)) | ld::shuffle(1, 42), 3) == range_of(n));
+    CHECK(collect(ld::from_vector(stage_range(n)) | ld::shuffle(1, 42), 3) == stage_range(n));
   }
 }
 
 TEST_CASE("shuffle: a buffer >= n gives a permutation, same seed same order, another epoch another order") {
   for (int n : sizes) {
     CAPTURE(n);
-    const auto d = ld::from_vector(range_of(n)) | ld::shuffle(static_cast<std::size_t>(std::max(n, 1)) + 3, 7);
+    const auto d = ld::from_vector(stage_range(n)) | ld::shuffle(static_cast<std::size_t>(std::max(n, 1)) + 3, 7);
     const auto e0 = collect(d, 0), e0_again = collect(d, 0), e1 = collect(d, 1);
     auto sorted = e0;
     std::sort(sorted.begin(), sorted.end());
-    CHECK(sorted == range_of(n));
+    CHECK(sorted == stage_range(n));
     CHECK(e0 == e0_again);
-    const auto other_seed = collect(ld::from_vector(range_of(n)) | ld::shuffle(static_cast<std::size_t>(n) + 3, 8), 0);
+    const auto other_seed = collect(ld::from_vector(stage_range(n)) | ld::shuffle(static_cast<std::size_t>(n) + 3, 8), 0);
     if (n >= 7) {
       CHECK(e0 != e1);
       CHECK(e0 != other_seed);
-      CHECK(e0 != range_of(n));
+      CHECK(e0 != stage_range(n));
     }
   }
 }
 
 TEST_CASE("shuffle: full buffer is uniform over permutations (n = 3)") {
   std::map<std::vector<int>, int> counts;
-  const auto d = ld::from_vector(range_of(3)) | ld::shuffle(3, 1234);
+  const auto d = ld::from_vector(stage_range(3)) | ld::shuffle(3, 1234);
   const int trials = 6000;
   for (int e = 0; e < trials; ++e) ++counts[collect(d, static_cast<std::uint64_t>(e))];
   CHECK(counts.size() == 6);
@@ -125,7 +125,7 @@ TEST_CASE("shuffle: bounded buffer keeps each element within the window") {
       for (std::uint64_t epoch : {0u, 1u, 2u}) {
         CAPTURE(n);
         CAPTURE(b);
-        const auto out = collect(ld::from_vector(range_of(n)) | ld::shuffle(b, 99), epoch);
+        const auto out = collect(ld::from_vector(stage_range(n)) | ld::shuffle(b, 99), epoch);
         REQUIRE(out.size() == static_cast<std::size_t>(n));
         std::vector<int> seen(static_cast<std::size_t>(n), 0);
         for (std::size_t p = 0; p < out.size(); ++p) {
@@ -212,7 +212,7 @@ TEST_CASE("cache replays the first complete pass and an abandoned pass caches no
   for (int n : sizes) {
     CAPTURE(n);
     std::atomic<int> pulled{0};
-    const auto d = ld::from_vector(range_of(n)) | ld::map([&pulled](int x) {
+    const auto d = ld::from_vector(stage_range(n)) | ld::map([&pulled](int x) {
                      ++pulled;
                      return x;
                    }) |
@@ -231,7 +231,7 @@ TEST_CASE("cache replays the first complete pass and an abandoned pass caches no
     CHECK(first == again);
     auto sorted = first;
     std::sort(sorted.begin(), sorted.end());
-    CHECK(sorted == range_of(n));
+    CHECK(sorted == stage_range(n));
   }
 }
 
@@ -240,7 +240,7 @@ TEST_CASE("parallel_map keeps the order and forwards exceptions in place") {
     for (std::size_t workers : {1u, 2u, 3u, 8u}) {
       CAPTURE(n);
       CAPTURE(workers);
-      const auto d = ld::from_vector(range_of(n)) | ld::parallel_map(
+      const auto d = ld::from_vector(stage_range(n)) | ld::parallel_map(
                                                         [](int x) {
                                                           if (x % 7 == 3) std::this_thread::yield();
                                                           return std::to_string(x * x);
@@ -250,7 +250,7 @@ TEST_CASE("parallel_map keeps the order and forwards exceptions in place") {
       REQUIRE(out.size() == static_cast<std::size_t>(n));
       for (int i = 0; i < n; ++i) CHECK(out[static_cast<std::size_t>(i)] == std::to_string(i * i));
     }
-  const auto failing = ld::from_vector(range_of(50)) | ld::parallel_map(
+  const auto failing = ld::from_vector(stage_range(50)) | ld::parallel_map(
                                                            [](int x) {
                                                              if (x == 20) throw std::runtime_error("bad element 20");
                                                              return x;
@@ -262,7 +262,7 @@ TEST_CASE("parallel_map keeps the order and forwards exceptions in place") {
         for (auto&& x : failing.epoch()) got.push_back(x);
       }(),
       doctest::Contains("bad element 20"));
-  CHECK(got == range_of(20));  // everything before the failing element, in order
+  CHECK(got == stage_range(20));  // everything before the failing element, in order
   // leaving early joins the workers
   int seen = 0;
   for (auto&& x : failing.epoch()) {
@@ -273,7 +273,7 @@ TEST_CASE("parallel_map keeps the order and forwards exceptions in place") {
 }
 
 TEST_CASE("exceptions thrown in map and in a user source reach the consumer") {
-  const auto bad_map = ld::from_vector(range_of(10)) | ld::map([](int x) {
+  const auto bad_map = ld::from_vector(stage_range(10)) | ld::map([](int x) {
                          if (x == 4) throw std::runtime_error("map failed at 4");
                          return x;
                        }) |
@@ -292,7 +292,7 @@ TEST_CASE("exceptions thrown in map and in a user source reach the consumer") {
     if (calls == 4) return std::nullopt;
     return calls++;
   });
-  CHECK(collect(lambda) == range_of(4));
-  CHECK(collect(lambda, 1) == range_of(4));  // each epoch starts from a fresh copy
+  CHECK(collect(lambda) == stage_range(4));
+  CHECK(collect(lambda, 1) == stage_range(4));  // each epoch starts from a fresh copy
   (void)calls;
 }

@@ -38,7 +38,7 @@ struct run_result {
 };
 
 template <class Strategy, class Opt>
-run_result train(std::size_t replicas, bool shard, const Opt& opt, std::size_t steps = 12) {
+run_result train_sharded(std::size_t replicas, bool shard, const Opt& opt, std::size_t steps = 12) {
   Strategy s(ls::device_selection::first(replicas), ls::strategy_options{.micro_shard_rows = 8, .shard_optimizer = shard});
   auto m = s.template replicate<net>(ls::seed{5});
   CHECK(m.optimizer_sharded() == (shard && replicas > 1));
@@ -61,8 +61,8 @@ template <class Strategy, class Opt>
 void check_sharded_is_unsharded(const Opt& opt, std::size_t arrays) {
   for (const std::size_t n : {2u, 3u, 4u}) {
     CAPTURE(n);
-    const run_result plain = train<Strategy>(n, false, opt);
-    const run_result sharded = train<Strategy>(n, true, opt);
+    const run_result plain = train_sharded<Strategy>(n, false, opt);
+    const run_result sharded = train_sharded<Strategy>(n, true, opt);
     CHECK(sharded.replicas_identical);
     CHECK(sharded.params == plain.params);  // bitwise
     CHECK(sharded.state == plain.state);    // the checkpointed state does not depend on sharding
@@ -93,10 +93,10 @@ TEST_CASE("shard_optimizer: the same bits as the unsharded update, with 1/N of t
 
 TEST_CASE("shard_optimizer: replica_count_invariant stays invariant across replica counts and sharding") {
   const ls::adam opt{.lr = 1e-3f};
-  const run_result one = train<invariant>(1, false, opt);
+  const run_result one = train_sharded<invariant>(1, false, opt);
   for (const std::size_t n : {2u, 3u, 4u}) {
     CAPTURE(n);
-    CHECK(train<invariant>(n, true, opt).params == one.params);
+    CHECK(train_sharded<invariant>(n, true, opt).params == one.params);
   }
 }
 
@@ -131,7 +131,7 @@ TEST_CASE("shard_optimizer: a checkpointed state resumes on another replica coun
   // replica_count_invariant, so that the replica count does not change the sums: any difference
   // would come from the state moving between shardings.
   const ls::adamw opt{.lr = 1e-3f, .weight_decay = 0.05f};
-  const run_result ref = train<invariant>(2, false, opt, 12);
+  const run_result ref = train_sharded<invariant>(2, false, opt, 12);
   // 6 steps sharded on 3 replicas; its parameters and state (put together, as a checkpoint holds
   // them) loaded into a sharded 4-replica model and an unsharded 1-replica one; 6 more steps each.
   const ls::strategy_options sharded{.micro_shard_rows = 8, .shard_optimizer = true};

@@ -57,8 +57,8 @@ static_assert(std::is_same_v<ls::select_reducer_t<ls::cpu<0>>, ls::single_device
 static_assert(ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>>::replica_count == 3);
 
 // Buckets: reverse layer order, whole layers, boundaries from the constexpr layer offsets.
-using net = ls::sequential<ls::dense<4, 8>, ls::relu, ls::dense<8, 3>, ls::tanh, ls::dense<3, 2>>;
-using bound = ls::model<net>::bound;
+using bucket_net = ls::sequential<ls::dense<4, 8>, ls::relu, ls::dense<8, 3>, ls::tanh, ls::dense<3, 2>>;
+using bound = ls::model<bucket_net>::bound;
 constexpr auto per_layer = ls::plan_buckets<bound>(0);
 static_assert(per_layer.size == 3);
 static_assert(per_layer.buckets[0].first_layer == 4 && per_layer.buckets[0].count == 3 * 2 + 2);

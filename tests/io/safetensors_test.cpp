@@ -91,7 +91,7 @@ std::string replace(std::string s, const std::string& from, const std::string& t
   return s.replace(p, from.size(), to);
 }
 
-fs::path temp_dir(const std::string& name) {
+fs::path st_temp_dir(const std::string& name) {
   fs::path d = fs::temp_directory_path() / ("lockstep_st_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
@@ -410,7 +410,7 @@ TEST_CASE("safetensors: save and load a replicated model; the outputs are the sa
   auto p = image_params(6);
   a.load_parameters(p);
   a.set_step(33);
-  const auto dir = temp_dir("save");
+  const auto dir = st_temp_dir("save");
   for (const auto d : {ls::io::safetensors_dtype::f32, ls::io::safetensors_dtype::bf16}) {
     const fs::path f = dir / "w.safetensors";
     ls::save_safetensors(a, f, {.dtype = d});
@@ -475,7 +475,7 @@ TEST_CASE("safetensors: the EMA of the weights exports in place of the weights, 
     CAPTURE(sharded);
     ls::mirrored<ls::cpu<0>, ls::cpu<1>> s(ls::strategy_options{.shard_optimizer = sharded});
     auto m = s.replicate<flat_net>(ls::seed{5});
-    const auto dir = temp_dir(sharded ? "ema_sharded" : "ema");
+    const auto dir = st_temp_dir(sharded ? "ema_sharded" : "ema");
     CHECK_THROWS_WITH_AS(ls::save_safetensors(m, dir / "none.safetensors", {.ema = true}), doctest::Contains("no EMA"),
                          ls::config_error);
     ls::data::batch b;

@@ -38,7 +38,7 @@ static_assert(!ls::loss<int> && !ls::optimizer<int> && !ls::learning_rate_schedu
 
 namespace {
 
-auto samples() {
+auto archetype_samples() {
   std::vector<float> x(50 * 6);
   std::vector<std::int32_t> y(50);
   const ls::counter_rng rng(11, 12);
@@ -52,7 +52,7 @@ std::vector<float> train(const Opt& opt, const Sched& sched, std::vector<ls::cal
   ls::mirrored<ls::cpus> s(ls::device_selection::first(2));
   auto m = s.template replicate<Net>(ls::seed{4});
   more.push_back(ls::lr_schedule(sched));
-  (void)ls::fit(s, m, opt, archetype::loss{}, samples(), {.epochs = 3, .callbacks = std::move(more), .quiet = true});
+  (void)ls::fit(s, m, opt, archetype::loss{}, archetype_samples(), {.epochs = 3, .callbacks = std::move(more), .quiet = true});
   return m.parameters_to_host();
 }
 
@@ -80,7 +80,7 @@ TEST_CASE("archetypes: a layer, loss, optimiser, schedule and callbacks with onl
 TEST_CASE("archetypes: evaluate runs the archetype loss through a strategy") {
   ls::mirrored<ls::cpus> s(ls::device_selection::first(3));
   auto m = s.replicate<ls::sequential<ls::dense<6, 3>, archetype::layer>>(ls::seed{9});
-  const ls::evaluation e = ls::evaluate(s, m, archetype::loss{}, samples());
+  const ls::evaluation e = ls::evaluate(s, m, archetype::loss{}, archetype_samples());
   CHECK(e.samples == 50);
   CHECK(std::isfinite(e.loss));
   CHECK(e.loss > 0);

@@ -40,7 +40,7 @@ static_assert(ls::data::batchable<ls::data::sample> && ls::data::batchable<ls::d
 
 namespace {
 
-using net = ls::sequential<ls::dense<6, 8>, ls::tanh, ls::dense<8, 3>>;
+using archetype_net = ls::sequential<ls::dense<6, 8>, ls::tanh, ls::dense<8, 3>>;
 constexpr std::size_t rows = 53, width = 6;  // a prime: uneven shards and a short last batch
 
 std::vector<float> features() {
@@ -86,12 +86,12 @@ TEST_CASE("archetypes: a strategy with only the concept's members trains, evalua
   for (const std::size_t n : {1u, 2u, 3u}) {
     CAPTURE(n);
     archetype::strategy mine(n);
-    auto a = archetype::make_replicas<net>(n, ls::seed{4});
+    auto a = archetype::make_replicas<archetype_net>(n, ls::seed{4});
     const ls::history ha = ls::fit(mine, a, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, data,
                                    {.epochs = 3, .validation = data, .quiet = true});
 
     ls::mirrored<ls::cpus> library(ls::device_selection::first(n), ls::strategy_options{.flush_denormals = false});
-    auto b = library.replicate<net>(ls::seed{4});
+    auto b = library.replicate<archetype_net>(ls::seed{4});
     const ls::history hb = ls::fit(library, b, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, data,
                                    {.epochs = 3, .validation = data, .quiet = true});
 
@@ -130,7 +130,7 @@ TEST_CASE("archetypes: a strategy spanning processes through its world (plan, su
     for (std::size_t rank = 0; rank < 2; ++rank)
       workers.emplace_back([&, rank] {
         archetype::worker_strategy s(w, rank, 2);
-        auto m = archetype::make_replicas<net>(1, ls::seed{4});
+        auto m = archetype::make_replicas<archetype_net>(1, ls::seed{4});
         hist[rank] = ls::fit(s, m, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, data,
                              {.epochs = 3, .validation = data, .quiet = true});
         ev[rank] = ls::evaluate(s, m, ls::softmax_cross_entropy{}, data);
@@ -138,7 +138,7 @@ TEST_CASE("archetypes: a strategy spanning processes through its world (plan, su
       });
   }
   archetype::strategy one(2);
-  auto m = archetype::make_replicas<net>(2, ls::seed{4});
+  auto m = archetype::make_replicas<archetype_net>(2, ls::seed{4});
   const ls::history h = ls::fit(one, m, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, data,
                                 {.epochs = 3, .validation = data, .quiet = true});
   const ls::evaluation e = ls::evaluate(one, m, ls::softmax_cross_entropy{}, data);
@@ -182,8 +182,8 @@ TEST_CASE("archetypes: move-only rows from a user factory go through shuffle, ba
   CHECK(*epochs_made == 3);  // one factory call per epoch iterated
 
   ls::mirrored<ls::cpus> s(ls::device_selection::first(2));
-  auto a = s.replicate<net>(ls::seed{8});
-  auto b = s.replicate<net>(ls::seed{8});
+  auto a = s.replicate<archetype_net>(ls::seed{8});
+  auto b = s.replicate<archetype_net>(ls::seed{8});
   (void)ls::fit(s, a, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, mine, options());
   (void)ls::fit(s, b, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, library, options());
   CHECK(a.parameters_to_host() == b.parameters_to_host());
@@ -198,8 +198,8 @@ TEST_CASE("archetypes: a batch source with a hand-written input range trains and
   const auto library = ls::data::from_vector(batches);
 
   ls::mirrored<ls::cpus> s(ls::device_selection::first(3));
-  auto a = s.replicate<net>(ls::seed{6});
-  auto b = s.replicate<net>(ls::seed{6});
+  auto a = s.replicate<archetype_net>(ls::seed{6});
+  auto b = s.replicate<archetype_net>(ls::seed{6});
   const ls::history ha = ls::fit(s, a, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, mine,
                                  {.epochs = 2, .validation = mine, .quiet = true});
   (void)ls::fit(s, b, ls::sgd{.lr = 0.2f}, ls::softmax_cross_entropy{}, library, options());

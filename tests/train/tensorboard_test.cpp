@@ -30,7 +30,7 @@ struct event {
 };
 
 // A protobuf reader over one message (varint, fixed32, fixed64, length-delimited).
-struct pb {
+struct pb_message {
   const std::uint8_t* p;
   const std::uint8_t* end;
   std::uint64_t varint() {
@@ -52,10 +52,10 @@ struct pb {
     p += sizeof(T);
     return v;
   }
-  pb sub() {
+  pb_message sub() {
     const auto n = varint();
     REQUIRE(static_cast<std::uint64_t>(end - p) >= n);
-    pb s{p, p + n};
+    pb_message s{p, p + n};
     p += n;
     return s;
   }
@@ -80,28 +80,28 @@ std::vector<event> read_events(const fs::path& path, std::size_t* torn_tail = nu
     std::memcpy(&crc_data, data + len, 4);
     CHECK(crc_data == tb::masked_crc32c({data, static_cast<std::size_t>(len)}));
     event e;
-    pb m{data, data + len};
+    pb_message m{data, data + len};
     while (m.p < m.end) {
       const auto key = m.varint();
       switch (key) {
         case (1 << 3) | 1: e.wall_time = m.fixed<double>(); break;
         case (2 << 3) | 0: e.step = static_cast<std::int64_t>(m.varint()); break;
         case (3 << 3) | 2: {
-          pb s = m.sub();
+          pb_message s = m.sub();
           e.file_version.assign(reinterpret_cast<const char*>(s.p), static_cast<std::size_t>(s.end - s.p));
           break;
         }
         case (5 << 3) | 2: {
-          pb summary = m.sub();
+          pb_message summary = m.sub();
           while (summary.p < summary.end) {
             REQUIRE(summary.varint() == ((1 << 3) | 2));
-            pb v = summary.sub();
+            pb_message v = summary.sub();
             std::string tag;
             float value = NAN;
             while (v.p < v.end) {
               const auto k = v.varint();
               if (k == ((1 << 3) | 2)) {
-                pb t = v.sub();
+                pb_message t = v.sub();
                 tag.assign(reinterpret_cast<const char*>(t.p), static_cast<std::size_t>(t.end - t.p));
               } else {
                 REQUIRE(k == ((2 << 3) | 5));
