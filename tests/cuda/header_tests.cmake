@@ -60,10 +60,10 @@ endforeach()
 
 # A CUDA header (a .cuh, or a .hpp that includes CUDA's headers, a backend/cuda header, or
 # declares LOCKSTEP_HD or __device__ code) is compiled alone, one translation unit each. The host
-# headers of one folder share one translation unit (each included twice, in order): nvcc's front
-# ends and its host pass see every one of them, and each is compiled alone with -Wpedantic by the
-# host compilers' build/headers_compile_alone (tests/build_tests.cmake, the clang++ build of
-# scripts/test.sh), so a CUDA build does not parse every host header once more per header.
+# headers share one translation unit (each included twice, in order): nvcc's front ends and its
+# host pass see every one of them, and each is compiled alone with -Wpedantic by the host
+# compilers' build/headers_compile_alone (tests/build_tests.cmake, the clang++ build of
+# scripts/test.sh), so a CUDA build does not parse the host headers once more per header or folder.
 set(_lockstep_nvcc_header_targets)
 set(_lockstep_nvcc_groups)
 foreach(_header IN LISTS _lockstep_nvcc_headers)
@@ -107,8 +107,7 @@ foreach(_header IN LISTS _lockstep_nvcc_headers)
     target_link_libraries(${_target} PRIVATE ${_libs} lockstep_warnings)
     list(APPEND _lockstep_nvcc_header_targets ${_target})
   else()
-    get_filename_component(_folder ${_header} DIRECTORY)
-    string(REGEX REPLACE "[/.]" "_" _group "${_folder}")
+    set(_group host)
     if(NOT _group IN_LIST _lockstep_nvcc_groups)
       list(APPEND _lockstep_nvcc_groups ${_group})
       set(_group_headers_${_group})
@@ -123,7 +122,7 @@ foreach(_header IN LISTS _lockstep_nvcc_headers)
                        RESOURCE_LOCK lockstep_build_tree)  # one cmake --build of this tree at a time
 endforeach()
 foreach(_group IN LISTS _lockstep_nvcc_groups)
-  set(_content "// Generated: the host headers of one folder under nvcc, each included twice.\n")
+  set(_content "// Generated: lockstep's host headers under nvcc, each included twice.\n")
   foreach(_header IN LISTS _group_headers_${_group})
     string(APPEND _content "#include <${_header}>\n#include <${_header}>\n")
   endforeach()
