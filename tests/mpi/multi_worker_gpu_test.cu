@@ -189,19 +189,8 @@ TEST_CASE("multi_worker<gpus>: 20 steps over every GPU of every worker equal one
 
 TEST_CASE("multi_worker<gpus>: every sample of an epoch reaches exactly one GPU of one worker") {
   ls::multi_worker_mirrored<ls::gpus> s(my_gpus());
-  const ls::shard_plan p = s.plan();
-  std::vector<std::uint64_t> mine;
-  std::uint64_t expected = 0;
-  for (std::size_t k = 0; k < sizes.size(); ++k) {
-    const auto db = ls::data::detail::make_sharded(make_batch(k), p.parts, p.first, s.num_replicas());
-    auto seen = s.run([](std::size_t, const ls::data::shard& sh) {
-      return std::vector<std::uint64_t>(sh.indices, sh.indices + sh.size);
-    }, db);
-    for (auto& v : seen) mine.insert(mine.end(), v.begin(), v.end());
-    expected += sizes[k];
-  }
-  std::vector<std::uint64_t> all = test_support::gather_all(mine);
-  CHECK(all.size() == expected);
+  std::vector<std::uint64_t> all =
+      test_support::gather_all(test_support::indices_seen(s, sizes.size(), [](std::size_t k) { return make_batch(k); }));
   std::sort(all.begin(), all.end());
   std::vector<std::uint64_t> want;
   for (std::size_t k = 0; k < sizes.size(); ++k)

@@ -154,19 +154,8 @@ TEST_CASE("multi_worker replica_count_invariant: a network with batch norm is a 
 
 TEST_CASE("multi_worker: every sample of an epoch reaches exactly one replica of one worker") {
   ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(2));
-  const ls::shard_plan p = s.plan();
-  std::vector<std::uint64_t> mine;
-  std::uint64_t expected = 0;
-  for (std::size_t i = 0; i < sizes.size(); ++i) {
-    const auto db = ls::data::detail::make_sharded(make_batch(sizes[i], i), p.parts, p.first, s.num_replicas());
-    auto seen = s.run([](std::size_t, const ls::data::shard& sh) {
-      return std::vector<std::uint64_t>(sh.indices, sh.indices + sh.size);
-    }, db);
-    for (auto& v : seen) mine.insert(mine.end(), v.begin(), v.end());
-    expected += sizes[i];
-  }
-  std::vector<std::uint64_t> all = test_support::gather_all(mine);
-  CHECK(all.size() == expected);
+  std::vector<std::uint64_t> all = test_support::gather_all(
+      test_support::indices_seen(s, sizes.size(), [](std::size_t i) { return make_batch(sizes[i], i); }));
   std::sort(all.begin(), all.end());
   CHECK(std::adjacent_find(all.begin(), all.end()) == all.end());
   std::vector<std::uint64_t> want;
@@ -297,8 +286,8 @@ TEST_CASE("multi_worker replica_count_invariant: a worker holds its micro-shards
   const ls::shard_plan p = world.plan();
   const auto db = ls::data::detail::make_sharded(make_batch(512, 0), p.parts, p.first, 2);
   const ls::step_stats st =
-      step.run(ex, unused, m, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{}, db, ls::pass_info::for_training(3, 0),
-               ls::update_info{0.1f, 1, 1.0 / 512});
+      ls::run_update(step, ex, unused, m, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{}, db,
+                     ls::pass_info::for_training(3, 0), ls::update_info{0.1f, 1, 1.0 / 512});
   CHECK(std::isfinite(st.loss_sum));
   constexpr std::size_t P = decltype(m)::param_count, K = 64;
   const std::size_t W = world.size();

@@ -1,6 +1,6 @@
 // What the MPI tests of several binaries share: this process's rank and the job's size, one
-// directory name for the whole job, a check that every rank holds the same bits, and the gather of
-// what every worker saw (the exactly-once checks: every sample reaches one replica of one worker).
+// directory name for the whole job, a check that every rank holds the same bits, and the exactly-
+// once check's parts (the samples this worker's replicas saw, every worker's gathered).
 #pragma once
 
 #include <mpi.h>
@@ -12,6 +12,9 @@
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include <lockstep/data/batch.hpp>
+#include <lockstep/data/shard_batches.hpp>
 
 namespace test_support {
 
@@ -59,6 +62,22 @@ inline std::vector<std::uint64_t> gather_all(const std::vector<std::uint64_t>& m
   std::vector<std::uint64_t> all(static_cast<std::size_t>(total));
   MPI_Allgatherv(mine.data(), n, MPI_UINT64_T, all.data(), counts.data(), displs.data(), MPI_UINT64_T, MPI_COMM_WORLD);
   return all;
+}
+
+/// The sample indices that the local replicas of strategy `s` see over batches 0..n-1 (`batch(i)`
+/// makes batch i), in batch and replica order.
+template <class Strategy, class MakeBatch>
+std::vector<std::uint64_t> indices_seen(Strategy& s, std::size_t n, MakeBatch&& batch) {
+  const auto p = s.plan();
+  std::vector<std::uint64_t> mine;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto db = lockstep::data::detail::make_sharded(batch(i), p.parts, p.first, s.num_replicas());
+    const auto seen = s.run([](std::size_t, const lockstep::data::shard& sh) {
+      return std::vector<std::uint64_t>(sh.indices, sh.indices + sh.size);
+    }, db);
+    for (const auto& v : seen) mine.insert(mine.end(), v.begin(), v.end());
+  }
+  return mine;
 }
 
 }  // namespace test_support

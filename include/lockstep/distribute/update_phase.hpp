@@ -82,7 +82,7 @@ private:
   epilogue_workspace<Kind>* ws_;
 };
 
-/// A whole update with the optimiser alone (no recipe): what a step policy's one-call form runs.
+/// A whole update with the optimiser alone (no recipe): what run_update (steps/step_policy.hpp) runs.
 template <class Replicated, class Optimizer>
 struct plain_update_phase {
   Replicated* m;          ///< the model

@@ -226,15 +226,6 @@ public:
     return partial_;
   }
 
-  /// One whole update of `m` on `b` (one batch, no recipe): the batch, then `opt` with `update`.
-  template <class Reducer, class Replicated, class Optimizer, class Loss>
-    requires optimizer<Optimizer>
-  step_stats run(executor& ex, Reducer& reducer, Replicated& m, const Optimizer& opt, const Loss& loss,
-                 const data::distributed_batch& b, const pass_info& info, const update_info& update) {
-    detail::plain_update_phase<Replicated, Optimizer> finish{&m, &opt, update};
-    return run(ex, reducer, m, loss, b, info, update_part{}, finish);
-  }
-
   /// Releases replicas waiting at the step's barriers.
   void abort() noexcept { sync_.abort(); }
   /// Ready again after a failure.

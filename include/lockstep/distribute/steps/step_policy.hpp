@@ -39,6 +39,7 @@
 #include <lockstep/data/batch.hpp>
 #include <lockstep/distribute/concepts.hpp>
 #include <lockstep/distribute/executor.hpp>
+#include <lockstep/distribute/update_phase.hpp>
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/losses/loss.hpp>
 #include <lockstep/optimizers/optimizer.hpp>
@@ -52,6 +53,18 @@ struct update_part {
   bool first = true;       ///< the update's first batch: the gradients start from it
   bool last = true;        ///< the update's last batch: aggregate, then update
 };
+
+/// One whole update of `m` on `b` through step policy `step` (one batch, no recipe): the batch's
+/// forward and backward and the aggregation, then `opt` with `update` on every replica (and the
+/// gather of a sharded optimiser). What a strategy's step does without its epilogue.
+template <class Policy, class Reducer, class Replicated, class Optimizer, class Loss>
+  requires optimizer<Optimizer>
+step_stats run_update(Policy& step, executor& ex, Reducer& reducer, Replicated& m, const Optimizer& opt,
+                      const Loss& loss, const data::distributed_batch& b, const pass_info& info,
+                      const update_info& update) {
+  detail::plain_update_phase<Replicated, Optimizer> finish{&m, &opt, update};
+  return step.run(ex, reducer, m, loss, b, info, update_part{}, finish);
+}
 
 }  // namespace lockstep
 
