@@ -1,12 +1,16 @@
 #pragma once
 // Small synthetic problems shared by the training tests.
 
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <lockstep/data.hpp>
@@ -22,6 +26,32 @@ inline std::filesystem::path temp_dir(const std::string& name) {
 }
 
 namespace ls = lockstep;
+
+/// Runs `train()` in a child process that writes checkpoints into `dir` until it is killed: waits
+/// (up to 60 s) for the child's first checkpoint, then `delay_us` microseconds more, kills it with
+/// SIGKILL and reaps it. True when the child died of that SIGKILL (not of an exception, exit 3, or
+/// by returning, exit 4).
+template <class Train>
+bool killed_while_checkpointing(const std::filesystem::path& dir, std::uint32_t delay_us, Train&& train) {
+  const pid_t child = ::fork();
+  if (child < 0) return false;
+  if (child == 0) {
+    try {
+      train();
+    } catch (...) {
+      ::_exit(3);
+    }
+    ::_exit(4);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (ls::checkpoint_manager(dir, 2).list().empty() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+}
 
 inline constexpr std::size_t width = 8;    // features per sample
 inline constexpr std::size_t classes = 3;  // labels 0..2

@@ -8,17 +8,13 @@
 
 #include <doctest/doctest.h>
 
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "train/helpers.hpp"
@@ -28,7 +24,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::size_t samples = 45;  // batches of 8: 5 full and one of 5; of 2: 22 and one of 1
+constexpr std::size_t fit_samples = 45;  // batches of 8: 5 full and one of 5; of 2: 22 and one of 1
 
 template <class... Ds>
 using invariant = ls::basic_mirrored<ls::select_reducer_t<Ds...>, ls::determinism::replica_count_invariant, Ds...>;
@@ -61,7 +57,7 @@ run_result fit_run(std::size_t batch, std::size_t k, Adjust adjust) {
   o.accumulate = k;
   adjust(o);
   run_result r;
-  r.h = ls::fit(s, m, ls::adamw{.lr = 5e-3f, .weight_decay = 0.01f}, ls::softmax_cross_entropy{}, pipeline(samples, batch), o);
+  r.h = ls::fit(s, m, ls::adamw{.lr = 5e-3f, .weight_decay = 0.01f}, ls::softmax_cross_entropy{}, pipeline(fit_samples, batch), o);
   r.params = m.parameters_to_host();
   r.ema = m.ema_to_host();
   r.steps = m.step();
@@ -96,7 +92,7 @@ TEST_CASE("fit: accumulate = 4 over batches of 2 is bitwise batches of 8 under r
   const auto big = fit_run<one_row<ls::cpu<0>>>(8, 1, plain);
   CHECK(big.steps == 18);
   CHECK(big.h.epochs[0].steps == 6);
-  CHECK(big.h.epochs[0].samples == samples);
+  CHECK(big.h.epochs[0].samples == fit_samples);
   check_same_history(fit_run<one_row<ls::cpu<0>, ls::cpu<1>>>(2, 4, plain).h, big.h);
   CHECK(fit_run<one_row<ls::cpu<0>, ls::cpu<1>>>(2, 4, plain).params == big.params);
   CHECK(fit_run<one_row<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>>>(4, 2, plain).params == big.params);
@@ -170,24 +166,9 @@ TEST_CASE("fit: SIGKILL in the middle of an accumulation group resumes from the 
   for (int round = 0; round < 2; ++round) {
     CAPTURE(round);
     const auto dir = temp_dir("acckill" + std::to_string(round));
-    const pid_t child = ::fork();
-    REQUIRE(child >= 0);
-    if (child == 0) {
-      try {
-        (void)accumulate_to<two>(1'000'000, dir);  // a checkpoint after every update until killed
-      } catch (...) {
-        ::_exit(3);
-      }
-      ::_exit(4);
-    }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (ls::checkpoint_manager(dir, 2).list().empty() && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    std::this_thread::sleep_for(std::chrono::microseconds(rng.u32(static_cast<std::uint64_t>(round)) % 150'000));
-    ::kill(child, SIGKILL);
-    int status = 0;
-    ::waitpid(child, &status, 0);
-    REQUIRE(WIFSIGNALED(status));
+    // a checkpoint after every update until killed
+    REQUIRE(killed_while_checkpointing(dir, rng.u32(static_cast<std::uint64_t>(round)) % 150'000,
+                                       [&] { (void)accumulate_to<two>(1'000'000, dir); }));
     const auto latest = ls::checkpoint_manager(dir, 2).load_latest(ls::model_signature<net>());
     REQUIRE(latest.has_value());
     const auto st = ls::checkpoint_state::from_file(*latest);
@@ -253,7 +234,7 @@ TEST_CASE("fit: validation with the EMA evaluates the average and leaves the liv
   ls::fit_options o{.epochs = 2, .validation = eval_pipeline(20, 6), .quiet = true};
   o.ema = {.decay = 0.7};
   o.validate_with_ema = true;
-  const auto h = ls::fit(s, m, ls::adam{.lr = 1e-2f}, ls::softmax_cross_entropy{}, pipeline(samples, 8), o);
+  const auto h = ls::fit(s, m, ls::adam{.lr = 1e-2f}, ls::softmax_cross_entropy{}, pipeline(fit_samples, 8), o);
   const auto live = m.parameters_to_host();
   const auto ema = ls::evaluate(s, m, ls::softmax_cross_entropy{}, eval_pipeline(20, 6), ls::weights::ema);
   CHECK(h.last().val_loss == ema.loss);
@@ -264,7 +245,7 @@ TEST_CASE("fit: validation with the EMA evaluates the average and leaves the liv
 TEST_CASE("fit: the update recipe example of docs/training.md runs: updates of 4 batches, clipped, guarded, with an EMA") {
   ls::mirrored<ls::cpu<0>, ls::cpu<1>> strategy;
   auto model = strategy.replicate<net>(ls::seed{21});
-  const auto train = pipeline(samples, 2);
+  const auto train = pipeline(fit_samples, 2);
   const auto test_data = eval_pipeline(20, 6);
   // example-begin recipe
   ls::fit_options o{.epochs = 2, .validation = test_data, .quiet = true};

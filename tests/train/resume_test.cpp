@@ -1,15 +1,11 @@
 #include <doctest/doctest.h>
 
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "train/helpers.hpp"
@@ -143,26 +139,9 @@ TEST_CASE("resume: SIGKILL while checkpointing every step leaves a loadable chec
   for (int round = 0; round < 3; ++round) {
     CAPTURE(round);
     const auto dir = temp_dir("kill" + std::to_string(round));
-    const pid_t child = ::fork();
-    REQUIRE(child >= 0);
-    if (child == 0) {
-      try {
-        (void)train_to<two>(1'000'000, dir);  // checkpoints after every step until killed
-      } catch (...) {
-        ::_exit(3);
-      }
-      ::_exit(4);
-    }
-    // wait for a first checkpoint, then kill at a random moment
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (ls::checkpoint_manager(dir, 2).list().empty() && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    std::this_thread::sleep_for(std::chrono::microseconds(rng.u32(static_cast<std::uint64_t>(round)) % 200'000));
-    ::kill(child, SIGKILL);
-    int status = 0;
-    ::waitpid(child, &status, 0);
-    REQUIRE(WIFSIGNALED(status));
-    CHECK(WTERMSIG(status) == SIGKILL);
+    // checkpoints after every step until killed, at a random moment after its first checkpoint
+    REQUIRE(killed_while_checkpointing(dir, rng.u32(static_cast<std::uint64_t>(round)) % 200'000,
+                                       [&] { (void)train_to<two>(1'000'000, dir); }));
 
     ls::checkpoint_manager mgr(dir, 2);
     const auto latest = mgr.load_latest(ls::model_signature<net>());  // never a torn file
