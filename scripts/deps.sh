@@ -9,7 +9,9 @@
 # libdnnl-dev: oneDNN, for the LOCKSTEP_HOST_GEMM=onednn build that scripts/test.sh tests as well.
 # libpng-dev, libjpeg62-turbo-dev: libpng and libjpeg-turbo (its libjpeg API) for the optional image
 # component (lockstep::images: PNG and JPEG decoding, image folders, tar shards) and its tests.
-lockstep_packages=(cmake g++ clang make libopenblas-dev doctest-dev libfmt-dev libcli11-dev zlib1g-dev
+# ninja-build: scripts/test.sh's generator (its test-time builds, such as the compile-fail and
+# header checks, then cost no make scan of the whole tree).
+lockstep_packages=(cmake g++ clang make ninja-build libopenblas-dev doctest-dev libfmt-dev libcli11-dev zlib1g-dev
                    libblas-dev libgfortran-12-dev dataset-fashion-mnist libclang-rt-14-dev libopenmpi-dev
                    openmpi-bin libdnnl-dev libpng-dev libjpeg62-turbo-dev)
 

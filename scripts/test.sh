@@ -46,7 +46,9 @@ declare -A passed skipped_of
 for preset in gcc clang tsan; do
   dir="$build"
   [ "$preset" = gcc ] || dir="${build}-${preset}"
-  cmake --preset "$preset" -S . -B "$dir"
+  generator=()
+  [ -f "$dir/CMakeCache.txt" ] || generator=(-G Ninja)  # a build directory made before keeps its generator
+  cmake --preset "$preset" -S . -B "$dir" "${generator[@]}"
   case "$preset" in
     gcc | clang)
       cmake --build "$dir" -j "$jobs"
