@@ -41,7 +41,7 @@ TEST_CASE("run_main: the body's result is the exit code, and nothing is printed"
   CHECK(run_captured([] {}) == std::pair<int, std::string>{0, ""});
 }
 
-TEST_CASE("run_main: a lockstep::error ends with `error: <what>` and exit code 2; another exception with 1") {
+TEST_CASE("run_main: a lockstep::error ends with `error: <what>` and exit code 2, and another exception with 1") {
   auto [code, text] = run_captured([]() -> int { throw ls::data_error("lockstep::data::csv: a.csv:3:2: bad"); });
   CHECK(code == 2);
   CHECK(text == "error: lockstep::data::csv: a.csv:3:2: bad\n");

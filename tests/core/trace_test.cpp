@@ -80,7 +80,7 @@ TEST_CASE("trace: recording allocates nothing, off or on, and a full buffer drop
   CHECK(r.dropped() == 0);
 }
 
-TEST_CASE("trace: threads record concurrently into their own buffers; spans nest; blocks round-trip") {
+TEST_CASE("trace: threads record concurrently into their own buffers, and spans nest, and blocks round-trip") {
   constexpr std::size_t threads = 4, steps = 6, layers = 5;
   ls::trace_recorder r(threads + 1, {.steps = {1, 5}, .events_per_thread = 1000});
   for (std::size_t t = 0; t < threads; ++t) r.name_thread(t, "replica " + std::to_string(t));
@@ -154,7 +154,7 @@ struct timed_context {
 struct plain_context {};
 }  // namespace
 
-TEST_CASE("trace: work on a context that times its stream is a device span; on another, a host span") {
+TEST_CASE("trace: work on a context that times its stream is a device span, and on another, a host span") {
   ls::trace_recorder rec(1, {.steps = {0, 1}});
   timed_context dev;
   plain_context host;

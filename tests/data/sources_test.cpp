@@ -289,7 +289,7 @@ TEST_CASE("csv: malformed rows raise data_error naming file, line and column") {
         "lockstep::data::csv: " + p + ": target_columns names column 2 (counted from 0) twice");
 }
 
-TEST_CASE("csv: target columns give regression samples; the other columns are the features") {
+TEST_CASE("csv: target columns give regression samples, and the other columns are the features") {
   temp_dir dir;
   const std::string p = dir.file("reg.csv");
   // Columns: x0, y1, x1, label, y0 (targets listed as {4, 1}: y0 first).

@@ -167,7 +167,7 @@ TEST_CASE("accumulation, run_to_run: bitwise run to run, and within 1e-5 per par
   CHECK(a != big);  // not bitwise: the sums' order differs
 }
 
-TEST_CASE("accumulation with batch norm: the statistics are each batch's over all replicas; N replicas equal one device accumulating the same batches") {
+TEST_CASE("accumulation with batch norm: the statistics are each batch's over all replicas, and N replicas equal one device accumulating the same batches") {
   using bn_net = ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<2, 5, 3, 0>, ls::batch_norm<>, ls::relu,
                                 ls::max_pool2d<2>, ls::flatten, ls::dense<32, 10>>;
   const ls::sgd opt{.lr = 0.05f, .momentum = 0.9f};
@@ -227,7 +227,7 @@ private:
 };
 }  // namespace
 
-TEST_CASE("accumulation, run_to_run: no collective before an update's last batch; its buckets are all-reduced once") {
+TEST_CASE("accumulation, run_to_run: no collective before an update's last batch, and its buckets are all-reduced once") {
   ls::basic_mirrored<counting_reducer, ls::determinism::run_to_run, ls::cpus> s(
       ls::device_selection::first(2), ls::strategy_options{.bucket_bytes = 0});  // one bucket per layer with parameters
   auto m = s.replicate<mlp>(ls::seed{1});
@@ -245,7 +245,7 @@ TEST_CASE("accumulation, run_to_run: no collective before an update's last batch
   CHECK(m.step() == 1);
 }
 
-TEST_CASE("accumulation: an update in progress belongs to one model; abandon_update starts afresh") {
+TEST_CASE("accumulation: an update in progress belongs to one model, and abandon_update starts afresh") {
   host s(ls::device_selection::first(2));
   auto a = s.replicate<mlp>(ls::seed{1});
   auto b = s.replicate<mlp>(ls::seed{1});

@@ -100,7 +100,7 @@ TEST_CASE("mirrored<cpus> under replica_count_invariant: 1, 2, 3 and 5 replicas 
   }
 }
 
-TEST_CASE("mirrored<cpus>: the default is one replica per allowed core; explicit ordinals name the replicas") {
+TEST_CASE("mirrored<cpus>: the default is one replica per allowed core, and explicit ordinals name the replicas") {
   runtime_host all;
   CHECK(all.num_replicas() == static_cast<std::size_t>(ls::allowed_cpu_count()));
   runtime_host picked({4, 0, 9});

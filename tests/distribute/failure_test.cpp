@@ -56,7 +56,7 @@ std::vector<float> train_with_failure(three& s, std::size_t bad, std::size_t fai
 
 }  // namespace
 
-TEST_CASE("an exception in one replica's step reaches the caller; the strategy works again" * doctest::timeout(5)) {
+TEST_CASE("an exception in one replica's step reaches the caller, and the strategy works again" * doctest::timeout(5)) {
   three s;
   const auto reference = train_with_failure(s, 0, 99);  // no failure; skips nothing
   for (std::size_t bad : {0u, 2u}) {

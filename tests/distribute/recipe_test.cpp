@@ -367,7 +367,7 @@ using reg_net = ls::sequential<ls::dense<6, 8>, ls::relu, ls::dense<8, 3>>;
 ls::data::batch reg_batch(std::size_t u, std::size_t rows) { return regression_batch(rows, 6, 3, 300 + u); }
 }  // namespace
 
-TEST_CASE("non-finite guard: a NaN in one replica's shard skips the update on every replica; the limit raises a numerics_error naming step, layer and replica") {
+TEST_CASE("non-finite guard: a NaN in one replica's shard skips the update on every replica, and the limit raises a numerics_error naming step, layer and replica") {
   host s(ls::device_selection::first(3));
   auto m = s.replicate<reg_net>(ls::seed{2});
   ls::update_recipe recipe;

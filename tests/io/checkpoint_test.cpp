@@ -231,7 +231,7 @@ TEST_CASE("checkpoint: bad magic and unsupported version are reported") {
   CHECK(message_of(bad).find("version 99") != std::string::npos);
 }
 
-TEST_CASE("checkpoint: files of formats 1 and 2 are read; format 1 has no callback state") {
+TEST_CASE("checkpoint: files of formats 1 and 2 are read, and format 1 has no callback state") {
   const auto s = sample_state();
   for (std::uint32_t version : {1u, 2u}) {
     CAPTURE(version);

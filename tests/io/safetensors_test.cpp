@@ -210,7 +210,7 @@ TEST_CASE("safetensors: PyTorch names, shapes and layouts of nn.Sequential") {
   CHECK(bare[1].name == "bias");
 }
 
-TEST_CASE("safetensors: F32 files round-trip bitwise; dense weights are stored [out, in]") {
+TEST_CASE("safetensors: F32 files round-trip bitwise, and dense weights are stored [out, in]") {
   const auto p = image_params(3);
   const auto file = ls::io::encode_safetensors<image_net>(p, 17);
   std::uint64_t n = 0;
@@ -404,7 +404,7 @@ TEST_CASE("safetensors: hostile or wrong headers are refused naming the tensor a
   }
 }
 
-TEST_CASE("safetensors: save and load a replicated model; the outputs are the same; another model is refused") {
+TEST_CASE("safetensors: save and load a replicated model, and the outputs are the same, and another model is refused") {
   ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
   auto a = s.replicate<image_net>(ls::seed{21});
   auto p = image_params(6);

@@ -307,7 +307,7 @@ TEST_CASE("max_pool2d: the gradient of a tied window goes to its first maximum")
   CHECK(dx == std::vector<double>{1.0, 10.0, 0.0, 100.0, 1000.0, 0.0, 0.0, 0.0, 0.0});
 }
 
-TEST_CASE("batch_norm: training normalises each channel over the batch and positions; evaluation uses running statistics") {
+TEST_CASE("batch_norm: training normalises each channel over the batch and positions, and evaluation uses running statistics") {
   using B = bn_image;  // shape<3, 4, 5>, momentum 1/10
   constexpr std::size_t rows = 5, C = 3, P = 20;
   ls::host_context ctx{1};

@@ -106,7 +106,7 @@ TEST_CASE("label smoothing: the gradient is the derivative of the loss sum (fini
   }
 }
 
-TEST_CASE("label smoothing: 0 is exactly the plain loss; a bad value is a config_error naming it") {
+TEST_CASE("label smoothing: 0 is exactly the plain loss, and a bad value is a config_error naming it") {
   ls::host_context ctx;
   const rows<float> p(20, 10, 8, 5.0);
   std::vector<float> g1(p.z.size()), g2(p.z.size()), s1(40), s2(40);

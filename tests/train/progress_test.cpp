@@ -123,7 +123,7 @@ TEST_CASE("progress: a budget that spans epochs, and a run resumed in the middle
   CHECK(out.find("max_steps 20 reached\n") == out.size() - std::string("max_steps 20 reached\n").size());
 }
 
-TEST_CASE("progress: without a budget nothing changes; note prints unless quiet") {
+TEST_CASE("progress: without a budget nothing changes, and note prints unless quiet") {
   std::FILE* f = std::tmpfile();
   REQUIRE(f);
   {

@@ -116,7 +116,7 @@ TEST_CASE("fit: drop_partial_update drops an epoch's last batches that do not fi
   CHECK(r.steps == 15);
 }
 
-TEST_CASE("fit: accumulate counts updates for max_steps and the step counter; a bad value is refused") {
+TEST_CASE("fit: accumulate counts updates for max_steps and the step counter, and a bad value is refused") {
   const auto r = fit_run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>>(2, 4, [](ls::fit_options& o) { o.max_steps = 7; });
   CHECK(r.steps == 7);
   CHECK(r.h.last().global_step == 7);

@@ -190,7 +190,7 @@ TEST_CASE("tensorboard: the writer's file starts with brain.Event:2 and holds ev
   fs::remove_all(dir);
 }
 
-TEST_CASE("tensorboard: the fit callback writes the epoch and step scalars; only the chief writes") {
+TEST_CASE("tensorboard: the fit callback writes the epoch and step scalars, and only the chief writes") {
   const auto dir = temp_dir("tb_fit");
   ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
   auto m = s.replicate<net>(ls::seed{3});
@@ -243,7 +243,7 @@ TEST_CASE("tensorboard: the fit callback writes the epoch and step scalars; only
   fs::remove_all(dir);
 }
 
-TEST_CASE("tensorboard: every_steps thins the step scalars; without validation no val tags") {
+TEST_CASE("tensorboard: every_steps thins the step scalars, and without validation no val tags") {
   const auto dir = temp_dir("tb_every");
   ls::mirrored<ls::cpu<0>> s;
   auto m = s.replicate<net>(ls::seed{3});
