@@ -719,6 +719,9 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
     restore(m, static_cast<const model_state&>(ck->first), optimizer, ck->second);
   }
   run.open_outputs();
+  if constexpr (requires { typename Strategy::kind_type; })
+    if constexpr (std::is_same_v<typename Strategy::kind_type, cpus>)
+      if (const std::string warning = host_gemm_warning(); !warning.empty()) run.note(warning);
   fit_tracer<Strategy> trace(s, w, o.trace_file, o.trace_steps, s.num_replicas());
   const auto save = [&](std::uint64_t epoch, std::uint64_t batches) {
     if (w.is_chief()) {

@@ -8,7 +8,9 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cctype>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -120,13 +122,44 @@ inline std::string host_gemm_name() {
 #endif
 }
 
+/// The warning due when OpenBLAS runs kernel set `core` on a CPU with AVX2 (`avx2`) or AVX-512
+/// (`avx512`) but the kernels use neither (a generic set such as Prescott, which an OpenBLAS
+/// older than the CPU picks): a sentence naming the fix, or empty when the kernels fit the CPU.
+inline std::string blas_kernel_warning(std::string_view core, bool avx2, bool avx512) {
+  if (!avx2 && !avx512) return {};
+  std::string lower(core);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  // OpenBLAS's x86-64 kernel sets that use AVX2 or AVX-512.
+  for (const std::string_view fast : {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids", "excavator"})
+    if (lower == fast) return {};
+  const char* isa = avx512 ? "AVX-512" : "AVX2";
+  const char* type = avx512 ? "SkylakeX" : "Haswell";
+  return "lockstep: warning: OpenBLAS runs its " + std::string(core) + " kernels, which do not use this CPU's " + isa +
+         " instructions: the host GEMM runs several times slower than it can. Set OPENBLAS_CORETYPE=" + type +
+         " in the environment before the program starts, or build lockstep with -DLOCKSTEP_HOST_GEMM=onednn";
+}
+
+/// blas_kernel_warning for this process's host GEMM and CPU: empty in the LOCKSTEP_HOST_GEMM=onednn
+/// build, where oneDNN picks its kernels from the CPU itself, and off x86-64. fit shows it on the
+/// chief's progress display when a host strategy trains.
+inline std::string host_gemm_warning() {
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN) || !defined(__x86_64__)
+  return {};
+#else
+  return blas_kernel_warning(blas_core_name(), __builtin_cpu_supports("avx2") != 0,
+                             __builtin_cpu_supports("avx512f") != 0);
+#endif
+}
+
 }  // namespace backend
 
 using backend::allowed_cpu_count;
 using backend::allowed_cpus;
 using backend::blas_core_name;
+using backend::blas_kernel_warning;
 using backend::hardware_threads;
 using backend::host_gemm_name;
+using backend::host_gemm_warning;
 using backend::host_context;
 
 }  // namespace lockstep
