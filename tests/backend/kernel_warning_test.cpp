@@ -21,21 +21,11 @@ namespace {
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-/// Whether this CPU has AVX2 / AVX-512 (false off x86-64).
-bool cpu_avx2() {
-#if defined(__x86_64__)
-  return __builtin_cpu_supports("avx2") != 0;
-#else
-  return false;
+#if !defined(LOCKSTEP_HOST_GEMM_ONEDNN) && defined(__x86_64__)
+/// Whether this CPU has AVX2 / AVX-512 (the OpenBLAS build's warning depends on them).
+bool cpu_avx2() { return __builtin_cpu_supports("avx2") != 0; }
+bool cpu_avx512() { return __builtin_cpu_supports("avx512f") != 0; }
 #endif
-}
-bool cpu_avx512() {
-#if defined(__x86_64__)
-  return __builtin_cpu_supports("avx512f") != 0;
-#else
-  return false;
-#endif
-}
 
 /// What fit prints on its progress display for one epoch of a tiny model on one host device.
 std::string fit_output(bool quiet) {
