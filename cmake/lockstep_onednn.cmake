@@ -1,10 +1,16 @@
-# The oneDNN host GEMM of the LOCKSTEP_HOST_GEMM=onednn build: defines the imported target
-# lockstep::onednn (oneDNN's headers and libdnnl, plus the OpenMP runtime libdnnl was built with,
-# whose per-thread thread count host_context::activate sets). Included by lockstep's
-# CMakeLists.txt and by the installed lockstepConfig.cmake.
+# The oneDNN host GEMM and convolutions of the LOCKSTEP_HOST_GEMM=onednn build: defines the
+# imported target lockstep::onednn (oneDNN's headers and libdnnl, plus the OpenMP runtime libdnnl
+# was built with, whose per-thread thread count host_context::activate sets). Included by
+# lockstep's CMakeLists.txt and by the installed lockstepConfig.cmake. With
+# LOCKSTEP_ONEDNN_OPTIONAL set (LOCKSTEP_HOST_GEMM=auto), a missing or unusable oneDNN defines
+# nothing instead of failing.
 if(NOT TARGET lockstep::onednn)
   find_path(LOCKSTEP_DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.h DOC "Folder holding oneapi/dnnl/dnnl.h")
   find_library(LOCKSTEP_DNNL_LIBRARY NAMES dnnl DOC "oneDNN's library (libdnnl)")
+  if((NOT LOCKSTEP_DNNL_INCLUDE_DIR OR NOT LOCKSTEP_DNNL_LIBRARY) AND LOCKSTEP_ONEDNN_OPTIONAL)
+    message(STATUS "lockstep: oneDNN not found (install libdnnl-dev for its kernels): using OpenBLAS")
+    return()
+  endif()
   if(NOT LOCKSTEP_DNNL_INCLUDE_DIR OR NOT LOCKSTEP_DNNL_LIBRARY)
     message(FATAL_ERROR "lockstep: LOCKSTEP_HOST_GEMM=onednn needs oneDNN, which was not found "
                         "(oneapi/dnnl/dnnl.h: ${LOCKSTEP_DNNL_INCLUDE_DIR}, libdnnl: ${LOCKSTEP_DNNL_LIBRARY}). "
@@ -18,10 +24,17 @@ if(NOT TARGET lockstep::onednn)
     # The GNU OpenMP runtime that Debian's libdnnl uses (libgomp.so.1 is found by its full name
     # too, for systems without the compiler's development link libgomp.so).
     find_library(LOCKSTEP_GOMP_LIBRARY NAMES gomp libgomp.so.1 DOC "The OpenMP runtime oneDNN uses (libgomp)")
+    if(NOT LOCKSTEP_GOMP_LIBRARY AND LOCKSTEP_ONEDNN_OPTIONAL)
+      message(STATUS "lockstep: oneDNN was built with OpenMP, but libgomp was not found: using OpenBLAS")
+      return()
+    endif()
     if(NOT LOCKSTEP_GOMP_LIBRARY)
       message(FATAL_ERROR "lockstep: oneDNN was built with OpenMP, but libgomp was not found (set LOCKSTEP_GOMP_LIBRARY)")
     endif()
     list(APPEND _lockstep_dnnl_libs ${LOCKSTEP_GOMP_LIBRARY})
+  elseif(NOT _lockstep_dnnl_runtime MATCHES "DNNL_RUNTIME_SEQ" AND LOCKSTEP_ONEDNN_OPTIONAL)
+    message(STATUS "lockstep: oneDNN's CPU threading is neither OpenMP nor sequential: using OpenBLAS")
+    return()
   elseif(NOT _lockstep_dnnl_runtime MATCHES "DNNL_RUNTIME_SEQ")
     message(FATAL_ERROR "lockstep: LOCKSTEP_HOST_GEMM=onednn supports oneDNN built with OpenMP or sequential "
                         "CPU threading; ${LOCKSTEP_DNNL_INCLUDE_DIR}/oneapi/dnnl/dnnl_config.h says: ${_lockstep_dnnl_runtime}")

@@ -6,7 +6,8 @@
 # clang and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes): the fuzz harnesses, and
 # scripts/test.sh builds and runs the host tests with clang++ as well as g++.
 # libopenmpi-dev, openmpi-bin: Open MPI for the multi-worker strategies and their tests (label mpi).
-# libdnnl-dev: oneDNN, for the LOCKSTEP_HOST_GEMM=onednn build that scripts/test.sh tests as well.
+# libdnnl-dev: oneDNN, the host GEMM that the default build (LOCKSTEP_HOST_GEMM=auto) picks when found;
+# scripts/test.sh tests both that build and the OpenBLAS one.
 # libpng-dev, libjpeg62-turbo-dev: libpng and libjpeg-turbo (its libjpeg API) for the optional image
 # component (lockstep::images: PNG and JPEG decoding, image folders, tar shards) and its tests.
 # ninja-build: scripts/test.sh's generator (its test-time builds, such as the compile-fail and

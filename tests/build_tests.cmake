@@ -86,8 +86,15 @@ add_test(NAME build/add_subdirectory
          COMMAND ${CMAKE_COMMAND} ${_consumer_args} -DMODE=subdirectory
                  -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/consumer_subdirectory
                  -P ${CMAKE_CURRENT_SOURCE_DIR}/build/check_consumer.cmake)
+# The host GEMM lockstep's default (LOCKSTEP_HOST_GEMM=auto) chooses here: oneDNN where it is installed.
+find_path(LOCKSTEP_TEST_DNNL_HEADER_DIR oneapi/dnnl/dnnl.h DOC "oneDNN's headers, as the default host GEMM finds them")
+find_library(LOCKSTEP_TEST_DNNL_LIBRARY NAMES dnnl DOC "libdnnl, as the default host GEMM finds it")
+set(_default_gemm openblas)
+if(LOCKSTEP_TEST_DNNL_HEADER_DIR AND LOCKSTEP_TEST_DNNL_LIBRARY)
+  set(_default_gemm onednn)
+endif()
 add_test(NAME build/getting_started_cmake_defaults
-         COMMAND ${CMAKE_COMMAND} ${_consumer_args} -DMODE=defaults
+         COMMAND ${CMAKE_COMMAND} ${_consumer_args} -DMODE=defaults -DEXPECTED_DEFAULT_GEMM=${_default_gemm}
                  -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/consumer_defaults
                  -P ${CMAKE_CURRENT_SOURCE_DIR}/build/check_consumer.cmake)
 set_tests_properties(build/install_and_find_package build/add_subdirectory build/getting_started_cmake_defaults

@@ -146,6 +146,7 @@ int train_with(Strategy& strategy, const config& c, std::size_t workers, bool ch
   o.callbacks.push_back(ls::lr_schedule(ls::cosine_schedule{.total = epochs * steps_per_epoch, .min_lr = 0.0f}));
   if (!c.tensorboard.empty()) o.callbacks.push_back(ls::tensorboard(c.tensorboard, {.chief = chief}));  // after the schedule
   o.quiet = c.quiet;
+  o.show_kernels = true;  // the host GEMM's kernels, first line of the progress display (cpu replicas)
   o.metrics_file = c.metrics_file;
   o.checkpoint_dir = c.checkpoint_dir;
   o.resume = c.resume;

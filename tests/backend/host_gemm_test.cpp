@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -125,6 +126,16 @@ TEST_CASE("host_gemm_name names the configured kernels") {
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
   CHECK(name.rfind("oneDNN ", 0) == 0);
   CHECK(name.find('(') != std::string::npos);
+  // Under backend/onednn_capped_isa, ONEDNN_MAX_CPU_ISA caps oneDNN's kernels and this variable
+  // names the instruction set the name must then show (so the capped run is known to be capped).
+  const char* isa = std::getenv("LOCKSTEP_TEST_ONEDNN_ISA");
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (!__builtin_cpu_supports("avx2")) isa = nullptr;  // below the cap already: nothing to check
+#endif
+  if (isa) {
+    INFO("host GEMM: ", name);
+    CHECK(name.ends_with("(" + std::string(isa) + ")"));
+  }
 #else
   CHECK(name == "OpenBLAS " + ls::blas_core_name());
 #endif

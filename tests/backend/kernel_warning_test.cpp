@@ -2,7 +2,7 @@
 // the CPU picks) on a CPU with AVX2 or AVX-512 name the fix, kernels that fit the CPU say nothing,
 // and fit shows the warning on the chief's progress display. CTest runs this file's cases a second
 // time with OPENBLAS_CORETYPE=Prescott (backend/generic_openblas_kernels_warned), where the
-// warning must appear on any AVX2 CPU.
+// warning must appear on any AVX2 CPU. fit_options::show_kernels names the kernels on request.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -28,7 +28,7 @@ bool cpu_avx512() { return __builtin_cpu_supports("avx512f") != 0; }
 #endif
 
 /// What fit prints on its progress display for one epoch of a tiny model on one host device.
-std::string fit_output(bool quiet) {
+std::string fit_output(bool quiet, bool show_kernels = false) {
   std::FILE* f = std::tmpfile();
   REQUIRE(f != nullptr);
   ls::one_device<ls::cpu<0>> s;
@@ -38,6 +38,7 @@ std::string fit_output(bool quiet) {
   ls::fit_options o;
   o.epochs = 1;
   o.quiet = quiet;
+  o.show_kernels = show_kernels;
   o.progress.stream = f;
   o.progress.live = false;
   (void)ls::fit(s, m, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{},
@@ -90,4 +91,13 @@ TEST_CASE("host_gemm_warning: the kernels in use on this CPU, and fit shows it u
   else
     CHECK(has(shown, warning + "\n"));
   CHECK(!has(fit_output(true), "OPENBLAS_CORETYPE"));
+}
+
+TEST_CASE("fit_options::show_kernels names the host GEMM's kernels before the first epoch, only on request") {
+  const std::string line = "lockstep: host GEMM " + ls::host_gemm_name() + "\n";
+  const std::string shown = fit_output(false, true);
+  CHECK(has(shown, line));
+  CHECK(shown.find(line) < shown.find("epoch 1/1"));
+  CHECK(!has(fit_output(false), "lockstep: host GEMM "));
+  CHECK(!has(fit_output(true, true), "lockstep: host GEMM "));  // quiet wins
 }

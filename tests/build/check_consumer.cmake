@@ -1,7 +1,8 @@
 # Builds and runs the consumer project in tests/build/consumer against lockstep.
 #   cmake -DMODE=install|subdirectory -DLOCKSTEP_SOURCE_DIR=... -DCONSUMER_DIR=... -DWORK_DIR=...
 #         [-DGENERATOR=...] [-DCXX_COMPILER=...] [-DLOCKSTEP_CUDA=AUTO|ON|OFF]
-#         [-DLOCKSTEP_HOST_GEMM=openblas|onednn] -P check_consumer.cmake
+#         [-DLOCKSTEP_HOST_GEMM=openblas|onednn] [-DEXPECTED_DEFAULT_GEMM=openblas|onednn]
+#         -P check_consumer.cmake
 # MODE=install: configures lockstep with its tests, examples and benchmarks off, installs it into
 # WORK_DIR/prefix, and builds the consumer with find_package(lockstep).
 # MODE=subdirectory: builds the consumer with add_subdirectory(<lockstep source>).
@@ -9,7 +10,9 @@
 # docs/getting-started.md shows (tests/build/getting_started, around examples/getting_started.cpp)
 # WITHOUT a build type: it must choose Release, draw no warning, and build a program that does not
 # print the -O0 warning; and the consumer configured without a build type draws lockstep's warning
-# (single-configuration generators).
+# (single-configuration generators). lockstep itself is configured with its defaults too, and the
+# installed package must record EXPECTED_DEFAULT_GEMM, the host GEMM the default
+# (LOCKSTEP_HOST_GEMM=auto) chooses on this machine.
 cmake_minimum_required(VERSION 3.25)
 foreach(_var MODE LOCKSTEP_SOURCE_DIR CONSUMER_DIR WORK_DIR)
   if(NOT DEFINED ${_var})
@@ -35,6 +38,14 @@ if(CXX_COMPILER)
   list(APPEND _tools -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
 endif()
 set(_common -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=${LOCKSTEP_CUDA} -DLOCKSTEP_HOST_GEMM=${LOCKSTEP_HOST_GEMM} ${_tools})
+set(_recorded_gemm ${LOCKSTEP_HOST_GEMM})
+if(MODE STREQUAL "defaults")
+  if(NOT DEFINED EXPECTED_DEFAULT_GEMM)
+    message(FATAL_ERROR "check_consumer.cmake: MODE=defaults needs -DEXPECTED_DEFAULT_GEMM=openblas|onednn")
+  endif()
+  set(_common -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=${LOCKSTEP_CUDA} ${_tools})
+  set(_recorded_gemm ${EXPECTED_DEFAULT_GEMM})
+endif()
 
 function(run_step what)
   message(STATUS "${what}: ${ARGN}")
@@ -62,6 +73,11 @@ if(MODE STREQUAL "install" OR MODE STREQUAL "defaults")
       message(FATAL_ERROR "install did not produce ${_prefix}/${_file}")
     endif()
   endforeach()
+  # The package records the host GEMM chosen at configure time, so consumers get the same kernels.
+  file(STRINGS ${_prefix}/share/cmake/lockstep/lockstepConfig.cmake _recorded REGEX "^set\\(_lockstep_host_gemm ")
+  if(NOT _recorded STREQUAL "set(_lockstep_host_gemm \"${_recorded_gemm}\")")
+    message(FATAL_ERROR "the installed lockstepConfig.cmake records '${_recorded}', expected the host GEMM ${_recorded_gemm}")
+  endif()
   set(_consumer_options -DCMAKE_PREFIX_PATH=${_prefix})
   if(MODE STREQUAL "defaults")
     include(${CMAKE_CURRENT_LIST_DIR}/check_defaults.cmake)
