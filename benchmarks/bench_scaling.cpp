@@ -1,7 +1,9 @@
 // Data-parallel scaling on the host: config M (784-512-512-10 ReLU MLP) at global batch 256,
 // trained with 1 and with 2 CPU replicas (a cpu<I> replica is one core: 1 BLAS thread each).
-// speedup = samples/s with n replicas over samples/s with 1, measured in the same run. The last
-// line is 2 replicas with the optimiser update sharded (strategy_options::shard_optimizer).
+// speedup = samples/s with n replicas over samples/s with 1, measured in the same run; the line
+// `shard_optimizer=1` is 2 replicas with the optimiser update sharded
+// (strategy_options::shard_optimizer). The lines `config=L` repeat the three for config L
+// (1024-4096-4096-1024 at global batch 512, bench_step's L) in fewer, longer rounds.
 //
 // Built with MPI and launched by mpirun (`mpirun -np 2 bench_scaling`), it measures W workers of
 // one replica each (multi_worker_mirrored<cpus>, one process per worker) against one device
@@ -31,25 +33,28 @@ namespace ls = lockstep;
 namespace {
 
 using config_m = ls::sequential<ls::dense<784, 512>, ls::relu, ls::dense<512, 512>, ls::relu, ls::dense<512, 10>>;
+using config_l =
+    ls::sequential<ls::dense<1024, 4096>, ls::relu, ls::dense<4096, 4096>, ls::relu, ls::dense<4096, 1024>>;
 
-ls::data::batch make_batch(std::size_t rows) {
+// `rows` random rows of `width` features with labels below `classes`.
+ls::data::batch make_batch(std::size_t rows, std::size_t width = 784, std::uint32_t classes = 10) {
   ls::data::batch b;
-  b.width = 784;
+  b.width = width;
   const ls::counter_rng rng(7, 1);
-  b.features.resize(rows * 784);
+  b.features.resize(rows * width);
   for (std::size_t i = 0; i < b.features.size(); ++i) b.features[i] = rng.uniform(i);
   for (std::size_t r = 0; r < rows; ++r) {
-    b.labels.push_back(static_cast<std::int32_t>(rng.u32(r) % 10));
+    b.labels.push_back(static_cast<std::int32_t>(rng.u32(r) % classes));
     b.indices.push_back(r);
   }
   return b;
 }
 
-// A strategy S with its replicated model and the one global batch every step trains on.
-template <class S>
+// A strategy S with its replicated model Net and the one global batch every step trains on.
+template <class S, class Net = config_m>
 struct run {
   S s;
-  typename S::template model_type<config_m> m = s.template replicate<config_m>(ls::seed{1});
+  typename S::template model_type<Net> m = s.template replicate<Net>(ls::seed{1});
   ls::data::distributed_batch d;
   ls::sgd opt{.lr = 0.01f, .momentum = 0.9f};
 
@@ -120,6 +125,7 @@ int multi_worker_main() {
     s.barrier();
   }
   if (s.world().is_chief()) {
+    fmt::print("host_gemm={}\n", ls::host_gemm_name());
     fmt::print("replicas=1 samples_per_s={:.0f} speedup=1.00\n", best_one);
     fmt::print("workers={} replicas=1 samples_per_s={:.0f} speedup={:.2f}\n", s.world().size(), best_w, best_w / best_one);
   }
@@ -136,6 +142,7 @@ int main() {
     return multi_worker_main();
   }
 #endif
+  fmt::print("host_gemm={}\n", ls::host_gemm_name());
   const auto g = std::make_shared<const ls::data::batch>(make_batch(256));
   run<ls::one_device<ls::cpu<0>>> one(g);
   run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>> two(g);
@@ -162,4 +169,20 @@ int main() {
   fmt::print("replicas=2 trace=on samples_per_s={:.0f} overhead={:.2f}% spans_per_step={:.0f}\n", best_traced,
              100.0 * (best_two / best_traced - 1.0),
              static_cast<double>(traced.rec->events(0).size() + traced.rec->events(1).size()) / 40.0);
+
+  // Config L: about 77 GFLOP per step, so 4 rounds of 4 steps.
+  const auto gl = std::make_shared<const ls::data::batch>(make_batch(512, 1024, 1024));
+  run<ls::one_device<ls::cpu<0>>, config_l> one_l(gl);
+  run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>, config_l> two_l(gl);
+  run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>, config_l> sharded_l(gl, ls::strategy_options{.shard_optimizer = true});
+  double l_one = 0, l_two = 0, l_sharded = 0;
+  for (int round = 0; round < 4; ++round) {
+    l_one = std::max(l_one, one_l.measure(4));
+    l_two = std::max(l_two, two_l.measure(4));
+    l_sharded = std::max(l_sharded, sharded_l.measure(4));
+  }
+  fmt::print("config=L replicas=1 samples_per_s={:.1f} speedup=1.00\n", l_one);
+  fmt::print("config=L replicas=2 samples_per_s={:.1f} speedup={:.2f}\n", l_two, l_two / l_one);
+  fmt::print("config=L replicas=2 shard_optimizer=1 samples_per_s={:.1f} speedup={:.2f}\n", l_sharded,
+             l_sharded / l_one);
 }
