@@ -5,8 +5,12 @@
 /// in the update's rows, feature) through the counter-based RNG, so it does not depend on how the global batch
 /// is split into shards. Forward keeps the mask in the workspace; backward applies it again.
 
+#include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include <lockstep/backend/host/ops.hpp>
 #include <lockstep/config.hpp>
@@ -46,6 +50,52 @@ struct dropout_op {
   /// Number of Philox blocks the elements span.
   [[nodiscard]] LOCKSTEP_HD std::uint64_t blocks() const { return n == 0 ? 0 : (first + n - 1) / 4 - first / 4 + 1; }
 };
+
+/// dropout_op on a host context, with the same bits: the Philox blocks of a chunk of elements are
+/// drawn first, then the chunk's elements are masked and scaled in a loop without branches, which
+/// the compiler vectorises.
+template <class T>
+void dropout_host(const dropout_op<T>& op) {
+  constexpr std::size_t chunk_blocks = 64;
+  std::uint32_t words[4 * chunk_blocks];
+  // Element i is word j = i + lead of the words counted from block first / 4.
+  const std::uint64_t first_block = op.first / 4;
+  const std::size_t lead = static_cast<std::size_t>(op.first % 4);
+  const std::size_t end = static_cast<std::size_t>(op.n) + lead;
+  // u = (w >> 8) / 2^24 >= rate exactly when w >> 8 >= ceil(rate 2^24): both sides are exact (a
+  // 24-bit integer and a float scaled by a power of two), and integers compare in vector lanes.
+  const auto threshold = static_cast<std::uint32_t>(std::ceil(static_cast<double>(op.rate) * 16777216.0));
+  for (std::size_t j0 = 0; j0 < end; j0 += 4 * chunk_blocks) {
+    const std::size_t blocks = std::min(chunk_blocks, (end - j0 + 3) / 4);
+    for (std::size_t b = 0; b < blocks; ++b) {
+      const philox4x32::block bits = op.rng.bits(first_block + j0 / 4 + b);
+      for (std::size_t w = 0; w < 4; ++w) words[4 * b + w] = bits.v[w];
+    }
+    const std::size_t jb = std::max(j0, lead), je = std::min(j0 + 4 * blocks, end);
+    const std::uint32_t* wd = words + (jb - j0);
+    const T* in = op.in + (jb - lead);
+    T* out = op.out + (jb - lead);
+    T* keep = op.keep + (jb - lead);
+    const T scale = op.scale;
+    if constexpr (sizeof(T) == 4 || sizeof(T) == 8) {
+      // The select as a bit mask (all ones where kept), which g++ vectorises where it would not
+      // vectorise `kept ? in * scale : 0`; a dropped element is +0 either way.
+      using bits_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+      const bits_t one = std::bit_cast<bits_t>(T(1));
+      for (std::size_t k = 0; k < je - jb; ++k) {
+        const bits_t mask = bits_t(0) - static_cast<bits_t>((wd[k] >> 8) >= threshold);
+        out[k] = std::bit_cast<T>(std::bit_cast<bits_t>(static_cast<T>(in[k] * scale)) & mask);
+        keep[k] = std::bit_cast<T>(one & mask);
+      }
+    } else {
+      for (std::size_t k = 0; k < je - jb; ++k) {
+        const bool kept = (wd[k] >> 8) >= threshold;
+        out[k] = kept ? in[k] * scale : T(0);
+        keep[k] = kept ? T(1) : T(0);
+      }
+    }
+  }
+}
 
 /// dx[i] = dy[i] / (1 - rate) where forward kept element i, else 0.
 template <class T>
@@ -93,7 +143,10 @@ struct dropout {
       const counter_rng rng(info.seed, layer_rng_stream(info.layer_stream, rng_purpose::dropout, info.step));
       const detail::dropout_op<T> op{a.x.data(), a.y.data(), a.workspace, rng, (info.update_offset + info.sample_offset) * I, a.x.size(),
                                      static_cast<float>(rate), scale<T>()};
-      for_each_index(ctx, op.blocks(), op);
+      if constexpr (std::is_same_v<std::remove_cv_t<Ctx>, backend::host_context>)
+        detail::dropout_host(op);
+      else
+        for_each_index(ctx, op.blocks(), op);
     }
 
     /// dx = dy * mask / (1 - rate) (forward's mask), or dx = dy in evaluation.

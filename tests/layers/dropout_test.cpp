@@ -1,0 +1,77 @@
+// dropout's host path (detail::dropout_host: Philox blocks drawn per chunk, then a vectorised mask
+// and scale) against the per-block operation the other devices run: the same bits for every start
+// offset, length and rate, in float and double, with infinities and NaNs in the input.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <lockstep/layers/dropout.hpp>
+
+namespace ls = lockstep;
+
+namespace {
+
+/// Input element i: ordinary values with an infinity, a NaN and a negative zero among them.
+template <class T>
+T dropout_input(std::size_t i) {
+  switch (i % 11) {
+    case 3: return std::numeric_limits<T>::infinity();
+    case 7: return std::numeric_limits<T>::quiet_NaN();
+    case 9: return T(-0.0);
+    default: return static_cast<T>(static_cast<double>(i) * 0.37 - 5.0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("dropout's host path draws the masks of one dropout_op call per Philox block, bit for bit", T, float,
+                   double) {
+  const ls::counter_rng rng(1234, 77);
+  std::size_t cases = 0;
+  for (const std::uint64_t first : {0ull, 1ull, 2ull, 3ull, 5ull, 1021ull, (1ull << 34) + 3})
+    for (const std::size_t n : {0, 1, 2, 3, 4, 5, 7, 255, 256, 257, 1021, 4099})
+      for (const float rate : {0.1f, 0.2f, 1.0f / 3.0f, 0.5f, 0.9f}) {
+        CAPTURE(first);
+        CAPTURE(n);
+        CAPTURE(rate);
+        std::vector<T> x(n), y_ref(n, T(-7)), keep_ref(n, T(-7)), y(n, T(-7)), keep(n, T(-7));
+        for (std::size_t i = 0; i < n; ++i) x[i] = dropout_input<T>(i);
+        const T scale = static_cast<T>(1.0 / (1.0 - static_cast<double>(rate)));
+        const ls::detail::dropout_op<T> ref{x.data(), y_ref.data(), keep_ref.data(), rng, first, n, rate, scale};
+        for (std::uint64_t b = 0; b < ref.blocks(); ++b) ref(b);
+        ls::detail::dropout_host(ls::detail::dropout_op<T>{x.data(), y.data(), keep.data(), rng, first, n, rate, scale});
+        CHECK(std::memcmp(y.data(), y_ref.data(), n * sizeof(T)) == 0);
+        CHECK(std::memcmp(keep.data(), keep_ref.data(), n * sizeof(T)) == 0);
+        ++cases;
+      }
+  CHECK(cases == 7 * 12 * 5);
+}
+
+TEST_CASE("dropout's host path keeps about 1 - rate of the elements and writes +0 where it drops") {
+  const std::size_t n = 100003;
+  std::vector<float> x(n, -2.0f), y(n), keep(n);
+  for (const float rate : {0.05f, 0.2f, 0.5f, 0.95f}) {
+    CAPTURE(rate);
+    ls::detail::dropout_host(ls::detail::dropout_op<float>{x.data(), y.data(), keep.data(), ls::counter_rng(9, 3), 12,
+                                                            n, rate, 1.0f / (1.0f - rate)});
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (keep[i] == 1.0f) {
+        ++kept;
+        CHECK(y[i] == -2.0f * (1.0f / (1.0f - rate)));
+      } else {
+        REQUIRE(keep[i] == 0.0f);
+        CHECK(!std::signbit(y[i]));
+        CHECK(y[i] == 0.0f);
+      }
+    }
+    // Binomial(n, 1 - rate): within 5 standard deviations.
+    const double mean = static_cast<double>(n) * (1.0 - rate);
+    const double sd = std::sqrt(static_cast<double>(n) * rate * (1.0 - rate));
+    CHECK(std::abs(static_cast<double>(kept) - mean) < 5 * sd);
+  }
+}
