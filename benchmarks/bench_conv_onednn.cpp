@@ -30,7 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include <dnnl.hpp>
+#include <oneapi/dnnl/dnnl.hpp>
 #ifdef LOCKSTEP_BENCH_OPENMP
 #include <omp.h>
 #endif

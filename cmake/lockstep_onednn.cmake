@@ -1,9 +1,9 @@
-# The oneDNN host GEMM and convolutions of the LOCKSTEP_HOST_GEMM=onednn build: defines the
-# imported target lockstep::onednn (oneDNN's headers and libdnnl, plus the OpenMP runtime libdnnl
-# was built with, whose per-thread thread count host_context::activate sets). Included by
-# lockstep's CMakeLists.txt and by the installed lockstepConfig.cmake. With
-# LOCKSTEP_ONEDNN_OPTIONAL set (LOCKSTEP_HOST_GEMM=auto), a missing or unusable oneDNN defines
-# nothing instead of failing.
+# The oneDNN host GEMM of the LOCKSTEP_HOST_GEMM=onednn build: defines the imported target
+# lockstep::onednn (oneDNN's headers and libdnnl, plus the OpenMP runtime libdnnl was built with,
+# whose per-thread thread count host_context::activate sets). Included by lockstep's
+# CMakeLists.txt, by the installed lockstepConfig.cmake and by tests/build_tests.cmake (to know
+# what the default picks). With LOCKSTEP_ONEDNN_OPTIONAL set (LOCKSTEP_HOST_GEMM=auto), a missing
+# or unusable oneDNN defines nothing instead of failing.
 if(NOT TARGET lockstep::onednn)
   find_path(LOCKSTEP_DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.h DOC "Folder holding oneapi/dnnl/dnnl.h")
   find_library(LOCKSTEP_DNNL_LIBRARY NAMES dnnl DOC "oneDNN's library (libdnnl)")

@@ -86,11 +86,13 @@ add_test(NAME build/add_subdirectory
          COMMAND ${CMAKE_COMMAND} ${_consumer_args} -DMODE=subdirectory
                  -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/consumer_subdirectory
                  -P ${CMAKE_CURRENT_SOURCE_DIR}/build/check_consumer.cmake)
-# The host GEMM lockstep's default (LOCKSTEP_HOST_GEMM=auto) chooses here: oneDNN where it is installed.
-find_path(LOCKSTEP_TEST_DNNL_HEADER_DIR oneapi/dnnl/dnnl.h DOC "oneDNN's headers, as the default host GEMM finds them")
-find_library(LOCKSTEP_TEST_DNNL_LIBRARY NAMES dnnl DOC "libdnnl, as the default host GEMM finds it")
+# The host GEMM lockstep's default (LOCKSTEP_HOST_GEMM=auto) chooses here: oneDNN where it is
+# installed and usable, as the same search decides.
+set(LOCKSTEP_ONEDNN_OPTIONAL ON)
+include(${PROJECT_SOURCE_DIR}/cmake/lockstep_onednn.cmake)
+unset(LOCKSTEP_ONEDNN_OPTIONAL)
 set(_default_gemm openblas)
-if(LOCKSTEP_TEST_DNNL_HEADER_DIR AND LOCKSTEP_TEST_DNNL_LIBRARY)
+if(TARGET lockstep::onednn)
   set(_default_gemm onednn)
 endif()
 add_test(NAME build/getting_started_cmake_defaults
