@@ -16,10 +16,14 @@
 //   config=<c> trace=on step_ms=<t> overhead=<p>%
 //   config=<c> accumulate=4 update_ms=<t> ratio_to_one_batch=<x>
 //   config=<c> clip=1 step_ms=<t> plain_step_ms=<t> ratio_to_no_clip=<x>
+//   config=<c> precision=fp32 step_ms=<t> samples_per_s=<n>
+//   config=<c> precision=bf16 step_ms=<t> samples_per_s=<n> speedup_over_fp32=<x> kernels=native|emulated
 // (trace=on: the same step recording a span per layer's forward and backward; accumulate=4: the
 // same rows as 4 batches of a quarter, added into one gradient, then one update; both timed in
 // the same interleaved repeats. clip=1: the step through one_device<cpu<0>> with clipping by
-// global norm against the same without, in wall time.)
+// global norm against the same without, in wall time. precision: the step through
+// one_device<cpu<0>> on a model made under mixed<bf16> against one made under fp32, in wall time;
+// kernels says whether the bf16 GEMMs ran natively or emulated.)
 // gflops is the step's GEMM flops over the step time; fraction_of_sgemm_peak is that rate over the
 // measured SGEMM rate (= GEMM time / step time = ratio_to_gemm_ceiling). Times are the calling
 // thread's CPU time; the step and every GEMM shape are timed in many short interleaved repeats and
@@ -199,14 +203,8 @@ result measure(const std::vector<std::size_t>& widths, std::size_t batch, int st
   return r;
 }
 
-/// clip=1: the same step through one_device<cpu<0>> with and without clipping by global norm
-/// (the epilogue's sum of squares and the clip factor folded into the update), wall time, in
-/// interleaved repeats; returns {plain, clipped} seconds per step.
-template <class Net>
-std::pair<double, double> measure_clip(std::size_t in, std::size_t classes, std::size_t batch, int steps_per_repeat,
-                                       int repeats) {
-  ls::one_device<ls::cpu<0>> s;
-  auto m = s.replicate<Net>(ls::seed{42});
+/// One global batch of `batch` random rows of `in` features and `classes` classes, split for one replica.
+ls::data::distributed_batch one_replica_batch(std::size_t in, std::size_t classes, std::size_t batch) {
   auto g = std::make_shared<ls::data::batch>();
   g->width = in;
   const ls::counter_rng rng(7, 0);
@@ -215,22 +213,55 @@ std::pair<double, double> measure_clip(std::size_t in, std::size_t classes, std:
     g->labels.push_back(static_cast<std::int32_t>(rng.u32(batch * in + r) % classes));
     g->indices.push_back(r);
   }
-  const ls::data::distributed_batch d{g, ls::data::split(*g, 1)};
+  return ls::data::distributed_batch{g, ls::data::split(*g, 1)};
+}
+
+/// Seconds per train_step of model `m` on strategy `s`, over `steps` steps back to back.
+template <class S, class M>
+double seconds_per_step(S& s, M& m, const ls::data::distributed_batch& d, const ls::update_recipe& recipe, int steps) {
   const ls::sgd opt{.lr = 1e-4f};
+  const auto t0 = bench_timing::wall_clock::now();
+  for (int i = 0; i < steps; ++i) (void)s.train_step(m, opt, ls::softmax_cross_entropy{}, d, recipe);
+  return bench_timing::seconds_since(t0) / steps;
+}
+
+/// clip=1: the same step through one_device<cpu<0>> with and without clipping by global norm
+/// (the epilogue's sum of squares and the clip factor folded into the update), wall time, in
+/// interleaved repeats; returns {plain, clipped} seconds per step.
+template <class Net>
+std::pair<double, double> measure_clip(std::size_t in, std::size_t classes, std::size_t batch, int steps_per_repeat,
+                                       int repeats) {
+  ls::one_device<ls::cpu<0>> s;
+  auto m = s.replicate<Net>(ls::seed{42});
+  const auto d = one_replica_batch(in, classes, batch);
   const ls::update_recipe clipped{.clip_global_norm = 1.0};
-  auto steps = [&](const ls::update_recipe& recipe) {
-    const auto t0 = bench_timing::wall_clock::now();
-    for (int i = 0; i < steps_per_repeat; ++i) (void)s.train_step(m, opt, ls::softmax_cross_entropy{}, d, recipe);
-    return bench_timing::seconds_since(t0) / steps_per_repeat;
-  };
-  steps({});
-  steps(clipped);
+  (void)seconds_per_step(s, m, d, {}, steps_per_repeat);
+  (void)seconds_per_step(s, m, d, clipped, steps_per_repeat);
   double plain = 1e30, clip = 1e30;
   for (int rp = 0; rp < repeats; ++rp) {
-    plain = std::min(plain, steps({}));
-    clip = std::min(clip, steps(clipped));
+    plain = std::min(plain, seconds_per_step(s, m, d, {}, steps_per_repeat));
+    clip = std::min(clip, seconds_per_step(s, m, d, clipped, steps_per_repeat));
   }
   return {plain, clip};
+}
+
+/// precision=fp32|bf16: the same step through one_device<cpu<0>> on a model made under fp32 and
+/// one made under mixed<bf16>, wall time, in interleaved repeats; returns {fp32, bf16} seconds.
+template <class Net>
+std::pair<double, double> measure_precision(std::size_t in, std::size_t classes, std::size_t batch,
+                                            int steps_per_repeat, int repeats) {
+  ls::one_device<ls::cpu<0>> s;
+  auto fp = s.replicate<Net>(ls::seed{42});
+  auto bf = s.replicate<Net, ls::mixed<ls::bf16>>(ls::seed{42});
+  const auto d = one_replica_batch(in, classes, batch);
+  (void)seconds_per_step(s, fp, d, {}, steps_per_repeat);
+  (void)seconds_per_step(s, bf, d, {}, steps_per_repeat);
+  double fp_s = 1e30, bf_s = 1e30;
+  for (int rp = 0; rp < repeats; ++rp) {
+    fp_s = std::min(fp_s, seconds_per_step(s, fp, d, {}, steps_per_repeat));
+    bf_s = std::min(bf_s, seconds_per_step(s, bf, d, {}, steps_per_repeat));
+  }
+  return {fp_s, bf_s};
 }
 
 template <class Net>
@@ -254,6 +285,11 @@ void run_config(const char* name, const std::vector<std::size_t>& widths, std::s
       measure_clip<Net>(widths.front(), widths.back(), batch, steps_per_repeat, std::max(2, repeats / 2));
   fmt::print("config={} clip=1 step_ms={:.4f} plain_step_ms={:.4f} ratio_to_no_clip={:.3f}\n", name, clipped * 1e3,
              plain * 1e3, clipped / plain);
+  const auto [fp32_s, bf16_s] =
+      measure_precision<Net>(widths.front(), widths.back(), batch, steps_per_repeat, std::max(2, repeats / 2));
+  fmt::print("config={} precision=fp32 step_ms={:.4f} samples_per_s={:.0f}\n", name, fp32_s * 1e3, samples / fp32_s);
+  fmt::print("config={} precision=bf16 step_ms={:.4f} samples_per_s={:.0f} speedup_over_fp32={:.3f} kernels={}\n",
+             name, bf16_s * 1e3, samples / bf16_s, fp32_s / bf16_s, ls::host_bf16_native() ? "native" : "emulated");
   std::fflush(stdout);
 }
 

@@ -5,7 +5,7 @@
 //                 [--model mlp|small|cnn|cnn_bn] [--checkpoint-dir DIR] [--resume] [--data DIR]
 //                 [--metrics-file FILE] [--tensorboard DIR] [--export FILE [--export-dtype f32|bf16|f16]]
 //                 [--trace FILE [--trace-steps A:B]] [--accumulate K] [--clip-norm C] [--clip-value V]
-//                 [--ema DECAY] [--label-smoothing E] [--replica-count-invariant]
+//                 [--ema DECAY] [--label-smoothing E] [--replica-count-invariant] [--precision fp32|bf16|tf32]
 //                 [--data-format idx|png-folder|tar-shards] [--quiet] [--workers W]
 //
 // The replica count is a run-time value: each model is instantiated once per device kind
@@ -123,6 +123,26 @@ int with_data(const config& c, F&& f) {
 #endif
 }
 
+/// The model of Net on `strategy` under the precision policy of --precision (the policy's model
+/// stores fp32 weights, so every policy gives the same model type).
+template <class Net, class Kind, class Strategy>
+typename Strategy::template model_type<Net> replicate_model(Strategy& strategy, const config& c) {
+  const ls::seed seed{c.seed};
+  if (c.precision == "bf16") {
+    if constexpr (std::is_same_v<Kind, ls::cpus>)
+      return strategy.template replicate<Net, ls::mixed<ls::bf16>>(seed);
+    else
+      throw usage_error("--precision bf16: cpu replicas only in this version (gpu replicas: fp32 or tf32)");
+  }
+  if (c.precision == "tf32") {
+    if constexpr (!std::is_same_v<Kind, ls::cpus>)
+      return strategy.template replicate<Net, ls::tf32>(seed);
+    else
+      throw usage_error("--precision tf32: gpu replicas only (TF32 tensor cores); cpu replicas take fp32 or bf16");
+  }
+  return strategy.template replicate<Net>(seed);
+}
+
 /// Trains on `strategy` (mirrored or multi-worker) with the given pipelines; `workers` processes
 /// take part, and this one prints when `chief`.
 template <class Net, class Kind, class Strategy, class Train, class Test>
@@ -134,7 +154,7 @@ int train_with(Strategy& strategy, const config& c, std::size_t workers, bool ch
   if (ls::backend_traits<Kind>::replica_owns_core && n > static_cast<std::size_t>(ls::allowed_cpu_count()) && !quiet)
     std::fprintf(stderr, "warning: %zu cpu replicas on %d allowed cores: the replicas share cores (oversubscribed)\n",
                  n, ls::allowed_cpu_count());
-  auto model = strategy.template replicate<Net>(ls::seed{c.seed});
+  auto model = replicate_model<Net, Kind>(strategy, c);
 
   // Updates per epoch: the pipeline's batches, --accumulate to an update (the last one shorter).
   const std::uint64_t batches_per_epoch = (60'000 + pipeline_batch(c) - 1) / pipeline_batch(c);

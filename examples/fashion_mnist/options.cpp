@@ -115,6 +115,10 @@ void describe(CLI::App& app, config& c) {
                  "batches per update (gradient accumulation): the pipeline's batch is --batch / k, so the update "
                  "batch, the schedule and the number of updates are those of --batch alone")
       ->check(integer_in(1, 60000));
+  app.add_option("--precision", c.precision,
+                 "the model's precision policy: fp32, bf16 (mixed<bf16>: bf16 GEMM inputs, fp32 accumulation and "
+                 "weights; cpu replicas) or tf32 (TF32 tensor-core GEMMs; gpu replicas)")
+      ->check(CLI::IsMember({"fp32", "bf16", "tf32"}));
   app.add_option("--clip-norm", c.clip_norm, "clip each update's gradient to this global norm")->check(finite_number(true));
   app.add_option("--clip-value", c.clip_value, "clamp each gradient element to [-v, v]")->check(finite_number(true));
   app.add_option("--ema", c.ema,

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "docs/common.hpp"
@@ -53,4 +54,13 @@ TEST_CASE("docs/training.md: a callback with state that survives a resume") {
   CHECK(*seen == 3);
   counter.load_state(std::vector<double>{7});
   CHECK(counter.save_state() == std::vector<double>{7});
+}
+
+TEST_CASE("docs/precision.md: a model made under mixed<bf16>") {
+  // example-begin precision-replicate
+  ls::mirrored<ls::cpus> strategy;
+  auto model = strategy.replicate<mlp, ls::mixed<ls::bf16>>(ls::seed{42});  // bf16 GEMMs, fp32 weights
+  // example-end precision-replicate
+  CHECK(model.precision() == ls::compute_precision::bf16);
+  static_assert(std::is_same_v<decltype(model), decltype(strategy.replicate<mlp>(ls::seed{42}))>);
 }

@@ -19,6 +19,7 @@
 #include <lockstep/config.hpp>
 #include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
+#include <lockstep/core/precision.hpp>
 #include <lockstep/core/views.hpp>
 #include <lockstep/memory/resource.hpp>
 
@@ -29,6 +30,7 @@ struct replica_settings {
   int blas_threads = 1;          ///< host kinds: threads one replica's GEMMs may use
   bool flush_denormals = true;   ///< host kinds: the replica's thread flushes subnormal floats to zero
   bool tf32 = false;             ///< GPU kinds: FP32 GEMMs may use TF32 tensor cores (host kinds refuse it)
+  compute_precision precision = compute_precision::fp32;  ///< the model's precision policy (replicate<Net, P>)
 };
 
 /// What device kind Kind provides to the library. This primary template is chosen only for a
@@ -55,7 +57,7 @@ struct backend_traits<cpus> {
     if (s.tf32)
       throw config_error("lockstep: strategy_options::tf32 applies to GPU replicas; cpu replicas compute FP32 GEMMs "
                          "in FP32");
-    return context_type(s.blas_threads, s.flush_denormals);
+    return context_type(s.blas_threads, s.flush_denormals, s.precision);
   }
 };
 

@@ -7,6 +7,7 @@
 /// `strategy.template replicate<Net>(seed)`, and bound to that strategy: another strategy refuses it.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -17,6 +18,7 @@
 
 #include <lockstep/backend/host/ops.hpp>
 #include <lockstep/core/error.hpp>
+#include <lockstep/core/precision.hpp>
 #include <lockstep/core/random.hpp>
 #include <lockstep/distribute/buckets.hpp>
 #include <lockstep/distribute/replica.hpp>
@@ -56,6 +58,16 @@ public:
 
   /// Number of replicas.
   [[nodiscard]] std::size_t size() const noexcept { return replicas_.size(); }
+  /// The precision policy the replicas compute in (replicate<Net, P>): fp32 unless their contexts
+  /// say otherwise.
+  [[nodiscard]] compute_precision precision() const noexcept {
+    if constexpr (requires(const context_type& c) {
+                    { c.policy() } -> std::same_as<compute_precision>;
+                  })
+      return replicas_.front()->context().policy();
+    else
+      return compute_precision::fp32;
+  }
   /// Replica r (run-time index).
   [[nodiscard]] replica_type& replica(std::size_t r) { return *replicas_.at(r); }
   /// Replica r (run-time index).

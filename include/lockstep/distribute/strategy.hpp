@@ -221,14 +221,24 @@ public:
   /// broadcast from replica 0 (of rank 0). The model is bound to this strategy. Collective: the
   /// workers first check that they agree on the collective plan (a config_error naming the
   /// field otherwise).
-  template <class Net, class T = float>
-  [[nodiscard]] model_type<Net, T> replicate(lockstep::seed s) {
+  /// @tparam P the parameter type (float; double for gradient checks) or a precision policy
+  ///           (core/precision.hpp): fp32, mixed<bf16> (cpu replicas), tf32 (gpu replicas). A
+  ///           policy's model stores fp32, so its type is the fp32 model's.
+  template <class Net, class P = float>
+  [[nodiscard]] model_type<Net, precision_value_t<P>> replicate(lockstep::seed s) {
+    using T = precision_value_t<P>;
+    constexpr compute_precision precision = precision_traits<P>::precision;
+    static_assert(precision != compute_precision::tf32 || is_gpu_v<Kind>,
+                  "lockstep: the tf32 policy is for gpu replicas (TF32 tensor cores); cpu replicas compute in fp32, or "
+                  "in bf16 under lockstep::mixed<lockstep::bf16>");
+    static_assert(precision != compute_precision::bf16 || !is_gpu_v<Kind>,
+                  "lockstep: mixed<bf16> is implemented for cpu replicas only; gpu replicas train in fp32 or tf32");
     world_.check_usable();
     std::vector<context_type> contexts;
     contexts.reserve(num_replicas());
     for (const std::size_t o : ordinals_)
-      contexts.push_back(
-          backend_traits<Kind>::make_context(o, replica_settings{options_.blas_threads, options_.flush_denormals, options_.tf32}));
+      contexts.push_back(backend_traits<Kind>::make_context(
+          o, replica_settings{options_.blas_threads, options_.flush_denormals, options_.tf32, precision}));
     check_replica_memory<Kind>(contexts, (model_type<Net, T>::stored_count + model_type<Net, T>::param_count) * sizeof(T) +
                                              reducer_.workspace_bytes(model_type<Net, T>::param_count * sizeof(T)));
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
@@ -251,6 +261,7 @@ public:
     p.add("determinism", static_cast<std::uint64_t>(Determinism));
     p.add_hashed("reducer", typeid(Reducer).name());
     p.add("parameter type size", sizeof(T));
+    p.add("precision", static_cast<std::uint64_t>(m.precision()));
     p.add("bucket_bytes", options_.bucket_bytes);
     p.add("micro_shard_rows", options_.micro_shard_rows);
     p.add("shard_optimizer", options_.shard_optimizer ? 1 : 0);

@@ -58,6 +58,7 @@ struct activation {
     static constexpr std::size_t output_size = I;           ///< features out
     static constexpr std::size_t param_count = 0;           ///< no parameters
     static constexpr std::size_t workspace_per_sample = 0;  ///< no scratch
+    static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
 
     /// Nothing to initialise.
     template <class T>

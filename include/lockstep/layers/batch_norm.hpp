@@ -58,6 +58,7 @@ struct batch_norm {
     static constexpr bool accumulates_gradients = true;    ///< adds into dparams under pass_info::accumulate
     static constexpr std::size_t state_count = 2 * C;      ///< running mean, running var
     static constexpr std::size_t workspace_per_sample = 2 * C;  ///< each row's two sums per channel
+    static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
     static constexpr std::size_t workspace_fixed = 2 * C;       ///< the batch's mean and 1/σ, kept for backward
     static constexpr bool couples_rows = true;              ///< training statistics span the global batch
 

@@ -182,6 +182,7 @@ struct conv2d {
     static constexpr std::size_t param_count = Filters * patch + Filters;          ///< filters then biases
     static constexpr std::size_t padded = C * (H + 2 * Padding) * (W + 2 * Padding);  ///< one padded image
     static constexpr std::size_t workspace_per_sample = 0;  ///< nothing is kept per image: backward recomputes
+    static constexpr bool mixed_precision = true;  ///< its GEMMs compute in the model's precision policy
     static constexpr bool accumulates_gradients = true;      ///< adds into dparams under pass_info::accumulate
     /// One image's columns and a row of ones (the columns are reused for their gradient), one
     /// padded image (reused for col2im's sums) and the filters with their biases (reused for the
@@ -447,6 +448,7 @@ struct max_pool2d {
     using pool = detail::bound_pool<S, Kernel, Stride, Padding>;  ///< the shared shape and geometry
     using pool::C, pool::H, pool::output_size, pool::geometry;
     static constexpr std::size_t workspace_per_sample = output_size;  ///< where each maximum was
+    static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
 
     /// y = the maximum of each window (its position kept for backward).
     template <class T, class Ctx>
@@ -485,6 +487,7 @@ struct avg_pool2d {
     using pool = detail::bound_pool<S, Kernel, Stride, Padding>;  ///< the shared shape and geometry
     using pool::C, pool::H, pool::output_size, pool::geometry;
     static constexpr std::size_t workspace_per_sample = 0;  ///< no scratch
+    static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
 
     /// y = the mean of each window.
     template <class T, class Ctx>
@@ -521,6 +524,7 @@ struct global_avg_pool {
     static constexpr std::size_t output_size = C;             ///< features out
     static constexpr std::size_t param_count = 0;             ///< no parameters
     static constexpr std::size_t workspace_per_sample = 0;    ///< no scratch
+    static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
 
     /// Nothing to initialise.
     template <class T>
@@ -550,6 +554,7 @@ struct bound_relabel {
   static constexpr std::size_t output_size = Out::size;    ///< the same features out
   static constexpr std::size_t param_count = 0;            ///< no parameters
   static constexpr std::size_t workspace_per_sample = 0;   ///< no scratch
+  static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
 
   /// Nothing to initialise.
   template <class T>

@@ -60,6 +60,7 @@ struct dense {
     static constexpr std::size_t output_size = Out;               ///< features out
     static constexpr std::size_t param_count = In * Out + Out;    ///< weights then biases
     static constexpr std::size_t workspace_per_sample = 0;        ///< needs no scratch
+    static constexpr bool mixed_precision = true;  ///< its GEMMs compute in the model's precision policy
     static constexpr bool accumulates_gradients = true;           ///< adds into dparams under pass_info::accumulate
 
     /// Initialises W with Init and b with zeros (host memory).

@@ -127,6 +127,7 @@ struct dropout {
     static constexpr std::size_t output_size = I;           ///< features out
     static constexpr std::size_t param_count = 0;           ///< no parameters
     static constexpr std::size_t workspace_per_sample = I;  ///< the mask forward drew, for backward
+    static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
 
     /// Nothing to initialise.
     template <class T>

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <lockstep/core/precision.hpp>
 #include <lockstep/core/random.hpp>
 #include <lockstep/core/shape.hpp>
 #include <lockstep/core/views.hpp>
@@ -191,6 +192,8 @@ using backward_args_for = backward_args<T, Ctx, bound_input_shape_t<B>, bound_ou
 ///     `static void init_state(T* state)`;
 ///   - `couples_rows`: true when the training forward of a row depends on the other rows of the
 ///     global batch (it then uses `pass_info::exchange`);
+///   - `mixed_precision`: true when its GEMMs may compute in the model's precision policy
+///     (mixed_precision_v; fp32 under every policy when absent);
 ///   - `input_shape`, `output_shape`: the `shape<...>` of an input and output row (else
 ///     `shape<input_size>`, `shape<output_size>`); they type the views of forward_args and
 ///     backward_args.
@@ -306,6 +309,47 @@ inline constexpr bool accumulates_gradients_v = [] {
   if constexpr (requires { B::accumulates_gradients; }) return bool{B::accumulates_gradients} || B::param_count == 0;
   else return B::param_count == 0;
 }();
+
+/// True when bound layer B opts in to the model's precision policy (`static constexpr bool
+/// mixed_precision = true;`): its GEMMs then compute in the policy's type (bf16 inputs, fp32
+/// accumulation and outputs under mixed<bf16>). A layer that declares nothing computes in fp32
+/// under every policy, so a layer written for fp32 trains unchanged.
+template <class B>
+inline constexpr bool mixed_precision_v = [] {
+  if constexpr (requires { B::mixed_precision; }) return bool{B::mixed_precision};
+  else return false;
+}();
+
+namespace detail {
+/// Sets the GEMM precision of `ctx` for one call of bound layer B (the context's policy when B
+/// opts in, fp32 otherwise) and restores the caller's on destruction; does nothing for a context
+/// without a precision (a backend that computes in fp32 only).
+template <class B, class Ctx>
+class layer_precision_scope {
+public:
+  /// Enters B's precision.
+  explicit layer_precision_scope(Ctx& ctx) noexcept : ctx_(ctx) {
+    if constexpr (has_precision) {
+      saved_ = ctx.gemm_precision();
+      ctx.set_gemm_precision(mixed_precision_v<B> ? ctx.policy() : compute_precision::fp32);
+    }
+  }
+  layer_precision_scope(const layer_precision_scope&) = delete;
+  layer_precision_scope& operator=(const layer_precision_scope&) = delete;
+  /// Restores the caller's precision.
+  ~layer_precision_scope() {
+    if constexpr (has_precision) ctx_.set_gemm_precision(saved_);
+  }
+
+private:
+  static constexpr bool has_precision = requires(Ctx& c) {
+    { c.policy() } -> std::same_as<compute_precision>;
+    c.set_gemm_precision(compute_precision::fp32);
+  };
+  Ctx& ctx_;
+  compute_precision saved_ = compute_precision::fp32;
+};
+}  // namespace detail
 
 /// True when bound layer B's training forward couples the rows of the global batch.
 template <class B>

@@ -100,6 +100,7 @@ public:
     reserve(rows);
     last_info_ = info;
     last_info_.state_offset = static_cast<std::ptrdiff_t>(param_count);  // the state follows the parameters
+    const detail::layer_precision_scope<bound, context_type> precision(ctx);
     bound::forward(ctx, forward_args_for<T, context_type, bound>{params_.data(),
                                                              {x, rows},
                                                              {output_.data(), rows},
@@ -150,6 +151,7 @@ private:
                                                   grads_.data(),
                                                   workspace_.data(),
                                                   last_info_};
+    const detail::layer_precision_scope<bound, context_type> precision(ctx);
     if constexpr (requires { bound::layer_count; })
       bound::backward(ctx, a, on_layer_done);
     else {

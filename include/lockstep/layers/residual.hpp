@@ -83,6 +83,7 @@ struct residual {
     static constexpr std::size_t param_count = inner::param_count;  ///< the body's parameters
     static constexpr std::size_t state_count = inner::state_count;  ///< the body's state
     static constexpr bool couples_rows = inner::couples_rows;      ///< when the body does
+    static constexpr bool mixed_precision = true;  ///< transparent: the body runs in its own precision
     static constexpr bool accumulates_gradients = accumulates_gradients_v<inner>;  ///< when the body does
     /// The body's scratch, then its output f(x) kept for its backward.
     static constexpr std::size_t workspace_per_sample = inner::workspace_per_sample + S::size;
@@ -110,7 +111,10 @@ struct residual {
     static void forward(Ctx& ctx, const forward_args<T, Ctx, S, S>& a) {
       const std::size_t batch = a.batch();
       T* fx = body_output(a.workspace, batch);
-      inner::forward(ctx, forward_args_for<T, Ctx, inner>{a.params, a.x, {fx, batch}, a.workspace, a.info});
+      {
+        const detail::layer_precision_scope<inner, Ctx> precision(ctx);
+        inner::forward(ctx, forward_args_for<T, Ctx, inner>{a.params, a.x, {fx, batch}, a.workspace, a.info});
+      }
       copy(ctx, a.y.data(), fx, a.y.size());
       for_each_index(ctx, a.y.size(), detail::add_into_op<T>{a.y.data(), a.x.data()});
     }
@@ -119,8 +123,11 @@ struct residual {
     template <class T, class Ctx>
     static void backward(Ctx& ctx, const backward_args<T, Ctx, S, S>& a) {
       const std::size_t batch = a.batch();
-      inner::backward(ctx, backward_args_for<T, Ctx, inner>{a.params, a.x, {body_output(a.workspace, batch), batch}, a.dy,
+      {
+        const detail::layer_precision_scope<inner, Ctx> precision(ctx);
+        inner::backward(ctx, backward_args_for<T, Ctx, inner>{a.params, a.x, {body_output(a.workspace, batch), batch}, a.dy,
                                                         a.dx, a.dparams, a.workspace, a.info});
+      }
       if (a.dx) for_each_index(ctx, a.dx.size(), detail::add_into_op<T>{a.dx.data(), a.dy.data()});
     }
 

@@ -229,6 +229,7 @@ struct bound_sequential<S, Out, type_list<Bs...>> {
   static constexpr std::size_t param_count = (Bs::param_count + ... + 0);            ///< all parameters
   static constexpr std::size_t state_count = (state_count_v<Bs> + ... + 0);          ///< all non-trainable state
   static constexpr bool couples_rows = (couples_rows_v<Bs> || ...);                  ///< some layer couples rows
+  static constexpr bool mixed_precision = true;  ///< transparent: each layer runs in its own precision
   static constexpr bool accumulates_gradients = (accumulates_gradients_v<Bs> && ...);  ///< every layer adds under pass_info::accumulate
 
   /// Offset of each layer's parameters in the flat buffer (also the gradient layout).
@@ -381,6 +382,7 @@ private:
   static void forward_one(Ctx& ctx, const forward_args<T, Ctx, S, Out>& a, T* ws, std::size_t batch) {
     const work_span<Ctx> span(ctx, a.info.trace, a.info.trace_thread, "forward", "compute", "layer",
                               static_cast<std::int64_t>(I));
+    const layer_precision_scope<layer_type<I>, Ctx> precision(ctx);
     layer_type<I>::forward(ctx, forward_args_for<T, Ctx, layer_type<I>>{a.params + param_offsets[I],
                                                                      {input_of<I>(a.x.data(), ws, batch), batch},
                                                                      {output_of<I>(a.y.data(), ws, batch), batch},
@@ -406,6 +408,7 @@ private:
     T* g_in;
     if constexpr (J == 0) g_in = a.dx.data();
     else g_in = nothing_below ? nullptr : pingpong(ws, batch, (J - 1) % 2);
+    const layer_precision_scope<layer_type<J>, Ctx> precision(ctx);
     layer_type<J>::backward(
         ctx, backward_args_for<T, Ctx, layer_type<J>>{a.params + param_offsets[J],
                                                   {input_of<J>(a.x.data(), ws, batch), batch},

@@ -15,8 +15,10 @@
 /// into shards (with `pass_info::sample_offset` set as a strategy sets it), the property that
 /// `determinism::replica_count_invariant` relies on; for a layer that `couples_rows` (batch norm),
 /// instead, that the batch split over 1 to 4 threads through a row exchange gives one call's
-/// results. Layers with non-trainable state get it after their parameters, as a model stores
-/// them. In the one file of a test binary that defines
+/// results. A layer that opts in to mixed precision (`mixed_precision`) and runs in float is also
+/// run under mixed<bf16> against fp32 on the same bf16-rounded inputs, parameters and output
+/// gradients (mixed_precision_tolerance; a sequential or residual block is not, its layers are). Layers with non-trainable state get it after their
+/// parameters, as a model stores them. In the one file of a test binary that defines
 /// LOCKSTEP_TESTING_COUNT_ALLOCATIONS (see allocations.hpp), it also checks that a second forward
 /// and backward of a batch allocate nothing on the heap.
 ///
@@ -64,6 +66,16 @@ struct gradient_tolerance {
   double step = 1e-6;      ///< central-difference step
   double relative = 1e-5;  ///< |analytic - numeric| <= relative * max(1, |numeric|)
 };
+
+/// The normwise relative error the layer suite allows between a layer's results under mixed<bf16>
+/// and under fp32, on inputs, parameters and output gradients already rounded to bf16 (unit
+/// roundoff u = 2^-8), where the longest sum in the layer adds `reduction_length` products: 2u for
+/// the rounding of values the layer computes itself and then multiplies (a nested layer's
+/// activations), plus fp32's summation error bound (reduction_length * 2^-24) for the different
+/// order in which bf16 kernels add the same exact products.
+inline double mixed_precision_tolerance(std::size_t reduction_length) {
+  return 2.0 * 0x1p-8 + static_cast<double>(reduction_length) * 0x1p-24;
+}
 
 /// The train-mode pass_info the suite uses (a fixed seed and step, this layer at stream 3).
 inline pass_info suite_train_info() {
@@ -119,6 +131,40 @@ struct layer_harness {
     return s;
   }
 };
+
+/// ||a - b||_2 / max(||b||_2, tiny): the normwise relative difference the precision check uses.
+inline double normwise_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+    diff += d * d;
+    norm += static_cast<double>(b[i]) * static_cast<double>(b[i]);
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+}
+
+/// Output, input gradient and parameter gradient of one float forward and backward of B on
+/// `rows` rows under policy `p`, every input rounded to bf16 first.
+struct precision_run {
+  std::vector<float> y, dx, dp;  ///< output, input gradient, parameter gradient
+};
+template <class B>
+precision_run run_in_precision(compute_precision p, std::size_t rows, const pass_info& info) {
+  host_context ctx(1, true, p);
+  std::vector<float> params(B::param_count + state_count_v<B>);
+  B::init(params.data(), counter_rng(11, 5));
+  if constexpr (state_count_v<B> > 0) B::init_state(params.data() + B::param_count);
+  for (std::size_t i = 0; i < B::param_count; ++i) params[i] = round_to_bf16(params[i]);
+  std::vector<float> x(rows * B::input_size), dy(rows * B::output_size);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = round_to_bf16(static_cast<float>(layer_inputs<B>::value(i)));
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = round_to_bf16(static_cast<float>(std::cos(1.3 * double(i) + 0.1)));
+  precision_run r{std::vector<float>(dy.size()), std::vector<float>(x.size()), std::vector<float>(B::param_count)};
+  std::vector<float> ws(workspace_size<B>(rows) + 1);
+  lockstep::testing::run_forward<B>(ctx, params.data(), x.data(), r.y.data(), ws.data(), rows, info);
+  lockstep::testing::run_backward<B>(ctx, params.data(), x.data(), r.y.data(), dy.data(), r.dx.data(), r.dp.data(),
+                                     ws.data(), rows, info);
+  return r;
+}
 
 inline std::vector<double> weights(std::size_t n) {
   std::vector<double> w(n);
@@ -220,6 +266,27 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
   static_assert(lockstep::bound_layer_for<B, double, lockstep::host_context>,
                 "the layer suite runs the bound layer in double on the host");
   const lt::gradient_tolerance tol{};
+
+  // A layer made of layers (a sequential, a residual block) is transparent to the policy: each of
+  // its layers is checked on its own, since its composition can move a value across a kink (relu)
+  // by one rounding, which no tolerance bounds.
+  constexpr bool container = requires { B::template check_layers<float, lockstep::host_context>(); };
+  if constexpr (lockstep::mixed_precision_v<B> && !container &&
+                lockstep::bound_layer_for<B, float, lockstep::host_context>) {
+    SUBCASE("under mixed<bf16>: outputs and gradients within bf16's tolerance of fp32's on bf16-rounded inputs") {
+      for (const std::size_t rows : {std::size_t{1}, std::size_t{7}, std::size_t{64}}) {
+        CAPTURE(rows);
+        const lockstep::pass_info info = lt::suite_info<B>(true);
+        const auto ref = lt::detail::run_in_precision<B>(lockstep::compute_precision::fp32, rows, info);
+        const auto got = lt::detail::run_in_precision<B>(lockstep::compute_precision::bf16, rows, info);
+        // The longest sum: a row's input (forward, input gradient) or the batch (parameter gradients).
+        const double tol = lt::mixed_precision_tolerance(std::max<std::size_t>(B::input_size, rows * B::output_size));
+        CHECK(lt::detail::normwise_difference(got.y, ref.y) <= tol);
+        CHECK(lt::detail::normwise_difference(got.dx, ref.dx) <= tol);
+        CHECK(lt::detail::normwise_difference(got.dp, ref.dp) <= tol);
+      }
+    }
+  }
 
   SUBCASE("gradients of inputs and parameters match central finite differences (batch 0, 1, 7, 64)") {
     // One report per check over every mode and batch size: the first failing elements with their

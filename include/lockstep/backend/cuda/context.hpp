@@ -24,6 +24,7 @@
 #include <lockstep/backend/cuda/error.hpp>
 #include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
+#include <lockstep/core/precision.hpp>
 #include <lockstep/core/trace.hpp>
 #include <lockstep/memory/resource.hpp>
 
@@ -219,6 +220,10 @@ public:
   [[nodiscard]] int ordinal() const noexcept { return state_->ordinal; }
   /// The options the context was made with.
   [[nodiscard]] const cuda_options& options() const noexcept { return state_->options; }
+  /// The replica's precision policy: tf32 when its FP32 GEMMs use TF32 tensor cores, else fp32.
+  [[nodiscard]] compute_precision policy() const noexcept {
+    return state_->options.tf32 ? compute_precision::tf32 : compute_precision::fp32;
+  }
   /// The stream every kernel of this replica runs on.
   [[nodiscard]] cudaStream_t compute_stream() const noexcept { return state_->compute.get(); }
   /// The stream collectives run on.
@@ -393,9 +398,15 @@ struct backend_traits<gpus> {
   static std::size_t device_count() { return static_cast<std::size_t>(backend::cuda_device_count()); }
   /// Why no device is visible, for messages: "no CUDA device: <CUDA's reason>".
   static std::string why_none() { return "no CUDA device: " + backend::cuda_unavailable_reason(); }
-  /// The context of the replica on CUDA device `ordinal` (TF32 GEMMs when the settings ask).
+  /// The context of the replica on CUDA device `ordinal` (TF32 GEMMs when the settings or the
+  /// tf32 policy ask).
+  /// @throws config_error for the mixed<bf16> policy, which GPU replicas do not have yet.
   static context_type make_context(std::size_t ordinal, const replica_settings& s) {
-    return context_type(static_cast<int>(ordinal), backend::cuda_options{.tf32 = s.tf32});
+    if (s.precision == compute_precision::bf16)
+      throw config_error("lockstep: mixed<bf16> is implemented for cpu replicas only; gpu replicas train in fp32 "
+                         "or tf32 (replicate<Net, lockstep::tf32>)");
+    return context_type(static_cast<int>(ordinal),
+                        backend::cuda_options{.tf32 = s.tf32 || s.precision == compute_precision::tf32});
   }
   /// Throws device_error naming the first replica whose device has too little free memory
   /// (cudaMemGetInfo) for `bytes` per replica (replicas sharing a device add up).

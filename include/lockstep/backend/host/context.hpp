@@ -1,9 +1,9 @@
 #pragma once
 /// @file context.hpp
-/// The execution context of a host replica: its BLAS thread budget (and, in the
-/// LOCKSTEP_HOST_GEMM=onednn build, the replica's cached oneDNN GEMM primitives). One exists per
-/// replica and is passed to every kernel the replica runs (the CUDA context carries a stream and
-/// handles).
+/// The execution context of a host replica: its BLAS thread budget, its precision policy (and, in
+/// the LOCKSTEP_HOST_GEMM=onednn build, the replica's cached oneDNN GEMM primitives). One exists
+/// per replica and is passed to every kernel the replica runs (the CUDA context carries a stream
+/// and handles).
 
 #include <cblas.h>
 
@@ -23,6 +23,7 @@
 
 #include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
+#include <lockstep/core/precision.hpp>
 
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
 #include <lockstep/backend/host/onednn_gemm.hpp>
@@ -58,18 +59,63 @@ inline int allowed_cpu_count() {
   return n ? static_cast<int>(n) : hardware_threads();
 }
 
+namespace detail {
+/// The grow-only fp32 buffers a host context rounds GEMM operands into when it emulates bf16
+/// (grown to the largest operand seen, then reused). A copied context starts with its own.
+class rounding_scratch {
+public:
+  /// No buffers yet.
+  rounding_scratch() = default;
+  /// A copy does not share the buffers: it starts empty.
+  rounding_scratch(const rounding_scratch&) noexcept {}
+  /// Assignment from a copy keeps this context's own buffers.
+  rounding_scratch& operator=(const rounding_scratch&) noexcept { return *this; }
+  /// Moves the buffers.
+  rounding_scratch(rounding_scratch&&) noexcept = default;
+  /// Moves the buffers.
+  rounding_scratch& operator=(rounding_scratch&&) noexcept = default;
+  ~rounding_scratch() = default;
+
+  /// Buffer `which` (0: operand A, 1: operand B) with room for at least n floats.
+  [[nodiscard]] float* get(int which, std::size_t n) const {
+    std::vector<float>& v = which == 0 ? a_ : b_;
+    if (v.size() < n) v.resize(n);
+    return v.data();
+  }
+
+private:
+  mutable std::vector<float> a_, b_;
+};
+}  // namespace detail
+
 /// Execution context of a host (cpu<I>) replica. Kernels are found by argument-dependent lookup
 /// on the context type, so contexts and their kernels share namespace lockstep::backend.
 class host_context {
 public:
   using kind_type = cpus;  ///< host replicas run on cpu devices
-  /// A context whose GEMMs may use `blas_threads` threads (1 when several replicas share the cores)
-  /// and whose thread computes with subnormal floats flushed to zero when `flush_denormals`.
-  explicit host_context(int blas_threads = 1, bool flush_denormals = true)
-      : blas_threads_(blas_threads), flush_denormals_(flush_denormals) {
+  /// A context whose GEMMs may use `blas_threads` threads (1 when several replicas share the cores),
+  /// whose thread computes with subnormal floats flushed to zero when `flush_denormals`, and whose
+  /// layers that opt in compute their float GEMMs in `policy` (fp32 or bf16).
+  /// @throws config_error for blas_threads < 1 or the tf32 policy (GPU replicas only).
+  explicit host_context(int blas_threads = 1, bool flush_denormals = true,
+                        compute_precision policy = compute_precision::fp32)
+      : blas_threads_(blas_threads), flush_denormals_(flush_denormals), policy_(policy) {
     if (blas_threads < 1)
       throw config_error("lockstep: host_context blas_threads must be >= 1, got " + std::to_string(blas_threads));
+    if (policy == compute_precision::tf32)
+      throw config_error("lockstep: the tf32 precision policy is for GPU replicas (TF32 tensor cores); cpu "
+                         "replicas compute in fp32, or in bf16 under lockstep::mixed<lockstep::bf16>");
   }
+
+  /// The replica's precision policy: what the GEMMs of layers that opt in compute in.
+  [[nodiscard]] compute_precision policy() const noexcept { return policy_; }
+  /// What the next float GEMM computes in: the policy inside a layer that opts in
+  /// (`mixed_precision`), fp32 elsewhere (set by the model around each layer's call).
+  [[nodiscard]] compute_precision gemm_precision() const noexcept { return active_; }
+  /// Sets what the next float GEMMs compute in (fp32 or bf16).
+  void set_gemm_precision(compute_precision p) noexcept { active_ = p; }
+  /// The buffers emulated bf16 GEMMs round their operands into.
+  [[nodiscard]] const detail::rounding_scratch& rounding() const noexcept { return rounding_; }
 
   /// BLAS threads this replica may use.
   [[nodiscard]] int blas_threads() const noexcept { return blas_threads_; }
@@ -104,6 +150,9 @@ public:
 private:
   int blas_threads_;
   bool flush_denormals_;
+  compute_precision policy_;
+  compute_precision active_ = compute_precision::fp32;
+  detail::rounding_scratch rounding_;
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
   detail::onednn_gemm_slot gemm_cache_;
 #endif

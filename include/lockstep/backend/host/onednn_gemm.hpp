@@ -1,10 +1,12 @@
 #pragma once
 /// @file onednn_gemm.hpp
 /// Single-precision host GEMM through oneDNN's matmul primitive, the kernels of the
-/// LOCKSTEP_HOST_GEMM=onednn build (which defines LOCKSTEP_HOST_GEMM_ONEDNN). A primitive is
-/// created on the first GEMM of each shape and kept, with its memory objects, in a cache that its
-/// host_context owns; later calls of the shape only re-point the memory objects at the operands.
-/// oneDNN 2.x has no f64 matmul on CPUs, so double GEMMs stay on CBLAS.
+/// LOCKSTEP_HOST_GEMM=onednn build (which defines LOCKSTEP_HOST_GEMM_ONEDNN), and the native bf16
+/// GEMM of `mixed<bf16>` (operands converted to bf16 by reorder primitives, fp32 accumulation and
+/// output) on CPUs with bf16 instructions. A primitive is created on the first GEMM of each shape
+/// and kept, with its memory objects, in a cache that its host_context owns; later calls of the
+/// shape only re-point the memory objects at the operands. oneDNN 2.x has no f64 matmul on CPUs,
+/// so double GEMMs stay on CBLAS.
 
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -54,6 +56,16 @@ inline std::string onednn_name() {
   if (isa.starts_with("cpu_isa_")) isa.remove_prefix(8);
   return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
          " (" + std::string(isa) + ")";
+}
+
+/// Whether oneDNN runs bf16 matmuls natively here: its effective instruction set (after any
+/// ONEDNN_MAX_CPU_ISA cap) includes AVX512-BF16 (Zen 4 and later, Cooper Lake, Sapphire Rapids'
+/// AMX). Elsewhere lockstep emulates bf16 (rounded operands, fp32 kernels) rather than use oneDNN's
+/// slow emulation.
+inline bool onednn_native_bf16() noexcept {
+  const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const auto bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+  return (isa & bf16) == bf16;
 }
 
 /// Whether the code address `pc` lies in the shared oneDNN library (false where it cannot be told
@@ -115,32 +127,31 @@ public:
   void sgemm(int threads, bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
              std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
     onednn_set_threads(threads);
-    if (beta != 0.0f && beta != 1.0f) {  // the sum post-op's scale is fixed per primitive: scale C here
-      for (std::size_t i = 0; i < m; ++i)
-        for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] *= beta;
-    }
-    const key kk{static_cast<dnnl_dim_t>(m),
-                 static_cast<dnnl_dim_t>(n),
-                 static_cast<dnnl_dim_t>(k),
-                 static_cast<dnnl_dim_t>(lda),
-                 static_cast<dnnl_dim_t>(ldb),
-                 static_cast<dnnl_dim_t>(ldc),
-                 ta,
-                 tb,
-                 alpha != 1.0f,
-                 beta != 0.0f};
-    entry& e = find_or_create(kk);
-    e.alpha = alpha;
-    // oneDNN only reads the sources; its memory objects hold non-const pointers.
-    onednn_check(dnnl_memory_set_data_handle(e.a.get(), const_cast<float*>(a)), "dnnl_memory_set_data_handle");
-    onednn_check(dnnl_memory_set_data_handle(e.b.get(), const_cast<float*>(b)), "dnnl_memory_set_data_handle");
-    onednn_check(dnnl_memory_set_data_handle(e.c.get(), c), "dnnl_memory_set_data_handle");
-    if (e.scratchpad)
-      onednn_check(dnnl_memory_set_data_handle(e.scratchpad.get(), scratchpad_.get()), "dnnl_memory_set_data_handle");
-    const dnnl_status_t status = dnnl_primitive_execute(e.primitive.get(), stream_.get(), e.nargs, e.args.data());
-    if (status != dnnl_success) onednn_check(status, "dnnl_primitive_execute", describe(kk));  // names the shape
-    onednn_check(dnnl_stream_wait(stream_.get()), "dnnl_stream_wait");
+    scale_c(m, n, beta, c, ldc);
+    run(make_key(m, n, k, lda, ldb, ldc, ta, tb, alpha, beta, false), alpha, a, b, c);
   }
+
+  /// The same product with A and B rounded to bf16 (round to nearest even) and multiplied by
+  /// oneDNN's bf16 kernels, accumulated and written in fp32; call only where onednn_native_bf16().
+  /// The operands are converted into this cache's bf16 buffers by reorder primitives (one per
+  /// operand shape, kept), so a steady-state call allocates nothing.
+  void bf16gemm(int threads, bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+                std::size_t ldc) {
+    onednn_set_threads(threads);
+    scale_c(m, n, beta, c, ldc);
+    // Stored shapes: A is m x k (k x m when transposed), B is k x n (n x k); converted densely.
+    const std::size_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+    const std::size_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+    std::uint16_t* a16 = bf16_buffer(0, a_rows * a_cols);
+    std::uint16_t* b16 = bf16_buffer(1, b_rows * b_cols);
+    convert(a, a_rows, a_cols, lda, a16);
+    convert(b, b_rows, b_cols, ldb, b16);
+    run(make_key(m, n, k, a_cols, b_cols, ldc, ta, tb, alpha, beta, true), alpha, a16, b16, c);
+  }
+
+  /// Whether this machine's oneDNN runs bf16 natively (onednn_native_bf16, read once per cache).
+  [[nodiscard]] bool native_bf16() const noexcept { return native_bf16_; }
 
   /// Number of cached primitives (GEMM shapes seen).
   [[nodiscard]] std::size_t primitives() const noexcept { return entries_.size(); }
@@ -156,7 +167,25 @@ private:
     bool ta, tb;
     bool scaled;      // alpha != 1: a run-time output scale
     bool accumulate;  // beta != 0: a sum post-op reads C
+    bool bf16;        // A and B are bf16 (C stays fp32)
     bool operator==(const key&) const = default;
+  };
+  struct reorder_key {  // an fp32 rows x cols matrix with leading dimension ld, to dense bf16
+    dnnl_dim_t rows, cols, ld;
+    bool operator==(const reorder_key&) const = default;
+  };
+  struct reorder_hash {
+    std::size_t operator()(const reorder_key& k) const noexcept {
+      std::uint64_t h = 1469598103934665603ull;
+      for (const dnnl_dim_t v : {k.rows, k.cols, k.ld}) h = (h ^ static_cast<std::uint64_t>(v)) * 1099511628211ull;
+      return static_cast<std::size_t>(h);
+    }
+  };
+  struct reorder_entry {
+    onednn_ptr<dnnl_primitive_t> primitive;
+    onednn_ptr<dnnl_memory_t> src, dst, scratchpad;
+    std::array<dnnl_exec_arg_t, 3> args{};
+    int nargs = 0;
   };
   struct key_hash {
     std::size_t operator()(const key& k) const noexcept {
@@ -168,7 +197,7 @@ private:
       mix(static_cast<std::uint64_t>(k.lda));
       mix(static_cast<std::uint64_t>(k.ldb));
       mix(static_cast<std::uint64_t>(k.ldc));
-      mix((k.ta ? 1u : 0u) | (k.tb ? 2u : 0u) | (k.scaled ? 4u : 0u) | (k.accumulate ? 8u : 0u));
+      mix((k.ta ? 1u : 0u) | (k.tb ? 2u : 0u) | (k.scaled ? 4u : 0u) | (k.accumulate ? 8u : 0u) | (k.bf16 ? 16u : 0u));
       return static_cast<std::size_t>(h);
     }
   };
@@ -184,8 +213,116 @@ private:
   };
   static constexpr std::size_t page = 4096;
 
+  static void scale_c(std::size_t m, std::size_t n, float beta, float* c, std::size_t ldc) {
+    if (beta != 0.0f && beta != 1.0f) {  // the sum post-op's scale is fixed per primitive: scale C here
+      for (std::size_t i = 0; i < m; ++i)
+        for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] *= beta;
+    }
+  }
+
+  static key make_key(std::size_t m, std::size_t n, std::size_t k, std::size_t lda, std::size_t ldb, std::size_t ldc,
+                      bool ta, bool tb, float alpha, float beta, bool bf16) {
+    return key{static_cast<dnnl_dim_t>(m),   static_cast<dnnl_dim_t>(n),   static_cast<dnnl_dim_t>(k),
+               static_cast<dnnl_dim_t>(lda), static_cast<dnnl_dim_t>(ldb), static_cast<dnnl_dim_t>(ldc),
+               ta,                           tb,                           alpha != 1.0f,
+               beta != 0.0f,                 bf16};
+  }
+
+  // Executes the cached primitive of `kk` on A, B (fp32 or bf16, as kk says) and C.
+  void run(const key& kk, float alpha, const void* a, const void* b, float* c) {
+    entry& e = find_or_create(kk);
+    e.alpha = alpha;
+    // oneDNN only reads the sources; its memory objects hold non-const pointers.
+    onednn_check(dnnl_memory_set_data_handle(e.a.get(), const_cast<void*>(a)), "dnnl_memory_set_data_handle");
+    onednn_check(dnnl_memory_set_data_handle(e.b.get(), const_cast<void*>(b)), "dnnl_memory_set_data_handle");
+    onednn_check(dnnl_memory_set_data_handle(e.c.get(), c), "dnnl_memory_set_data_handle");
+    if (e.scratchpad)
+      onednn_check(dnnl_memory_set_data_handle(e.scratchpad.get(), scratchpad_.get()), "dnnl_memory_set_data_handle");
+    const dnnl_status_t status = dnnl_primitive_execute(e.primitive.get(), stream_.get(), e.nargs, e.args.data());
+    if (status != dnnl_success) onednn_check(status, "dnnl_primitive_execute", describe(kk));  // names the shape
+    onednn_check(dnnl_stream_wait(stream_.get()), "dnnl_stream_wait");
+  }
+
+  // Bf16 buffer `which` (0: A, 1: B) with room for n values (grown, never shrunk).
+  std::uint16_t* bf16_buffer(int which, std::size_t n) {
+    auto& buffer = bf16_[which];
+    if (buffer.size < n) {
+      buffer.data.reset(new std::uint16_t[n]);
+      buffer.size = n;
+    }
+    return buffer.data.get();
+  }
+
+  // Writes the fp32 rows x cols matrix at `src` (leading dimension ld) to `dst` as dense bf16.
+  void convert(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, std::uint16_t* dst) {
+    const reorder_key rk{static_cast<dnnl_dim_t>(rows), static_cast<dnnl_dim_t>(cols), static_cast<dnnl_dim_t>(ld)};
+    auto it = reorders_.find(rk);
+    if (it == reorders_.end()) it = reorders_.emplace(rk, create_reorder(rk)).first;
+    reorder_entry& e = *it->second;
+    onednn_check(dnnl_memory_set_data_handle(e.src.get(), const_cast<float*>(src)), "dnnl_memory_set_data_handle");
+    onednn_check(dnnl_memory_set_data_handle(e.dst.get(), dst), "dnnl_memory_set_data_handle");
+    if (e.scratchpad)
+      onednn_check(dnnl_memory_set_data_handle(e.scratchpad.get(), scratchpad_.get()), "dnnl_memory_set_data_handle");
+    onednn_check(dnnl_primitive_execute(e.primitive.get(), stream_.get(), e.nargs, e.args.data()),
+                 "dnnl_primitive_execute", "reorder fp32 to bf16");
+  }
+
+  std::unique_ptr<reorder_entry> create_reorder(const reorder_key& k) {
+    const std::string what = "reorder fp32 to bf16, " + std::to_string(k.rows) + " x " + std::to_string(k.cols) +
+                             " ld=" + std::to_string(k.ld);
+    dnnl_memory_desc_t src_md{}, dst_md{};
+    const dnnl_dims_t dims{k.rows, k.cols}, src_strides{k.ld, 1}, dst_strides{k.cols, 1};
+    onednn_check(dnnl_memory_desc_init_by_strides(&src_md, 2, dims, dnnl_f32, src_strides),
+                 "dnnl_memory_desc_init_by_strides", what);
+    onednn_check(dnnl_memory_desc_init_by_strides(&dst_md, 2, dims, dnnl_bf16, dst_strides),
+                 "dnnl_memory_desc_init_by_strides", what);
+    dnnl_primitive_attr_t raw_attr = nullptr;
+    onednn_check(dnnl_primitive_attr_create(&raw_attr), "dnnl_primitive_attr_create");
+    const onednn_ptr<dnnl_primitive_attr_t> attr(raw_attr);
+    onednn_check(dnnl_primitive_attr_set_scratchpad_mode(attr.get(), dnnl_scratchpad_mode_user),
+                 "dnnl_primitive_attr_set_scratchpad_mode");
+    dnnl_primitive_desc_t raw_pd = nullptr;
+    onednn_check(dnnl_reorder_primitive_desc_create(&raw_pd, &src_md, engine_.get(), &dst_md, engine_.get(), attr.get()),
+                 "dnnl_reorder_primitive_desc_create", what);
+    const onednn_ptr<dnnl_primitive_desc_t> pd(raw_pd);
+    auto e = std::make_unique<reorder_entry>();
+    dnnl_primitive_t raw_primitive = nullptr;
+    onednn_check(dnnl_primitive_create(&raw_primitive, pd.get()), "dnnl_primitive_create", what);
+    e->primitive.reset(raw_primitive);
+    make_memory(e->src, &src_md, what);
+    make_memory(e->dst, &dst_md, what);
+    e->args[0] = {DNNL_ARG_FROM, e->src.get()};
+    e->args[1] = {DNNL_ARG_TO, e->dst.get()};
+    e->nargs = 2;
+    if (attach_scratchpad(pd.get(), e->scratchpad, what))
+      e->args[static_cast<std::size_t>(e->nargs++)] = {DNNL_ARG_SCRATCHPAD, e->scratchpad.get()};
+    return e;
+  }
+
+  void make_memory(onednn_ptr<dnnl_memory_t>& out, const dnnl_memory_desc_t* md, const std::string& what,
+                   void* handle = DNNL_MEMORY_NONE) {
+    dnnl_memory_t raw = nullptr;
+    onednn_check(dnnl_memory_create(&raw, md, engine_.get(), handle), "dnnl_memory_create", what);
+    out.reset(raw);
+  }
+
+  // Grows the shared scratchpad to what `pd` asks for and makes `out` its memory object; false
+  // when the primitive needs none.
+  bool attach_scratchpad(const_dnnl_primitive_desc_t pd, onednn_ptr<dnnl_memory_t>& out, const std::string& what) {
+    const dnnl_memory_desc_t* scratch_md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    const std::size_t scratch_bytes = scratch_md ? dnnl_memory_desc_get_size(scratch_md) : 0;
+    if (scratch_bytes == 0) return false;
+    if (scratch_bytes > scratchpad_size_) {  // grown only for a primitive that needs more
+      const std::size_t bytes = (scratch_bytes + page - 1) / page * page;
+      scratchpad_.reset(new (std::align_val_t{page}) std::byte[bytes]);
+      scratchpad_size_ = bytes;
+    }
+    make_memory(out, scratch_md, what);
+    return true;
+  }
+
   static std::string describe(const key& k) {
-    return "matmul m=" + std::to_string(k.m) + " n=" + std::to_string(k.n) + " k=" + std::to_string(k.k) +
+    return std::string(k.bf16 ? "bf16 " : "") + "matmul m=" + std::to_string(k.m) + " n=" + std::to_string(k.n) + " k=" + std::to_string(k.k) +
            " lda=" + std::to_string(k.lda) + " ldb=" + std::to_string(k.ldb) + " ldc=" + std::to_string(k.ldc) +
            " transa=" + (k.ta ? "yes" : "no") + " transb=" + (k.tb ? "yes" : "no");
   }
@@ -204,8 +341,9 @@ private:
     const dnnl_dims_t b_strides{k.tb ? 1 : k.ldb, k.tb ? k.ldb : 1};
     const dnnl_dims_t c_strides{k.ldc, 1};
     const char* init = "dnnl_memory_desc_init_by_strides";
-    onednn_check(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, dnnl_f32, a_strides), init, what + ", A");
-    onednn_check(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, dnnl_f32, b_strides), init, what + ", B");
+    const dnnl_data_type_t source_type = k.bf16 ? dnnl_bf16 : dnnl_f32;
+    onednn_check(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, source_type, a_strides), init, what + ", A");
+    onednn_check(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, source_type, b_strides), init, what + ", B");
     onednn_check(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_strides), init, what + ", C");
     dnnl_matmul_desc_t matmul{};
     onednn_check(dnnl_matmul_desc_init(&matmul, &a_md, &b_md, nullptr, &c_md), "dnnl_matmul_desc_init", what);
@@ -240,34 +378,20 @@ private:
     if (dnnl_primitive_desc_query(pd.get(), dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
       last_impl_ = impl;
 
-    const auto make_memory = [&](onednn_ptr<dnnl_memory_t>& out, const dnnl_memory_desc_t* md, void* handle) {
-      dnnl_memory_t raw = nullptr;
-      onednn_check(dnnl_memory_create(&raw, md, engine_.get(), handle), "dnnl_memory_create", what);
-      out.reset(raw);
-    };
-    make_memory(e->a, &a_md, DNNL_MEMORY_NONE);
-    make_memory(e->b, &b_md, DNNL_MEMORY_NONE);
-    make_memory(e->c, &c_md, DNNL_MEMORY_NONE);
+    make_memory(e->a, &a_md, what);
+    make_memory(e->b, &b_md, what);
+    make_memory(e->c, &c_md, what);
     e->args[0] = {DNNL_ARG_SRC, e->a.get()};
     e->args[1] = {DNNL_ARG_WEIGHTS, e->b.get()};
     e->args[2] = {DNNL_ARG_DST, e->c.get()};
     e->nargs = 3;
-    const dnnl_memory_desc_t* scratch_md = dnnl_primitive_desc_query_md(pd.get(), dnnl_query_scratchpad_md, 0);
-    const std::size_t scratch_bytes = scratch_md ? dnnl_memory_desc_get_size(scratch_md) : 0;
-    if (scratch_bytes > 0) {
-      if (scratch_bytes > scratchpad_size_) {  // grown only for a primitive that needs more
-        const std::size_t bytes = (scratch_bytes + page - 1) / page * page;
-        scratchpad_.reset(new (std::align_val_t{page}) std::byte[bytes]);
-        scratchpad_size_ = bytes;
-      }
-      make_memory(e->scratchpad, scratch_md, DNNL_MEMORY_NONE);
+    if (attach_scratchpad(pd.get(), e->scratchpad, what))
       e->args[static_cast<std::size_t>(e->nargs++)] = {DNNL_ARG_SCRATCHPAD, e->scratchpad.get()};
-    }
     if (k.scaled) {
       dnnl_memory_desc_t scale_md{};
       const dnnl_dims_t one{1};
       onednn_check(dnnl_memory_desc_init_by_tag(&scale_md, 1, one, dnnl_f32, dnnl_a), "dnnl_memory_desc_init_by_tag");
-      make_memory(e->scale, &scale_md, &e->alpha);
+      make_memory(e->scale, &scale_md, what, &e->alpha);
       e->args[static_cast<std::size_t>(e->nargs++)] = {DNNL_ARG_ATTR_OUTPUT_SCALES, e->scale.get()};
     }
     entry& result = *e;
@@ -281,6 +405,13 @@ private:
   std::unique_ptr<std::byte[], aligned_free> scratchpad_;
   std::size_t scratchpad_size_ = 0;
   std::unordered_map<key, std::unique_ptr<entry>, key_hash> entries_;
+  std::unordered_map<reorder_key, std::unique_ptr<reorder_entry>, reorder_hash> reorders_;
+  struct bf16_storage {
+    std::unique_ptr<std::uint16_t[]> data;
+    std::size_t size = 0;
+  };
+  std::array<bf16_storage, 2> bf16_{};  // the converted A and B
+  bool native_bf16_ = onednn_native_bf16();
   std::string last_impl_;
 };
 

@@ -7,9 +7,11 @@
 #include <cblas.h>
 
 #include <cstddef>
+#include <string>
 
 #include <lockstep/backend/host/context.hpp>
 #include <lockstep/config.hpp>
+#include <lockstep/core/precision.hpp>
 
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
 #include <lockstep/backend/host/onednn_gemm.hpp>
@@ -24,12 +26,11 @@ namespace detail {
 inline CBLAS_TRANSPOSE cblas_op(trans t) noexcept { return t == trans::yes ? CblasTrans : CblasNoTrans; }
 }  // namespace detail
 
-/// C = alpha * op(A) * op(B) + beta * C, row-major, C is m x n, op(A) m x k, op(B) k x n.
-/// beta = 0 never reads C (NaNs in it do not propagate).
-inline void gemm([[maybe_unused]] const host_context& ctx, trans ta, trans tb, std::size_t m, std::size_t n,
-                 std::size_t k, float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb,
-                 float beta, float* c, std::size_t ldc) {
-  if (m == 0 || n == 0) return;
+namespace detail {
+/// The fp32 GEMM of the build (oneDNN or CBLAS), m, n > 0.
+inline void sgemm([[maybe_unused]] const host_context& ctx, trans ta, trans tb, std::size_t m, std::size_t n,
+                  std::size_t k, float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb,
+                  float beta, float* c, std::size_t ldc) {
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
   if (k == 0 || alpha == 0.0f) {  // no product to add: C = beta * C, as CBLAS does
     for (std::size_t i = 0; i < m; ++i)
@@ -39,10 +40,76 @@ inline void gemm([[maybe_unused]] const host_context& ctx, trans ta, trans tb, s
   ctx.gemm_cache().sgemm(ctx.blas_threads(), ta == trans::yes, tb == trans::yes, m, n, k, alpha, a, lda, b, ldb, beta,
                          c, ldc);
 #else
-  cblas_sgemm(CblasRowMajor, detail::cblas_op(ta), detail::cblas_op(tb), static_cast<int>(m), static_cast<int>(n),
+  cblas_sgemm(CblasRowMajor, cblas_op(ta), cblas_op(tb), static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
               static_cast<int>(ldc));
 #endif
+}
+
+/// Writes round_to_bf16 of the rows x cols matrix at `src` (leading dimension ld) densely to `dst`.
+inline void round_rows_to_bf16(const float* src, std::size_t rows, std::size_t cols, std::size_t ld,
+                               float* __restrict dst) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* __restrict in = src + r * ld;
+    float* __restrict out = dst + r * cols;
+    for (std::size_t c = 0; c < cols; ++c) out[c] = round_to_bf16(in[c]);
+  }
+}
+
+/// The bf16 GEMM (m, n, k > 0): oneDNN's bf16 kernels where the CPU has them; elsewhere A and B
+/// rounded to bf16 into the context's scratch and multiplied by the fp32 kernels (the products of
+/// bf16 values are exact in fp32, so both accumulate the same products in fp32: they differ only
+/// in the order of the additions).
+inline void bf16gemm(const host_context& ctx, trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k,
+                     float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta,
+                     float* c, std::size_t ldc) {
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+  if (ctx.gemm_cache().native_bf16()) {
+    ctx.gemm_cache().bf16gemm(ctx.blas_threads(), ta == trans::yes, tb == trans::yes, m, n, k, alpha, a, lda, b, ldb,
+                              beta, c, ldc);
+    return;
+  }
+#endif
+  const std::size_t a_rows = ta == trans::yes ? k : m, a_cols = ta == trans::yes ? m : k;
+  const std::size_t b_rows = tb == trans::yes ? n : k, b_cols = tb == trans::yes ? k : n;
+  float* ra = ctx.rounding().get(0, a_rows * a_cols);
+  float* rb = ctx.rounding().get(1, b_rows * b_cols);
+  round_rows_to_bf16(a, a_rows, a_cols, lda, ra);
+  round_rows_to_bf16(b, b_rows, b_cols, ldb, rb);
+  sgemm(ctx, ta, tb, m, n, k, alpha, ra, a_cols, rb, b_cols, beta, c, ldc);
+}
+}  // namespace detail
+
+/// Whether this process computes `mixed<bf16>` GEMMs with native bf16 instructions (oneDNN build
+/// on a CPU with AVX512-BF16 or AMX) rather than by rounding the operands for the fp32 kernels.
+inline bool host_bf16_native() {
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+  return detail::onednn_native_bf16();
+#else
+  return false;
+#endif
+}
+
+/// How a host replica's GEMMs compute under `policy`, for start-up lines: "fp32", "mixed<bf16>
+/// (native bf16 GEMMs)" or "mixed<bf16> (emulated: operands rounded to bf16, fp32 GEMMs)".
+inline std::string host_precision_description(compute_precision policy) {
+  if (policy != compute_precision::bf16) return std::string(precision_name(policy));
+  return host_bf16_native() ? "mixed<bf16> (native bf16 GEMMs)"
+                            : "mixed<bf16> (emulated: operands rounded to bf16, fp32 GEMMs)";
+}
+
+/// C = alpha * op(A) * op(B) + beta * C, row-major, C is m x n, op(A) m x k, op(B) k x n.
+/// beta = 0 never reads C (NaNs in it do not propagate). Inside a layer that opts in to the bf16
+/// policy (ctx.gemm_precision() is bf16), A and B are rounded to bf16 and the products accumulate
+/// in fp32 (detail::bf16gemm).
+inline void gemm(const host_context& ctx, trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k,
+                 float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+                 std::size_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (ctx.gemm_precision() == compute_precision::bf16 && k != 0 && alpha != 0.0f)
+    detail::bf16gemm(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else
+    detail::sgemm(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 /// Double-precision GEMM (used by gradient checks), same contract as the float overload (CBLAS in
@@ -122,3 +189,8 @@ inline void scale(const host_context&, T* x, std::size_t n, T a) {
 }
 
 }  // namespace lockstep::backend
+
+namespace lockstep {
+using backend::host_bf16_native;
+using backend::host_precision_description;
+}  // namespace lockstep

@@ -1,0 +1,145 @@
+#pragma once
+/// @file precision.hpp
+/// Precision policies: the types that say in which number format a model computes, chosen where
+/// the model is made (`strategy.replicate<Net, lockstep::mixed<lockstep::bf16>>(seed)`), and the
+/// bf16 rounding every kernel of the policy shares.
+///
+/// Under every policy the master weights, gradients, reduced gradients and optimiser state are
+/// fp32: a policy changes what the GEMMs of the layers that opt in (`mixed_precision`, see
+/// layers/layer.hpp) read, never what is stored, reduced or checkpointed. So a model's type does
+/// not depend on its policy, and a checkpoint moves between policies.
+
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+#include <type_traits>
+
+#include <lockstep/config.hpp>
+
+namespace lockstep {
+
+/// The bfloat16 format (8 exponent bits as fp32, 8 significant bits): the compute type of
+/// `mixed<bf16>`.
+struct bf16 {
+  static constexpr std::string_view name = "bf16";  ///< the format's name in messages
+  static constexpr int significant_bits = 8;        ///< precision p (unit roundoff 2^-p)
+};
+
+/// The IEEE binary16 format (5 exponent bits, 11 significant bits): the compute type of
+/// `mixed<fp16>`, which needs loss scaling.
+struct fp16 {
+  static constexpr std::string_view name = "fp16";  ///< the format's name in messages
+  static constexpr int significant_bits = 11;       ///< precision p (unit roundoff 2^-p)
+};
+
+/// The default policy: every number is fp32 (`replicate<Net>` and `replicate<Net, float>`).
+struct fp32 {
+  static constexpr std::string_view name = "fp32";  ///< the policy's name
+};
+
+/// Mixed precision: layers that opt in compute their GEMMs on `Compute` inputs (activations and
+/// a `Compute` copy of the weights) with fp32 accumulation and fp32 outputs; everything else, and
+/// everything stored, stays fp32.
+template <class Compute>
+struct mixed {
+  static_assert(std::is_same_v<Compute, bf16> || std::is_same_v<Compute, fp16>,
+                "lockstep::mixed<C>: C is lockstep::bf16 or lockstep::fp16");
+  using compute_type = Compute;  ///< the format GEMM inputs are rounded to
+};
+
+/// GPU replicas only: fp32 storage and fp32 GEMMs on TF32 tensor cores (inputs rounded to 11
+/// significant bits inside cuBLAS).
+struct tf32 {
+  static constexpr std::string_view name = "tf32";  ///< the policy's name
+};
+
+/// What a replica's GEMMs compute in at run time (the value a policy type resolves to).
+enum class compute_precision : std::uint8_t {
+  fp32,  ///< fp32 inputs (the default, and every layer that does not opt in)
+  bf16,  ///< bf16-rounded inputs, fp32 accumulation and output
+  tf32,  ///< GPU fp32 GEMMs on TF32 tensor cores
+};
+
+/// The name of a run-time precision: "fp32", "mixed<bf16>" or "tf32".
+constexpr std::string_view precision_name(compute_precision p) noexcept {
+  switch (p) {
+    case compute_precision::bf16: return "mixed<bf16>";
+    case compute_precision::tf32: return "tf32";
+    case compute_precision::fp32: break;
+  }
+  return "fp32";
+}
+
+/// What `replicate<Net, P>` makes of its second argument P: the element type of the model's
+/// buffers (`value_type`) and the precision its GEMMs compute in. A parameter type (float,
+/// double) keeps meaning "every number in that type".
+template <class P>
+struct precision_traits {
+  using value_type = P;                                                   ///< the buffers' element type
+  static constexpr compute_precision precision = compute_precision::fp32;  ///< computes in value_type
+  static constexpr bool is_policy = false;                                ///< a plain parameter type
+};
+/// fp32: the default policy.
+template <>
+struct precision_traits<fp32> {
+  using value_type = float;                                               ///< fp32 masters
+  static constexpr compute_precision precision = compute_precision::fp32;  ///< fp32 GEMMs
+  static constexpr bool is_policy = true;                                 ///< a policy type
+};
+/// mixed<bf16>: bf16 GEMM inputs, fp32 everything else (mixed<fp16> is refused with the reason).
+template <class C>
+struct precision_traits<mixed<C>> {
+  static_assert(std::is_same_v<C, bf16>,
+                "lockstep::mixed<fp16> needs dynamic loss scaling, which this version does not have; use "
+                "lockstep::mixed<lockstep::bf16> (fp32's exponent range: no loss scale needed)");
+  using value_type = float;                                               ///< fp32 masters
+  static constexpr compute_precision precision = compute_precision::bf16;  ///< bf16 GEMM inputs
+  static constexpr bool is_policy = true;                                 ///< a policy type
+};
+/// tf32: fp32 buffers, TF32 tensor-core GEMMs on GPU replicas.
+template <>
+struct precision_traits<tf32> {
+  using value_type = float;                                               ///< fp32 storage
+  static constexpr compute_precision precision = compute_precision::tf32;  ///< TF32 GEMMs
+  static constexpr bool is_policy = true;                                 ///< a policy type
+};
+
+/// The element type of a model made with `replicate<Net, P>`: float for every policy, P for a
+/// parameter type.
+template <class P>
+using precision_value_t = typename precision_traits<P>::value_type;
+
+/// Rounds `x` to the nearest bf16 value (ties to even), returned as the fp32 with the same value
+/// (its low 16 bits zero). A NaN stays a NaN (made quiet), infinities stay, values beyond bf16's
+/// largest finite number round to infinity as IEEE rounding does. Branch-free, so loops over it
+/// vectorise.
+LOCKSTEP_HD inline float round_to_bf16(float x) noexcept {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const std::int32_t magnitude = static_cast<std::int32_t>(u & 0x7fffffffu);
+  const std::uint32_t nan = static_cast<std::uint32_t>(-static_cast<std::int32_t>(magnitude > 0x7f800000));
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  const std::uint32_t quiet = (u | 0x00400000u) & 0xffff0000u;
+  const std::uint32_t r = (rounded & ~nan) | (quiet & nan);
+  float out;
+  std::memcpy(&out, &r, sizeof out);
+  return out;
+}
+
+/// The 16-bit bf16 encoding of round_to_bf16(x).
+LOCKSTEP_HD inline std::uint16_t to_bf16_bits(float x) noexcept {
+  const float r = round_to_bf16(x);
+  std::uint32_t u;
+  std::memcpy(&u, &r, sizeof u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+/// The fp32 value of bf16 encoding `bits` (exact).
+LOCKSTEP_HD inline float from_bf16_bits(std::uint16_t bits) noexcept {
+  const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
+  float out;
+  std::memcpy(&out, &u, sizeof out);
+  return out;
+}
+
+}  // namespace lockstep
