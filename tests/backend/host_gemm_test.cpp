@@ -236,6 +236,33 @@ TEST_CASE_TEMPLATE("a repeated gemm shape allocates nothing", T, float, double) 
         }
 }
 
+TEST_CASE("a repeated bf16 gemm shape allocates nothing (native kernels or emulation)") {
+  ls::host_context ctx(1, true, ls::compute_precision::bf16);
+  ctx.set_gemm_precision(ls::compute_precision::bf16);
+  ctx.activate();
+  for (const trans ta : transpositions)
+    for (const trans tb : transpositions)
+      for (const auto& [m, n, k] : {std::tuple<std::size_t, std::size_t, std::size_t>{64, 512, 784}, {13, 7, 5}})
+        for (const double beta : {0.0, 1.0}) {
+          const gemm_case g{ta, tb, m, n, k, 0, 1.0, beta};
+          CAPTURE(describe(g));
+          operands<float> o(g, 5), other(g, 6);
+          const auto run = [&](operands<float>& x) {
+            gemm(ctx, g.ta, g.tb, g.m, g.n, g.k, 1.0f, x.a.data(), x.lda, x.b.data(), x.ldb, static_cast<float>(g.beta),
+                 x.c.data(), x.ldc);
+          };
+          run(o);  // the first call of a shape may set things up (buffers, primitives)
+          const ls::testing::allocation_window second;
+          run(other);
+          const std::size_t onednn_second = second.onednn_count();
+          CHECK(second.count() == 0);
+          const ls::testing::allocation_window third;
+          run(o);
+          CHECK(third.count() == 0);
+          CHECK(third.onednn_count() == onednn_second);  // oneDNN's own blocks, the same call after call
+        }
+}
+
 TEST_CASE("activate gives the calling thread the context's GEMM thread budget") {
   const ls::host_context two(2), one(1);
   two.activate();

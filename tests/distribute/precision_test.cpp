@@ -1,17 +1,23 @@
 // mixed<bf16> through a strategy: the policy is chosen by type at replicate, the model's type and
 // its fp32 masters do not change, every replica holds the same bits, replica_count_invariant gives
 // the same bits for 1, 2 and 3 replicas (per kernel set), the workers' collective plan names the
-// policy, and training follows fp32's within bf16's precision.
+// policy, training follows fp32's within bf16's precision, fit names the policy and warns when it
+// is emulated, and a checkpoint records the policy and resumes under another.
 
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <cstddef>
 #include <type_traits>
 #include <vector>
+
+#include <unistd.h>
+
+#include <lockstep/train/checkpoint.hpp>
 
 #include "distribute/common.hpp"
 
@@ -88,7 +94,7 @@ TEST_CASE("mixed<bf16> on a strategy: identical replicas, the same bits on 1, 2 
   CHECK(named);
 }
 
-TEST_CASE("fit names the model's precision and its kernels in the start-up line") {
+TEST_CASE("fit names the model's precision and its kernels in the start-up line, and warns when bf16 is emulated") {
   std::FILE* f = std::tmpfile();
   REQUIRE(f != nullptr);
   invariant s(ls::device_selection::first(1));
@@ -108,4 +114,46 @@ TEST_CASE("fit names the model's precision and its kernels in the start-up line"
   std::fclose(f);
   CHECK(shown.find("lockstep: host GEMM " + ls::host_gemm_name() + ", precision " +
                    ls::host_precision_description(ls::compute_precision::bf16) + "\n") != std::string::npos);
+  // An emulated bf16 warns (and names the fix); native kernels do not.
+  CHECK((shown.find("mixed<bf16> is emulated") != std::string::npos) == !ls::host_bf16_native());
+}
+
+TEST_CASE("a checkpoint records its precision policy and resumes under another, saying so") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("lockstep_precision_ckpt_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const auto b = make_batch(32, 5);
+  const auto data = [&] {
+    return ls::data::from_memory(std::vector<float>(b.features), 784, std::vector<std::int32_t>(b.labels)) |
+           ls::data::batched(8);
+  };
+  invariant s(ls::device_selection::first(2));
+  auto bf = s.replicate<mlp, ls::mixed<ls::bf16>>(ls::seed{3});
+  (void)ls::fit(s, bf, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{}, data(),
+                {.epochs = 1, .quiet = true, .checkpoint_dir = dir.string()});
+  const auto newest = ls::checkpoint_manager(dir).latest();
+  REQUIRE(newest.has_value());
+  const ls::checkpoint_state st = ls::load_checkpoint(*newest);
+  CHECK(st.precision == "mixed<bf16>");
+  CHECK(st.parameters == bf.parameters_to_host());  // the fp32 masters, as trained
+
+  // Resumed under fp32: the weights load as they are, and the resume line names both policies.
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f != nullptr);
+  auto fp = s.replicate<mlp>(ls::seed{3});
+  ls::fit_options o;
+  o.epochs = 2;
+  o.checkpoint_dir = dir.string();
+  o.resume = true;
+  o.progress.stream = f;
+  o.progress.live = false;
+  const ls::history h = ls::fit(s, fp, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{}, data(), o);
+  std::rewind(f);
+  std::string shown;
+  for (int c = std::fgetc(f); c != EOF; c = std::fgetc(f)) shown.push_back(static_cast<char>(c));
+  std::fclose(f);
+  CHECK(h.resumed_from_step == 4);
+  CHECK(shown.find("; written under mixed<bf16>, continuing under fp32") != std::string::npos);
+  CHECK(ls::load_checkpoint(*ls::checkpoint_manager(dir).latest()).precision == "fp32");
+  fs::remove_all(dir);
 }

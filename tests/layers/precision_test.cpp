@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <lockstep/layers.hpp>
@@ -243,4 +244,26 @@ TEST_CASE("under mixed<bf16> a layer that declares no precision computes in fp32
   static_assert(ls::mixed_precision_v<ls::bind_t<ls::dense<3, 2>, 3>>);
   static_assert(ls::mixed_precision_v<ls::bind_t<ls::sequential<ls::dense<3, 2>>, 3>>);
   static_assert(!ls::mixed_precision_v<ls::bind_t<user::linear<3, 2, false>, 3>>);
+}
+
+TEST_CASE("layers_in_fp32 lists the layers that declare no precision, through nested sequentials and residual blocks") {
+  using plain = ls::sequential<user::linear<29, 11, false>, ls::relu, user::linear<11, 5, false>>;
+  CHECK(ls::layers_in_fp32<plain>() == std::vector<std::string>{"0", "2"});
+  using opted = ls::sequential<user::opted_in_linear<29, 11>, ls::relu, ls::dense<11, 5>>;
+  CHECK(ls::layers_in_fp32<opted>().empty());
+  using nested = ls::sequential<ls::dense<6, 8>, ls::sequential<ls::relu, user::linear<8, 8, false>>,
+                                ls::residual<user::linear<8, 8, false>, ls::relu>, ls::dense<8, 2>>;
+  CHECK(ls::layers_in_fp32<nested>() == std::vector<std::string>{"1.1", "2.0"});
+  CHECK(ls::layers_in_fp32<user::linear<3, 2, false>>() == std::vector<std::string>{""});  // the net itself
+}
+
+TEST_CASE("host_precision_warning: an emulated mixed<bf16> says so and names the fix, native kernels and fp32 say nothing") {
+  CHECK(ls::host_precision_warning(ls::compute_precision::fp32).empty());
+  const std::string warning = ls::host_precision_warning(ls::compute_precision::bf16);
+  if (ls::host_bf16_native()) {
+    CHECK(warning.empty());
+  } else {
+    CHECK(warning.find("mixed<bf16> is emulated") != std::string::npos);
+    CHECK((warning.find("oneDNN") != std::string::npos));
+  }
 }

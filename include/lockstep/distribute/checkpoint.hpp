@@ -15,6 +15,8 @@
 ///        (f32 array of the PARM section's length)
 ///   GARD version 1: the non-finite guard's counters: updates skipped in all, and since the last
 ///        applied one (u64 each; consecutive <= all). Checkpoints without it hold zeros.
+///   PREC version 1: the precision policy the model trained under (string: "fp32",
+///        "mixed<bf16>", "tf32"); informational, since the weights are fp32 under every policy.
 
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include <lockstep/core/error.hpp>
+#include <lockstep/core/precision.hpp>
 #include <lockstep/io/checkpoint.hpp>
 #include <lockstep/io/serialization.hpp>
 #include <lockstep/layers/model.hpp>
@@ -49,12 +52,14 @@ struct model_state {
   std::uint64_t ema_updates = 0;        ///< updates the EMA took in (0 when there is none)
   std::uint64_t skipped_updates = 0;    ///< updates the non-finite guard skipped (section GARD)
   std::uint64_t consecutive_skips = 0;  ///< of which since the last applied update
+  std::string precision;                ///< the policy it trained under ("fp32", "mixed<bf16>"; "" without section PREC)
 };
 
 /// The tags of the model's sections added by the training recipe (see the file comment).
 namespace tags {
 inline constexpr std::uint32_t ema = io::section_tag("EMAW");    ///< the EMA of the weights
 inline constexpr std::uint32_t guard = io::section_tag("GARD");  ///< the non-finite guard's counters
+inline constexpr std::uint32_t precision = io::section_tag("PREC");  ///< the precision policy
 }  // namespace tags
 
 /// A readable name for optimiser `o`: its type name, with its momentum when it has a nonzero one.
@@ -88,6 +93,7 @@ template <class Replicated>
     s.skipped_updates = m.skipped_updates();
     s.consecutive_skips = m.consecutive_skips();
   }
+  if constexpr (requires { m.precision(); }) s.precision = std::string(precision_name(m.precision()));
   return s;
 }
 /// capture(m), recording that the optimiser state belongs to `optimizer`'s kind.
@@ -123,6 +129,11 @@ inline void write_model_state(io::checkpoint_file& f, const model_state& s) {
   guard.put(s.skipped_updates);
   guard.put(s.consecutive_skips);
   f.put(tags::guard, 1, std::move(guard));
+  if (!s.precision.empty()) {
+    io::writer precision;
+    precision.put_string(s.precision);
+    f.put(tags::precision, 1, std::move(precision));
+  }
 }
 
 /// The model's part of checkpoint `f` (any format this library reads).
@@ -175,6 +186,12 @@ inline void write_model_state(io::checkpoint_file& f, const model_state& s) {
       g.fail_at(at, "the consecutive skipped updates (" + std::to_string(s.consecutive_skips) + ") exceed all skipped (" +
                         std::to_string(s.skipped_updates) + ")");
     g.expect_end();
+  }
+  if (const auto* ps = f.find(tags::precision)) {
+    f.check_version(*ps, "precision", 1, 1);
+    io::reader r = f.read(*ps, "precision");
+    s.precision = r.get_string("the precision policy");
+    r.expect_end();
   }
   if (ms.version < 2) {  // formats 1 and 2: the step is the progress section's first field
     const auto& gs = f.get(io::tags::progress, "progress");

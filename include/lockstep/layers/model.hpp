@@ -9,6 +9,7 @@
 #include <string>
 #include <concepts>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <lockstep/backend/context.hpp>
@@ -32,6 +33,36 @@ struct gradient_sum_op {
   LOCKSTEP_HD void operator()(std::size_t i) const { g[i] += acc[i]; }
 };
 }  // namespace detail
+
+namespace detail {
+/// Appends to `out` the path of every layer inside bound layer B that computes in fp32 under
+/// every policy ("2", "1.0": positions in the sequentials around it, "" for B itself).
+template <class B>
+void collect_fp32_layers(std::vector<std::string>& out, const std::string& path) {
+  if constexpr (requires { B::layer_count; typename B::template layer_type<0>; }) {  // a sequential
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (collect_fp32_layers<typename B::template layer_type<I>>(out, path.empty() ? std::to_string(I)
+                                                                                  : path + "." + std::to_string(I)),
+       ...);
+    }(std::make_index_sequence<B::layer_count>{});
+  } else if constexpr (requires { typename B::inner; }) {  // a residual block: its body
+    collect_fp32_layers<typename B::inner>(out, path);
+  } else if constexpr (!mixed_precision_v<B>) {
+    out.push_back(path);
+  }
+}
+}  // namespace detail
+
+/// The layers of network Net that compute in fp32 under every precision policy, because they
+/// declare no `mixed_precision` (user layers written for fp32): their positions, "2" for the third
+/// layer of Net, "1.0" for the first layer of a sequential at position 1. Empty when every layer
+/// follows the model's policy.
+template <class Net>
+std::vector<std::string> layers_in_fp32() {
+  std::vector<std::string> out;
+  detail::collect_fp32_layers<bind_t<Net, Net::expected_input>>(out, "");
+  return out;
+}
 
 /// The no-op backward hook: called after each top-level layer's gradients are final.
 struct no_layer_hook {

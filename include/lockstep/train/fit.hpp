@@ -472,6 +472,13 @@ public:
     resume_note_ = resume_line(source, st.epoch, st.step);
   }
 
+  /// Adds to the resume line that the checkpoint was written under precision policy `was` when
+  /// the model continues under another, `now` (allowed: the weights are fp32 under every policy).
+  void note_precision(const std::string& was, const std::string& now) {
+    if (!was.empty() && was != now && !resume_note_.empty())
+      resume_note_ += "; written under " + was + ", continuing under " + now;
+  }
+
   /// Prints `line` on the progress display (the chief's, unless quiet).
   void note(const std::string& line) {
     if (bar_) bar_->note(line);
@@ -717,6 +724,8 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
       throw checkpoint_error(std::string(e.what()) + " (use another checkpoint_dir, or drop resume)");
     }
     run.resume_from(ck->first, ck->second);  // refuses callback states that do not fit, before the model changes
+    if constexpr (requires { m.precision(); })
+      run.note_precision(static_cast<const model_state&>(ck->first).precision, std::string(precision_name(m.precision())));
     restore(m, static_cast<const model_state&>(ck->first), optimizer, ck->second);
   }
   run.open_outputs();
@@ -725,6 +734,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
       if (o.show_kernels)
         run.note("lockstep: host GEMM " + host_gemm_name() + ", precision " + host_precision_description(m.precision()));
       if (const std::string warning = host_gemm_warning(); !warning.empty()) run.note(warning);
+      if (const std::string warning = host_precision_warning(m.precision()); !warning.empty()) run.note(warning);
     }
   fit_tracer<Strategy> trace(s, w, o.trace_file, o.trace_steps, s.num_replicas());
   const auto save = [&](std::uint64_t epoch, std::uint64_t batches) {

@@ -98,6 +98,21 @@ inline std::string host_precision_description(compute_precision policy) {
                             : "mixed<bf16> (emulated: operands rounded to bf16, fp32 GEMMs)";
 }
 
+/// The warning due when a model of policy `policy` computes its bf16 GEMMs by emulation (no faster
+/// than fp32): a sentence naming why and the fix, or empty (fp32, or native bf16 kernels). fit
+/// shows it on the chief's progress display (unless quiet).
+inline std::string host_precision_warning(compute_precision policy) {
+  if (policy != compute_precision::bf16 || host_bf16_native()) return {};
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+  return "lockstep: warning: mixed<bf16> is emulated (operands rounded to bf16, fp32 GEMMs: no faster than fp32): "
+         "oneDNN runs " + detail::onednn_name() + ", without the AVX512-BF16 or AMX instructions its bf16 kernels need";
+#else
+  return "lockstep: warning: mixed<bf16> is emulated (operands rounded to bf16, fp32 GEMMs: no faster than fp32) in "
+         "the OpenBLAS build; build with oneDNN (libdnnl-dev, -DLOCKSTEP_HOST_GEMM=onednn) for native bf16 GEMMs on "
+         "CPUs with AVX512-BF16 or AMX";
+#endif
+}
+
 /// C = alpha * op(A) * op(B) + beta * C, row-major, C is m x n, op(A) m x k, op(B) k x n.
 /// beta = 0 never reads C (NaNs in it do not propagate). Inside a layer that opts in to the bf16
 /// policy (ctx.gemm_precision() is bf16), A and B are rounded to bf16 and the products accumulate
@@ -193,4 +208,5 @@ inline void scale(const host_context&, T* x, std::size_t n, T a) {
 namespace lockstep {
 using backend::host_bf16_native;
 using backend::host_precision_description;
+using backend::host_precision_warning;
 }  // namespace lockstep
