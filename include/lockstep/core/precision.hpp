@@ -86,12 +86,10 @@ struct precision_traits<fp32> {
   static constexpr compute_precision precision = compute_precision::fp32;  ///< fp32 GEMMs
   static constexpr bool is_policy = true;                                 ///< a policy type
 };
-/// mixed<bf16>: bf16 GEMM inputs, fp32 everything else (mixed<fp16> is refused with the reason).
+/// mixed<bf16>: bf16 GEMM inputs, fp32 everything else (replicate refuses mixed<fp16>, which needs
+/// loss scaling, with the reason).
 template <class C>
 struct precision_traits<mixed<C>> {
-  static_assert(std::is_same_v<C, bf16>,
-                "lockstep::mixed<fp16> needs dynamic loss scaling, which this version does not have; use "
-                "lockstep::mixed<lockstep::bf16> (fp32's exponent range: no loss scale needed)");
   using value_type = float;                                               ///< fp32 masters
   static constexpr compute_precision precision = compute_precision::bf16;  ///< bf16 GEMM inputs
   static constexpr bool is_policy = true;                                 ///< a policy type

@@ -228,6 +228,9 @@ public:
   [[nodiscard]] model_type<Net, precision_value_t<P>> replicate(lockstep::seed s) {
     using T = precision_value_t<P>;
     constexpr compute_precision precision = precision_traits<P>::precision;
+    static_assert(!std::is_same_v<P, mixed<fp16>>,
+                  "lockstep::mixed<fp16> needs dynamic loss scaling, which this version does not have; use "
+                  "lockstep::mixed<lockstep::bf16> (fp32's exponent range: no loss scale needed)");
     static_assert(precision != compute_precision::tf32 || is_gpu_v<Kind>,
                   "lockstep: the tf32 policy is for gpu replicas (TF32 tensor cores); cpu replicas compute in fp32, or "
                   "in bf16 under lockstep::mixed<lockstep::bf16>");

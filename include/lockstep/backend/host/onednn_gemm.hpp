@@ -2,11 +2,11 @@
 /// @file onednn_gemm.hpp
 /// Single-precision host GEMM through oneDNN's matmul primitive, the kernels of the
 /// LOCKSTEP_HOST_GEMM=onednn build (which defines LOCKSTEP_HOST_GEMM_ONEDNN), and the native bf16
-/// GEMM of `mixed<bf16>` (operands converted to bf16 by reorder primitives, fp32 accumulation and
-/// output) on CPUs with bf16 instructions. A primitive is created on the first GEMM of each shape
-/// and kept, with its memory objects, in a cache that its host_context owns; later calls of the
-/// shape only re-point the memory objects at the operands. oneDNN 2.x has no f64 matmul on CPUs,
-/// so double GEMMs stay on CBLAS.
+/// GEMM of `mixed<bf16>` on CPUs with bf16 instructions (the operands converted by those
+/// instructions, fp32 accumulation and output). A primitive is created on the first GEMM of each
+/// shape and kept, with its memory objects, in a cache that its host_context owns; later calls of
+/// the shape only re-point the memory objects at the operands. oneDNN 2.x has no f64 matmul on
+/// CPUs, so double GEMMs stay on CBLAS.
 
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -14,6 +14,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <string>
@@ -24,6 +25,10 @@
 #include <dlfcn.h>
 #endif
 
+#if defined(__x86_64__) && !defined(__CUDACC__)
+#include <immintrin.h>
+#endif
+
 #if DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
 #include <omp.h>
 #elif DNNL_CPU_THREADING_RUNTIME != DNNL_RUNTIME_SEQ
@@ -31,6 +36,7 @@
 #endif
 
 #include <lockstep/core/error.hpp>
+#include <lockstep/core/precision.hpp>
 
 namespace lockstep::backend::detail {
 
@@ -57,6 +63,25 @@ inline std::string onednn_name() {
   return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
          " (" + std::string(isa) + ")";
 }
+
+/// dst[i] = to_bf16_bits(src[i]) for n values with the CPU's AVX512-BF16 conversion (round to
+/// nearest even; subnormal inputs read as zero, as the thread's DAZ mode reads them anyway); only
+/// where the CPU has those instructions (onednn_native_bf16).
+#if defined(__x86_64__) && !defined(__CUDACC__)
+__attribute__((target("avx512f,avx512bf16"))) inline void to_bf16_row(const float* src, std::size_t n,
+                                                                      std::uint16_t* dst) noexcept {
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+    std::memcpy(dst + i, &v, sizeof v);
+  }
+  for (; i < n; ++i) dst[i] = to_bf16_bits(src[i]);
+}
+#else
+inline void to_bf16_row(const float* src, std::size_t n, std::uint16_t* dst) noexcept {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = to_bf16_bits(src[i]);
+}
+#endif
 
 /// Whether oneDNN runs bf16 matmuls natively here: its effective instruction set (after any
 /// ONEDNN_MAX_CPU_ISA cap) includes AVX512-BF16 (Zen 4 and later, Cooper Lake, Sapphire Rapids'
@@ -133,8 +158,8 @@ public:
 
   /// The same product with A and B rounded to bf16 (round to nearest even) and multiplied by
   /// oneDNN's bf16 kernels, accumulated and written in fp32; call only where onednn_native_bf16().
-  /// The operands are converted into this cache's bf16 buffers by reorder primitives (one per
-  /// operand shape, kept), so a steady-state call allocates nothing.
+  /// The operands are converted into this cache's bf16 buffers (grown, never shrunk), so a
+  /// steady-state call allocates nothing.
   void bf16gemm(int threads, bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha,
                 const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
                 std::size_t ldc) {
@@ -169,23 +194,6 @@ private:
     bool accumulate;  // beta != 0: a sum post-op reads C
     bool bf16;        // A and B are bf16 (C stays fp32)
     bool operator==(const key&) const = default;
-  };
-  struct reorder_key {  // an fp32 rows x cols matrix with leading dimension ld, to dense bf16
-    dnnl_dim_t rows, cols, ld;
-    bool operator==(const reorder_key&) const = default;
-  };
-  struct reorder_hash {
-    std::size_t operator()(const reorder_key& k) const noexcept {
-      std::uint64_t h = 1469598103934665603ull;
-      for (const dnnl_dim_t v : {k.rows, k.cols, k.ld}) h = (h ^ static_cast<std::uint64_t>(v)) * 1099511628211ull;
-      return static_cast<std::size_t>(h);
-    }
-  };
-  struct reorder_entry {
-    onednn_ptr<dnnl_primitive_t> primitive;
-    onednn_ptr<dnnl_memory_t> src, dst, scratchpad;
-    std::array<dnnl_exec_arg_t, 3> args{};
-    int nargs = 0;
   };
   struct key_hash {
     std::size_t operator()(const key& k) const noexcept {
@@ -254,49 +262,8 @@ private:
   }
 
   // Writes the fp32 rows x cols matrix at `src` (leading dimension ld) to `dst` as dense bf16.
-  void convert(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, std::uint16_t* dst) {
-    const reorder_key rk{static_cast<dnnl_dim_t>(rows), static_cast<dnnl_dim_t>(cols), static_cast<dnnl_dim_t>(ld)};
-    auto it = reorders_.find(rk);
-    if (it == reorders_.end()) it = reorders_.emplace(rk, create_reorder(rk)).first;
-    reorder_entry& e = *it->second;
-    onednn_check(dnnl_memory_set_data_handle(e.src.get(), const_cast<float*>(src)), "dnnl_memory_set_data_handle");
-    onednn_check(dnnl_memory_set_data_handle(e.dst.get(), dst), "dnnl_memory_set_data_handle");
-    if (e.scratchpad)
-      onednn_check(dnnl_memory_set_data_handle(e.scratchpad.get(), scratchpad_.get()), "dnnl_memory_set_data_handle");
-    onednn_check(dnnl_primitive_execute(e.primitive.get(), stream_.get(), e.nargs, e.args.data()),
-                 "dnnl_primitive_execute", "reorder fp32 to bf16");
-  }
-
-  std::unique_ptr<reorder_entry> create_reorder(const reorder_key& k) {
-    const std::string what = "reorder fp32 to bf16, " + std::to_string(k.rows) + " x " + std::to_string(k.cols) +
-                             " ld=" + std::to_string(k.ld);
-    dnnl_memory_desc_t src_md{}, dst_md{};
-    const dnnl_dims_t dims{k.rows, k.cols}, src_strides{k.ld, 1}, dst_strides{k.cols, 1};
-    onednn_check(dnnl_memory_desc_init_by_strides(&src_md, 2, dims, dnnl_f32, src_strides),
-                 "dnnl_memory_desc_init_by_strides", what);
-    onednn_check(dnnl_memory_desc_init_by_strides(&dst_md, 2, dims, dnnl_bf16, dst_strides),
-                 "dnnl_memory_desc_init_by_strides", what);
-    dnnl_primitive_attr_t raw_attr = nullptr;
-    onednn_check(dnnl_primitive_attr_create(&raw_attr), "dnnl_primitive_attr_create");
-    const onednn_ptr<dnnl_primitive_attr_t> attr(raw_attr);
-    onednn_check(dnnl_primitive_attr_set_scratchpad_mode(attr.get(), dnnl_scratchpad_mode_user),
-                 "dnnl_primitive_attr_set_scratchpad_mode");
-    dnnl_primitive_desc_t raw_pd = nullptr;
-    onednn_check(dnnl_reorder_primitive_desc_create(&raw_pd, &src_md, engine_.get(), &dst_md, engine_.get(), attr.get()),
-                 "dnnl_reorder_primitive_desc_create", what);
-    const onednn_ptr<dnnl_primitive_desc_t> pd(raw_pd);
-    auto e = std::make_unique<reorder_entry>();
-    dnnl_primitive_t raw_primitive = nullptr;
-    onednn_check(dnnl_primitive_create(&raw_primitive, pd.get()), "dnnl_primitive_create", what);
-    e->primitive.reset(raw_primitive);
-    make_memory(e->src, &src_md, what);
-    make_memory(e->dst, &dst_md, what);
-    e->args[0] = {DNNL_ARG_FROM, e->src.get()};
-    e->args[1] = {DNNL_ARG_TO, e->dst.get()};
-    e->nargs = 2;
-    if (attach_scratchpad(pd.get(), e->scratchpad, what))
-      e->args[static_cast<std::size_t>(e->nargs++)] = {DNNL_ARG_SCRATCHPAD, e->scratchpad.get()};
-    return e;
+  static void convert(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, std::uint16_t* dst) {
+    for (std::size_t r = 0; r < rows; ++r) to_bf16_row(src + r * ld, cols, dst + r * cols);
   }
 
   void make_memory(onednn_ptr<dnnl_memory_t>& out, const dnnl_memory_desc_t* md, const std::string& what,
@@ -405,7 +372,6 @@ private:
   std::unique_ptr<std::byte[], aligned_free> scratchpad_;
   std::size_t scratchpad_size_ = 0;
   std::unordered_map<key, std::unique_ptr<entry>, key_hash> entries_;
-  std::unordered_map<reorder_key, std::unique_ptr<reorder_entry>, reorder_hash> reorders_;
   struct bf16_storage {
     std::unique_ptr<std::uint16_t[]> data;
     std::size_t size = 0;
