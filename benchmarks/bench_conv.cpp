@@ -22,7 +22,8 @@
 //   sgemm m=<m> n=<n> k=<k> gflops=<n>          (each GEMM shape)
 //   sgemm_peak_gflops=<n>
 //   layer=<conv1|conv2> gflops=<n> fraction_of_sgemm_peak=<f> ms=<t> forward_ms=<t> backward_ms=<t>
-//   config=cnn replicas=<n> batch=<b> samples_per_s=<n> step_ms=<t>
+//   config=cnn replicas=<n> batch=<b> samples_per_s=<n> step_ms=<t> precision=fp32|bf16 [kernels=native|emulated]
+// (fp32 on 1 and 2 replicas, then mixed<bf16> on 1 replica).
 // Options: --repeats N (layer and GEMM repeats, default 15), --steps N (training repeats, default 11),
 // --only-layers, --only-step.
 
@@ -66,11 +67,12 @@ ls::data::batch make_batch(std::size_t rows) {
   return b;
 }
 
-// Median samples/s of strategy S training the CNN on one global batch of `rows`.
-template <class S>
+// Median samples/s of strategy S training the CNN, made under precision policy P, on one global
+// batch of `rows`.
+template <class S, class P = ls::fp32>
 void bench_step(std::size_t rows, int repeats) {
   S s;
-  auto m = s.template replicate<cnn>(ls::seed{1});
+  auto m = s.template replicate<cnn, P>(ls::seed{1});
   const auto g = std::make_shared<const ls::data::batch>(make_batch(rows));
   ls::data::distributed_batch d{g, ls::data::split(*g, S::replica_count)};
   const ls::adam opt{.lr = 1e-4f};
@@ -83,8 +85,10 @@ void bench_step(std::size_t rows, int repeats) {
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   const double sec = median(t);
-  fmt::print("config=cnn replicas={} batch={} samples_per_s={:.1f} step_ms={:.2f}\n", S::replica_count, rows,
-             static_cast<double>(rows) / sec, sec * 1e3);
+  const bool bf16 = m.precision() == ls::compute_precision::bf16;
+  fmt::print("config=cnn replicas={} batch={} samples_per_s={:.1f} step_ms={:.2f} precision={}{}\n", S::replica_count,
+             rows, static_cast<double>(rows) / sec, sec * 1e3, bf16 ? "bf16" : "fp32",
+             bf16 ? (ls::host_bf16_native() ? " kernels=native" : " kernels=emulated") : "");
   std::fflush(stdout);
 }
 
@@ -122,6 +126,7 @@ int main(int argc, char** argv) {
     if (training) {
       bench_step<ls::one_device<ls::cpu<0>>>(64, steps);
       bench_step<ls::mirrored<ls::cpu<0>, ls::cpu<1>>>(128, steps);
+      bench_step<ls::one_device<ls::cpu<0>>, ls::mixed<ls::bf16>>(64, steps);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_conv: %s\n", e.what());

@@ -378,7 +378,10 @@ TEST_CASE("resume: fit says where a run starts, and its epoch count honours max_
   CAPTURE(resumed);
   CHECK(resumed.rfind("resuming from " + (dir / "ckpt-000000000004.lsck").string() + " (epoch 1, step 4)\n", 0) == 0);
   CHECK(resumed.find("epoch 2/2: ") != std::string::npos);  // 6 steps an epoch: the budget of 9 ends in epoch 2
-  const std::string plain = progress_of(temp_dir("lines_plain"), false, 2);  // no resume asked: no line
+  const auto plain_dir = temp_dir("lines_plain");
+  const std::string plain = progress_of(plain_dir, false, 2);  // no resume asked: no line
   CHECK(plain.find("starting fresh") == std::string::npos);
   CHECK(plain.find("resuming from") == std::string::npos);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(plain_dir);
 }
