@@ -5,7 +5,7 @@
 //                 [--model mlp|small|cnn|cnn_bn] [--checkpoint-dir DIR] [--resume] [--data DIR]
 //                 [--metrics-file FILE] [--tensorboard DIR] [--export FILE [--export-dtype f32|bf16|f16]]
 //                 [--trace FILE [--trace-steps A:B]] [--accumulate K] [--clip-norm C] [--clip-value V]
-//                 [--ema DECAY] [--label-smoothing E] [--replica-count-invariant] [--precision fp32|bf16|tf32]
+//                 [--ema DECAY] [--label-smoothing E] [--replica-count-invariant] [--precision fp32|bf16|fp16|tf32]
 //                 [--data-format idx|png-folder|tar-shards] [--quiet] [--workers W]
 //
 // The replica count is a run-time value: each model is instantiated once per device kind
@@ -128,11 +128,12 @@ int with_data(const config& c, F&& f) {
 template <class Net, class Kind, class Strategy>
 typename Strategy::template model_type<Net> replicate_model(Strategy& strategy, const config& c) {
   const ls::seed seed{c.seed};
-  if (c.precision == "bf16") {
+  if (c.precision == "bf16" || c.precision == "fp16") {
     if constexpr (std::is_same_v<Kind, ls::cpus>)
-      return strategy.template replicate<Net, ls::mixed<ls::bf16>>(seed);
+      return c.precision == "bf16" ? strategy.template replicate<Net, ls::mixed<ls::bf16>>(seed)
+                                   : strategy.template replicate<Net, ls::mixed<ls::fp16>>(seed);
     else
-      throw usage_error("--precision bf16: cpu replicas only in this version (gpu replicas: fp32 or tf32)");
+      throw usage_error("--precision " + c.precision + ": cpu replicas only in this version (gpu replicas: fp32 or tf32)");
   }
   if (c.precision == "tf32") {
     if constexpr (!std::is_same_v<Kind, ls::cpus>)

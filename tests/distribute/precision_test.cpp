@@ -157,3 +157,114 @@ TEST_CASE("a checkpoint records its precision policy and resumes under another, 
   CHECK(ls::load_checkpoint(*ls::checkpoint_manager(dir).latest()).precision == "fp32");
   fs::remove_all(dir);
 }
+
+TEST_CASE("loss_scaler: 2^16 at first, doubles after 2000 finite updates, halves on an overflow, stays in [1, 2^24]") {
+  ls::loss_scaler s;
+  CHECK(s.scale() == 65536.0);
+  for (int i = 0; i < 1999; ++i) CHECK(s.update(false));
+  CHECK(s.scale() == 65536.0);
+  CHECK(s.update(false));  // the 2000th finite update in a row
+  CHECK(s.scale() == 131072.0);
+  CHECK(s.good_updates() == 0);
+  for (int i = 0; i < 1000; ++i) CHECK(s.update(false));
+  CHECK(s.update(true));  // an overflow halves and restarts the count
+  CHECK(s.scale() == 65536.0);
+  CHECK(s.good_updates() == 0);
+  for (int i = 0; i < 1999; ++i) CHECK(s.update(false));
+  CHECK(s.scale() == 65536.0);  // 1000 + 1999 finite updates, but not 2000 in a row
+  // Never above 2^24.
+  ls::loss_scaler high;
+  REQUIRE(high.restore(16777216.0, 1999, 0));
+  CHECK(high.update(false));
+  CHECK(high.scale() == 16777216.0);
+  // Down to 1, then 50 overflows in a row at 1 stop the run (update returns false on the 50th).
+  ls::loss_scaler low;
+  for (int i = 0; i < 16; ++i) CHECK(low.update(true));
+  CHECK(low.scale() == 1.0);
+  for (int i = 0; i < 49; ++i) CHECK(low.update(true));
+  CHECK(low.overflows_at_minimum() == 49);
+  CHECK(!low.update(true));
+  // A finite update resets the count at the minimum.
+  ls::loss_scaler reset;
+  REQUIRE(reset.restore(1.0, 0, 49));
+  CHECK(reset.update(false));
+  CHECK(reset.overflows_at_minimum() == 0);
+  // restore refuses what no scaler can hold.
+  CHECK(!reset.restore(3.0, 0, 0));
+  CHECK(!reset.restore(0.5, 0, 0));
+  CHECK(!reset.restore(33554432.0, 0, 0));
+  CHECK(!reset.restore(2.0, 2000, 0));
+  CHECK(!reset.restore(2.0, 0, 50));
+}
+
+TEST_CASE("mixed<fp16>: an overflow on one replica skips the update on every replica and halves the scale") {
+  for (const std::size_t replicas : {1, 2, 3}) {
+    CAPTURE(replicas);
+    invariant s(ls::device_selection::first(replicas), ls::strategy_options{.micro_shard_rows = 4});
+    auto m = s.replicate<mlp, ls::mixed<ls::fp16>>(ls::seed{9});
+    CHECK(m.precision() == ls::compute_precision::fp16);
+    // A first update at 2^16 may overflow already; train until one applies.
+    std::size_t tries = 0;
+    for (; tries < 20; ++tries)
+      if (!ls::train_step(s, m, ls::adamw{.lr = 1e-3f}, ls::softmax_cross_entropy{},
+                          distributed(make_batch(24, 300 + tries), replicas))
+               .skipped)
+        break;
+    REQUIRE(tries < 20);
+    const double scale = m.scaler().scale();
+    const std::vector<float> before = m.parameters_to_host();
+    // The last two rows (the last replica's shard) have large features (30, exact in fp16) and two
+    // different labels: their logits saturate the softmax, so at least one row's gradient at its
+    // label is -1, which the loss scale 2^16 takes past fp16's largest value (65504): the backward
+    // GEMM's operand rounds to infinity and the reduced gradient is not finite.
+    auto b = make_batch(24, 400);
+    for (std::size_t f = 0; f < 784; ++f) b.features[22 * 784 + f] = b.features[23 * 784 + f] = 30.0f;
+    b.labels[22] = 0;
+    b.labels[23] = 1;
+    const auto st = ls::train_step(s, m, ls::adamw{.lr = 1e-3f}, ls::softmax_cross_entropy{}, distributed(b, replicas));
+    CHECK(st.skipped);
+    CHECK(st.loss_scale == scale);
+    CHECK(m.scaler().scale() == scale / 2);
+    CHECK(m.parameters_to_host() == before);
+    for (std::size_t r = 0; r < m.size(); ++r)
+      CHECK(std::equal(before.begin(), before.end(), m.replica(r).model().parameters().data()));
+    // The next update runs at the halved scale and applies.
+    const auto next = ls::train_step(s, m, ls::adamw{.lr = 1e-3f}, ls::softmax_cross_entropy{},
+                                     distributed(make_batch(24, 401), replicas));
+    CHECK(next.loss_scale == scale / 2);
+    CHECK(!next.skipped);
+    CHECK(m.parameters_to_host() != before);
+  }
+}
+
+TEST_CASE("mixed<fp16> trains as fp32 does within fp16's precision, and a checkpoint keeps the loss scale") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("lockstep_fp16_ckpt_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const auto b = make_batch(64, 8);
+  const auto data = [&] {
+    return ls::data::from_memory(std::vector<float>(b.features), 784, std::vector<std::int32_t>(b.labels)) |
+           ls::data::batched(16);
+  };
+  invariant s(ls::device_selection::first(2));
+  auto fp = s.replicate<mlp>(ls::seed{3});
+  auto h16 = s.replicate<mlp, ls::mixed<ls::fp16>>(ls::seed{3});
+  const auto fp_h = ls::fit(s, fp, ls::adamw{.lr = 1e-3f}, ls::softmax_cross_entropy{}, data(), {.epochs = 3, .quiet = true});
+  const auto h16_h = ls::fit(s, h16, ls::adamw{.lr = 1e-3f}, ls::softmax_cross_entropy{}, data(),
+                             {.epochs = 3, .quiet = true, .checkpoint_dir = dir.string()});
+  REQUIRE(h16_h.epochs.size() == 3);
+  CHECK(h16_h.epochs.back().train_loss < h16_h.epochs.front().train_loss);
+  CHECK(std::fabs(h16_h.epochs.back().train_loss - fp_h.epochs.back().train_loss) <= 0.05 * fp_h.epochs.back().train_loss);
+  CHECK(h16.scaler().scale() <= ls::loss_scaler::initial_scale);
+  // The checkpoint holds the scale; a mixed<fp16> model resumes with it, an fp32 one ignores it.
+  const ls::checkpoint_state st = ls::load_checkpoint(*ls::checkpoint_manager(dir).latest());
+  CHECK(st.precision == "mixed<fp16>");
+  REQUIRE(st.has_loss_scale);
+  CHECK(st.scaler.scale() == h16.scaler().scale());
+  CHECK(st.scaler.good_updates() == h16.scaler().good_updates());
+  auto resumed = s.replicate<mlp, ls::mixed<ls::fp16>>(ls::seed{3});
+  ls::restore(resumed, static_cast<const ls::model_state&>(st));
+  CHECK(resumed.scaler().scale() == h16.scaler().scale());
+  CHECK(resumed.scaler().good_updates() == h16.scaler().good_updates());
+  fs::remove_all(dir);
+}

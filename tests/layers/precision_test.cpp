@@ -5,11 +5,13 @@
 // and the same layer with `mixed_precision` computes on rounded operands.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <lockstep/layers.hpp>
@@ -266,4 +268,81 @@ TEST_CASE("host_precision_warning: an emulated mixed<bf16> says so and names the
     CHECK(warning.find("mixed<bf16> is emulated") != std::string::npos);
     CHECK((warning.find("oneDNN") != std::string::npos));
   }
+}
+
+namespace {
+/// Every finite non-negative fp16 value, increasing, with its encoding's lowest significand bit.
+struct fp16_table {
+  std::vector<double> values;
+  std::vector<bool> odd;
+  fp16_table() {
+    for (std::uint32_t e = 0; e < 31; ++e)
+      for (std::uint32_t f = 0; f < 1024; ++f) {
+        values.push_back(e == 0 ? std::ldexp(double(f), -24) : std::ldexp(1.0 + double(f) / 1024.0, int(e) - 15));
+        odd.push_back((f & 1u) != 0);
+      }
+  }
+  /// The fp16 value nearest to x (ties to even), infinity from the midpoint past the largest.
+  [[nodiscard]] double nearest(double x) const {
+    const double a = std::fabs(x);
+    if (a >= 65520.0) return std::copysign(std::numeric_limits<double>::infinity(), x);
+    const auto hi = std::lower_bound(values.begin(), values.end(), a);
+    if (hi == values.end()) return std::copysign(values.back(), x);  // between 65504 and the midpoint
+    if (*hi == a) return std::copysign(a, x);
+    const auto i = static_cast<std::size_t>(hi - values.begin());
+    const double up = values[i], down = values[i - 1];
+    const double pick = a - down < up - a ? down : a - down > up - a ? up : (odd[i - 1] ? up : down);
+    return std::copysign(pick, x);
+  }
+};
+}  // namespace
+
+TEST_CASE("round_to_fp16 rounds to the nearest fp16 value with ties to even, subnormals and overflow to infinity") {
+  const fp16_table table;
+  std::size_t checked = 0, mismatches = 0;
+  std::uint32_t first_bad = 0;
+  std::vector<std::uint32_t> patterns;
+  for (std::uint64_t u = 0; u <= 0xffffffffull; u += 7919) patterns.push_back(static_cast<std::uint32_t>(u));
+  // Around the boundaries: 1, the smallest normal 2^-14, the subnormal step 2^-24, 65504 and 65520.
+  for (const float base : {1.0f, 0x1p-14f, 0x1p-24f, 0x1p-25f, 65504.0f, 65520.0f, 3.0f * 0x1p-25f})
+    for (int d = -40; d <= 40; ++d) {
+      const std::uint32_t u = bits_of(base) + static_cast<std::uint32_t>(d);
+      patterns.push_back(u);
+      patterns.push_back(u | 0x80000000u);
+    }
+  for (const std::uint32_t u : patterns) {
+    const float x = from_bits(u);
+    if (std::isnan(x)) continue;
+    if (std::fabs(x) < 0x1p-126f) continue;  // fp32 subnormals: the threads' DAZ mode reads them as zero
+    const float r = ls::round_to_fp16(x);
+    ++checked;
+    if (static_cast<double>(r) != table.nearest(x) && mismatches++ == 0) first_bad = u;
+  }
+  CAPTURE(first_bad);
+  CHECK(checked > 500'000);
+  CHECK(mismatches == 0);
+  CHECK(std::isnan(ls::round_to_fp16(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(ls::round_to_fp16(65519.0f) == 65504.0f);
+  CHECK(ls::round_to_fp16(65520.0f) == std::numeric_limits<float>::infinity());
+  CHECK(ls::round_to_fp16(-1e6f) == -std::numeric_limits<float>::infinity());
+  CHECK(ls::round_to_fp16(0x1p-25f) == 0.0f);            // a tie between 0 and 2^-24: to 0 (even)
+  CHECK(ls::round_to_fp16(3 * 0x1p-25f) == 0x1p-23f);    // a tie between 2^-24 and 2^-23: to the even 2^-23
+}
+
+TEST_CASE("fp16 GEMMs are the fp32 kernels on fp16-rounded operands, bit for bit") {
+  using ls::backend::trans;
+  ls::host_context h(1, true, ls::compute_precision::fp16), fp(1);
+  h.set_gemm_precision(ls::compute_precision::fp16);
+  for (const auto& [m, n, k] : {std::tuple<std::size_t, std::size_t, std::size_t>{7, 13, 61}, {64, 32, 5}, {1, 1, 1}})
+    for (const trans ta : {trans::no, trans::yes}) {
+      const std::size_t a_rows = ta == trans::yes ? k : m, a_cols = ta == trans::yes ? m : k;
+      auto a = matrix(a_rows, a_cols, a_cols, 3), b = matrix(k, n, n, 4);
+      for (float& v : a) v *= 3e4f;  // some products overflow fp16's range, none fp32's
+      std::vector<float> c(m * n, 0.0f), want(m * n, 0.0f);
+      gemm(h, ta, trans::no, m, n, k, 1.0f, a.data(), a_cols, b.data(), n, 0.0f, c.data(), n);
+      for (float& v : a) v = ls::round_to_fp16(v);
+      for (float& v : b) v = ls::round_to_fp16(v);
+      gemm(fp, ta, trans::no, m, n, k, 1.0f, a.data(), a_cols, b.data(), n, 0.0f, want.data(), n);
+      CHECK(std::equal(c.begin(), c.end(), want.begin(), [](float x, float y) { return bits_of(x) == bits_of(y); }));
+    }
 }

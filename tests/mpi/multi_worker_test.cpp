@@ -461,3 +461,38 @@ TEST_CASE("multi_worker: fit's trace is written once, by the chief, with every w
   }
   s.barrier();
 }
+
+TEST_CASE("multi_worker mixed<fp16>: an overflow in the last worker's shard skips the update everywhere and halves the scale") {
+  for (const std::size_t local : {1u, 2u}) {
+    CAPTURE(local);
+    ls::multi_worker_mirrored<ls::cpus, ls::determinism::replica_count_invariant> s(ls::device_selection::first(local),
+                                                                                  ls::strategy_options{.micro_shard_rows = 4});
+    auto m = s.replicate<mlp, ls::mixed<ls::fp16>>(ls::seed{9});
+    std::size_t tries = 0;  // the first updates at 2^16 may overflow: train until one applies
+    for (; tries < 20; ++tries)
+      if (!ls::train_step(s, m, ls::adamw{.lr = 1e-3f}, ls::softmax_cross_entropy{},
+                          shards_of(s, make_batch(24, 300 + tries), 0, 24))
+               .skipped)
+        break;
+    REQUIRE(tries < 20);
+    const double scale = m.scaler().scale();
+    const auto before = m.parameters_to_host();
+    // The last two rows (the last replica of the last worker) saturate the softmax at two labels:
+    // a gradient of -1 times 2^16 overflows fp16 in that replica's backward GEMM.
+    auto b = make_batch(24, 400);
+    for (std::size_t f = 0; f < 784; ++f) b.features[22 * 784 + f] = b.features[23 * 784 + f] = 30.0f;
+    b.labels[22] = 0;
+    b.labels[23] = 1;
+    const auto st = ls::train_step(s, m, ls::adamw{.lr = 1e-3f}, ls::softmax_cross_entropy{}, shards_of(s, b, 0, 24));
+    CHECK(st.skipped);
+    CHECK(m.scaler().scale() == scale / 2);
+    CHECK(same_on_every_rank(std::vector<float>{static_cast<float>(m.scaler().scale())}));
+    const auto after = m.parameters_to_host();
+    CHECK(after == before);
+    CHECK(same_on_every_rank(after));
+    const auto next = ls::train_step(s, m, ls::adamw{.lr = 1e-3f}, ls::softmax_cross_entropy{},
+                                     shards_of(s, make_batch(24, 401), 0, 24));
+    CHECK(!next.skipped);
+    CHECK(same_on_every_rank(m.parameters_to_host()));
+  }
+}

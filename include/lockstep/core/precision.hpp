@@ -9,6 +9,7 @@
 /// layers/layer.hpp) read, never what is stored, reduced or checkpointed. So a model's type does
 /// not depend on its policy, and a checkpoint moves between policies.
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string_view>
@@ -58,13 +59,15 @@ enum class compute_precision : std::uint8_t {
   fp32,  ///< fp32 inputs (the default, and every layer that does not opt in)
   bf16,  ///< bf16-rounded inputs, fp32 accumulation and output
   tf32,  ///< GPU fp32 GEMMs on TF32 tensor cores
+  fp16,  ///< fp16-rounded inputs, fp32 accumulation and output, the loss scaled (loss_scaler)
 };
 
-/// The name of a run-time precision: "fp32", "mixed<bf16>" or "tf32".
+/// The name of a run-time precision: "fp32", "mixed<bf16>", "mixed<fp16>" or "tf32".
 constexpr std::string_view precision_name(compute_precision p) noexcept {
   switch (p) {
     case compute_precision::bf16: return "mixed<bf16>";
     case compute_precision::tf32: return "tf32";
+    case compute_precision::fp16: return "mixed<fp16>";
     case compute_precision::fp32: break;
   }
   return "fp32";
@@ -86,13 +89,15 @@ struct precision_traits<fp32> {
   static constexpr compute_precision precision = compute_precision::fp32;  ///< fp32 GEMMs
   static constexpr bool is_policy = true;                                 ///< a policy type
 };
-/// mixed<bf16>: bf16 GEMM inputs, fp32 everything else (replicate refuses mixed<fp16>, which needs
-/// loss scaling, with the reason).
+/// mixed<bf16> and mixed<fp16>: GEMM inputs in the compute type, fp32 everything else;
+/// mixed<fp16> scales the loss (loss_scaler).
 template <class C>
 struct precision_traits<mixed<C>> {
-  using value_type = float;                                               ///< fp32 masters
-  static constexpr compute_precision precision = compute_precision::bf16;  ///< bf16 GEMM inputs
-  static constexpr bool is_policy = true;                                 ///< a policy type
+  using value_type = float;  ///< fp32 masters
+  /// bf16 or fp16 GEMM inputs.
+  static constexpr compute_precision precision =
+      std::is_same_v<C, bf16> ? compute_precision::bf16 : compute_precision::fp16;
+  static constexpr bool is_policy = true;  ///< a policy type
 };
 /// tf32: fp32 buffers, TF32 tensor-core GEMMs on GPU replicas.
 template <>
@@ -139,5 +144,89 @@ LOCKSTEP_HD inline float from_bf16_bits(std::uint16_t bits) noexcept {
   std::memcpy(&out, &u, sizeof out);
   return out;
 }
+
+/// Rounds `x` to the nearest IEEE binary16 value (ties to even), returned as the fp32 with that
+/// value: 11 significant bits for |x| >= 2^-14, multiples of 2^-24 below (fp16's subnormals),
+/// infinity from 65520 on (the midpoint past 65504, fp16's largest finite value). NaN stays NaN.
+LOCKSTEP_HD inline float round_to_fp16(float x) noexcept {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const std::uint32_t sign = u & 0x80000000u, magnitude = u & 0x7fffffffu;
+  std::uint32_t r;
+  if (magnitude > 0x7f800000u) {
+    r = u | 0x00400000u;  // NaN, made quiet
+  } else if (magnitude >= 0x477ff000u) {  // 65520 and above (infinity too)
+    r = sign | 0x7f800000u;
+  } else if (magnitude >= 0x38800000u) {  // 2^-14 and above: keep 11 significant bits
+    r = sign | ((magnitude + 0xfffu + ((magnitude >> 13) & 1u)) & ~0x1fffu);
+  } else {  // below 2^-14: a multiple of 2^-24 (0.5f's ulp), rounded by one fp32 addition
+    float a;
+    std::memcpy(&a, &magnitude, sizeof a);
+    const float rounded = (a + 0.5f) - 0.5f;  // exact but for the rounding of the addition
+    std::memcpy(&r, &rounded, sizeof r);
+    r |= sign;
+  }
+  float out;
+  std::memcpy(&out, &r, sizeof out);
+  return out;
+}
+
+/// The dynamic loss scale of mixed<fp16> (PyTorch's GradScaler, Keras's LossScaleOptimizer): the
+/// loss's gradient is multiplied by scale() so that small gradients survive fp16, and the
+/// reduced gradient is divided by it again (update_info::grad_scale). After an update whose
+/// reduced gradient was not finite (an overflow: the update is skipped) the scale halves; after
+/// `growth_interval` finite updates in a row it doubles; it stays a power of two in
+/// [min_scale, max_scale]. Every replica and worker decides from the same reduced gradient, so
+/// they all hold the same scale.
+class loss_scaler {
+public:
+  static constexpr double initial_scale = 65536.0;               ///< 2^16
+  static constexpr std::uint64_t growth_interval = 2000;        ///< finite updates before the scale doubles
+  static constexpr double min_scale = 1.0;                       ///< the smallest scale
+  static constexpr double max_scale = 16777216.0;                ///< 2^24
+  static constexpr std::uint64_t max_overflows_at_minimum = 50;  ///< then the run stops (numerics_error)
+
+  /// The scale the loss's gradient is multiplied by.
+  [[nodiscard]] double scale() const noexcept { return scale_; }
+  /// Finite updates since the scale last changed (or since an overflow).
+  [[nodiscard]] std::uint64_t good_updates() const noexcept { return good_; }
+  /// Overflows in a row at the minimum scale.
+  [[nodiscard]] std::uint64_t overflows_at_minimum() const noexcept { return at_minimum_; }
+
+  /// Takes in the outcome of one update: `overflow` when its reduced gradient was not finite.
+  /// Returns false when the scale cannot go lower and max_overflows_at_minimum overflows came in
+  /// a row (the caller stops the run).
+  bool update(bool overflow) noexcept {
+    if (overflow) {
+      good_ = 0;
+      if (scale_ <= min_scale) return ++at_minimum_ < max_overflows_at_minimum;
+      scale_ = scale_ / 2 < min_scale ? min_scale : scale_ / 2;
+      at_minimum_ = 0;
+      return true;
+    }
+    at_minimum_ = 0;
+    if (++good_ >= growth_interval) {
+      good_ = 0;
+      if (scale_ < max_scale) scale_ *= 2;
+    }
+    return true;
+  }
+
+  /// Restores a state (from a checkpoint); false when it is not one this scaler can hold.
+  bool restore(double scale, std::uint64_t good, std::uint64_t at_minimum) noexcept {
+    int exponent = 0;
+    const bool power_of_two = scale >= min_scale && scale <= max_scale && std::frexp(scale, &exponent) == 0.5;
+    if (!power_of_two || good >= growth_interval || at_minimum >= max_overflows_at_minimum) return false;
+    scale_ = scale;
+    good_ = good;
+    at_minimum_ = at_minimum;
+    return true;
+  }
+
+private:
+  double scale_ = initial_scale;
+  std::uint64_t good_ = 0;
+  std::uint64_t at_minimum_ = 0;
+};
 
 }  // namespace lockstep

@@ -16,7 +16,11 @@
 ///   GARD version 1: the non-finite guard's counters: updates skipped in all, and since the last
 ///        applied one (u64 each; consecutive <= all). Checkpoints without it hold zeros.
 ///   PREC version 1: the precision policy the model trained under (string: "fp32",
-///        "mixed<bf16>", "tf32"); informational, since the weights are fp32 under every policy.
+///        "mixed<bf16>", "mixed<fp16>", "tf32"); informational, since the weights are fp32 under
+///        every policy.
+///   LSCL version 1 (mixed<fp16> only): the dynamic loss scale (f64, a power of two in [1, 2^24]),
+///        the finite updates since it last changed (u64, < 2000) and the overflows in a row at the
+///        smallest scale (u64, < 50); restored only into a model of the same policy.
 
 #include <cstddef>
 #include <cstdint>
@@ -53,6 +57,8 @@ struct model_state {
   std::uint64_t skipped_updates = 0;    ///< updates the non-finite guard skipped (section GARD)
   std::uint64_t consecutive_skips = 0;  ///< of which since the last applied update
   std::string precision;                ///< the policy it trained under ("fp32", "mixed<bf16>"; "" without section PREC)
+  bool has_loss_scale = false;          ///< section LSCL was there (a mixed<fp16> model wrote it)
+  loss_scaler scaler;                   ///< the dynamic loss scale's state (section LSCL)
 };
 
 /// The tags of the model's sections added by the training recipe (see the file comment).
@@ -60,6 +66,7 @@ namespace tags {
 inline constexpr std::uint32_t ema = io::section_tag("EMAW");    ///< the EMA of the weights
 inline constexpr std::uint32_t guard = io::section_tag("GARD");  ///< the non-finite guard's counters
 inline constexpr std::uint32_t precision = io::section_tag("PREC");  ///< the precision policy
+inline constexpr std::uint32_t loss_scale = io::section_tag("LSCL");  ///< mixed<fp16>'s loss scale
 }  // namespace tags
 
 /// A readable name for optimiser `o`: its type name, with its momentum when it has a nonzero one.
@@ -94,6 +101,11 @@ template <class Replicated>
     s.consecutive_skips = m.consecutive_skips();
   }
   if constexpr (requires { m.precision(); }) s.precision = std::string(precision_name(m.precision()));
+  if constexpr (requires { m.loss_scaled(); })
+    if (m.loss_scaled()) {
+      s.has_loss_scale = true;
+      s.scaler = m.scaler();
+    }
   return s;
 }
 /// capture(m), recording that the optimiser state belongs to `optimizer`'s kind.
@@ -133,6 +145,13 @@ inline void write_model_state(io::checkpoint_file& f, const model_state& s) {
     io::writer precision;
     precision.put_string(s.precision);
     f.put(tags::precision, 1, std::move(precision));
+  }
+  if (s.has_loss_scale) {
+    io::writer scale;
+    scale.put(s.scaler.scale());
+    scale.put(s.scaler.good_updates());
+    scale.put(s.scaler.overflows_at_minimum());
+    f.put(tags::loss_scale, 1, std::move(scale));
   }
 }
 
@@ -192,6 +211,21 @@ inline void write_model_state(io::checkpoint_file& f, const model_state& s) {
     io::reader r = f.read(*ps, "precision");
     s.precision = r.get_string("the precision policy");
     r.expect_end();
+  }
+  if (const auto* ls = f.find(tags::loss_scale)) {
+    f.check_version(*ls, "loss scale", 1, 1);
+    io::reader r = f.read(*ls, "loss scale");
+    const std::size_t at = r.offset();
+    const double scale = r.get<double>("the loss scale");
+    const auto good = r.get<std::uint64_t>("the finite updates at this scale");
+    const auto overflows = r.get<std::uint64_t>("the overflows at the smallest scale");
+    if (!s.scaler.restore(scale, good, overflows))
+      r.fail_at(at, "holds loss scale " + std::to_string(scale) + " with " + std::to_string(good) + " finite updates and " +
+                        std::to_string(overflows) + " overflows: not a power of two in [1, 2^24] with fewer than " +
+                        std::to_string(loss_scaler::growth_interval) + " and " +
+                        std::to_string(loss_scaler::max_overflows_at_minimum));
+    r.expect_end();
+    s.has_loss_scale = true;
   }
   if (ms.version < 2) {  // formats 1 and 2: the step is the progress section's first field
     const auto& gs = f.get(io::tags::progress, "progress");
@@ -272,6 +306,9 @@ void restore(Replicated& m, const model_state& s, const std::string& source = "c
     m.load_ema(std::span<const float>(s.ema.data(), s.ema.size()), s.ema_updates);
     m.set_skip_counters(s.skipped_updates, s.consecutive_skips);
   }
+  // The loss scale's state only into a model of the same policy (one that scales its loss).
+  if constexpr (requires { m.loss_scaled(); })
+    if (m.loss_scaled() && s.has_loss_scale) m.scaler() = s.scaler;
 }
 
 /// Loads parameters, optimiser state and step of `s` into every replica of `m`, after checking

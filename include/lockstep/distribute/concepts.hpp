@@ -60,6 +60,7 @@ struct step_stats {
   double grad_norm = std::numeric_limits<double>::quiet_NaN();
   double clip_factor = 1;     ///< the factor clipping by global norm scaled the gradient by (1: not clipped)
   bool skipped = false;       ///< the non-finite guard skipped the update (nothing changed but the step counter)
+  double loss_scale = 1;      ///< the loss scale the update's gradient carried (mixed<fp16>'s dynamic scale; 1 otherwise)
 
   /// Mean loss per sample (0 for an empty batch).
   [[nodiscard]] double mean_loss() const noexcept { return count ? loss_sum / static_cast<double>(count) : 0.0; }

@@ -69,9 +69,14 @@ public:
     check_loss<Loss>();
     loss_sum l = loss.evaluate(ctx_, loss_args_t{{out, s.size}, targets_of(s), {dout_.data(), s.size}, scratch_.data()});
     count_hits<Loss>(l, s, out);
+    if (loss_scale_ != 1) scale(ctx_, dout_.data(), s.size * model_type::output_size, static_cast<T>(loss_scale_));
     model_.backward(ctx_, dout_.data(), on_layer_done);
     return l;
   }
+
+  /// The factor forward_backward multiplies the loss's gradient by before backward (the dynamic
+  /// loss scale of mixed<fp16>; 1 otherwise): the gradient sums then carry it.
+  void set_loss_scale(double s) noexcept { loss_scale_ = s; }
 
   /// Evaluation forward on one shard; returns the output (rows x output_size, on the device).
   const T* predict(const data::shard& s, const pass_info& info) {
@@ -257,6 +262,7 @@ private:
   basic_buffer<T, Kind> state_;
   basic_buffer<T, Kind> ema_;
   basic_buffer<T, Kind> dout_;
+  double loss_scale_ = 1;  // see set_loss_scale
   basic_buffer<T, Kind> scratch_;
   basic_buffer<T, Kind> input_;
   basic_buffer<T, Kind> targets_;

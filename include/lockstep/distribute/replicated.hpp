@@ -183,6 +183,13 @@ public:
     skipped_ = skipped;
     consecutive_skips_ = consecutive;
   }
+  /// The dynamic loss scale (used under mixed<fp16>: loss_scaled()).
+  [[nodiscard]] loss_scaler& scaler() noexcept { return scaler_; }
+  /// The dynamic loss scale (read-only).
+  [[nodiscard]] const loss_scaler& scaler() const noexcept { return scaler_; }
+  /// True when the model's policy scales the loss (mixed<fp16>).
+  [[nodiscard]] bool loss_scaled() const noexcept { return precision() == compute_precision::fp16; }
+
   /// Records the outcome of an update for the guard's counters.
   void count_update(bool skipped) noexcept {
     if (skipped) {
@@ -207,6 +214,7 @@ private:
   sharded_update<replica_type> update_;
   std::uint64_t ema_updates_ = 0;
   std::uint64_t skipped_ = 0, consecutive_skips_ = 0;
+  loss_scaler scaler_;
   std::weak_ptr<const strategy_identity> owner_;
   std::string owner_description_;
 };

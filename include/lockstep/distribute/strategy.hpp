@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -222,20 +223,18 @@ public:
   /// workers first check that they agree on the collective plan (a config_error naming the
   /// field otherwise).
   /// @tparam P the parameter type (float; double for gradient checks) or a precision policy
-  ///           (core/precision.hpp): fp32, mixed<bf16> (cpu replicas), tf32 (gpu replicas). A
-  ///           policy's model stores fp32, so its type is the fp32 model's.
+  ///           (core/precision.hpp): fp32, mixed<bf16> and mixed<fp16> (cpu replicas), tf32 (gpu
+  ///           replicas). A policy's model stores fp32, so its type is the fp32 model's.
   template <class Net, class P = float>
   [[nodiscard]] model_type<Net, precision_value_t<P>> replicate(lockstep::seed s) {
     using T = precision_value_t<P>;
     constexpr compute_precision precision = precision_traits<P>::precision;
-    static_assert(!std::is_same_v<P, mixed<fp16>>,
-                  "lockstep::mixed<fp16> needs dynamic loss scaling, which this version does not have; use "
-                  "lockstep::mixed<lockstep::bf16> (fp32's exponent range: no loss scale needed)");
     static_assert(precision != compute_precision::tf32 || is_gpu_v<Kind>,
                   "lockstep: the tf32 policy is for gpu replicas (TF32 tensor cores); cpu replicas compute in fp32, or "
                   "in bf16 under lockstep::mixed<lockstep::bf16>");
-    static_assert(precision != compute_precision::bf16 || !is_gpu_v<Kind>,
-                  "lockstep: mixed<bf16> is implemented for cpu replicas only; gpu replicas train in fp32 or tf32");
+    static_assert((precision != compute_precision::bf16 && precision != compute_precision::fp16) || !is_gpu_v<Kind>,
+                  "lockstep: mixed<bf16> and mixed<fp16> are implemented for cpu replicas only; gpu replicas train in "
+                  "fp32 or tf32");
     world_.check_usable();
     std::vector<context_type> contexts;
     contexts.reserve(num_replicas());
@@ -374,9 +373,19 @@ public:
     if (rows == 0) return {};
     pass_info info = pass_info::for_training(m.seed().value, m.step());
     info.trace = trace_;
+    // Under a dynamic loss scale an overflow skips the update (unless the recipe raises) and the
+    // scaler, not max_consecutive_skips, decides when to stop.
+    const bool scaled = m.loss_scaled();
+    update_recipe effective = recipe;
+    if (scaled) {
+      if (effective.nonfinite == nonfinite_policy::apply) effective.nonfinite = nonfinite_policy::skip;
+      effective.max_consecutive_skips = std::numeric_limits<std::uint64_t>::max();
+    }
+    const double loss_scale = scaled ? m.scaler().scale() : 1.0;
+    set_loss_scale(m, loss_scale);
     // The optimiser counts the updates it applied (a skipped update is not one).
     const update_info base{opt.lr, m.step() - m.skipped_updates() + 1, 1.0 / static_cast<double>(rows)};
-    detail::update_phase<model_type<Net, T>, Optimizer> finish(m, opt, recipe, base, rows, loss_scale_, epilogue_);
+    detail::update_phase<model_type<Net, T>, Optimizer> finish(m, opt, effective, base, rows, loss_scale, epilogue_);
     finish.set_trace(trace_);
     if (part.first) std::fill(epilogue_.nonfinite_loss.begin(), epilogue_.nonfinite_loss.end(), 0);
     step_stats out;
@@ -389,19 +398,30 @@ public:
     }
     pending_ = {};
     out.count = rows;
+    out.loss_scale = loss_scale;
     const epilogue_result& r = finish.result();
-    if (recipe.needs_epilogue()) {
+    if (effective.needs_epilogue()) {
       out.grad_norm = r.norm;
       out.clip_factor = r.factor;
     }
     out.skipped = r.skip;
-    if (r.skip && recipe.nonfinite == nonfinite_policy::raise)
+    if (r.skip && effective.nonfinite == nonfinite_policy::raise)
       throw numerics_error(
           numerics_message(m, loss, b, part.offset, "the reduced gradient is not finite; the update was not applied"),
           m.step());
     m.count_update(r.skip);
     if (finish.updates_ema() && !r.skip) m.count_ema_update();
-    if (r.skip && recipe.nonfinite == nonfinite_policy::skip && m.consecutive_skips() >= recipe.max_consecutive_skips) {
+    if (scaled && !m.scaler().update(r.skip)) {
+      const std::uint64_t step = m.step();
+      std::string what = numerics_message(
+          m, loss, b, part.offset,
+          "the reduced gradient overflowed in " + std::to_string(loss_scaler::max_overflows_at_minimum) +
+              " updates in a row at the smallest loss scale (" + std::to_string(loss_scaler::min_scale) +
+              "); each was skipped: the model diverged, or its values do not fit fp16 (try mixed<bf16>)");
+      m.set_step(step + 1);
+      throw numerics_error(what, step);
+    }
+    if (r.skip && effective.nonfinite == nonfinite_policy::skip && m.consecutive_skips() >= effective.max_consecutive_skips) {
       const std::uint64_t step = m.step();
       std::string what = numerics_message(m, loss, b, part.offset,
                                           "the reduced gradient was not finite in " + std::to_string(m.consecutive_skips()) +
@@ -433,6 +453,7 @@ public:
     check_pending(m);
     step_stats out;
     if (total > 0) {
+      set_loss_scale(m, m.loss_scaled() ? m.scaler().scale() : 1.0);
       const update_part part{pending_.rows, pending_.batches == 0, false};
       pass_info info = pass_info::for_training(m.seed().value, m.step());
       info.trace = trace_;
@@ -461,6 +482,12 @@ public:
   [[nodiscard]] std::size_t pending_batches() const noexcept { return pending_.batches; }
 
 private:
+  // Every replica of `m` multiplies its loss's gradient by `s` (the dynamic loss scale).
+  template <class Net, class T>
+  static void set_loss_scale(model_type<Net, T>& m, double s) noexcept {
+    for (std::size_t r = 0; r < m.size(); ++r) m.replica(r).set_loss_scale(s);
+  }
+
   static std::vector<std::size_t> check_ordinals(std::vector<std::size_t> o) {
     if (o.empty()) throw config_error("lockstep::mirrored: needs at least one device");
     return o;
@@ -642,7 +669,6 @@ private:
   trace_recorder* trace_ = nullptr;
   /// The factor the loss carries into the gradient sums (1: no loss scaling). The epilogue
   /// removes it; a precision policy with loss scaling sets it.
-  double loss_scale_ = 1;
   struct pending_update {
     const void* model = nullptr;  // the model whose update is in progress
     std::size_t rows = 0;         // its rows so far

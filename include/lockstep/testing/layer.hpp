@@ -16,8 +16,9 @@
 /// `determinism::replica_count_invariant` relies on; for a layer that `couples_rows` (batch norm),
 /// instead, that the batch split over 1 to 4 threads through a row exchange gives one call's
 /// results. A layer that opts in to mixed precision (`mixed_precision`) and runs in float is also
-/// run under mixed<bf16> against fp32 on the same bf16-rounded inputs, parameters and output
-/// gradients (mixed_precision_tolerance; a sequential or residual block is not, its layers are). Layers with non-trainable state get it after their
+/// run under mixed<bf16> and mixed<fp16> against fp32 on the same rounded inputs, parameters and
+/// output gradients (mixed_precision_tolerance; a sequential or residual block is not, its layers
+/// are). Layers with non-trainable state get it after their
 /// parameters, as a model stores them. In the one file of a test binary that defines
 /// LOCKSTEP_TESTING_COUNT_ALLOCATIONS (see allocations.hpp), it also checks that a second forward
 /// and backward of a batch allocate nothing on the heap.
@@ -67,14 +68,15 @@ struct gradient_tolerance {
   double relative = 1e-5;  ///< |analytic - numeric| <= relative * max(1, |numeric|)
 };
 
-/// The normwise relative error the layer suite allows between a layer's results under mixed<bf16>
-/// and under fp32, on inputs, parameters and output gradients already rounded to bf16 (unit
-/// roundoff u = 2^-8), where the longest sum in the layer adds `reduction_length` products: 2u for
-/// the rounding of values the layer computes itself and then multiplies (a nested layer's
-/// activations), plus fp32's summation error bound (reduction_length * 2^-24) for the different
-/// order in which bf16 kernels add the same exact products.
-inline double mixed_precision_tolerance(std::size_t reduction_length) {
-  return 2.0 * 0x1p-8 + static_cast<double>(reduction_length) * 0x1p-24;
+/// The normwise relative error the layer suite allows between a layer's results under a mixed
+/// policy and under fp32, on inputs, parameters and output gradients already rounded to the
+/// policy's type (`significant_bits` p: 8 for bf16, 11 for fp16; unit roundoff u = 2^-p), where
+/// the longest sum in the layer adds `reduction_length` products: 2u for the rounding of values
+/// the layer computes itself and then multiplies, plus fp32's summation error bound
+/// (reduction_length * 2^-24) for the different order in which other kernels add the same exact
+/// products.
+inline double mixed_precision_tolerance(std::size_t reduction_length, int significant_bits = 8) {
+  return 2.0 * std::ldexp(1.0, -significant_bits) + static_cast<double>(reduction_length) * 0x1p-24;
 }
 
 /// The train-mode pass_info the suite uses (a fixed seed and step, this layer at stream 3).
@@ -144,20 +146,20 @@ inline double normwise_difference(const std::vector<float>& a, const std::vector
 }
 
 /// Output, input gradient and parameter gradient of one float forward and backward of B on
-/// `rows` rows under policy `p`, every input rounded to bf16 first.
+/// `rows` rows under policy `p`, every input rounded by `round` (to bf16 or fp16) first.
 struct precision_run {
   std::vector<float> y, dx, dp;  ///< output, input gradient, parameter gradient
 };
 template <class B>
-precision_run run_in_precision(compute_precision p, std::size_t rows, const pass_info& info) {
+precision_run run_in_precision(compute_precision p, float (*round)(float), std::size_t rows, const pass_info& info) {
   host_context ctx(1, true, p);
   std::vector<float> params(B::param_count + state_count_v<B>);
   B::init(params.data(), counter_rng(11, 5));
   if constexpr (state_count_v<B> > 0) B::init_state(params.data() + B::param_count);
-  for (std::size_t i = 0; i < B::param_count; ++i) params[i] = round_to_bf16(params[i]);
+  for (std::size_t i = 0; i < B::param_count; ++i) params[i] = round(params[i]);
   std::vector<float> x(rows * B::input_size), dy(rows * B::output_size);
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = round_to_bf16(static_cast<float>(layer_inputs<B>::value(i)));
-  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = round_to_bf16(static_cast<float>(std::cos(1.3 * double(i) + 0.1)));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = round(static_cast<float>(layer_inputs<B>::value(i)));
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = round(static_cast<float>(std::cos(1.3 * double(i) + 0.1)));
   precision_run r{std::vector<float>(dy.size()), std::vector<float>(x.size()), std::vector<float>(B::param_count)};
   std::vector<float> ws(workspace_size<B>(rows) + 1);
   lockstep::testing::run_forward<B>(ctx, params.data(), x.data(), r.y.data(), ws.data(), rows, info);
@@ -273,18 +275,27 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
   constexpr bool container = requires { B::template check_layers<float, lockstep::host_context>(); };
   if constexpr (lockstep::mixed_precision_v<B> && !container &&
                 lockstep::bound_layer_for<B, float, lockstep::host_context>) {
-    SUBCASE("under mixed<bf16>: outputs and gradients within bf16's tolerance of fp32's on bf16-rounded inputs") {
-      for (const std::size_t rows : {std::size_t{1}, std::size_t{7}, std::size_t{64}}) {
-        CAPTURE(rows);
-        const lockstep::pass_info info = lt::suite_info<B>(true);
-        const auto ref = lt::detail::run_in_precision<B>(lockstep::compute_precision::fp32, rows, info);
-        const auto got = lt::detail::run_in_precision<B>(lockstep::compute_precision::bf16, rows, info);
-        // The longest sum: a row's input (forward, input gradient) or the batch (parameter gradients).
-        const double tol = lt::mixed_precision_tolerance(std::max<std::size_t>(B::input_size, rows * B::output_size));
-        CHECK(lt::detail::normwise_difference(got.y, ref.y) <= tol);
-        CHECK(lt::detail::normwise_difference(got.dx, ref.dx) <= tol);
-        CHECK(lt::detail::normwise_difference(got.dp, ref.dp) <= tol);
-      }
+    SUBCASE("under mixed<bf16> and mixed<fp16>: outputs and gradients within the format's tolerance of fp32's on rounded inputs") {
+      struct format {
+        lockstep::compute_precision policy;
+        float (*round)(float);
+        int significant_bits;
+      };
+      for (const format f : {format{lockstep::compute_precision::bf16, lockstep::round_to_bf16, 8},
+                             format{lockstep::compute_precision::fp16, lockstep::round_to_fp16, 11}})
+        for (const std::size_t rows : {std::size_t{1}, std::size_t{7}, std::size_t{64}}) {
+          CAPTURE(f.significant_bits);
+          CAPTURE(rows);
+          const lockstep::pass_info info = lt::suite_info<B>(true);
+          const auto ref = lt::detail::run_in_precision<B>(lockstep::compute_precision::fp32, f.round, rows, info);
+          const auto got = lt::detail::run_in_precision<B>(f.policy, f.round, rows, info);
+          // The longest sum: a row's input (forward, input gradient) or the batch (parameter gradients).
+          const double tol = lt::mixed_precision_tolerance(std::max<std::size_t>(B::input_size, rows * B::output_size),
+                                                           f.significant_bits);
+          CHECK(lt::detail::normwise_difference(got.y, ref.y) <= tol);
+          CHECK(lt::detail::normwise_difference(got.dx, ref.dx) <= tol);
+          CHECK(lt::detail::normwise_difference(got.dp, ref.dp) <= tol);
+        }
     }
   }
 

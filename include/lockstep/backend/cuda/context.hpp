@@ -400,11 +400,12 @@ struct backend_traits<gpus> {
   static std::string why_none() { return "no CUDA device: " + backend::cuda_unavailable_reason(); }
   /// The context of the replica on CUDA device `ordinal` (TF32 GEMMs when the settings or the
   /// tf32 policy ask).
-  /// @throws config_error for the mixed<bf16> policy, which GPU replicas do not have yet.
+  /// @throws config_error for the mixed<bf16> and mixed<fp16> policies, which GPU replicas do not
+  ///         have yet.
   static context_type make_context(std::size_t ordinal, const replica_settings& s) {
-    if (s.precision == compute_precision::bf16)
-      throw config_error("lockstep: mixed<bf16> is implemented for cpu replicas only; gpu replicas train in fp32 "
-                         "or tf32 (replicate<Net, lockstep::tf32>)");
+    if (s.precision == compute_precision::bf16 || s.precision == compute_precision::fp16)
+      throw config_error("lockstep: mixed<bf16> and mixed<fp16> are implemented for cpu replicas only; gpu replicas "
+                         "train in fp32 or tf32 (replicate<Net, lockstep::tf32>)");
     return context_type(static_cast<int>(ordinal),
                         backend::cuda_options{.tf32 = s.tf32 || s.precision == compute_precision::tf32});
   }

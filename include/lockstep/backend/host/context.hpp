@@ -60,7 +60,7 @@ inline int allowed_cpu_count() {
 }
 
 namespace detail {
-/// The grow-only fp32 buffers a host context rounds GEMM operands into when it emulates bf16
+/// The grow-only fp32 buffers a host context rounds GEMM operands into when it emulates bf16 or fp16
 /// (grown to the largest operand seen, then reused). A copied context starts with its own.
 class rounding_scratch {
 public:
@@ -95,7 +95,7 @@ public:
   using kind_type = cpus;  ///< host replicas run on cpu devices
   /// A context whose GEMMs may use `blas_threads` threads (1 when several replicas share the cores),
   /// whose thread computes with subnormal floats flushed to zero when `flush_denormals`, and whose
-  /// layers that opt in compute their float GEMMs in `policy` (fp32 or bf16).
+  /// layers that opt in compute their float GEMMs in `policy` (fp32, bf16 or fp16).
   /// @throws config_error for blas_threads < 1 or the tf32 policy (GPU replicas only).
   explicit host_context(int blas_threads = 1, bool flush_denormals = true,
                         compute_precision policy = compute_precision::fp32)
@@ -112,9 +112,9 @@ public:
   /// What the next float GEMM computes in: the policy inside a layer that opts in
   /// (`mixed_precision`), fp32 elsewhere (set by the model around each layer's call).
   [[nodiscard]] compute_precision gemm_precision() const noexcept { return active_; }
-  /// Sets what the next float GEMMs compute in (fp32 or bf16).
+  /// Sets what the next float GEMMs compute in (fp32, bf16 or fp16).
   void set_gemm_precision(compute_precision p) noexcept { active_ = p; }
-  /// The buffers emulated bf16 GEMMs round their operands into.
+  /// The buffers emulated bf16 and fp16 GEMMs round their operands into.
   [[nodiscard]] const detail::rounding_scratch& rounding() const noexcept { return rounding_; }
 
   /// BLAS threads this replica may use.

@@ -46,20 +46,35 @@ inline void sgemm([[maybe_unused]] const host_context& ctx, trans ta, trans tb, 
 #endif
 }
 
-/// Writes round_to_bf16 of the rows x cols matrix at `src` (leading dimension ld) densely to `dst`.
-inline void round_rows_to_bf16(const float* src, std::size_t rows, std::size_t cols, std::size_t ld,
-                               float* __restrict dst) {
+/// Writes Round of the rows x cols matrix at `src` (leading dimension ld) densely to `dst`.
+template <float (*Round)(float)>
+inline void round_rows(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, float* __restrict dst) {
   for (std::size_t r = 0; r < rows; ++r) {
     const float* __restrict in = src + r * ld;
     float* __restrict out = dst + r * cols;
-    for (std::size_t c = 0; c < cols; ++c) out[c] = round_to_bf16(in[c]);
+    for (std::size_t c = 0; c < cols; ++c) out[c] = Round(in[c]);
   }
 }
 
-/// The bf16 GEMM (m, n, k > 0): oneDNN's bf16 kernels where the CPU has them; elsewhere A and B
-/// rounded to bf16 into the context's scratch and multiplied by the fp32 kernels (the products of
-/// bf16 values are exact in fp32, so both accumulate the same products in fp32: they differ only
-/// in the order of the additions).
+/// The GEMM (m, n, k > 0) on operands rounded by Round (to bf16 or fp16) into the context's
+/// scratch, by the fp32 kernels: the products of such values are exact in fp32, so this
+/// accumulates the products of the rounded operands in fp32.
+template <float (*Round)(float)>
+inline void rounded_gemm(const host_context& ctx, trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k,
+                         float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta,
+                         float* c, std::size_t ldc) {
+  const std::size_t a_rows = ta == trans::yes ? k : m, a_cols = ta == trans::yes ? m : k;
+  const std::size_t b_rows = tb == trans::yes ? n : k, b_cols = tb == trans::yes ? k : n;
+  float* ra = ctx.rounding().get(0, a_rows * a_cols);
+  float* rb = ctx.rounding().get(1, b_rows * b_cols);
+  round_rows<Round>(a, a_rows, a_cols, lda, ra);
+  round_rows<Round>(b, b_rows, b_cols, ldb, rb);
+  sgemm(ctx, ta, tb, m, n, k, alpha, ra, a_cols, rb, b_cols, beta, c, ldc);
+}
+
+/// The bf16 GEMM (m, n, k > 0): oneDNN's bf16 kernels where the CPU has them, else rounded_gemm
+/// (both accumulate the same exact products in fp32: they differ only in the order of the
+/// additions).
 inline void bf16gemm(const host_context& ctx, trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k,
                      float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta,
                      float* c, std::size_t ldc) {
@@ -70,13 +85,7 @@ inline void bf16gemm(const host_context& ctx, trans ta, trans tb, std::size_t m,
     return;
   }
 #endif
-  const std::size_t a_rows = ta == trans::yes ? k : m, a_cols = ta == trans::yes ? m : k;
-  const std::size_t b_rows = tb == trans::yes ? n : k, b_cols = tb == trans::yes ? k : n;
-  float* ra = ctx.rounding().get(0, a_rows * a_cols);
-  float* rb = ctx.rounding().get(1, b_rows * b_cols);
-  round_rows_to_bf16(a, a_rows, a_cols, lda, ra);
-  round_rows_to_bf16(b, b_rows, b_cols, ldb, rb);
-  sgemm(ctx, ta, tb, m, n, k, alpha, ra, a_cols, rb, b_cols, beta, c, ldc);
+  rounded_gemm<round_to_bf16>(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 }  // namespace detail
 
@@ -91,8 +100,11 @@ inline bool host_bf16_native() {
 }
 
 /// How a host replica's GEMMs compute under `policy`, for start-up lines: "fp32", "mixed<bf16>
-/// (native bf16 GEMMs)" or "mixed<bf16> (emulated: operands rounded to bf16, fp32 GEMMs)".
+/// (native bf16 GEMMs)", "mixed<bf16> (emulated: operands rounded to bf16, fp32 GEMMs)" or
+/// "mixed<fp16> (emulated: ...; dynamic loss scale)".
 inline std::string host_precision_description(compute_precision policy) {
+  if (policy == compute_precision::fp16)
+    return "mixed<fp16> (emulated: operands rounded to fp16, fp32 GEMMs; dynamic loss scale)";
   if (policy != compute_precision::bf16) return std::string(precision_name(policy));
   return host_bf16_native() ? "mixed<bf16> (native bf16 GEMMs)"
                             : "mixed<bf16> (emulated: operands rounded to bf16, fp32 GEMMs)";
@@ -114,15 +126,18 @@ inline std::string host_precision_warning(compute_precision policy) {
 }
 
 /// C = alpha * op(A) * op(B) + beta * C, row-major, C is m x n, op(A) m x k, op(B) k x n.
-/// beta = 0 never reads C (NaNs in it do not propagate). Inside a layer that opts in to the bf16
-/// policy (ctx.gemm_precision() is bf16), A and B are rounded to bf16 and the products accumulate
-/// in fp32 (detail::bf16gemm).
+/// beta = 0 never reads C (NaNs in it do not propagate). Inside a layer that opts in to a mixed
+/// policy (ctx.gemm_precision() is bf16 or fp16), A and B are rounded to that type and the products
+/// accumulate in fp32 (detail::bf16gemm, detail::rounded_gemm).
 inline void gemm(const host_context& ctx, trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k,
                  float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
                  std::size_t ldc) {
   if (m == 0 || n == 0) return;
-  if (ctx.gemm_precision() == compute_precision::bf16 && k != 0 && alpha != 0.0f)
+  const compute_precision p = ctx.gemm_precision();
+  if (p == compute_precision::bf16 && k != 0 && alpha != 0.0f)
     detail::bf16gemm(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else if (p == compute_precision::fp16 && k != 0 && alpha != 0.0f)
+    detail::rounded_gemm<round_to_fp16>(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   else
     detail::sgemm(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
