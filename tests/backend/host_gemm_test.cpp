@@ -11,8 +11,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -200,14 +202,18 @@ TEST_CASE_TEMPLATE("gemm reuses a shape on other buffers and other alpha and bet
 #endif
 }
 
-TEST_CASE_TEMPLATE("a repeated gemm shape allocates nothing", T, float, double) {
-  const ls::host_context ctx(1);
+namespace {
+using gemm_shape = std::tuple<std::size_t, std::size_t, std::size_t>;
+
+/// Runs each shape (m, n, k) with every transposition and beta 0 and 1 on `ctx` three times, on
+/// two sets of buffers, and checks that the second and third calls allocate nothing of lockstep's
+/// (the first may set things up) and that oneDNN's own blocks stay the same call after call.
+template <class T>
+void check_repeats_allocate_nothing(const ls::host_context& ctx, std::initializer_list<gemm_shape> shapes) {
   ctx.activate();
   for (const trans ta : transpositions)
     for (const trans tb : transpositions)
-      for (const auto& [m, n, k] : {std::tuple<std::size_t, std::size_t, std::size_t>{256, 512, 784},
-                                    {256, 10, 512},
-                                    {13, 7, 5}})
+      for (const auto& [m, n, k] : shapes)
         for (const double beta : {0.0, 1.0}) {
           const gemm_case g{ta, tb, m, n, k, 0, 1.0, beta};
           CAPTURE(describe(g));
@@ -216,7 +222,7 @@ TEST_CASE_TEMPLATE("a repeated gemm shape allocates nothing", T, float, double) 
             gemm(ctx, g.ta, g.tb, g.m, g.n, g.k, T(1), x.a.data(), x.lda, x.b.data(), x.ldb, static_cast<T>(g.beta),
                  x.c.data(), x.ldc);
           };
-          run(o);  // the first call of a shape may set things up
+          run(o);  // the first call of a shape may set things up (primitives, conversion buffers)
           const ls::testing::allocation_window second;
           run(other);
           const std::size_t onednn_second = second.onednn_count();
@@ -235,32 +241,18 @@ TEST_CASE_TEMPLATE("a repeated gemm shape allocates nothing", T, float, double) 
 #endif
         }
 }
+}  // namespace
 
-TEST_CASE("a repeated bf16 gemm shape allocates nothing (native kernels or emulation)") {
-  ls::host_context ctx(1, true, ls::compute_precision::bf16);
-  ctx.set_gemm_precision(ls::compute_precision::bf16);
-  ctx.activate();
-  for (const trans ta : transpositions)
-    for (const trans tb : transpositions)
-      for (const auto& [m, n, k] : {std::tuple<std::size_t, std::size_t, std::size_t>{64, 512, 784}, {13, 7, 5}})
-        for (const double beta : {0.0, 1.0}) {
-          const gemm_case g{ta, tb, m, n, k, 0, 1.0, beta};
-          CAPTURE(describe(g));
-          operands<float> o(g, 5), other(g, 6);
-          const auto run = [&](operands<float>& x) {
-            gemm(ctx, g.ta, g.tb, g.m, g.n, g.k, 1.0f, x.a.data(), x.lda, x.b.data(), x.ldb, static_cast<float>(g.beta),
-                 x.c.data(), x.ldc);
-          };
-          run(o);  // the first call of a shape may set things up (buffers, primitives)
-          const ls::testing::allocation_window second;
-          run(other);
-          const std::size_t onednn_second = second.onednn_count();
-          CHECK(second.count() == 0);
-          const ls::testing::allocation_window third;
-          run(o);
-          CHECK(third.count() == 0);
-          CHECK(third.onednn_count() == onednn_second);  // oneDNN's own blocks, the same call after call
-        }
+TEST_CASE_TEMPLATE("a repeated gemm shape allocates nothing", T, float, double) {
+  check_repeats_allocate_nothing<T>(ls::host_context(1), {{256, 512, 784}, {256, 10, 512}, {13, 7, 5}});
+}
+
+TEST_CASE("a repeated bf16 or fp16 gemm shape allocates nothing (native kernels or emulation)") {
+  for (const auto p : {ls::compute_precision::bf16, ls::compute_precision::fp16}) {
+    ls::host_context ctx(1, true, p);
+    ctx.set_gemm_precision(p);
+    check_repeats_allocate_nothing<float>(ctx, {{64, 512, 784}, {13, 7, 5}});
+  }
 }
 
 TEST_CASE("activate gives the calling thread the context's GEMM thread budget") {
