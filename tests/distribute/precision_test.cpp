@@ -57,6 +57,28 @@ precision_run train_under(std::size_t replicas) {
   return out;
 }
 
+/// A fresh, empty directory for one test (named after it and this process).
+std::filesystem::path fresh_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("lockstep_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+/// The rows of `b` as a pipeline of batches of `rows`.
+auto in_memory(const ls::data::batch& b, std::size_t rows) {
+  return ls::data::from_memory(std::vector<float>(b.features), b.width, std::vector<std::int32_t>(b.labels)) |
+         ls::data::batched(rows);
+}
+
+/// Everything written to `f` (from its start); closes it.
+std::string read_all(std::FILE* f) {
+  std::rewind(f);
+  std::string text;
+  for (int c = std::fgetc(f); c != EOF; c = std::fgetc(f)) text.push_back(static_cast<char>(c));
+  std::fclose(f);
+  return text;
+}
+
 }  // namespace
 
 TEST_CASE("mixed<bf16> on a strategy: identical replicas, the same bits on 1, 2 and 3 replicas, and fp32's course within bf16's precision") {
@@ -99,19 +121,12 @@ TEST_CASE("fit names the model's precision and its kernels in the start-up line,
   REQUIRE(f != nullptr);
   invariant s(ls::device_selection::first(1));
   auto m = s.replicate<mlp, ls::mixed<ls::bf16>>(ls::seed{1});
-  const auto b = make_batch(16, 1);
-  std::vector<float> x = b.features;
-  std::vector<std::int32_t> y = b.labels;
   ls::fit_options o;
   o.show_kernels = true;
   o.progress.stream = f;
   o.progress.live = false;
-  (void)ls::fit(s, m, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{},
-                ls::data::from_memory(std::move(x), 784, std::move(y)) | ls::data::batched(8), o);
-  std::rewind(f);
-  std::string shown;
-  for (int c = std::fgetc(f); c != EOF; c = std::fgetc(f)) shown.push_back(static_cast<char>(c));
-  std::fclose(f);
+  (void)ls::fit(s, m, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{}, in_memory(make_batch(16, 1), 8), o);
+  const std::string shown = read_all(f);
   CHECK(shown.find("lockstep: host GEMM " + ls::host_gemm_name() + ", precision " +
                    ls::host_precision_description(ls::compute_precision::bf16) + "\n") != std::string::npos);
   // An emulated bf16 warns (and names the fix); native kernels do not.
@@ -120,13 +135,9 @@ TEST_CASE("fit names the model's precision and its kernels in the start-up line,
 
 TEST_CASE("a checkpoint records its precision policy and resumes under another, saying so") {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("lockstep_precision_ckpt_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const fs::path dir = fresh_dir("precision_ckpt");
   const auto b = make_batch(32, 5);
-  const auto data = [&] {
-    return ls::data::from_memory(std::vector<float>(b.features), 784, std::vector<std::int32_t>(b.labels)) |
-           ls::data::batched(8);
-  };
+  const auto data = [&] { return in_memory(b, 8); };
   invariant s(ls::device_selection::first(2));
   auto bf = s.replicate<mlp, ls::mixed<ls::bf16>>(ls::seed{3});
   (void)ls::fit(s, bf, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{}, data(),
@@ -148,10 +159,7 @@ TEST_CASE("a checkpoint records its precision policy and resumes under another, 
   o.progress.stream = f;
   o.progress.live = false;
   const ls::history h = ls::fit(s, fp, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{}, data(), o);
-  std::rewind(f);
-  std::string shown;
-  for (int c = std::fgetc(f); c != EOF; c = std::fgetc(f)) shown.push_back(static_cast<char>(c));
-  std::fclose(f);
+  const std::string shown = read_all(f);
   CHECK(h.resumed_from_step == 4);
   CHECK(shown.find("; written under mixed<bf16>, continuing under fp32") != std::string::npos);
   CHECK(ls::load_checkpoint(*ls::checkpoint_manager(dir).latest()).precision == "fp32");
@@ -239,13 +247,9 @@ TEST_CASE("mixed<fp16>: an overflow on one replica skips the update on every rep
 
 TEST_CASE("mixed<fp16> trains as fp32 does within fp16's precision, and a checkpoint keeps the loss scale") {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("lockstep_fp16_ckpt_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const fs::path dir = fresh_dir("fp16_ckpt");
   const auto b = make_batch(64, 8);
-  const auto data = [&] {
-    return ls::data::from_memory(std::vector<float>(b.features), 784, std::vector<std::int32_t>(b.labels)) |
-           ls::data::batched(16);
-  };
+  const auto data = [&] { return in_memory(b, 16); };
   invariant s(ls::device_selection::first(2));
   auto fp = s.replicate<mlp>(ls::seed{3});
   auto h16 = s.replicate<mlp, ls::mixed<ls::fp16>>(ls::seed{3});
