@@ -416,8 +416,8 @@ public:
       std::string what = numerics_message(
           m, loss, b, part.offset,
           "the reduced gradient overflowed in " + std::to_string(loss_scaler::max_overflows_at_minimum) +
-              " updates in a row at the smallest loss scale (" + std::to_string(loss_scaler::min_scale) +
-              "); each was skipped: the model diverged, or its values do not fit fp16 (try mixed<bf16>)");
+              " updates in a row at the smallest loss scale, 1; each was skipped: the model diverged, or its values do "
+              "not fit fp16 (try mixed<bf16>)");
       m.set_step(step + 1);
       throw numerics_error(what, step);
     }
