@@ -80,32 +80,25 @@ template <class P>
 struct precision_traits {
   using value_type = P;                                                   ///< the buffers' element type
   static constexpr compute_precision precision = compute_precision::fp32;  ///< computes in value_type
-  static constexpr bool is_policy = false;                                ///< a plain parameter type
+};
+
+/// The traits of a policy type: fp32 buffers, GEMMs computing in `Precision`.
+template <compute_precision Precision>
+struct policy_traits {
+  using value_type = float;                                  ///< fp32 masters
+  static constexpr compute_precision precision = Precision;  ///< what the GEMMs of opted-in layers compute in
 };
 /// fp32: the default policy.
 template <>
-struct precision_traits<fp32> {
-  using value_type = float;                                               ///< fp32 masters
-  static constexpr compute_precision precision = compute_precision::fp32;  ///< fp32 GEMMs
-  static constexpr bool is_policy = true;                                 ///< a policy type
-};
+struct precision_traits<fp32> : policy_traits<compute_precision::fp32> {};
 /// mixed<bf16> and mixed<fp16>: GEMM inputs in the compute type, fp32 everything else;
 /// mixed<fp16> scales the loss (loss_scaler).
 template <class C>
-struct precision_traits<mixed<C>> {
-  using value_type = float;  ///< fp32 masters
-  /// bf16 or fp16 GEMM inputs.
-  static constexpr compute_precision precision =
-      std::is_same_v<C, bf16> ? compute_precision::bf16 : compute_precision::fp16;
-  static constexpr bool is_policy = true;  ///< a policy type
-};
+struct precision_traits<mixed<C>>
+    : policy_traits<std::is_same_v<C, bf16> ? compute_precision::bf16 : compute_precision::fp16> {};
 /// tf32: fp32 buffers, TF32 tensor-core GEMMs on GPU replicas.
 template <>
-struct precision_traits<tf32> {
-  using value_type = float;                                               ///< fp32 storage
-  static constexpr compute_precision precision = compute_precision::tf32;  ///< TF32 GEMMs
-  static constexpr bool is_policy = true;                                 ///< a policy type
-};
+struct precision_traits<tf32> : policy_traits<compute_precision::tf32> {};
 
 /// The element type of a model made with `replicate<Net, P>`: float for every policy, P for a
 /// parameter type.
