@@ -128,13 +128,8 @@ int with_data(const config& c, F&& f) {
 template <class Net, class Kind, class Strategy>
 typename Strategy::template model_type<Net> replicate_model(Strategy& strategy, const config& c) {
   const ls::seed seed{c.seed};
-  if (c.precision == "bf16" || c.precision == "fp16") {
-    if constexpr (std::is_same_v<Kind, ls::cpus>)
-      return c.precision == "bf16" ? strategy.template replicate<Net, ls::mixed<ls::bf16>>(seed)
-                                   : strategy.template replicate<Net, ls::mixed<ls::fp16>>(seed);
-    else
-      throw usage_error("--precision " + c.precision + ": cpu replicas only in this version (gpu replicas: fp32 or tf32)");
-  }
+  if (c.precision == "bf16") return strategy.template replicate<Net, ls::mixed<ls::bf16>>(seed);
+  if (c.precision == "fp16") return strategy.template replicate<Net, ls::mixed<ls::fp16>>(seed);
   if (c.precision == "tf32") {
     if constexpr (!std::is_same_v<Kind, ls::cpus>)
       return strategy.template replicate<Net, ls::tf32>(seed);

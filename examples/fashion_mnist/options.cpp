@@ -117,8 +117,8 @@ void describe(CLI::App& app, config& c) {
       ->check(integer_in(1, 60000));
   app.add_option("--precision", c.precision,
                  "the model's precision policy: fp32, bf16 (mixed<bf16>: bf16 GEMM inputs, fp32 accumulation and "
-                 "weights; cpu replicas), fp16 (mixed<fp16>: the same in fp16 with a dynamic loss scale; cpu replicas, "
-                 "emulated) or tf32 (TF32 tensor-core GEMMs; gpu replicas)")
+                 "weights), fp16 (mixed<fp16>: the same in fp16 with a dynamic loss scale; emulated on cpu replicas) "
+                 "or tf32 (TF32 tensor-core GEMMs; gpu replicas)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16", "tf32"}));
   app.add_option("--clip-norm", c.clip_norm, "clip each update's gradient to this global norm")->check(finite_number(true));
   app.add_option("--clip-value", c.clip_value, "clamp each gradient element to [-v, v]")->check(finite_number(true));

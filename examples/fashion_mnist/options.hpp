@@ -27,7 +27,7 @@ struct config {
   std::string trace_file;               ///< timeline of the steps in trace_steps, Chrome trace-event format ("" = none)
   std::string trace_steps = "10:20";    ///< the steps --trace records, A:B (A to B - 1) or A: (to the end)
   std::size_t accumulate = 1;           ///< global batches per update; the pipeline's batch is batch / accumulate
-  std::string precision = "fp32";      ///< the model's precision policy: fp32, bf16, fp16 (cpu replicas) or tf32 (gpu)
+  std::string precision = "fp32";      ///< the model's precision policy: fp32, bf16, fp16 or tf32 (gpu)
   double clip_norm = 0;                 ///< > 0: clip each update's gradient to this global norm
   float clip_value = 0;                 ///< > 0: clamp each gradient element to [-clip_value, clip_value]
   double ema = 0;                       ///< decay of an EMA of the weights, evaluated and exported (0: none)

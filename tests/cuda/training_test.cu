@@ -49,17 +49,19 @@ ls::data::distributed_batch distribute(const std::shared_ptr<const ls::data::bat
 struct run_result {
   std::vector<double> losses;
   std::vector<float> params;
+  std::vector<bool> skipped;  // per step: the update was skipped (an overflow under mixed<fp16>)
 };
 
-// Trains `steps` steps of net with strategy S on the fixed batch sequence.
-template <class S>
+// Trains `steps` steps of net under precision policy P with strategy S on the fixed batch sequence.
+template <class P = float, class S>
 run_result train(S& s) {
-  auto m = s.template replicate<net>(ls::seed{3});
+  auto m = s.template replicate<net, P>(ls::seed{3});
   const ls::sgd opt{.lr = 0.05f, .momentum = 0.9f};
   run_result out;
   for (std::size_t k = 0; k < steps; ++k) {
     const auto st = ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distribute(make_batch(k), s.num_replicas()));
     out.losses.push_back(st.loss_sum);
+    out.skipped.push_back(st.skipped);
   }
   out.params = m.parameters_to_host();
   // Every replica holds the same parameters.
@@ -153,6 +155,36 @@ TEST_CASE("host: the root replica is the FIRST replica on the aggregation device
 TEST_CASE("gpu: one_device<gpu<0>> trains like one_device<cpu<0>> over 20 steps") {
   LOCKSTEP_REQUIRE_GPUS(1);
   check_against_host<ls::one_device<ls::gpu<0>>>("one_device<gpu<0>>");
+}
+
+namespace {
+// Trains under policy P on GPU (strategy G) and on the host under policy HostP: the same skipped
+// updates, losses and parameters within `rel` (the formats' rounding of values that differ in
+// their last fp32 bits, from sums in another order, is what may differ).
+template <class P, class HostP, class G>
+void check_policy_against_host(const char* name, double rel) {
+  CAPTURE(name);
+  ls::one_device<ls::cpu<0>> host;
+  const run_result want = train<HostP>(host);
+  G gpu{ls::strategy_options{.bucket_bytes = 1024}};
+  const run_result got = train<P>(gpu);
+  CHECK(got.skipped == want.skipped);
+  for (std::size_t k = 0; k < steps; ++k) {
+    CAPTURE(k);
+    CHECK(std::abs(got.losses[k] - want.losses[k]) <= rel * (1.0 + std::abs(want.losses[k])));
+  }
+  check_close(got.params, want.params, rel, "parameters after 20 steps");
+}
+}  // namespace
+
+TEST_CASE("gpu: mixed<bf16> and mixed<fp16> on GPUs train like the host under the same policy, tf32 like fp32") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  using one = ls::one_device<ls::gpu<0>>;
+  using two = ls::mirrored<ls::gpu<0>, ls::gpu<0>>;
+  check_policy_against_host<ls::mixed<ls::bf16>, ls::mixed<ls::bf16>, one>("mixed<bf16> one_device", 2e-2);
+  check_policy_against_host<ls::mixed<ls::bf16>, ls::mixed<ls::bf16>, two>("mixed<bf16> two replicas", 2e-2);
+  check_policy_against_host<ls::mixed<ls::fp16>, ls::mixed<ls::fp16>, two>("mixed<fp16> two replicas", 5e-3);
+  check_policy_against_host<ls::tf32, float, one>("tf32 against fp32", 2e-2);
 }
 
 TEST_CASE("gpu: mirrored<gpu<0>, gpu<0>> (on-device reducer) trains like one host device over 20 steps") {

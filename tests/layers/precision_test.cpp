@@ -1,8 +1,10 @@
 // Precision policies on host replicas: bf16 rounding (nearest, ties to even, NaN and infinities
-// kept) over a sweep of bit patterns; bf16 GEMMs that accumulate the exact products of the rounded
-// operands in fp32, over shapes, transpositions, leading dimensions and beta; and the opt-in rule:
-// a layer that declares nothing about precision computes in fp32 under mixed<bf16>, bit for bit,
-// and the same layer with `mixed_precision` computes on rounded operands.
+// kept) over a sweep of bit patterns; bf16 GEMMs that accumulate the exact products of the
+// rounded operands in fp32, over shapes, transpositions, leading dimensions and beta; the
+// opt-in rule: a layer that declares nothing about precision computes in fp32 under mixed<bf16>,
+// bit for bit, and the same layer with `mixed_precision` computes on rounded operands; and the
+// GPU's 16-bit operands (backend/pack16.hpp: the fp16 encodings, pack16_op and the packed
+// layout) run on the host against the host's GEMMs under the same policy.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include <lockstep/backend/pack16.hpp>
 #include <lockstep/layers.hpp>
 
 namespace ls = lockstep;
@@ -345,4 +348,131 @@ TEST_CASE("fp16 GEMMs are the fp32 kernels on fp16-rounded operands, bit for bit
       gemm(fp, ta, trans::no, m, n, k, 1.0f, a.data(), a_cols, b.data(), n, 0.0f, want.data(), n);
       CHECK(std::equal(c.begin(), c.end(), want.begin(), [](float x, float y) { return bits_of(x) == bits_of(y); }));
     }
+}
+
+TEST_CASE("to_fp16_bits and from_fp16_bits: every encoding round-trips, and x's encoding is round_to_fp16(x)'s") {
+  std::size_t mismatches = 0;
+  for (std::uint32_t e = 0; e <= 0xffffu; ++e) {
+    const auto bits = static_cast<std::uint16_t>(e);
+    const float v = ls::backend::from_fp16_bits(bits);
+    const bool nan_encoding = (e & 0x7c00u) == 0x7c00u && (e & 0x3ffu) != 0;
+    if (nan_encoding) {
+      mismatches += !std::isnan(v);
+      const std::uint16_t again = ls::backend::to_fp16_bits(v);
+      mismatches += !((again & 0x7c00u) == 0x7c00u && (again & 0x200u) != 0);  // a quiet NaN
+      continue;
+    }
+    mismatches += ls::round_to_fp16(v) != v || ls::backend::to_fp16_bits(v) != bits;
+  }
+  CHECK(mismatches == 0);
+  std::size_t checked = 0;
+  for (std::uint64_t u = 0; u <= 0xffffffffull; u += 7919) {
+    const float x = from_bits(static_cast<std::uint32_t>(u));
+    if (std::isnan(x) || std::fabs(x) < 0x1p-126f) continue;  // fp32 subnormals: read as zero under DAZ
+    ++checked;
+    mismatches += bits_of(ls::backend::from_fp16_bits(ls::backend::to_fp16_bits(x))) != bits_of(ls::round_to_fp16(x));
+  }
+  CHECK(checked > 500'000);
+  CHECK(mismatches == 0);
+  CHECK(ls::backend::to_fp16_bits(1.0f) == 0x3c00u);
+  CHECK(ls::backend::to_fp16_bits(-2.0f) == 0xc000u);
+  CHECK(ls::backend::to_fp16_bits(65504.0f) == 0x7bffu);
+  CHECK(ls::backend::to_fp16_bits(1e6f) == 0x7c00u);
+  CHECK(ls::backend::to_fp16_bits(0x1p-24f) == 0x0001u);
+  CHECK(ls::backend::to_fp16_bits(-0.0f) == 0x8000u);
+}
+
+namespace {
+// The GPU's packed GEMM run on the host: A and B packed by pack16_op into packed_layout_of's
+// places (the per-element body and the layout of backend/cuda/ops.cuh's gemm_packed16), then
+// the fp32 GEMM on the unpacked values.
+template <ls::compute_precision P>
+std::vector<float> packed_gemm_on_host(ls::backend::trans ta, ls::backend::trans tb, std::size_t m, std::size_t n,
+                                       std::size_t k, const std::vector<float>& a, std::size_t lda,
+                                       const std::vector<float>& b, std::size_t ldb) {
+  const ls::backend::packed_layout l = ls::backend::packed_layout_of(ta, tb, m, n, k);
+  std::vector<std::uint16_t> packed(l.total(), 0xffffu);
+  ls::host_context fp(1);
+  for_each_index(fp, l.a_count, ls::backend::pack16_op<P>{a.data(), l.a_cols, lda, packed.data()});
+  for_each_index(fp, l.b_count, ls::backend::pack16_op<P>{b.data(), l.b_cols, ldb, packed.data() + l.b_offset});
+  std::vector<float> ua(l.a_count), ub(l.b_count), c(m * n, 0.0f);
+  for (std::size_t i = 0; i < l.a_count; ++i) ua[i] = ls::backend::from_bits16<P>(packed[i]);
+  for (std::size_t i = 0; i < l.b_count; ++i) ub[i] = ls::backend::from_bits16<P>(packed[l.b_offset + i]);
+  gemm(fp, ta, tb, m, n, k, 1.0f, ua.data(), l.a_cols, ub.data(), l.b_cols, 0.0f, c.data(), n);
+  return c;
+}
+
+template <ls::compute_precision P>
+void check_packed_gemm() {
+  using ls::backend::trans;
+  CAPTURE(ls::precision_name(P));
+  ls::host_context h(1, true, P);
+  h.set_gemm_precision(P);
+  for (const auto& [m, n, k] : {std::tuple<std::size_t, std::size_t, std::size_t>{7, 13, 61}, {1, 1, 1}, {3, 129, 2},
+                                {17, 5, 130}})
+    for (const trans ta : {trans::no, trans::yes})
+      for (const trans tb : {trans::no, trans::yes}) {
+        CAPTURE(m);
+        CAPTURE(n);
+        CAPTURE(k);
+        CAPTURE(static_cast<int>(ta));
+        CAPTURE(static_cast<int>(tb));
+        const std::size_t a_cols = ta == trans::no ? k : m, a_rows = m * k / a_cols;
+        const std::size_t b_cols = tb == trans::no ? n : k, b_rows = k * n / b_cols;
+        const std::size_t lda = a_cols + 3, ldb = b_cols + 1;
+        auto a = matrix(a_rows, a_cols, lda, 5), b = matrix(b_rows, b_cols, ldb, 6);
+        for (std::size_t r = 0; r < a_rows; ++r)  // the padding is never read
+          for (std::size_t c = a_cols; c < lda; ++c) a[r * lda + c] = std::numeric_limits<float>::quiet_NaN();
+        const auto got = packed_gemm_on_host<P>(ta, tb, m, n, k, a, lda, b, ldb);
+        std::vector<float> want(m * n, 0.0f), size(m * n, 0.0f), abs_a(a.size()), abs_b(b.size());
+        gemm(h, ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, want.data(), n);
+        const auto rounded = [](float v) {
+          return P == ls::compute_precision::bf16 ? ls::round_to_bf16(v) : ls::round_to_fp16(v);
+        };
+        for (std::size_t i = 0; i < a.size(); ++i) abs_a[i] = std::fabs(rounded(a[i]));
+        for (std::size_t i = 0; i < b.size(); ++i) abs_b[i] = std::fabs(rounded(b[i]));
+        ls::host_context fp(1);
+        gemm(fp, ta, tb, m, n, k, 1.0f, abs_a.data(), lda, abs_b.data(), ldb, 0.0f, size.data(), n);
+        // Both are the exact products of the same rounded operands, summed in fp32 in some order.
+        const double u = 2.0 * static_cast<double>(k + 1) * std::ldexp(1.0, -24);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < got.size(); ++i)
+          bad += !(std::fabs(static_cast<double>(got[i]) - want[i]) <= u * size[i]);
+        CHECK(bad == 0);
+      }
+}
+}  // namespace
+
+TEST_CASE("pack16_op packs strided matrices element by element as their bf16 or fp16 encodings, padding unread") {
+  for (const std::size_t rows : {0u, 1u, 3u, 17u})
+    for (const std::size_t cols : {1u, 2u, 7u, 64u})
+      for (const std::size_t pad : {0u, 3u}) {
+        CAPTURE(rows);
+        CAPTURE(cols);
+        CAPTURE(pad);
+        const std::size_t ld = cols + pad;
+        auto src = matrix(rows, ld, ld, 9);
+        for (float& v : src) v *= 1e5f;  // some beyond fp16's range: infinities
+        for (std::size_t r = 0; r < rows; ++r)
+          for (std::size_t c = cols; c < ld; ++c) src[r * ld + c] = std::numeric_limits<float>::quiet_NaN();
+        std::vector<std::uint16_t> b(rows * cols + 1, 0xabcdu), f(rows * cols + 1, 0xabcdu);
+        ls::host_context ctx(1);
+        for_each_index(ctx, rows * cols, ls::backend::pack16_op<ls::compute_precision::bf16>{src.data(), cols, ld, b.data()});
+        for_each_index(ctx, rows * cols, ls::backend::pack16_op<ls::compute_precision::fp16>{src.data(), cols, ld, f.data()});
+        std::size_t bad = 0;
+        for (std::size_t r = 0; r < rows; ++r)
+          for (std::size_t c = 0; c < cols; ++c) {
+            const float x = src[r * ld + c];
+            bad += bits_of(ls::backend::from_bits16<ls::compute_precision::bf16>(b[r * cols + c])) != bits_of(ls::round_to_bf16(x));
+            bad += bits_of(ls::backend::from_bits16<ls::compute_precision::fp16>(f[r * cols + c])) != bits_of(ls::round_to_fp16(x));
+          }
+        CHECK(bad == 0);
+        CHECK(b.back() == 0xabcdu);  // nothing written past rows x cols
+        CHECK(f.back() == 0xabcdu);
+      }
+}
+
+TEST_CASE("the GPU's packed bf16 and fp16 GEMM, run on the host, is the host's GEMM under the policy within fp32's sums") {
+  check_packed_gemm<ls::compute_precision::bf16>();
+  check_packed_gemm<ls::compute_precision::fp16>();
 }

@@ -223,8 +223,8 @@ public:
   /// workers first check that they agree on the collective plan (a config_error naming the
   /// field otherwise).
   /// @tparam P the parameter type (float; double for gradient checks) or a precision policy
-  ///           (core/precision.hpp): fp32, mixed<bf16> and mixed<fp16> (cpu replicas), tf32 (gpu
-  ///           replicas). A policy's model stores fp32, so its type is the fp32 model's.
+  ///           (core/precision.hpp): fp32, mixed<bf16> and mixed<fp16>, and tf32 (gpu replicas).
+  ///           A policy's model stores fp32, so its type is the fp32 model's.
   template <class Net, class P = float>
   [[nodiscard]] model_type<Net, precision_value_t<P>> replicate(lockstep::seed s) {
     using T = precision_value_t<P>;
@@ -232,9 +232,6 @@ public:
     static_assert(precision != compute_precision::tf32 || is_gpu_v<Kind>,
                   "lockstep: the tf32 policy is for gpu replicas (TF32 tensor cores); cpu replicas compute in fp32, or "
                   "in bf16 under lockstep::mixed<lockstep::bf16>");
-    static_assert((precision != compute_precision::bf16 && precision != compute_precision::fp16) || !is_gpu_v<Kind>,
-                  "lockstep: mixed<bf16> and mixed<fp16> are implemented for cpu replicas only; gpu replicas train in "
-                  "fp32 or tf32");
     world_.check_usable();
     std::vector<context_type> contexts;
     contexts.reserve(num_replicas());

@@ -34,9 +34,19 @@ namespace backend {
 
 /// Options of a cuda_context.
 struct cuda_options {
-  /// Let cuBLAS use TF32 tensor cores for FP32 GEMMs (faster, about 10 mantissa bits; off by default).
+  /// Let cuBLAS use TF32 tensor cores for every FP32 GEMM (faster, about 10 mantissa bits; off by
+  /// default). The tf32 policy (`precision`) does the same for the layers that opt in only.
   bool tf32 = false;
+  /// The precision policy of the replica (replicate<Net, P>): what the float GEMMs of the layers
+  /// that opt in (`mixed_precision`) compute in: fp32, tf32, or bf16 or fp16 operands with fp32
+  /// accumulation and fp32 results.
+  compute_precision precision = compute_precision::fp32;
 };
+
+/// Bytes of the fixed workspace each context gives its cuBLAS handle (cublasSetWorkspace): cuBLAS
+/// then allocates nothing while it runs, which a captured CUDA graph requires; 32 MiB is what
+/// cuBLAS recommends for Hopper.
+inline constexpr std::size_t cublas_workspace_bytes = std::size_t{32} << 20;
 
 /// Device pointers of one staged shard (null where the shard had no such part).
 struct staged_shard {
@@ -154,7 +164,9 @@ struct cuda_context_state {
   cuda_event compute_mark;
   cuda_event comm_mark;
   cublasHandle_t blas = nullptr;
+  device_bytes blas_workspace{cublas_workspace_bytes};
   device_bytes scratch;
+  device_bytes operands;
   pinned_buffer<double> result{2};
   staging_slot slots[2];
   int next_slot = 0;
@@ -164,6 +176,7 @@ struct cuda_context_state {
     LOCKSTEP_CUBLAS_CHECK(cublasCreate(&blas));
     try {
       LOCKSTEP_CUBLAS_CHECK(cublasSetStream(blas, compute.get()));
+      LOCKSTEP_CUBLAS_CHECK(cublasSetWorkspace(blas, blas_workspace.get(), blas_workspace.size()));
       LOCKSTEP_CUBLAS_CHECK(
           cublasSetMathMode(blas, opts.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     } catch (...) {
@@ -220,10 +233,18 @@ public:
   [[nodiscard]] int ordinal() const noexcept { return state_->ordinal; }
   /// The options the context was made with.
   [[nodiscard]] const cuda_options& options() const noexcept { return state_->options; }
-  /// The replica's precision policy: tf32 when its FP32 GEMMs use TF32 tensor cores, else fp32.
+  /// The replica's precision policy: the options' `precision`, or tf32 when the options turn TF32
+  /// on for every GEMM.
   [[nodiscard]] compute_precision policy() const noexcept {
-    return state_->options.tf32 ? compute_precision::tf32 : compute_precision::fp32;
+    const cuda_options& o = state_->options;
+    return o.precision == compute_precision::fp32 && o.tf32 ? compute_precision::tf32 : o.precision;
   }
+  /// What the next float GEMM computes in: the policy inside a layer that opts in
+  /// (`mixed_precision`), fp32 elsewhere (set by the model around each layer's call). Per copy of
+  /// the context: each replica's thread sets its own.
+  [[nodiscard]] compute_precision gemm_precision() const noexcept { return active_; }
+  /// Sets what the next float GEMMs compute in (fp32, tf32, bf16 or fp16).
+  void set_gemm_precision(compute_precision p) noexcept { active_ = p; }
   /// The stream every kernel of this replica runs on.
   [[nodiscard]] cudaStream_t compute_stream() const noexcept { return state_->compute.get(); }
   /// The stream collectives run on.
@@ -267,6 +288,18 @@ public:
       state_->scratch = detail::device_bytes(std::max<std::size_t>(bytes, 4096));
     }
     return state_->scratch.get();
+  }
+
+  /// Device memory of at least `bytes` bytes where the bf16 and fp16 GEMMs pack their operands,
+  /// reused across calls like scratch() (grows, never shrinks; a growth first waits for the
+  /// compute stream, whose queued GEMMs may still read the old operands).
+  [[nodiscard]] void* gemm_operands(std::size_t bytes) const {
+    if (bytes > state_->operands.size()) {
+      device_guard g(ordinal());
+      state_->compute.synchronize();
+      state_->operands = detail::device_bytes(std::max<std::size_t>(bytes, 4096));
+    }
+    return state_->operands.get();
   }
 
   /// Starts the device spans of a traced step (core/trace.hpp's begin_device_spans): waits for the
@@ -376,6 +409,7 @@ public:
 
 private:
   std::shared_ptr<detail::cuda_context_state> state_;
+  compute_precision active_ = compute_precision::fp32;
 };
 
 }  // namespace backend
@@ -398,16 +432,10 @@ struct backend_traits<gpus> {
   static std::size_t device_count() { return static_cast<std::size_t>(backend::cuda_device_count()); }
   /// Why no device is visible, for messages: "no CUDA device: <CUDA's reason>".
   static std::string why_none() { return "no CUDA device: " + backend::cuda_unavailable_reason(); }
-  /// The context of the replica on CUDA device `ordinal` (TF32 GEMMs when the settings or the
-  /// tf32 policy ask).
-  /// @throws config_error for the mixed<bf16> and mixed<fp16> policies, which GPU replicas do not
-  ///         have yet.
+  /// The context of the replica on CUDA device `ordinal`, under the settings' precision policy
+  /// (TF32 for every GEMM when the settings' tf32 switch asks).
   static context_type make_context(std::size_t ordinal, const replica_settings& s) {
-    if (s.precision == compute_precision::bf16 || s.precision == compute_precision::fp16)
-      throw config_error("lockstep: mixed<bf16> and mixed<fp16> are implemented for cpu replicas only; gpu replicas "
-                         "train in fp32 or tf32 (replicate<Net, lockstep::tf32>)");
-    return context_type(static_cast<int>(ordinal),
-                        backend::cuda_options{.tf32 = s.tf32 || s.precision == compute_precision::tf32});
+    return context_type(static_cast<int>(ordinal), backend::cuda_options{.tf32 = s.tf32, .precision = s.precision});
   }
   /// Throws device_error naming the first replica whose device has too little free memory
   /// (cudaMemGetInfo) for `bytes` per replica (replicas sharing a device add up).

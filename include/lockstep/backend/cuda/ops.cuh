@@ -26,6 +26,7 @@
 #include <lockstep/backend/cuda/device.hpp>
 #include <lockstep/backend/cuda/error.hpp>
 #include <lockstep/backend/host/ops.hpp>
+#include <lockstep/backend/pack16.hpp>
 #include <lockstep/backend/softmax_xent.hpp>
 #include <lockstep/config.hpp>
 #include <lockstep/core/error.hpp>
@@ -228,10 +229,11 @@ inline int blas_dim(std::size_t v, std::size_t m, std::size_t n, std::size_t k) 
 inline cublasOperation_t cublas_op(trans t) noexcept { return t == trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
 /// Row-major GEMM through column-major cuBLAS: row-major C is column-major C^T, and
-/// C^T = op(B)^T op(A)^T, so B goes first with B's flag, and m and n swap.
-template <class T, class Gemm>
+/// C^T = op(B)^T op(A)^T, so B goes first with B's flag, and m and n swap. A and B are of type In
+/// (T, or the 16-bit encodings of a mixed-precision GEMM).
+template <class T, class In, class Gemm>
 void gemm_row_major(const cuda_context& ctx, Gemm call, trans ta, trans tb, std::size_t m, std::size_t n,
-                    std::size_t k, T alpha, const T* a, std::size_t lda, const T* b, std::size_t ldb, T beta, T* c,
+                    std::size_t k, T alpha, const In* a, std::size_t lda, const In* b, std::size_t ldb, T beta, T* c,
                     std::size_t ldc) {
   if (m == 0 || n == 0) return;
   device_guard g(ctx.ordinal());
@@ -245,13 +247,72 @@ void gemm_row_major(const cuda_context& ctx, Gemm call, trans ta, trans tb, std:
                              blas_dim(lda, m, n, k), &beta, c, blas_dim(ldc, m, n, k)));
 }
 
+/// A float GEMM whose products cuBLAS computes in `compute` (CUBLAS_COMPUTE_32F_FAST_TF32: TF32
+/// tensor cores) from fp32 operands, accumulating and writing fp32.
+inline void gemm_fp32_compute(const cuda_context& ctx, cublasComputeType_t compute, trans ta, trans tb,
+                              std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                              std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+                              std::size_t ldc) {
+  const auto call = [compute](cublasHandle_t h, cublasOperation_t ob, cublasOperation_t oa, int cm, int cn, int ck,
+                              const float* al, const float* pb, int lb, const float* pa, int la, const float* be,
+                              float* pc, int lc) {
+    return cublasGemmEx(h, ob, oa, cm, cn, ck, al, pb, CUDA_R_32F, lb, pa, CUDA_R_32F, la, be, pc, CUDA_R_32F, lc,
+                        compute, CUBLAS_GEMM_DEFAULT);
+  };
+  gemm_row_major(ctx, call, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/// A float GEMM on 16-bit operands (P: bf16 or fp16): A and B are packed, rounded to P, into the
+/// context's operand memory (packed_layout_of; pack16_op, one grid each), then cuBLAS multiplies
+/// them on the tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F) into the fp32 C. The
+/// result is that of the host's emulation (operands rounded to P, fp32 products and sums) up to
+/// the order of the sums.
+template <compute_precision P>
+void gemm_packed16(const cuda_context& ctx, trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k,
+                   float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
+                   std::size_t ldc) {
+  if (m == 0 || n == 0 || k == 0) {  // nothing to pack: C = beta C at most
+    gemm_row_major(ctx, &cublasSgemm, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  const packed_layout l = packed_layout_of(ta, tb, m, n, k);
+  auto* pa = static_cast<std::uint16_t*>(ctx.gemm_operands(l.total() * sizeof(std::uint16_t)));
+  std::uint16_t* pb = pa + l.b_offset;
+  for_each_index(ctx, l.a_count, pack16_op<P>{a, l.a_cols, lda, pa});
+  for_each_index(ctx, l.b_count, pack16_op<P>{b, l.b_cols, ldb, pb});
+  constexpr cudaDataType_t type = P == compute_precision::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  const auto call = [](cublasHandle_t h, cublasOperation_t ob, cublasOperation_t oa, int cm, int cn, int ck,
+                       const float* al, const std::uint16_t* qb, int lb, const std::uint16_t* qa, int la,
+                       const float* be, float* pc, int lc) {
+    return cublasGemmEx(h, ob, oa, cm, cn, ck, al, qb, type, lb, qa, type, la, be, pc, CUDA_R_32F, lc,
+                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  };
+  gemm_row_major(ctx, call, ta, tb, m, n, k, alpha, static_cast<const std::uint16_t*>(pa), l.a_cols,
+                 static_cast<const std::uint16_t*>(pb), l.b_cols, beta, c, ldc);
+}
+
 }  // namespace detail
 
-/// C = alpha * op(A) * op(B) + beta * C, row-major, on the compute stream (cuBLAS SGEMM; TF32
-/// only when the context's options ask for it).
+/// C = alpha * op(A) * op(B) + beta * C, row-major, on the compute stream, in the context's
+/// gemm_precision(): cuBLAS SGEMM for fp32 (TF32 when the context's options turn it on for every
+/// GEMM), TF32 tensor cores for tf32, and for bf16 and fp16 the operands packed to 16 bits and
+/// multiplied on the tensor cores with fp32 accumulation; C is fp32 under every policy.
 inline void gemm(const cuda_context& ctx, trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha,
                  const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
                  std::size_t ldc) {
+  switch (ctx.gemm_precision()) {
+    case compute_precision::bf16:
+      detail::gemm_packed16<compute_precision::bf16>(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    case compute_precision::fp16:
+      detail::gemm_packed16<compute_precision::fp16>(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    case compute_precision::tf32:
+      detail::gemm_fp32_compute(ctx, CUBLAS_COMPUTE_32F_FAST_TF32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    case compute_precision::fp32:
+      break;
+  }
   detail::gemm_row_major(ctx, &cublasSgemm, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
