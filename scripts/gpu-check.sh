@@ -140,7 +140,7 @@ verdict() {
   local brc absent bad
   brc=$(rc_of "$d/bench.rc")
   absent=""
-  for key in 'gpu_config=L precision=fp32' 'gpu_config=L precision=tf32' 'gpu_cnn ' 'cublas_sgemm_ceiling ' 'same_device_reducer ' 'device_memcpy_gb_per_s='; do
+  for key in 'gpu_config=L precision=fp32' 'gpu_config=L precision=tf32' 'gpu_config=L precision=bf16' 'gpu_cnn ' 'cublas_sgemm_ceiling ' 'same_device_reducer ' 'device_memcpy_gb_per_s='; do
     grep -q "^$key" "$d/bench.log" 2>/dev/null || absent+=" '${key% }'"
   done
   bad=$(grep -h 'check=' "$d/bench.log" 2>/dev/null | grep -v 'check=pass' | awk '{print $1}' | paste -sd ' ' -)

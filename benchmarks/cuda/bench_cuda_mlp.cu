@@ -1,8 +1,9 @@
 // GPU benchmark, key=value lines; every line that checks a result ends with check=pass or
 // check=fail (scripts/gpu-check.sh requires pass):
-//  - gpu_config=L precision=fp32|tf32: training throughput of MLP config L (1024-4096-4096-1024,
-//    ReLU, batch 512, one step = forward + backward + SGD) on one_device<gpu<0>>, in FP32 and with
-//    strategy_options::tf32; check: the loss is finite and falls over the timed steps;
+//  - gpu_config=L precision=fp32|tf32|bf16: training throughput of MLP config L
+//    (1024-4096-4096-1024, ReLU, batch 512, one step = forward + backward + SGD) on
+//    one_device<gpu<0>>, under the fp32, tf32 and mixed<bf16> policies; check: the loss is finite
+//    and falls over the timed steps;
 //  - cublas_sgemm_ceiling: the same step's GEMMs alone, through cuBLAS SGEMM (the ceiling config L
 //    is measured against);
 //  - gpu_cnn: the Fashion-MNIST example's CNN (TensorFlow's tutorial CNN) at batch 256, FP32;
@@ -106,12 +107,12 @@ struct timed_run {
   [[nodiscard]] bool ok() const { return std::isfinite(first) && std::isfinite(last) && last < first; }
 };
 
-// Trains `steps` timed steps (after 3 untimed) of Net on one_device<gpu<0>> with `options`, SGD,
-// on one fixed batch of random features and labels in [0, classes).
-template <class Net>
-timed_run train_timed(std::size_t batch, std::size_t classes, int steps, ls::strategy_options options) {
-  ls::one_device<ls::gpu<0>> strategy(options);
-  auto model = strategy.replicate<Net>(ls::seed{1});
+// Trains `steps` timed steps (after 3 untimed) of Net under precision policy P on
+// one_device<gpu<0>>, SGD, on one fixed batch of random features and labels in [0, classes).
+template <class Net, class P = ls::fp32>
+timed_run train_timed(std::size_t batch, std::size_t classes, int steps) {
+  ls::one_device<ls::gpu<0>> strategy;
+  auto model = strategy.replicate<Net, P>(ls::seed{1});
   constexpr std::size_t width = decltype(model)::model_type::input_size;
   auto b = std::make_shared<ls::data::batch>();
   b->width = width;
@@ -149,15 +150,17 @@ void mlp(bool& all_ok) {
   // the first layer's input gradient, which is not computed.
   const double fwd = 2.0 * batch * (1024.0 * 4096 + 4096.0 * 4096 + 4096.0 * 1024);
   const double flops = 3 * fwd - 2.0 * batch * 1024 * 4096;
-  double fp32_seconds = 0;
-  for (const bool tf32 : {false, true}) {
-    const timed_run r = train_timed<net>(batch, 1024, steps, ls::strategy_options{.tf32 = tf32});
-    if (!tf32) fp32_seconds = r.seconds;
+  const auto report = [&](const char* precision, const timed_run& r) {
     std::printf("gpu_config=L precision=%s samples_per_s=%.0f tflops=%.2f step_ms=%.3f loss_first=%.4f loss_last=%.4f "
                 "check=%s\n",
-                tf32 ? "tf32" : "fp32", steps * batch / r.seconds, steps * flops / r.seconds / 1e12,
-                1e3 * r.seconds / steps, r.first, r.last, verdict(r.ok(), all_ok));
-  }
+                precision, steps * batch / r.seconds, steps * flops / r.seconds / 1e12, 1e3 * r.seconds / steps,
+                r.first, r.last, verdict(r.ok(), all_ok));
+  };
+  const timed_run fp32 = train_timed<net>(batch, 1024, steps);
+  const double fp32_seconds = fp32.seconds;
+  report("fp32", fp32);
+  report("tf32", train_timed<net, ls::tf32>(batch, 1024, steps));
+  report("bf16", train_timed<net, ls::mixed<ls::bf16>>(batch, 1024, steps));
 
   // The ceiling: the step's GEMMs alone (forward, weight gradients, input gradients but the first),
   // with the same shapes, through the same cuBLAS SGEMM calls.
@@ -197,7 +200,7 @@ void cnn(bool& all_ok) {
                              ls::dense<3136, 1024>, ls::relu, ls::dense<1024, 10>>;
   constexpr std::size_t batch = 256;
   const int steps = 10;
-  const timed_run r = train_timed<net>(batch, 10, steps, ls::strategy_options{});
+  const timed_run r = train_timed<net>(batch, 10, steps);
   std::printf("gpu_cnn batch=%zu precision=fp32 samples_per_s=%.0f step_ms=%.3f loss_first=%.4f loss_last=%.4f check=%s\n",
               batch, steps * batch / r.seconds, 1e3 * r.seconds / steps, r.first, r.last, verdict(r.ok(), all_ok));
 }
