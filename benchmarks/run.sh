@@ -160,6 +160,9 @@ else
   export TF_CPP_MIN_LOG_LEVEL=2
   if [ -n "$tf_py" ]; then
     for c in S M L cnn; do run "tf_step_$c" "$tf_py" benchmarks/peers/tf_bench.py step --config "$c" "${pr[@]}"; done
+    for c in S M L cnn; do
+      run "tf_step_${c}_bf16" "$tf_py" benchmarks/peers/tf_bench.py step --config "$c" --precision bf16 "${pr[@]}"
+    done
     for r in 1 2; do run "tf_mirrored_$r" "$tf_py" benchmarks/peers/tf_bench.py mirrored --replicas "$r" "${mr[@]}"; done
     run tf_pipeline "$tf_py" benchmarks/peers/tf_bench.py pipeline --epochs "$pipe_epochs"
     run tf_images "$tf_py" benchmarks/peers/tf_images.py --dir "$images_dir" --epochs "$pipe_epochs"
@@ -167,6 +170,9 @@ else
   fi
   if [ -n "$torch_py" ]; then
     for c in S M L cnn; do run "torch_step_$c" "$torch_py" benchmarks/peers/torch_bench.py step --config "$c" "${pr[@]}"; done
+    for c in S M L cnn; do
+      run "torch_step_${c}_bf16" "$torch_py" benchmarks/peers/torch_bench.py step --config "$c" --precision bf16 "${pr[@]}"
+    done
     for r in 1 2; do run "torch_ddp_$r" "$torch_py" benchmarks/peers/torch_bench.py ddp --replicas "$r" "${mr[@]}"; done
     for m in 16 64; do run "torch_allreduce_$m" "$torch_py" benchmarks/peers/torch_bench.py allreduce --mib "$m" "${ar[@]}"; done
     run torch_mainjob "$torch_py" benchmarks/peers/torch_bench.py mainjob --epochs "$epochs"

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """TensorFlow (Keras) beside lockstep's benchmarks. One measurement per run:
 
-  tf_bench.py step --config S|M|L|cnn [--repeats N]   one device, one thread: compiled train step
+  tf_bench.py step --config S|M|L|cnn [--precision fp32|bf16] [--repeats N]
+                                                      one device, one thread: compiled train step
+                                                      (bf16: Keras's mixed_bfloat16 policy)
   tf_bench.py mirrored --replicas 1|2 [--repeats N]   config M at global batch 256 fed by tf.data,
                                                       MirroredStrategy over 2 logical CPU devices
   tf_bench.py mainjob --mode one|mirrored [--epochs E]  the Fashion-MNIST main job with Keras fit
@@ -57,6 +59,9 @@ def cnn():
 def step_bench():
     config = common.arg("config", "M")
     repeats = int(common.arg("repeats", "10"))
+    precision = common.arg("precision", "fp32")
+    if precision == "bf16":  # bf16 compute, fp32 variables; the logits are cast to fp32 for the loss
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
     rng = np.random.default_rng(7)
     if config == "cnn":
         batch, model, opt = 64, cnn(), keras.optimizers.Adam(1e-3)
@@ -73,7 +78,7 @@ def step_bench():
     @tf.function
     def step():
         with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
+            loss = loss_fn(y, tf.cast(model(x, training=True), tf.float32))
         opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
         return loss
 
@@ -82,7 +87,7 @@ def step_bench():
     calls = {"S": 20, "M": 2, "L": 1, "cnn": 1}[config]
     rate = common.best_rate(lambda: step().numpy(), batch, repeats, calls)
     common.result(peer="tensorflow", bench="step", config=config, batch=batch, samples_per_s=f"{rate:.1f}",
-                  threads=1, version=VERSION)
+                  threads=1, precision=precision, version=VERSION)
 
 
 UNROLL = 4

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch beside lockstep's benchmarks. One measurement per run:
 
-  torch_bench.py step --config S|M|L|cnn [--repeats N]  one process, one thread: a training step
+  torch_bench.py step --config S|M|L|cnn [--precision fp32|bf16] [--repeats N]
+                                                        one process, one thread: a training step
+                                                        (bf16: torch.autocast("cpu", torch.bfloat16))
   torch_bench.py ddp --replicas 1|2 [--repeats N]       config M at global batch 256: one process,
                                                         or DistributedDataParallel over 2 processes (gloo)
   torch_bench.py mainjob [--epochs E]                   the Fashion-MNIST main job, one process, 2 threads
@@ -72,17 +74,22 @@ def step_bench():
         x, classes = torch.rand(batch, widths[0]), widths[-1]
     y = torch.randint(0, classes, (batch,))
     loss_fn = nn.CrossEntropyLoss()
+    precision = common.arg("precision", "fp32")
+    bf16 = precision == "bf16"
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
+        # bf16: autocast's CPU policy (matmuls and convolutions in bf16, fp32 weights and loss).
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_fn(model(x), y)
+        loss.backward()
         opt.step()
 
     step(); step()
     calls = {"S": 20, "M": 2, "L": 1, "cnn": 1}[config]
     rate = common.best_rate(step, batch, repeats, calls)
     common.result(peer="pytorch", bench="step", config=config, batch=batch, samples_per_s=f"{rate:.1f}",
-                  threads=torch.get_num_threads(), version=VERSION)
+                  threads=torch.get_num_threads(), precision=precision, version=VERSION)
 
 
 def init_group(rank, world, port):

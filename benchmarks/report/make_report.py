@@ -236,6 +236,39 @@ def step_section(run, peak, sgemm, sgemm_where):
     return text + "\n\n" + table(head, rows)
 
 
+def precision_section(run):
+    """mixed<bf16> against fp32 (bench_step's and bench_conv's precision lines, wall time) beside
+    PyTorch's autocast and Keras's mixed_bfloat16 (tf_bench.py / torch_bench.py step --precision bf16)."""
+    rows = []
+    for c in ["S", "M", "L", "cnn"]:
+        if c == "cnn":
+            oname, desc = "ours_conv", "CNN, batch 64, Adam"
+            fp = run.find(oname, "samples_per_s", config="cnn", replicas=1, precision="fp32")
+            bf = run.find(oname, "samples_per_s", config="cnn", replicas=1, precision="bf16")
+        else:
+            oname = "ours_step"
+            widths, batch = STEP_WIDTHS[c]
+            desc = f"{c}: {'-'.join(map(str, widths))}, batch {batch}, SGD"
+            fp = run.find(oname, "samples_per_s", config=c, precision="fp32")
+            bf = run.find(oname, "samples_per_s", config=c, precision="bf16")
+        tf = run.find(f"tf_step_{c}_bf16", "samples_per_s")
+        pt = run.find(f"torch_step_{c}_bf16", "samples_per_s")
+        best_peer = max([x for x in (tf, pt) if x is not None], default=None)
+        goal = {"L": "≥ 1.7× fp32; ≥ 1.0× best peer", "cnn": "≥ 1.0× best peer"}.get(c, "—")
+        rows.append([desc, cell(run, fp, oname), cell(run, bf, oname), ratio(bf, fp),
+                     cell(run, tf, f"tf_step_{c}_bf16", "tensorflow"), cell(run, pt, f"torch_step_{c}_bf16", "pytorch"),
+                     ratio(bf, best_peer), goal])
+    head = ["config", "lockstep fp32", "lockstep bf16", "bf16/fp32", "TensorFlow bf16", "PyTorch bf16",
+            "ours bf16/best peer bf16", "goal"]
+    kernels = next((kv.get("kernels") for kv in run.lines("ours_step") if kv.get("precision") == "bf16"), None)
+    text = ("Samples/s of one training step on one core under `mixed<bf16>` and fp32 (bench_step's and bench_conv's "
+            "`precision=` lines: the step through `one_device<cpu<0>>`, wall time, both policies in interleaved "
+            f"repeats; lockstep's bf16 GEMM kernels: {kernels or 'not reported'}), beside PyTorch's "
+            "`torch.autocast(\"cpu\", dtype=torch.bfloat16)` and Keras's `mixed_bfloat16` policy over the same "
+            "models and thread settings (`torch_bench.py step --precision bf16`, `tf_bench.py step --precision bf16`).")
+    return text + "\n\n" + table(head, rows)
+
+
 def scaling_section(run):
     o1 = run.find("ours_scaling", "samples_per_s", replicas=1)
     o2 = run.find("ours_scaling", "samples_per_s", replicas=2)
@@ -411,6 +444,7 @@ def main():
     parts = [
         "### Machine", machine_section(run, peak),
         "### Single-device training step", step_section(run, peak, sgemm, where),
+        "### Mixed precision (bf16), one core", precision_section(run),
         "### Data parallelism, 2 replicas", scaling_section(run),
         "### Main job: Fashion-MNIST end to end", mainjob_section(run, peak, epochs),
         "### All-reduce between 2 replicas", allreduce_section(run),
