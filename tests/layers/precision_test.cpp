@@ -408,10 +408,11 @@ void check_packed_gemm() {
   CAPTURE(ls::precision_name(P));
   ls::host_context h(1, true, P);
   h.set_gemm_precision(P);
-  for (const auto& [m, n, k] : {std::tuple<std::size_t, std::size_t, std::size_t>{7, 13, 61}, {1, 1, 1}, {3, 129, 2},
-                                {17, 5, 130}})
+  for (const auto& shape : {std::tuple<std::size_t, std::size_t, std::size_t>{7, 13, 61}, {1, 1, 1}, {3, 129, 2},
+                            {17, 5, 130}})
     for (const trans ta : {trans::no, trans::yes})
       for (const trans tb : {trans::no, trans::yes}) {
+        const std::size_t m = std::get<0>(shape), n = std::get<1>(shape), k = std::get<2>(shape);
         CAPTURE(m);
         CAPTURE(n);
         CAPTURE(k);
