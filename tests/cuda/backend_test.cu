@@ -44,6 +44,40 @@ std::vector<float> reference_gemm(trans ta, trans tb, std::size_t m, std::size_t
   return c;
 }
 
+// One GEMM case of the GEMM tests: C = 0.75 op(A) op(B) + beta C with A, B and C stored row-major
+// with padded strides.
+struct gemm_case {
+  std::size_t m, n, k;
+  trans ta, tb;
+  float beta;
+  std::size_t a_rows, b_rows, lda, ldb, ldc;  ///< A and B as stored, and the three row strides
+};
+
+// Calls f(gemm_case) for every transpose, beta 0 and 0.5, and empty, tiny, odd and large shapes
+// (k = 0 included), the case captured for failure messages.
+template <class F>
+void for_each_gemm_case(F&& f) {
+  struct shape {
+    std::size_t m, n, k;
+  };
+  for (const shape s : {shape{0, 3, 2}, shape{3, 0, 2}, shape{1, 1, 1}, shape{5, 7, 3}, shape{33, 17, 65},
+                        shape{4, 6, 0}, shape{64, 128, 257}})
+    for (trans ta : {trans::no, trans::yes})
+      for (trans tb : {trans::no, trans::yes})
+        for (float beta : {0.0f, 0.5f}) {
+          CAPTURE(s.m);
+          CAPTURE(s.n);
+          CAPTURE(s.k);
+          CAPTURE(static_cast<int>(ta));
+          CAPTURE(static_cast<int>(tb));
+          CAPTURE(beta);
+          const std::size_t a_cols = ta == trans::no ? s.k : s.m, b_cols = tb == trans::no ? s.n : s.k;
+          f(gemm_case{.m = s.m, .n = s.n, .k = s.k, .ta = ta, .tb = tb, .beta = beta,
+                      .a_rows = ta == trans::no ? s.m : s.k, .b_rows = tb == trans::no ? s.k : s.n,
+                      .lda = a_cols + 3, .ldb = b_cols + 2, .ldc = s.n + 1});
+        }
+}
+
 // Forward and backward of bound layer B = bind_shape_t<Layer, S> on the host and on gpu<0>.
 template <class Layer, class S>
 void check_layer(const char* name, std::size_t batch, bool training) {
@@ -150,42 +184,24 @@ TEST_CASE("host: a context on a device that does not exist is a device_error nam
 TEST_CASE("gpu: gemm matches a double reference for every transpose, padded strides and k = 0") {
   LOCKSTEP_REQUIRE_GPUS(1);
   ls::cuda_context ctx(0);
-  struct shape {
-    std::size_t m, n, k;
-  };
-  for (const shape s : {shape{0, 3, 2}, shape{3, 0, 2}, shape{1, 1, 1}, shape{5, 7, 3}, shape{33, 17, 65},
-                        shape{4, 6, 0}, shape{64, 128, 257}})
-    for (trans ta : {trans::no, trans::yes})
-      for (trans tb : {trans::no, trans::yes})
-        for (float beta : {0.0f, 0.5f}) {
-          CAPTURE(s.m);
-          CAPTURE(s.n);
-          CAPTURE(s.k);
-          CAPTURE(static_cast<int>(ta));
-          CAPTURE(static_cast<int>(tb));
-          CAPTURE(beta);
-          const std::size_t a_rows = ta == trans::no ? s.m : s.k, a_cols = ta == trans::no ? s.k : s.m;
-          const std::size_t b_rows = tb == trans::no ? s.k : s.n, b_cols = tb == trans::no ? s.n : s.k;
-          const std::size_t lda = a_cols + 3, ldb = b_cols + 2, ldc = s.n + 1;
-          const auto a = random_vector(a_rows * lda, 20);
-          const auto b = random_vector(b_rows * ldb, 21);
-          const auto c = random_vector(s.m * ldc, 22);
-          const auto want = reference_gemm(ta, tb, s.m, s.n, s.k, 0.75f, a, lda, b, ldb, beta, c, ldc);
-          auto d_a = to_device(ctx, a);
-          auto d_b = to_device(ctx, b);
-          auto d_c = to_device(ctx, c);
-          gemm(ctx, ta, tb, s.m, s.n, s.k, 0.75f, d_a.data(), lda, d_b.data(), ldb, beta, d_c.data(), ldc);
-          check_close(to_host(ctx, d_c.data(), c.size()), want, 1e-5, "C");
-        }
+  for_each_gemm_case([&](const gemm_case& g) {
+    const auto a = random_vector(g.a_rows * g.lda, 20);
+    const auto b = random_vector(g.b_rows * g.ldb, 21);
+    const auto c = random_vector(g.m * g.ldc, 22);
+    const auto want = reference_gemm(g.ta, g.tb, g.m, g.n, g.k, 0.75f, a, g.lda, b, g.ldb, g.beta, c, g.ldc);
+    auto d_a = to_device(ctx, a);
+    auto d_b = to_device(ctx, b);
+    auto d_c = to_device(ctx, c);
+    gemm(ctx, g.ta, g.tb, g.m, g.n, g.k, 0.75f, d_a.data(), g.lda, d_b.data(), g.ldb, g.beta, d_c.data(), g.ldc);
+    check_close(to_host(ctx, d_c.data(), c.size()), want, 1e-5, "C");
+  });
 }
 
 TEST_CASE("gpu: gemm under mixed<bf16>, mixed<fp16> and tf32 is the product of the rounded operands within fp32's sums") {
   LOCKSTEP_REQUIRE_GPUS(1);
   using cp = ls::compute_precision;
-  struct shape {
-    std::size_t m, n, k;
-  };
   for (const cp p : {cp::bf16, cp::fp16, cp::tf32}) {
+    CAPTURE(ls::precision_name(p));
     ls::cuda_context ctx(0, ls::cuda_options{.precision = p});
     ctx.set_gemm_precision(p);
     // The operands the tensor cores read: rounded to the format (TF32's rounding is cuBLAS's, so
@@ -193,41 +209,29 @@ TEST_CASE("gpu: gemm under mixed<bf16>, mixed<fp16> and tf32 is the product of t
     const auto round = [p](float v) {
       return p == cp::bf16 ? ls::round_to_bf16(v) : p == cp::fp16 ? ls::round_to_fp16(v) : v;
     };
-    for (const shape s : {shape{0, 3, 2}, shape{3, 0, 2}, shape{1, 1, 1}, shape{5, 7, 3}, shape{33, 17, 65},
-                          shape{4, 6, 0}, shape{64, 128, 257}})
-      for (trans ta : {trans::no, trans::yes})
-        for (trans tb : {trans::no, trans::yes})
-          for (float beta : {0.0f, 0.5f}) {
-            CAPTURE(ls::precision_name(p));
-            CAPTURE(s.m);
-            CAPTURE(s.n);
-            CAPTURE(s.k);
-            CAPTURE(static_cast<int>(ta));
-            CAPTURE(static_cast<int>(tb));
-            CAPTURE(beta);
-            const std::size_t a_rows = ta == trans::no ? s.m : s.k, a_cols = ta == trans::no ? s.k : s.m;
-            const std::size_t b_rows = tb == trans::no ? s.k : s.n, b_cols = tb == trans::no ? s.n : s.k;
-            const std::size_t lda = a_cols + 3, ldb = b_cols + 2, ldc = s.n + 1;
-            const auto a = random_vector(a_rows * lda, 30, -3.0f, 3.0f);
-            const auto b = random_vector(b_rows * ldb, 31, -3.0f, 3.0f);
-            const auto c = random_vector(s.m * ldc, 32);
-            std::vector<float> ra(a.size()), rb(b.size()), abs_a(a.size()), abs_b(b.size()), abs_c(c.size());
-            for (std::size_t i = 0; i < a.size(); ++i) abs_a[i] = std::abs(ra[i] = round(a[i]));
-            for (std::size_t i = 0; i < b.size(); ++i) abs_b[i] = std::abs(rb[i] = round(b[i]));
-            for (std::size_t i = 0; i < c.size(); ++i) abs_c[i] = std::abs(c[i]);
-            const auto want = reference_gemm(ta, tb, s.m, s.n, s.k, 0.75f, ra, lda, rb, ldb, beta, c, ldc);
-            const auto size = reference_gemm(ta, tb, s.m, s.n, s.k, 0.75f, abs_a, lda, abs_b, ldb, beta, abs_c, ldc);
-            auto d_a = to_device(ctx, a);
-            auto d_b = to_device(ctx, b);
-            auto d_c = to_device(ctx, c);
-            gemm(ctx, ta, tb, s.m, s.n, s.k, 0.75f, d_a.data(), lda, d_b.data(), ldb, beta, d_c.data(), ldc);
-            const auto got = to_host(ctx, d_c.data(), c.size());
-            const double u = (p == cp::tf32 ? 2.0 * std::ldexp(1.0, -10) : 0.0) + static_cast<double>(s.k + 2) * std::ldexp(1.0, -24);
-            std::size_t bad = 0;
-            for (std::size_t i = 0; i < got.size(); ++i)
-              bad += !(std::abs(static_cast<double>(got[i]) - want[i]) <= u * size[i] + 1e-30);
-            CHECK(bad == 0);
-          }
+    for_each_gemm_case([&](const gemm_case& g) {
+      const auto a = random_vector(g.a_rows * g.lda, 30, -3.0f, 3.0f);
+      const auto b = random_vector(g.b_rows * g.ldb, 31, -3.0f, 3.0f);
+      const auto c = random_vector(g.m * g.ldc, 32);
+      std::vector<float> ra(a.size()), rb(b.size()), abs_a(a.size()), abs_b(b.size()), abs_c(c.size());
+      for (std::size_t i = 0; i < a.size(); ++i) abs_a[i] = std::abs(ra[i] = round(a[i]));
+      for (std::size_t i = 0; i < b.size(); ++i) abs_b[i] = std::abs(rb[i] = round(b[i]));
+      for (std::size_t i = 0; i < c.size(); ++i) abs_c[i] = std::abs(c[i]);
+      const auto want = reference_gemm(g.ta, g.tb, g.m, g.n, g.k, 0.75f, ra, g.lda, rb, g.ldb, g.beta, c, g.ldc);
+      const auto size =
+          reference_gemm(g.ta, g.tb, g.m, g.n, g.k, 0.75f, abs_a, g.lda, abs_b, g.ldb, g.beta, abs_c, g.ldc);
+      auto d_a = to_device(ctx, a);
+      auto d_b = to_device(ctx, b);
+      auto d_c = to_device(ctx, c);
+      gemm(ctx, g.ta, g.tb, g.m, g.n, g.k, 0.75f, d_a.data(), g.lda, d_b.data(), g.ldb, g.beta, d_c.data(), g.ldc);
+      const auto got = to_host(ctx, d_c.data(), c.size());
+      const double u = (p == cp::tf32 ? 2.0 * std::ldexp(1.0, -10) : 0.0) +
+                       static_cast<double>(g.k + 2) * std::ldexp(1.0, -24);
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < got.size(); ++i)
+        bad += !(std::abs(static_cast<double>(got[i]) - want[i]) <= u * size[i] + 1e-30);
+      CHECK(bad == 0);
+    });
   }
 }
 
