@@ -94,7 +94,8 @@ TEST_CASE("host_gemm_warning: the kernels in use on this CPU, and fit shows it u
 }
 
 TEST_CASE("fit_options::show_kernels names the host GEMM's kernels before the first epoch, only on request") {
-  const std::string line = "lockstep: host GEMM " + ls::host_gemm_name() + ", precision fp32\n";
+  const std::string line =
+      "lockstep: host GEMM " + ls::host_gemm_name() + ", loops " + ls::host_loops_name() + ", precision fp32\n";
   const std::string shown = fit_output(false, true);
   CHECK(has(shown, line));
   CHECK(shown.find(line) < shown.find("epoch 1/1"));

@@ -127,7 +127,7 @@ TEST_CASE("fit names the model's precision and its kernels in the start-up line,
   o.progress.live = false;
   (void)ls::fit(s, m, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{}, in_memory(make_batch(16, 1), 8), o);
   const std::string shown = read_all(f);
-  CHECK(shown.find("lockstep: host GEMM " + ls::host_gemm_name() + ", precision " +
+  CHECK(shown.find("lockstep: host GEMM " + ls::host_gemm_name() + ", loops " + ls::host_loops_name() + ", precision " +
                    ls::host_precision_description(ls::compute_precision::bf16) + "\n") != std::string::npos);
   // An emulated bf16 warns (and names the fix); native kernels do not.
   CHECK((shown.find("mixed<bf16> is emulated") != std::string::npos) == !ls::host_bf16_native());

@@ -18,6 +18,7 @@ namespace detail {
 /// y[i] = Fn::f(x[i]).
 template <class Fn, class T>
 struct activation_forward_op {
+  static constexpr bool avx2_copy = true;  ///< one element per call: for_each_index may run its AVX2 copy
   const T* x;  ///< input
   T* y;        ///< output
   /// Computes element i.
@@ -26,6 +27,7 @@ struct activation_forward_op {
 /// dx[i] = Fn::grad(x[i], y[i], dy[i]) when Fn defines it, dy[i] * Fn::df(x[i], y[i]) otherwise.
 template <class Fn, class T>
 struct activation_backward_op {
+  static constexpr bool avx2_copy = true;  ///< one element per call: for_each_index may run its AVX2 copy
   const T* x;   ///< forward input
   const T* y;   ///< forward output
   const T* dy;  ///< output gradient

@@ -100,6 +100,7 @@ void dropout_host(const dropout_op<T>& op) {
 /// dx[i] = dy[i] / (1 - rate) where forward kept element i, else 0.
 template <class T>
 struct dropout_mask_op {
+  static constexpr bool avx2_copy = true;  ///< one element per call: for_each_index may run its AVX2 copy
   const T* dy;    ///< output gradient
   const T* keep;  ///< forward's mask
   T* dx;          ///< input gradient

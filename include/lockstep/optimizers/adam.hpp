@@ -16,6 +16,7 @@ namespace detail {
 /// Extras, update_info's clipping, device decision and EMA too.
 template <class T, bool Extras = false>
 struct adam_op {
+  static constexpr bool avx2_copy = true;  ///< one element per call: for_each_index may run its AVX2 copy
   T* p;         ///< parameters
   const T* g;   ///< gradient sums
   T* m;         ///< first moments

@@ -405,7 +405,7 @@ struct fit_options {
   std::uint64_t max_consecutive_skips = 20;  ///< nonfinite_policy::skip: numerics_error after this many in a row
   ema_options ema{};                      ///< an exponential moving average of the weights (decay 0: none)
   bool validate_with_ema = false;         ///< validation evaluates the EMA weights (swapped in, then the live ones restored)
-  bool show_kernels = false;              ///< host strategies: name the host GEMM's kernels and the model's precision before the first epoch
+  bool show_kernels = false;              ///< host strategies: name the host GEMM's kernels, the elementwise loops' instruction set and the model's precision before the first epoch
   /// A timeline of the steps in `trace_steps`, written by the chief at the end of the run to this
   /// file in the Chrome trace-event format (Perfetto, chrome://tracing; "" = no trace): every
   /// replica's forward and backward per layer, each bucket's reduction, the epilogue, the update,
@@ -732,7 +732,8 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   if constexpr (requires { typename Strategy::kind_type; })
     if constexpr (std::is_same_v<typename Strategy::kind_type, cpus>) {
       if (o.show_kernels)
-        run.note("lockstep: host GEMM " + host_gemm_name() + ", precision " + host_precision_description(m.precision()));
+        run.note("lockstep: host GEMM " + host_gemm_name() + ", loops " + host_loops_name() + ", precision " +
+                 host_precision_description(m.precision()));
       if (const std::string warning = host_gemm_warning(); !warning.empty()) run.note(warning);
       if (const std::string warning = host_precision_warning(m.precision()); !warning.empty()) run.note(warning);
     }

@@ -17,6 +17,18 @@
 #include <lockstep/backend/host/onednn_gemm.hpp>
 #endif
 
+/// 1 where for_each_index also carries a copy of each loop compiled for AVX2 and picks it at run
+/// time on CPUs that have it: x86-64 under g++ or clang++ (not nvcc), when the translation unit
+/// does not already target AVX2 (-mavx2, -march=native) and LOCKSTEP_NO_AVX2_LOOPS is not defined.
+#if !defined(LOCKSTEP_HOST_AVX2_LOOPS)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(__AVX2__) && \
+    !defined(LOCKSTEP_NO_AVX2_LOOPS)
+#define LOCKSTEP_HOST_AVX2_LOOPS 1
+#else
+#define LOCKSTEP_HOST_AVX2_LOOPS 0
+#endif
+#endif
+
 namespace lockstep::backend {
 
 /// Transposition flag of a GEMM operand.
@@ -153,12 +165,57 @@ inline void gemm(const host_context&, trans ta, trans tb, std::size_t m, std::si
               static_cast<int>(ldc));
 }
 
+namespace detail {
+/// f(i) for i in [0, n), compiled for the translation unit's instruction set.
+template <class F>
+inline void index_loop(std::size_t n, const F f) {
+  for (std::size_t i = 0; i < n; ++i) f(i);
+}
+
+/// True when functor F declares `static constexpr bool avx2_copy = true;`: its call computes one
+/// element per index, with no loop inside, and for_each_index may run it through its AVX2 copy.
+/// Only such functors do: g++ 12 at -O3 with AVX2 miscompiles some loops nested inside the
+/// index loop (a row zeroed and then partly overwritten lost the overwrite).
+template <class F>
+inline constexpr bool avx2_copy_v = requires {
+  requires F::avx2_copy;
+};
+
+#if LOCKSTEP_HOST_AVX2_LOOPS
+/// index_loop compiled for AVX2 (without FMA, so no product and sum fuse and every value is
+/// bitwise that of index_loop); called only where the CPU has AVX2.
+template <class F>
+[[gnu::target("avx2")]] inline void index_loop_avx2(std::size_t n, const F f) {
+  for (std::size_t i = 0; i < n; ++i) f(i);
+}
+#endif
+}  // namespace detail
+
 /// Calls f(i) for every i in [0, n): the one elementwise primitive (a grid-stride kernel on GPUs).
-/// The functor is copied first, so its pointers live in registers and the loop can vectorise.
+/// The functor is copied first, so its pointers live in registers and the loop can vectorise; on
+/// an x86-64 CPU with AVX2, a functor that declares `avx2_copy` (detail::avx2_copy_v) runs through
+/// a copy of the loop compiled for AVX2 (see host_loops_name).
 template <class F>
 inline void for_each_index(const host_context&, std::size_t n, const F& f) {
-  const F local = f;
-  for (std::size_t i = 0; i < n; ++i) local(i);
+#if LOCKSTEP_HOST_AVX2_LOOPS
+  if constexpr (detail::avx2_copy_v<F>)
+    if (__builtin_cpu_supports("avx2")) return detail::index_loop_avx2(n, f);
+#endif
+  detail::index_loop(n, f);
+}
+
+/// The instruction set of the host's elementwise loops (for_each_index over the functors that
+/// declare `avx2_copy`: the optimiser updates, the activations, dropout's backward mask): "avx2
+/// (chosen at run time)" where the CPU has AVX2 and the loops carry their AVX2 copy, "sse2" for
+/// x86-64's baseline, otherwise "compiler's target" (the translation unit's flags decide, for
+/// example -march=native).
+inline std::string host_loops_name() {
+#if LOCKSTEP_HOST_AVX2_LOOPS
+  if (__builtin_cpu_supports("avx2")) return "avx2 (chosen at run time)";
+  return "sse2";
+#else
+  return "compiler's target";
+#endif
 }
 
 /// Sets n elements to v.
@@ -222,6 +279,7 @@ inline void scale(const host_context&, T* x, std::size_t n, T a) {
 
 namespace lockstep {
 using backend::host_bf16_native;
+using backend::host_loops_name;
 using backend::host_precision_description;
 using backend::host_precision_warning;
 }  // namespace lockstep
