@@ -69,7 +69,7 @@ env_prefix=()
 
 # --- build --------------------------------------------------------------------------------------
 log "building lockstep (Release, LOCKSTEP_HOST_GEMM=$host_gemm) in $build"
-targets=(bench_step bench_conv bench_scaling bench_allreduce bench_pipeline bench_gemm bench_fma fashion_mnist)
+targets=(bench_step bench_update bench_conv bench_scaling bench_allreduce bench_pipeline bench_gemm bench_fma fashion_mnist)
 run build_configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=OFF -DLOCKSTEP_BUILD_TESTS=OFF \
   -DLOCKSTEP_FUZZ=OFF -DLOCKSTEP_HOST_GEMM="$host_gemm"
 run build cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
@@ -127,6 +127,7 @@ step_args=(); ((reps_step)) && step_args=(--repeats "$reps_step")
 run ours_fma "$b/bench_fma"
 run ours_gemm "$b/bench_gemm" --repeats "$reps_gemm" --shape 1024x1024x1024 --shape 2048x1024x1024
 run ours_step "$b/bench_step" "${step_args[@]}"
+run ours_update "$b/bench_update"
 run ours_conv "$b/bench_conv" --only-step --steps "$conv_steps"
 run ours_scaling "$b/bench_scaling"
 run ours_scaling_mpi mpirun "${mpi_env[@]}" -np 2 "$b/bench_scaling"
