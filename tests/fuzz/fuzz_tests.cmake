@@ -2,10 +2,10 @@
 # tests/CMakeLists.txt. LOCKSTEP_FUZZ: AUTO (when a clang++ that links libFuzzer with ASan and
 # UBSan is found), ON (required) or OFF. The harnesses are built by scripts/fuzz.sh into
 # <build>/fuzz, a clang build of its own, by the test fuzz/build; each fuzz/<harness> test then
-# runs its harness for LOCKSTEP_FUZZ_SECONDS (20) seconds.
+# runs its harness for LOCKSTEP_FUZZ_SECONDS (10) seconds.
 set(LOCKSTEP_FUZZ AUTO CACHE STRING "Build and briefly run the libFuzzer harnesses of tests/fuzz: AUTO, ON or OFF")
 set_property(CACHE LOCKSTEP_FUZZ PROPERTY STRINGS AUTO ON OFF)
-set(LOCKSTEP_FUZZ_SECONDS 20 CACHE STRING "Seconds each fuzz harness runs under CTest")
+set(LOCKSTEP_FUZZ_SECONDS 10 CACHE STRING "Seconds each fuzz harness runs under CTest")
 if(LOCKSTEP_FUZZ STREQUAL "OFF")
   return()
 endif()
