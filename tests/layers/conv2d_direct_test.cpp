@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -125,7 +126,7 @@ void check_direct(std::size_t batch) {
   // Each result is a sum of at most (terms) products of values in [-1, 1].
   const double terms = static_cast<double>(std::max({C * K * K + 1, batch * OH * OW, F * K * K, std::size_t{1}}));
   const double tol = (std::is_same_v<T, float> ? 1e-6 : 1e-14) * terms;
-  auto check_close = [&](const std::vector<T>& a, const std::vector<long double>& e, const char* what) {
+  auto check_close = [&](const std::vector<T>& a, const std::vector<long double>& e, const std::string& what) {
     REQUIRE(a.size() == e.size());
     double worst = 0;
     for (std::size_t i = 0; i < a.size(); ++i)
@@ -159,6 +160,17 @@ void check_geometries(std::size_t batch) {
   check_direct<T, 2, 3, 5, 1, 3, 13, 9>(batch);   // stride larger than the window
   check_direct<T, 1, 2, 1, 1, 1, 1, 1>(batch);    // 1 x 1 image, even window
   check_direct<T, 6, 5, 1, 2, 8, 7, 7>(batch);    // more channels than positions
+  // 8 and more input channels: oneDNN's primitives for float in the oneDNN build
+  check_direct<T, 16, 3, 1, 1, 8, 5, 7>(batch);   // "same" 3 x 3
+  check_direct<T, 5, 5, 1, 2, 9, 11, 13>(batch);  // "same" 5 x 5, prime sizes and channels
+  check_direct<T, 4, 3, 2, 1, 16, 9, 8>(batch);   // stride 2
+  check_direct<T, 3, 4, 3, 0, 8, 11, 16>(batch);  // stride 3, rows left over
+  check_direct<T, 3, 4, 3, 3, 8, 11, 16>(batch);  // stride 3, padding K - 1
+  check_direct<T, 3, 5, 2, 4, 8, 5, 5>(batch);    // padding wider than half the window
+  check_direct<T, 2, 7, 1, 3, 8, 3, 3>(batch);    // window larger than the image
+  check_direct<T, 3, 3, 5, 1, 12, 13, 9>(batch);  // stride larger than the window
+  check_direct<T, 7, 1, 1, 0, 32, 4, 6>(batch);   // 1 x 1
+  check_direct<T, 2, 2, 1, 1, 8, 1, 1>(batch);    // 1 x 1 image, even window
 }
 
 }  // namespace
@@ -174,4 +186,38 @@ TEST_CASE("conv2d keeps nothing per image and needs one image's columns of works
   static_assert(B::workspace_fixed == (32 * 25 + 1) * 196 + 32 * 18 * 18 + (32 * 25 + 1) * 64);
   check_direct<float, 64, 5, 1, 2, 32, 14, 14>(3);  // the tutorial CNN's second convolution
   check_direct<float, 32, 5, 1, 2, 1, 28, 28>(2);   // and its first
+}
+
+TEST_CASE("conv2d runs through oneDNN's primitives in the oneDNN build for float with 8 or more input channels under fp32, once per batch size") {
+#if !defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+  MESSAGE("skipped: this build's host kernels are OpenBLAS's (conv2d is im2col + GEMM for every shape)");
+#else
+  using wide = ls::bind_shape_t<ls::conv2d<4, 3, 1, 1>, ls::shape<ls::onednn_conv_min_channels, 6, 5>>;
+  using narrow = ls::bind_shape_t<ls::conv2d<4, 3, 1, 1>, ls::shape<ls::onednn_conv_min_channels - 1, 6, 5>>;
+  static_assert(wide::onednn_capable<float, ls::host_context> && !wide::onednn_capable<double, ls::host_context>);
+  static_assert(!narrow::onednn_capable<float, ls::host_context>);
+  auto run = [](auto bound, ls::host_context& ctx, std::size_t batch) {
+    using B = decltype(bound);
+    const auto params = random_values<float>(B::param_count, 1);
+    const auto x = random_values<float>(batch * B::input_size, 2);
+    const auto dy = random_values<float>(batch * B::output_size, 3);
+    std::vector<float> y(batch * B::output_size), dparams(B::param_count), dx(batch * B::input_size);
+    std::vector<float> ws(batch * B::workspace_per_sample + B::workspace_fixed);
+    const ls::pass_info info{.training = true, .seed = 3, .step = 1};
+    lockstep::testing::run_forward<B>(ctx, params.data(), x.data(), y.data(), ws.data(), batch, info);
+    lockstep::testing::run_backward<B>(ctx, params.data(), x.data(), y.data(), dy.data(), dx.data(), dparams.data(),
+                                       ws.data(), batch, info);
+  };
+  ls::host_context ctx(1);
+  run(narrow{}, ctx, 3);
+  CHECK(ctx.conv_cache().shapes() == 0);
+  for (std::size_t batch : {3u, 3u, 5u, 3u, 5u}) run(wide{}, ctx, batch);
+  CHECK(ctx.conv_cache().shapes() == 2);  // batches 3 and 5
+  MESSAGE("oneDNN convolution: ", ctx.conv_cache().last_implementation());
+  // Under mixed<bf16> the GEMMs compute in bf16: the convolution stays im2col + the bf16 GEMM.
+  ls::host_context bf16_ctx(1, true, ls::compute_precision::bf16);
+  bf16_ctx.set_gemm_precision(ls::compute_precision::bf16);
+  run(wide{}, bf16_ctx, 3);
+  CHECK(bf16_ctx.conv_cache().shapes() == 0);
+#endif
 }

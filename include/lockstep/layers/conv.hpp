@@ -7,6 +7,7 @@
 /// contributions in a fixed order): no atomics, bitwise deterministic on every device.
 
 #include <cstddef>
+#include <type_traits>
 
 #include <lockstep/backend/host/ops.hpp>
 #include <lockstep/config.hpp>
@@ -53,10 +54,18 @@ struct pad_image_op {
     constexpr std::size_t ph = G.h + 2 * G.pad, pw = G.w + 2 * G.pad;
     const std::size_t y = i % ph - G.pad, c = i / ph;  // y wraps past H in the top padding
     T* out = xp + i * pw;
-    for (std::size_t j = 0; j < pw; ++j) out[j] = T(0);
-    if (y >= G.h) return;
+    if (y >= G.h) {
+      for (std::size_t j = 0; j < pw; ++j) out[j] = T(0);
+      return;
+    }
+    // Each element written once: g++ 12 at -O3 with AVX2 loses the copied elements when the row
+    // is zeroed first and then overwritten in the middle.
     const T* in = x + (c * G.h + y) * G.w;
+    if constexpr (G.pad > 0)
+      for (std::size_t j = 0; j < G.pad; ++j) out[j] = T(0);
     for (std::size_t j = 0; j < G.w; ++j) out[G.pad + j] = in[j];
+    if constexpr (G.pad > 0)
+      for (std::size_t j = 0; j < G.pad; ++j) out[G.pad + G.w + j] = T(0);
   }
 };
 
@@ -148,11 +157,19 @@ constexpr bool window_fits() {
 
 }  // namespace detail
 
+/// The fewest input channels for which conv2d runs through oneDNN's primitives (where it can):
+/// with fewer, im2col + GEMM is faster (one input channel: 3.7 times faster than oneDNN's blocked
+/// convolution on an AVX-512 CPU; 32 channels: oneDNN 1.8 times faster; docs/benchmarks.md).
+inline constexpr std::size_t onednn_conv_min_channels = 8;
+
 /// 2-d convolution with `Filters` output channels, a square `Kernel` x `Kernel` window, `Stride`
 /// and zero `Padding` on every side (`Padding = Kernel / 2` with stride 1 keeps H and W for odd
 /// kernels: TensorFlow's "same"). Input rows `shape<C, H, W>`, output rows `shape<Filters, OH, OW>`
 /// with OH = (H + 2 Padding - Kernel) / Stride + 1. Parameters: the filters (Filters x C x Kernel x
-/// Kernel, in that order) then one bias per filter. Computed as im2col + GEMM per image.
+/// Kernel, in that order) then one bias per filter. Computed as im2col + GEMM per image, or, for
+/// float on host replicas of the LOCKSTEP_HOST_GEMM=onednn build under the fp32 policy with at
+/// least onednn_conv_min_channels input channels, by oneDNN's convolution primitives in their own
+/// layouts (reordered at the layer's boundary).
 /// @tparam Init weight initialiser (fan-in C Kernel^2; biases start at zero)
 template <std::size_t Filters, std::size_t Kernel, std::size_t Stride = 1, std::size_t Padding = 0,
           class Init = he_uniform>
@@ -196,14 +213,35 @@ struct conv2d {
       for (std::size_t f = 0; f < Filters; ++f) params[Filters * patch + f] = T(0);
     }
 
+    /// True when the convolution of T on Ctx may run through oneDNN's primitives (see conv2d); it
+    /// does when the context's GEMM precision is fp32 too.
+    template <class T, class Ctx>
+    static constexpr bool onednn_capable =
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+        std::is_same_v<T, float> && std::is_same_v<std::remove_cv_t<Ctx>, backend::host_context> &&
+        C >= onednn_conv_min_channels;
+#else
+        false;
+#endif
+
     /// y[b] = [W bias] [cols(x[b]); 1...1]: one GEMM per image, right after the image's columns
-    /// (still in cache), with the bias as one more column of the filters over a row of ones.
+    /// (still in cache), with the bias as one more column of the filters over a row of ones; or
+    /// oneDNN's forward convolution over the whole batch.
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a) {
       using backend::trans;
       constexpr std::size_t P = OH * OW;
       const std::size_t batch = a.batch();
       if (batch == 0) return;
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+      if constexpr (onednn_capable<T, Ctx>) {
+        if (ctx.gemm_precision() == compute_precision::fp32) {
+          ctx.conv_cache().forward(ctx.blas_threads(), onednn_geometry(batch), a.x.data(), a.params,
+                                   a.params + Filters * patch, a.y.data());
+          return;
+        }
+      }
+#endif
       const T* params = a.params;
       const scratch<T> s(a.workspace);
       for_each_index(ctx, Filters * (patch + 1), detail::append_bias_op<T, Filters, patch>{params, s.wb});
@@ -227,6 +265,16 @@ struct conv2d {
         if (!a.info.accumulate) fill(ctx, a.dparams, param_count, T(0));
         return;
       }
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+      if constexpr (onednn_capable<T, Ctx>) {
+        if (ctx.gemm_precision() == compute_precision::fp32) {
+          ctx.conv_cache().backward(ctx.blas_threads(), onednn_geometry(batch), a.x.data(), a.params, a.dy.data(),
+                                    a.dparams, a.dparams + Filters * patch, a.info.accumulate,
+                                    a.dx ? a.dx.data() : nullptr);
+          return;
+        }
+      }
+#endif
       const scratch<T> s(a.workspace);
       T* gt = s.wb;  // (patch + 1) x Filters
       fill(ctx, s.cols + patch * P, P, T(1));
@@ -245,6 +293,13 @@ struct conv2d {
 
   private:
     static constexpr detail::window2d geometry{C, H, W, Kernel, Stride, Padding, OH, OW};  ///< as a constant
+
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+    /// The call shape of `batch` images for oneDNN.
+    static backend::detail::conv_geometry onednn_geometry(std::size_t batch) noexcept {
+      return {batch, C, H, W, Filters, Kernel, Stride, Padding, OH, OW};
+    }
+#endif
 
     /// The parts of the workspace.
     template <class T>

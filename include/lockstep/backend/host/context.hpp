@@ -1,7 +1,7 @@
 #pragma once
 /// @file context.hpp
 /// The execution context of a host replica: its BLAS thread budget, its precision policy (and, in
-/// the LOCKSTEP_HOST_GEMM=onednn build, the replica's cached oneDNN GEMM primitives). One exists
+/// the LOCKSTEP_HOST_GEMM=onednn build, the replica's cached oneDNN GEMM and convolution primitives). One exists
 /// per replica and is passed to every kernel the replica runs (the CUDA context carries a stream
 /// and handles).
 
@@ -26,6 +26,7 @@
 #include <lockstep/core/precision.hpp>
 
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+#include <lockstep/backend/host/onednn_conv.hpp>
 #include <lockstep/backend/host/onednn_gemm.hpp>
 #endif
 
@@ -145,6 +146,9 @@ public:
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
   /// The oneDNN GEMM primitives of this context, created on its first float GEMM (onednn build only).
   [[nodiscard]] detail::onednn_gemm_cache& gemm_cache() const { return gemm_cache_.get(); }
+  /// The oneDNN convolution primitives of this context, created on its first float convolution
+  /// that runs through oneDNN (onednn build only; see conv2d).
+  [[nodiscard]] detail::onednn_conv_cache& conv_cache() const { return conv_cache_.get(); }
 #endif
 
 private:
@@ -155,6 +159,7 @@ private:
   detail::rounding_scratch rounding_;
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
   detail::onednn_gemm_slot gemm_cache_;
+  detail::onednn_conv_slot conv_cache_;
 #endif
 };
 

@@ -381,33 +381,38 @@ private:
   std::string last_impl_;
 };
 
-/// Where a host_context keeps its oneDNN GEMM cache: created on the first GEMM, moved with the
-/// context; a copied context starts with an empty cache of its own.
-class onednn_gemm_slot {
+/// Where a host_context keeps one of its oneDNN caches (Cache: onednn_gemm_cache or
+/// onednn_conv_cache): created on first use, moved with the context; a copied context starts with
+/// an empty cache of its own.
+template <class Cache>
+class onednn_slot {
 public:
   /// An empty slot.
-  onednn_gemm_slot() = default;
+  onednn_slot() = default;
   /// A copy does not share the cache: it starts empty.
-  onednn_gemm_slot(const onednn_gemm_slot&) noexcept {}
+  onednn_slot(const onednn_slot&) noexcept {}
   /// Assignment from a copy empties this slot (the primitives of the source are not shared).
-  onednn_gemm_slot& operator=(const onednn_gemm_slot& other) noexcept {
+  onednn_slot& operator=(const onednn_slot& other) noexcept {
     if (this != &other) cache_.reset();
     return *this;
   }
   /// Moves the cache.
-  onednn_gemm_slot(onednn_gemm_slot&&) noexcept = default;
+  onednn_slot(onednn_slot&&) noexcept = default;
   /// Moves the cache.
-  onednn_gemm_slot& operator=(onednn_gemm_slot&&) noexcept = default;
-  ~onednn_gemm_slot() = default;
+  onednn_slot& operator=(onednn_slot&&) noexcept = default;
+  ~onednn_slot() = default;
 
   /// The cache, created on first use.
-  [[nodiscard]] onednn_gemm_cache& get() const {
-    if (!cache_) cache_ = std::make_unique<onednn_gemm_cache>();
+  [[nodiscard]] Cache& get() const {
+    if (!cache_) cache_ = std::make_unique<Cache>();
     return *cache_;
   }
 
 private:
-  mutable std::unique_ptr<onednn_gemm_cache> cache_;
+  mutable std::unique_ptr<Cache> cache_;
 };
+
+/// Where a host_context keeps its oneDNN GEMM cache.
+using onednn_gemm_slot = onednn_slot<onednn_gemm_cache>;
 
 }  // namespace lockstep::backend::detail
