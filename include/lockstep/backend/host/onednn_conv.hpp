@@ -35,14 +35,7 @@ struct conv_geometry {
 class onednn_conv_cache {
 public:
   /// A cache with a CPU engine and stream and no primitives yet.
-  onednn_conv_cache() {
-    dnnl_engine_t engine = nullptr;
-    onednn_check(dnnl_engine_create(&engine, dnnl_cpu, 0), "dnnl_engine_create");
-    engine_.reset(engine);
-    dnnl_stream_t stream = nullptr;
-    onednn_check(dnnl_stream_create(&stream, engine_.get(), dnnl_stream_default_flags), "dnnl_stream_create");
-    stream_.reset(stream);
-  }
+  onednn_conv_cache() = default;
 
   onednn_conv_cache(const onednn_conv_cache&) = delete;
   onednn_conv_cache& operator=(const onednn_conv_cache&) = delete;
@@ -174,7 +167,7 @@ private:
 
   void run_reorder(dnnl_primitive_t reorder, dnnl_memory_t from, dnnl_memory_t to) {
     const std::array<dnnl_exec_arg_t, 2> args{{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}}};
-    onednn_check(dnnl_primitive_execute(reorder, stream_.get(), 2, args.data()), "dnnl_primitive_execute", "reorder");
+    onednn_check(dnnl_primitive_execute(reorder, on_.stream.get(), 2, args.data()), "dnnl_primitive_execute", "reorder");
   }
 
   // Points an input operand at the caller's data and converts it to the primitive's layout.
@@ -187,7 +180,7 @@ private:
   // Converts an output operand from the primitive's layout to the caller's.
   void store(operand& o) {
     if (o.reorder) run_reorder(o.reorder.get(), o.inner.get(), o.user.get());
-    onednn_check(dnnl_stream_wait(stream_.get()), "dnnl_stream_wait");
+    onednn_check(dnnl_stream_wait(on_.stream.get()), "dnnl_stream_wait");
   }
 
   template <std::size_t N>
@@ -198,13 +191,13 @@ private:
       args[N - 1] = {DNNL_ARG_SCRATCHPAD, p.scratchpad.get()};
       nargs = static_cast<int>(N);
     }
-    const dnnl_status_t status = dnnl_primitive_execute(p.primitive.get(), stream_.get(), nargs, args.data());
+    const dnnl_status_t status = dnnl_primitive_execute(p.primitive.get(), on_.stream.get(), nargs, args.data());
     if (status != dnnl_success) onednn_check(status, "dnnl_primitive_execute", std::string(which) + " " + describe(g));
   }
 
   onednn_ptr<dnnl_memory_t> memory(const dnnl_memory_desc_t* md, const std::string& what, void* handle) {
     dnnl_memory_t raw = nullptr;
-    onednn_check(dnnl_memory_create(&raw, md, engine_.get(), handle), "dnnl_memory_create", what);
+    onednn_check(dnnl_memory_create(&raw, md, on_.engine.get(), handle), "dnnl_memory_create", what);
     return onednn_ptr<dnnl_memory_t>(raw);
   }
 
@@ -218,8 +211,8 @@ private:
     o.storage = allocate(dnnl_memory_desc_get_size(inner_md));
     o.inner = memory(inner_md, what, o.storage.get());
     dnnl_primitive_desc_t raw_pd = nullptr;
-    onednn_check(dnnl_reorder_primitive_desc_create(&raw_pd, input ? user_md : inner_md, engine_.get(),
-                                                    input ? inner_md : user_md, engine_.get(), nullptr),
+    onednn_check(dnnl_reorder_primitive_desc_create(&raw_pd, input ? user_md : inner_md, on_.engine.get(),
+                                                    input ? inner_md : user_md, on_.engine.get(), nullptr),
                  "dnnl_reorder_primitive_desc_create", what);
     const onednn_ptr<dnnl_primitive_desc_t> reorder_pd(raw_pd);
     dnnl_primitive_t raw = nullptr;
@@ -274,7 +267,7 @@ private:
                                             const std::string& what) {
     const auto attr = user_scratchpad();
     dnnl_primitive_desc_t raw = nullptr;
-    onednn_check(dnnl_primitive_desc_create(&raw, &desc, attr.get(), engine_.get(), hint), "dnnl_primitive_desc_create",
+    onednn_check(dnnl_primitive_desc_create(&raw, &desc, attr.get(), on_.engine.get(), hint), "dnnl_primitive_desc_create",
                  what);
     return onednn_ptr<dnnl_primitive_desc_t>(raw);
   }
@@ -344,8 +337,7 @@ private:
   }
 
   // Declared first, destroyed last: the primitives and memory objects go before the engine.
-  onednn_ptr<dnnl_engine_t> engine_;
-  onednn_ptr<dnnl_stream_t> stream_;
+  onednn_engine_stream on_;
   buffer scratchpad_;
   std::size_t scratchpad_size_ = 0;
   std::unordered_map<conv_geometry, std::unique_ptr<entry>, geometry_hash> entries_;

@@ -123,6 +123,21 @@ struct onednn_deleter {
 template <class Handle>
 using onednn_ptr = std::unique_ptr<std::remove_pointer_t<Handle>, onednn_deleter>;
 
+/// A oneDNN CPU engine and a stream on it: what each of a context's oneDNN caches runs on.
+struct onednn_engine_stream {
+  onednn_ptr<dnnl_engine_t> engine;  ///< the CPU engine
+  onednn_ptr<dnnl_stream_t> stream;  ///< its stream
+  /// Creates both.
+  onednn_engine_stream() {
+    dnnl_engine_t raw_engine = nullptr;
+    onednn_check(dnnl_engine_create(&raw_engine, dnnl_cpu, 0), "dnnl_engine_create");
+    engine.reset(raw_engine);
+    dnnl_stream_t raw_stream = nullptr;
+    onednn_check(dnnl_stream_create(&raw_stream, engine.get(), dnnl_stream_default_flags), "dnnl_stream_create");
+    stream.reset(raw_stream);
+  }
+};
+
 /// The oneDNN matmul primitives of one host context: one per GEMM shape (m, n, k, transpositions,
 /// leading dimensions, whether alpha is 1 and whether C is read), each with memory objects for A,
 /// B, C, the scratchpad and alpha, plus one scratchpad buffer that every primitive of the cache
@@ -131,14 +146,7 @@ using onednn_ptr = std::unique_ptr<std::remove_pointer_t<Handle>, onednn_deleter
 class onednn_gemm_cache {
 public:
   /// A cache with a CPU engine and stream and no primitives yet.
-  onednn_gemm_cache() {
-    dnnl_engine_t engine = nullptr;
-    onednn_check(dnnl_engine_create(&engine, dnnl_cpu, 0), "dnnl_engine_create");
-    engine_.reset(engine);
-    dnnl_stream_t stream = nullptr;
-    onednn_check(dnnl_stream_create(&stream, engine_.get(), dnnl_stream_default_flags), "dnnl_stream_create");
-    stream_.reset(stream);
-  }
+  onednn_gemm_cache() = default;
 
   onednn_gemm_cache(const onednn_gemm_cache&) = delete;
   onednn_gemm_cache& operator=(const onednn_gemm_cache&) = delete;
@@ -246,9 +254,9 @@ private:
     onednn_check(dnnl_memory_set_data_handle(e.c.get(), c), "dnnl_memory_set_data_handle");
     if (e.scratchpad)
       onednn_check(dnnl_memory_set_data_handle(e.scratchpad.get(), scratchpad_.get()), "dnnl_memory_set_data_handle");
-    const dnnl_status_t status = dnnl_primitive_execute(e.primitive.get(), stream_.get(), e.nargs, e.args.data());
+    const dnnl_status_t status = dnnl_primitive_execute(e.primitive.get(), on_.stream.get(), e.nargs, e.args.data());
     if (status != dnnl_success) onednn_check(status, "dnnl_primitive_execute", describe(kk));  // names the shape
-    onednn_check(dnnl_stream_wait(stream_.get()), "dnnl_stream_wait");
+    onednn_check(dnnl_stream_wait(on_.stream.get()), "dnnl_stream_wait");
   }
 
   // Bf16 buffer `which` (0: A, 1: B) with room for n values (grown, never shrunk).
@@ -269,7 +277,7 @@ private:
   void make_memory(onednn_ptr<dnnl_memory_t>& out, const dnnl_memory_desc_t* md, const std::string& what,
                    void* handle = DNNL_MEMORY_NONE) {
     dnnl_memory_t raw = nullptr;
-    onednn_check(dnnl_memory_create(&raw, md, engine_.get(), handle), "dnnl_memory_create", what);
+    onednn_check(dnnl_memory_create(&raw, md, on_.engine.get(), handle), "dnnl_memory_create", what);
     out.reset(raw);
   }
 
@@ -333,7 +341,7 @@ private:
       onednn_check(dnnl_primitive_attr_set_post_ops(attr.get(), ops.get()), "dnnl_primitive_attr_set_post_ops");
     }
     dnnl_primitive_desc_t raw_pd = nullptr;
-    onednn_check(dnnl_primitive_desc_create(&raw_pd, &matmul, attr.get(), engine_.get(), nullptr),
+    onednn_check(dnnl_primitive_desc_create(&raw_pd, &matmul, attr.get(), on_.engine.get(), nullptr),
                  "dnnl_primitive_desc_create", what);
     const onednn_ptr<dnnl_primitive_desc_t> pd(raw_pd);
 
@@ -367,8 +375,7 @@ private:
   }
 
   // Declared first, destroyed last: the primitives and memory objects go before the engine.
-  onednn_ptr<dnnl_engine_t> engine_;
-  onednn_ptr<dnnl_stream_t> stream_;
+  onednn_engine_stream on_;
   std::unique_ptr<std::byte[], aligned_free> scratchpad_;
   std::size_t scratchpad_size_ = 0;
   std::unordered_map<key, std::unique_ptr<entry>, key_hash> entries_;
