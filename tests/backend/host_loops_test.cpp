@@ -4,7 +4,6 @@
 // the vector width; functors with loops inside do not declare it.
 #include <doctest/doctest.h>
 
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
