@@ -24,8 +24,11 @@
 //   layer=<conv1|conv2> gflops=<n> fraction_of_sgemm_peak=<f> ms=<t> forward_ms=<t> backward_ms=<t>
 //   config=cnn replicas=<n> batch=<b> samples_per_s=<n> step_ms=<t> precision=fp32|bf16 [kernels=native|emulated]
 // (fp32 on 1 and 2 replicas, then mixed<bf16> on 1 replica).
+// With --breakdown, before the steps, each layer of the CNN alone at batch 64 (thread CPU time):
+//   breakdown layer=<name> ms=<t> forward_ms=<t> backward_ms=<t>
+//   breakdown layers_ms=<sum>
 // Options: --repeats N (layer and GEMM repeats, default 15), --steps N (training repeats, default 11),
-// --only-layers, --only-step.
+// --only-layers, --only-step, --breakdown.
 
 #include <algorithm>
 #include <chrono>
@@ -92,11 +95,39 @@ void bench_step(std::size_t rows, int repeats) {
   std::fflush(stdout);
 }
 
+// One line per layer of the CNN at batch 64 on one core (forward, backward; the first layer without
+// dx, as in the network), their sum, and the one-replica step beside it: the step's remainder is the
+// loss, the update and the glue.
+template <class L, class S>
+double breakdown_line(const char* name, int repeats, bool with_dx = true) {
+  const auto t = conv_bench::time_lockstep_conv<L, S>(64, repeats, with_dx);
+  fmt::print("breakdown layer={} ms={:.3f} forward_ms={:.3f} backward_ms={:.3f}\n", name, t.total * 1e3,
+             t.forward * 1e3, t.backward * 1e3);
+  std::fflush(stdout);
+  return t.total;
+}
+
+void breakdown(int repeats) {
+  double sum = 0;
+  sum += breakdown_line<ls::conv2d<32, 5, 1, 2>, ls::shape<1, 28, 28>>("conv1", repeats, false);
+  sum += breakdown_line<ls::relu, ls::shape<32, 28, 28>>("relu1", repeats);
+  sum += breakdown_line<ls::max_pool2d<2>, ls::shape<32, 28, 28>>("pool1", repeats);
+  sum += breakdown_line<ls::conv2d<64, 5, 1, 2>, ls::shape<32, 14, 14>>("conv2", repeats);
+  sum += breakdown_line<ls::relu, ls::shape<64, 14, 14>>("relu2", repeats);
+  sum += breakdown_line<ls::max_pool2d<2>, ls::shape<64, 14, 14>>("pool2", repeats);
+  sum += breakdown_line<ls::dense<3136, 1024>, ls::shape<3136>>("dense1", repeats);
+  sum += breakdown_line<ls::relu, ls::shape<1024>>("relu3", repeats);
+  sum += breakdown_line<ls::dropout<2, 5>, ls::shape<1024>>("dropout", repeats);
+  sum += breakdown_line<ls::dense<1024, 10>, ls::shape<1024>>("dense2", repeats);
+  fmt::print("breakdown layers_ms={:.3f}\n", sum * 1e3);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int repeats = 15, steps = 11;
-  bool layers = true, training = true;
+  bool layers = true, training = true, per_layer = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--repeats" && i + 1 < argc) {
@@ -107,8 +138,10 @@ int main(int argc, char** argv) {
       training = false;
     } else if (arg == "--only-step") {
       layers = false;
+    } else if (arg == "--breakdown") {
+      per_layer = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--repeats N] [--steps N] [--only-layers] [--only-step]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--repeats N] [--steps N] [--only-layers] [--only-step] [--breakdown]\n", argv[0]);
       return 2;
     }
   }
@@ -123,6 +156,7 @@ int main(int argc, char** argv) {
           "conv2", nullptr, conv_bench::conv_flops(64, 32, 64, 5, 14, 14),
           conv_bench::time_lockstep_conv<ls::conv2d<64, 5, 1, 2>, ls::shape<32, 14, 14>>(64, repeats), peak);
     }
+    if (per_layer) breakdown(repeats);
     if (training) {
       bench_step<ls::one_device<ls::cpu<0>>>(64, steps);
       bench_step<ls::mirrored<ls::cpu<0>, ls::cpu<1>>>(128, steps);

@@ -97,10 +97,11 @@ struct pass_times {
   double total, forward, backward;  ///< seconds
 };
 
-/// Times lockstep's L on images of shape S at `batch` (forward, then backward with dx), one BLAS
-/// thread, after one warm-up pass.
+/// Times lockstep's L on inputs of shape S at `batch` (forward, then backward, with the input
+/// gradient dx unless `with_dx` is false, as for a network's first layer), one BLAS thread, after
+/// one warm-up pass. Any layer, not only convolutions.
 template <class L, class S>
-pass_times time_lockstep_conv(std::size_t batch, int repeats) {
+pass_times time_lockstep_conv(std::size_t batch, int repeats, bool with_dx = true) {
   using B = lockstep::bind_shape_t<L, S>;
   lockstep::host_context ctx{1};
   ctx.activate();
@@ -108,14 +109,15 @@ pass_times time_lockstep_conv(std::size_t batch, int repeats) {
   std::vector<float> params(B::param_count), dparams(B::param_count);
   std::vector<float> x(batch * B::input_size), dx(batch * B::input_size);
   std::vector<float> y(batch * B::output_size), dy(batch * B::output_size);
-  std::vector<float> ws(batch * B::workspace_per_sample + B::workspace_fixed);
+  std::vector<float> ws(batch * B::workspace_per_sample + lockstep::workspace_fixed_v<B>);
   B::init(params.data(), rng);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = rng.uniform(i) - 0.5f;
   for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = rng.uniform(x.size() + i) - 0.5f;
   const lockstep::pass_info info{.training = true, .seed = 1, .step = 1};
   auto fwd = [&] { lockstep::testing::run_forward<B>(ctx, params.data(), x.data(), y.data(), ws.data(), batch, info); };
   auto bwd = [&] {
-    lockstep::testing::run_backward<B>(ctx, params.data(), x.data(), y.data(), dy.data(), dx.data(), dparams.data(), ws.data(), batch, info);
+    lockstep::testing::run_backward<B>(ctx, params.data(), x.data(), y.data(), dy.data(), with_dx ? dx.data() : nullptr,
+                                        dparams.data(), ws.data(), batch, info);
   };
   fwd();
   bwd();

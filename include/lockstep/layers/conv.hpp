@@ -6,7 +6,9 @@
 /// host and on GPUs. Every gradient is computed in gather form (each output element sums its own
 /// contributions in a fixed order): no atomics, bitwise deterministic on every device.
 
+#include <bit>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include <lockstep/backend/host/ops.hpp>
@@ -384,6 +386,129 @@ struct max_pool_grad_op {
   }
 };
 
+/// True when Ctx is the host's context (the pooling layers take host-only loops there).
+template <class Ctx>
+inline constexpr bool host_context_v = std::is_same_v<std::remove_cv_t<Ctx>, backend::host_context>;
+
+/// `c ? a : b` through the bits, so that the compiler emits a select and never a branch (the
+/// pooling loops' conditions are data, unpredictable). T is float or double.
+template <class T>
+inline T select_bits(bool c, T a, T b) noexcept {
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  static_assert(sizeof(U) == sizeof(T), "select_bits: float or double");
+  const U mask = U(0) - static_cast<U>(c);
+  return std::bit_cast<T>((std::bit_cast<U>(a) & mask) | (std::bit_cast<U>(b) & ~mask));
+}
+
+/// Max pooling forward on the host, one call per output row (b, c, oy), with the geometry G a
+/// constant: the same maximum and the same argmax (the first maximum in row-major window order;
+/// a NaN first element stays the maximum) as max_pool_op, without its per-element index
+/// arithmetic, and for a window inside the image without bound checks or branches.
+template <class T, window2d G>
+struct max_pool_rows_op {
+  const T* x;      ///< batch x C x H x W
+  T* y;            ///< batch x C x OH x OW
+  T* argmax;       ///< batch x C x OH x OW, as T (exact below 2^24 elements per channel)
+  /// Output row i = (b, c, oy).
+  void operator()(std::size_t i) const {
+    const std::size_t oy = i % G.oh, bc = i / G.oh;
+    const T* in = x + bc * G.h * G.w;
+    T* yr = y + i * G.ow;
+    T* ar = argmax + i * G.ow;
+    if constexpr (G.pad == 0) {
+      // (OH - 1) stride + K <= H and the same for W: every window lies inside the image. Each
+      // window's cells are visited in row-major order, the maximum taken by selects (random data
+      // would mispredict branches half the time) and the positions computed in 32 bits
+      // (converted to T in one instruction, also in vectors).
+      constexpr auto w = static_cast<std::int32_t>(G.w), stride = static_cast<std::int32_t>(G.stride);
+      const auto r0 = static_cast<std::int32_t>(oy) * stride * w;
+#if defined(__clang__)
+      // clang vectorises this form (each window cell over the whole output row, branch-free)...
+      T best[G.ow], at[G.ow];
+      for (std::size_t ox = 0; ox < G.ow; ++ox) {
+        const std::int32_t idx = r0 + static_cast<std::int32_t>(ox) * stride;
+        best[ox] = in[idx];
+        at[ox] = static_cast<T>(idx);
+      }
+      for (std::size_t cell = 1; cell < G.k * G.k; ++cell) {
+        const std::int32_t off = r0 + static_cast<std::int32_t>(cell / G.k) * w + static_cast<std::int32_t>(cell % G.k);
+        for (std::size_t ox = 0; ox < G.ow; ++ox) {
+          const std::int32_t idx = off + static_cast<std::int32_t>(ox) * stride;
+          const T v = in[idx];
+          const bool gt = v > best[ox];
+          best[ox] = gt ? v : best[ox];
+          at[ox] = gt ? static_cast<T>(idx) : at[ox];
+        }
+      }
+      for (std::size_t ox = 0; ox < G.ow; ++ox) {
+        yr[ox] = best[ox];
+        ar[ox] = at[ox];
+      }
+#else
+      // ...g++ does not, and makes branches of the selects unless they go through the bits.
+      for (std::size_t ox = 0; ox < G.ow; ++ox) {
+        const std::int32_t first = r0 + static_cast<std::int32_t>(ox) * stride;
+        T best = in[first];
+        T at = static_cast<T>(first);
+        for (std::size_t cell = 1; cell < G.k * G.k; ++cell) {
+          const std::int32_t idx = first + static_cast<std::int32_t>(cell / G.k) * w + static_cast<std::int32_t>(cell % G.k);
+          const T v = in[idx];
+          const bool gt = v > best;
+          at = select_bits(gt, static_cast<T>(idx), at);
+          best = select_bits(gt, v, best);
+        }
+        yr[ox] = best;
+        ar[ox] = at;
+      }
+#endif
+    } else {
+      const max_pool_op<T> generic{x, y, argmax, G};
+      for (std::size_t ox = 0; ox < G.ow; ++ox) generic(i * G.ow + ox);
+    }
+  }
+};
+
+/// Max pooling backward on the host for windows that do not overlap (stride >= kernel) and no
+/// padding, one call per input row (b, c, yy): each input element lies in at most one window, so
+/// dx is that window's dy where the element is the window's argmax and 0 elsewhere, the same
+/// values as max_pool_grad_op's sums over the covering windows, each element written once.
+template <class T, window2d G>
+struct max_pool_grad_rows_op {
+  static_assert(G.pad == 0 && G.stride >= G.k, "max_pool_grad_rows_op: windows that do not overlap, no padding");
+  const T* dy;      ///< batch x C x OH x OW
+  const T* argmax;  ///< from forward
+  T* dx;            ///< batch x C x H x W
+  /// Input row i = (b, c, yy).
+  void operator()(std::size_t i) const {
+    const std::size_t yy = i % G.h, bc = i / G.h, oy = yy / G.stride, kr = yy % G.stride;
+    T* out = dx + i * G.w;
+    if (kr >= G.k || oy >= G.oh) {  // a row no window reads
+      for (std::size_t xx = 0; xx < G.w; ++xx) out[xx] = T(0);
+      return;
+    }
+    const T* d = dy + (bc * G.oh + oy) * G.ow;
+    const T* a = argmax + (bc * G.oh + oy) * G.ow;
+    const auto row = static_cast<std::int32_t>(yy * G.w);  // positions in 32 bits, as in forward
+    for (std::size_t ox = 0; ox < G.ow; ++ox)
+      for (std::size_t kc = 0; kc < G.stride; ++kc) {
+        const auto xx = static_cast<std::int32_t>(ox * G.stride + kc);
+        out[xx] = select_bits(kc < G.k && a[ox] == static_cast<T>(row + xx), d[ox], T(0));
+      }
+    for (std::size_t xx = G.ow * G.stride; xx < G.w; ++xx) out[xx] = T(0);  // columns no window reads
+  }
+};
+
+/// Max pooling backward on the host for overlapping or padded windows: max_pool_grad_op with the
+/// geometry G a constant. One call per input row (b, c, yy).
+template <class T, window2d G>
+struct max_pool_grad_const_op {
+  const T* dy;      ///< batch x C x OH x OW
+  const T* argmax;  ///< from forward
+  T* dx;            ///< batch x C x H x W
+  /// Input row i.
+  void operator()(std::size_t i) const { max_pool_grad_op<T>{dy, argmax, dx, G}(i); }
+};
+
 /// Average pooling forward: the window's sum over K K (padding counts as zeros). One call per
 /// output element.
 template <class T>
@@ -509,15 +634,24 @@ struct max_pool2d {
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const forward_args<T, Ctx, S, typename pool::output_shape>& a) {
       static_assert(H * pool::W < (std::size_t{1} << 24), "lockstep::max_pool2d: channels of 2^24 elements or more");
-      for_each_index(ctx, a.y.size(), detail::max_pool_op<T>{a.x.data(), a.y.data(), a.workspace, geometry()});
+      if constexpr (detail::host_context_v<Ctx>)
+        for_each_index(ctx, a.batch() * C * pool::OH,
+                       detail::max_pool_rows_op<T, geometry()>{a.x.data(), a.y.data(), a.workspace});
+      else
+        for_each_index(ctx, a.y.size(), detail::max_pool_op<T>{a.x.data(), a.y.data(), a.workspace, geometry()});
     }
 
     /// dx = dy routed to each window's maximum (sums where windows overlap).
     template <class T, class Ctx>
     static void backward(Ctx& ctx, const backward_args<T, Ctx, S, typename pool::output_shape>& a) {
-      if (a.dx)
-        for_each_index(ctx, a.batch() * C * H,
-                       detail::max_pool_grad_op<T>{a.dy.data(), a.workspace, a.dx.data(), geometry()});
+      if (!a.dx) return;
+      constexpr detail::window2d g = geometry();
+      if constexpr (detail::host_context_v<Ctx> && g.pad == 0 && g.stride >= g.k)
+        for_each_index(ctx, a.batch() * C * H, detail::max_pool_grad_rows_op<T, g>{a.dy.data(), a.workspace, a.dx.data()});
+      else if constexpr (detail::host_context_v<Ctx>)
+        for_each_index(ctx, a.batch() * C * H, detail::max_pool_grad_const_op<T, g>{a.dy.data(), a.workspace, a.dx.data()});
+      else
+        for_each_index(ctx, a.batch() * C * H, detail::max_pool_grad_op<T>{a.dy.data(), a.workspace, a.dx.data(), g});
     }
   };
 };

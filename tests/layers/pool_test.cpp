@@ -1,0 +1,85 @@
+// Max pooling's host loops (a constant geometry, branch-free selects, one call per row) against the
+// per-element kernels that other devices run, bit for bit, over geometries with and without
+// overlap, padding and dropped rows, on inputs full of ties, signed zeros and NaNs. Also built
+// with -O3 -mavx2 (layers/conv_avx2), where g++ 12 has miscompiled such loops before.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <lockstep/layers/conv.hpp>
+#include <lockstep/lockstep.hpp>
+#include <lockstep/testing/drive.hpp>
+
+namespace ls = lockstep;
+
+namespace {
+
+template <class L, std::size_t... Dims>
+using bound = ls::bind_shape_t<L, ls::shape<Dims...>>;
+
+/// max_pool2d<K, S, P> on float images of shape<C, H, W> at `rows` rows, through the layer on the
+/// host (its row loops with a constant geometry) against the per-element kernels that other
+/// devices run (max_pool_op, max_pool_grad_op), called one index at a time: y, the argmax
+/// workspace and dx equal bit for bit. Inputs drawn from few values (ties everywhere), with
+/// signed zeros and NaNs sprinkled in, so the first-maximum rule and NaN handling are exercised.
+template <std::size_t K, std::size_t S, std::size_t P, std::size_t C, std::size_t H, std::size_t W>
+void check_pool_rows_match(std::size_t rows) {
+  using B = bound<ls::max_pool2d<K, S, P>, C, H, W>;
+  constexpr ls::detail::window2d g = B::geometry();
+  CAPTURE(K);
+  CAPTURE(S);
+  CAPTURE(P);
+  CAPTURE(H);
+  CAPTURE(W);
+  CAPTURE(rows);
+  const ls::counter_rng rng(K * 100 + S * 10 + P, rows);
+  std::vector<float> x(rows * B::input_size), dy(rows * B::output_size);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const std::uint32_t r = rng.u32(i) % 23;
+    x[i] = r == 0 ? std::nanf("") : r == 1 ? -0.0f : r == 2 ? 0.0f : static_cast<float>(r % 4) - 2.0f;
+  }
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = rng.uniform(x.size() + i) - 0.5f;
+  ls::host_context ctx{1};
+  std::vector<float> y(dy.size(), -7.0f), ws(rows * B::workspace_per_sample, -7.0f), dx(x.size(), -7.0f);
+  const ls::pass_info info{.training = true};
+  lockstep::testing::run_forward<B>(ctx, static_cast<const float*>(nullptr), x.data(), y.data(), ws.data(), rows, info);
+  lockstep::testing::run_backward<B>(ctx, static_cast<const float*>(nullptr), x.data(), y.data(), dy.data(), dx.data(),
+                                     static_cast<float*>(nullptr), ws.data(), rows, info);
+  std::vector<float> y_ref(y.size(), 7.0f), ws_ref(ws.size(), 7.0f), dx_ref(dx.size(), 7.0f);
+  const ls::detail::max_pool_op<float> fwd{x.data(), y_ref.data(), ws_ref.data(), g};
+  for (std::size_t i = 0; i < y.size(); ++i) fwd(i);
+  const ls::detail::max_pool_grad_op<float> bwd{dy.data(), ws_ref.data(), dx_ref.data(), g};
+  for (std::size_t i = 0; i < rows * C * H; ++i) bwd(i);
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  };
+  CHECK(same_bits(y, y_ref));
+  CHECK(same_bits(ws, ws_ref));
+  CHECK(same_bits(dx, dx_ref));
+}
+
+template <std::size_t K, std::size_t S, std::size_t P, std::size_t C, std::size_t H, std::size_t W>
+void check_pool_rows_match_batches() {
+  for (const std::size_t rows : {0, 1, 3}) check_pool_rows_match<K, S, P, C, H, W>(rows);
+}
+
+}  // namespace
+
+TEST_CASE("max_pool2d: the host's row loops give the bits of the per-element kernels, ties, signed zeros and NaNs included") {
+  check_pool_rows_match_batches<2, 2, 0, 3, 28, 28>();  // the tutorial CNN's pooling
+  check_pool_rows_match_batches<2, 2, 0, 2, 7, 5>();    // a dropped last row and column
+  check_pool_rows_match_batches<3, 3, 0, 2, 11, 13>();  // a dropped last row and column of a wider window
+  check_pool_rows_match_batches<2, 3, 0, 3, 8, 8>();    // a stride beyond the kernel: rows and columns no window reads
+  check_pool_rows_match_batches<1, 2, 0, 1, 5, 5>();    // 1 x 1 windows
+  check_pool_rows_match_batches<5, 5, 0, 1, 5, 5>();    // one window, the whole image
+  check_pool_rows_match_batches<3, 2, 0, 2, 7, 5>();    // overlapping windows
+  check_pool_rows_match_batches<3, 2, 1, 2, 7, 5>();    // padded
+  check_pool_rows_match_batches<2, 1, 0, 1, 5, 6>();    // stride 1
+  check_pool_rows_match_batches<2, 3, 1, 3, 7, 8>();    // padded, stride beyond the kernel
+  check_pool_rows_match_batches<3, 1, 2, 1, 4, 3>();    // windows mostly in the padding
+}
+
