@@ -27,6 +27,7 @@
 // With --breakdown, before the steps, each layer of the CNN alone at batch 64 (thread CPU time):
 //   breakdown layer=<name> ms=<t> forward_ms=<t> backward_ms=<t>
 //   breakdown layers_ms=<sum>
+//   breakdown layer=avg_pool_as_pool1 ...       (avg_pool2d<2> in pool1's place, not in the sum)
 // Options: --repeats N (layer and GEMM repeats, default 15), --steps N (training repeats, default 11),
 // --only-layers, --only-step, --breakdown.
 
@@ -121,6 +122,7 @@ void breakdown(int repeats) {
   sum += breakdown_line<ls::dense<1024, 10>, ls::shape<1024>>("dense2", repeats);
   fmt::print("breakdown layers_ms={:.3f}\n", sum * 1e3);
   std::fflush(stdout);
+  breakdown_line<ls::avg_pool2d<2>, ls::shape<32, 28, 28>>("avg_pool_as_pool1", repeats);  // not in the CNN: for comparison
 }
 
 }  // namespace

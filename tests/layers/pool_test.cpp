@@ -1,13 +1,14 @@
-// Max pooling's host loops (a constant geometry, branch-free selects, one call per row) against the
-// per-element kernels that other devices run, bit for bit, over geometries with and without
-// overlap, padding and dropped rows, on inputs full of ties, signed zeros and NaNs. Also built
-// with -O3 -mavx2 (layers/conv_avx2), where g++ 12 has miscompiled such loops before.
+// Max and average pooling's host loops (a constant geometry, branch-free selects, one call per
+// row) against the per-element kernels that other devices run, bit for bit, over geometries with
+// and without overlap, padding and dropped rows, on inputs full of ties, signed zeros and NaNs.
+// Also built with -O3 -mavx2 (layers/conv_avx2), where g++ 12 has miscompiled such loops before.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include <lockstep/layers/conv.hpp>
@@ -21,15 +22,20 @@ namespace {
 template <class L, std::size_t... Dims>
 using bound = ls::bind_shape_t<L, ls::shape<Dims...>>;
 
-/// max_pool2d<K, S, P> on float images of shape<C, H, W> at `rows` rows, through the layer on the
-/// host (its row loops with a constant geometry) against the per-element kernels that other
-/// devices run (max_pool_op, max_pool_grad_op), called one index at a time: y, the argmax
-/// workspace and dx equal bit for bit. Inputs drawn from few values (ties everywhere), with
-/// signed zeros and NaNs sprinkled in, so the first-maximum rule and NaN handling are exercised.
-template <std::size_t K, std::size_t S, std::size_t P, std::size_t C, std::size_t H, std::size_t W>
+enum class pool { max, avg };
+
+/// max_pool2d or avg_pool2d<K, S, P> on float images of shape<C, H, W> at `rows` rows, through the
+/// layer on the host (its row loops with a constant geometry) against the per-element kernels
+/// that other devices run (max_pool_op and max_pool_grad_op, avg_pool_op and avg_pool_grad_op),
+/// called one index at a time: y, max pooling's argmax workspace and dx equal bit for bit. Inputs
+/// and output gradients drawn from few values (ties everywhere), with signed zeros and NaNs
+/// sprinkled in, so the first-maximum rule, NaN handling and the sign of zero sums are exercised.
+template <pool Kind, std::size_t K, std::size_t S, std::size_t P, std::size_t C, std::size_t H, std::size_t W>
 void check_pool_rows_match(std::size_t rows) {
-  using B = bound<ls::max_pool2d<K, S, P>, C, H, W>;
+  using L = std::conditional_t<Kind == pool::max, ls::max_pool2d<K, S, P>, ls::avg_pool2d<K, S, P>>;
+  using B = bound<L, C, H, W>;
   constexpr ls::detail::window2d g = B::geometry();
+  CAPTURE(Kind == pool::max);
   CAPTURE(K);
   CAPTURE(S);
   CAPTURE(P);
@@ -37,12 +43,13 @@ void check_pool_rows_match(std::size_t rows) {
   CAPTURE(W);
   CAPTURE(rows);
   const ls::counter_rng rng(K * 100 + S * 10 + P, rows);
-  std::vector<float> x(rows * B::input_size), dy(rows * B::output_size);
-  for (std::size_t i = 0; i < x.size(); ++i) {
+  auto draw = [&](std::size_t i) {
     const std::uint32_t r = rng.u32(i) % 23;
-    x[i] = r == 0 ? std::nanf("") : r == 1 ? -0.0f : r == 2 ? 0.0f : static_cast<float>(r % 4) - 2.0f;
-  }
-  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = rng.uniform(x.size() + i) - 0.5f;
+    return r == 0 ? std::nanf("") : r == 1 ? -0.0f : r == 2 ? 0.0f : static_cast<float>(r % 4) - 2.0f;
+  };
+  std::vector<float> x(rows * B::input_size), dy(rows * B::output_size);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = draw(i);
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = draw(x.size() + i) * 0.375f;
   ls::host_context ctx{1};
   std::vector<float> y(dy.size(), -7.0f), ws(rows * B::workspace_per_sample, -7.0f), dx(x.size(), -7.0f);
   const ls::pass_info info{.training = true};
@@ -50,10 +57,17 @@ void check_pool_rows_match(std::size_t rows) {
   lockstep::testing::run_backward<B>(ctx, static_cast<const float*>(nullptr), x.data(), y.data(), dy.data(), dx.data(),
                                      static_cast<float*>(nullptr), ws.data(), rows, info);
   std::vector<float> y_ref(y.size(), 7.0f), ws_ref(ws.size(), 7.0f), dx_ref(dx.size(), 7.0f);
-  const ls::detail::max_pool_op<float> fwd{x.data(), y_ref.data(), ws_ref.data(), g};
-  for (std::size_t i = 0; i < y.size(); ++i) fwd(i);
-  const ls::detail::max_pool_grad_op<float> bwd{dy.data(), ws_ref.data(), dx_ref.data(), g};
-  for (std::size_t i = 0; i < rows * C * H; ++i) bwd(i);
+  if constexpr (Kind == pool::max) {
+    const ls::detail::max_pool_op<float> fwd{x.data(), y_ref.data(), ws_ref.data(), g};
+    for (std::size_t i = 0; i < y.size(); ++i) fwd(i);
+    const ls::detail::max_pool_grad_op<float> bwd{dy.data(), ws_ref.data(), dx_ref.data(), g};
+    for (std::size_t i = 0; i < rows * C * H; ++i) bwd(i);
+  } else {
+    const ls::detail::avg_pool_op<float> fwd{x.data(), y_ref.data(), g};
+    for (std::size_t i = 0; i < y.size(); ++i) fwd(i);
+    const ls::detail::avg_pool_grad_op<float> bwd{dy.data(), dx_ref.data(), g};
+    for (std::size_t i = 0; i < rows * C * H; ++i) bwd(i);
+  }
   auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
   };
@@ -64,12 +78,15 @@ void check_pool_rows_match(std::size_t rows) {
 
 template <std::size_t K, std::size_t S, std::size_t P, std::size_t C, std::size_t H, std::size_t W>
 void check_pool_rows_match_batches() {
-  for (const std::size_t rows : {0, 1, 3}) check_pool_rows_match<K, S, P, C, H, W>(rows);
+  for (const std::size_t rows : {0, 1, 3}) {
+    check_pool_rows_match<pool::max, K, S, P, C, H, W>(rows);
+    check_pool_rows_match<pool::avg, K, S, P, C, H, W>(rows);
+  }
 }
 
 }  // namespace
 
-TEST_CASE("max_pool2d: the host's row loops give the bits of the per-element kernels, ties, signed zeros and NaNs included") {
+TEST_CASE("max_pool2d and avg_pool2d: the host's row loops give the bits of the per-element kernels, ties, signed zeros and NaNs included") {
   check_pool_rows_match_batches<2, 2, 0, 3, 28, 28>();  // the tutorial CNN's pooling
   check_pool_rows_match_batches<2, 2, 0, 2, 7, 5>();    // a dropped last row and column
   check_pool_rows_match_batches<3, 3, 0, 2, 11, 13>();  // a dropped last row and column of a wider window

@@ -386,7 +386,7 @@ struct max_pool_grad_op {
   }
 };
 
-/// True when Ctx is the host's context (the pooling layers take host-only loops there).
+/// True when Ctx is the host's context (the pooling layers take their host loops there).
 template <class Ctx>
 inline constexpr bool host_context_v = std::is_same_v<std::remove_cv_t<Ctx>, backend::host_context>;
 
@@ -470,8 +470,9 @@ struct max_pool_rows_op {
 
 /// Max pooling backward on the host for windows that do not overlap (stride >= kernel) and no
 /// padding, one call per input row (b, c, yy): each input element lies in at most one window, so
-/// dx is that window's dy where the element is the window's argmax and 0 elsewhere, the same
-/// values as max_pool_grad_op's sums over the covering windows, each element written once.
+/// dx is 0 + that window's dy where the element is the window's argmax (0 + -0 is +0, as in a
+/// sum) and 0 elsewhere, the bits of max_pool_grad_op's sums over the covering windows, each
+/// element written once.
 template <class T, window2d G>
 struct max_pool_grad_rows_op {
   static_assert(G.pad == 0 && G.stride >= G.k, "max_pool_grad_rows_op: windows that do not overlap, no padding");
@@ -492,7 +493,7 @@ struct max_pool_grad_rows_op {
     for (std::size_t ox = 0; ox < G.ow; ++ox)
       for (std::size_t kc = 0; kc < G.stride; ++kc) {
         const auto xx = static_cast<std::int32_t>(ox * G.stride + kc);
-        out[xx] = select_bits(kc < G.k && a[ox] == static_cast<T>(row + xx), d[ox], T(0));
+        out[xx] = select_bits(kc < G.k && a[ox] == static_cast<T>(row + xx), T(0) + d[ox], T(0));
       }
     for (std::size_t xx = G.ow * G.stride; xx < G.w; ++xx) out[xx] = T(0);  // columns no window reads
   }
@@ -552,6 +553,62 @@ struct avg_pool_grad_op {
       for (std::size_t oy = oy0; oy < oy1; ++oy)
         for (std::size_t ox = ox0; ox < ox1; ++ox) s += d[oy * g.ow + ox];
       dx[(bc * g.h + yy) * g.w + xx] = s / static_cast<T>(g.k * g.k);
+    }
+  }
+};
+
+/// Average pooling forward on the host, one call per output row (b, c, oy), with the geometry G a
+/// constant: avg_pool_op's sums in its order (the window's cells row by row, from 0), so the same
+/// bits, without bound checks where every window lies inside the image (no padding).
+template <class T, window2d G>
+struct avg_pool_rows_op {
+  const T* x;   ///< batch x C x H x W
+  T* y;         ///< batch x C x OH x OW
+  /// Output row i = (b, c, oy).
+  void operator()(std::size_t i) const {
+    if constexpr (G.pad == 0) {
+      const std::size_t oy = i % G.oh, bc = i / G.oh;
+      const T* in = x + bc * G.h * G.w + oy * G.stride * G.w;
+      T* yr = y + i * G.ow;
+      for (std::size_t ox = 0; ox < G.ow; ++ox) {
+        T s = T(0);
+        for (std::size_t kr = 0; kr < G.k; ++kr)
+          for (std::size_t kc = 0; kc < G.k; ++kc) s += in[kr * G.w + ox * G.stride + kc];
+        yr[ox] = s / static_cast<T>(G.k * G.k);
+      }
+    } else {
+      const avg_pool_op<T> generic{x, y, G};
+      for (std::size_t ox = 0; ox < G.ow; ++ox) generic(i * G.ow + ox);
+    }
+  }
+};
+
+/// Average pooling backward on the host, one call per input row (b, c, yy), with the geometry G a
+/// constant. For windows that do not overlap (stride >= kernel) and no padding, each input
+/// element lies in at most one window: dx = (0 + that window's dy) / K^2, or 0 / K^2, the bits of
+/// avg_pool_grad_op's sum over the covering windows, each element written once. Otherwise
+/// avg_pool_grad_op itself.
+template <class T, window2d G>
+struct avg_pool_grad_rows_op {
+  const T* dy;  ///< batch x C x OH x OW
+  T* dx;        ///< batch x C x H x W
+  /// Input row i = (b, c, yy).
+  void operator()(std::size_t i) const {
+    if constexpr (G.pad == 0 && G.stride >= G.k) {
+      constexpr T kk = static_cast<T>(G.k * G.k);
+      const std::size_t yy = i % G.h, bc = i / G.h, oy = yy / G.stride, kr = yy % G.stride;
+      T* out = dx + i * G.w;
+      if (kr >= G.k || oy >= G.oh) {  // a row no window reads
+        for (std::size_t xx = 0; xx < G.w; ++xx) out[xx] = T(0) / kk;
+        return;
+      }
+      const T* d = dy + (bc * G.oh + oy) * G.ow;
+      for (std::size_t ox = 0; ox < G.ow; ++ox)
+        for (std::size_t kc = 0; kc < G.stride; ++kc)
+          out[ox * G.stride + kc] = (kc < G.k ? T(0) + d[ox] : T(0)) / kk;
+      for (std::size_t xx = G.ow * G.stride; xx < G.w; ++xx) out[xx] = T(0) / kk;  // columns no window reads
+    } else {
+      avg_pool_grad_op<T>{dy, dx, G}(i);
     }
   }
 };
@@ -681,13 +738,20 @@ struct avg_pool2d {
     /// y = the mean of each window.
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const forward_args<T, Ctx, S, typename pool::output_shape>& a) {
-      for_each_index(ctx, a.y.size(), detail::avg_pool_op<T>{a.x.data(), a.y.data(), geometry()});
+      if constexpr (detail::host_context_v<Ctx>)
+        for_each_index(ctx, a.batch() * C * pool::OH, detail::avg_pool_rows_op<T, geometry()>{a.x.data(), a.y.data()});
+      else
+        for_each_index(ctx, a.y.size(), detail::avg_pool_op<T>{a.x.data(), a.y.data(), geometry()});
     }
 
     /// dx = dy spread evenly over each window.
     template <class T, class Ctx>
     static void backward(Ctx& ctx, const backward_args<T, Ctx, S, typename pool::output_shape>& a) {
-      if (a.dx) for_each_index(ctx, a.batch() * C * H, detail::avg_pool_grad_op<T>{a.dy.data(), a.dx.data(), geometry()});
+      if (!a.dx) return;
+      if constexpr (detail::host_context_v<Ctx>)
+        for_each_index(ctx, a.batch() * C * H, detail::avg_pool_grad_rows_op<T, geometry()>{a.dy.data(), a.dx.data()});
+      else
+        for_each_index(ctx, a.batch() * C * H, detail::avg_pool_grad_op<T>{a.dy.data(), a.dx.data(), geometry()});
     }
   };
 };
