@@ -40,8 +40,9 @@ struct outputs {
 /// write shows up, and one guard element past each output must survive.
 template <class B, class T>
 outputs<T> run_layer(const std::vector<T>& params, const std::vector<T>& x, const std::vector<T>& dy, std::size_t batch,
-                     T junk = std::numeric_limits<T>::quiet_NaN()) {
-  const ls::host_context ctx(1);
+                     ls::compute_precision policy, T junk = std::numeric_limits<T>::quiet_NaN()) {
+  ls::host_context ctx(1, true, policy);
+  ctx.set_gemm_precision(policy);
   const T nan = std::numeric_limits<T>::quiet_NaN(), guard = T(12345);
   const std::size_t ws_size = batch * B::workspace_per_sample + B::workspace_fixed;
   std::vector<T> ws(ws_size + 1);
@@ -76,10 +77,13 @@ bool same_bits(const auto& a, const auto& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0);
 }
 
-/// conv2d<F, K, S, Pd> on shape<C, H, W> at `batch` against the direct sums, in precision T.
+/// conv2d<F, K, S, Pd> on shape<C, H, W> at `batch` against the direct sums, in precision T, on a
+/// context of precision policy `policy`. Under mixed<bf16> the parameters, images and output
+/// gradients are bf16 values to begin with, so that the products are exact and only the fp32 sums
+/// round, as under fp32.
 template <class T, std::size_t F, std::size_t K, std::size_t S, std::size_t Pd, std::size_t C, std::size_t H,
           std::size_t W>
-void check_direct(std::size_t batch) {
+void check_direct(std::size_t batch, ls::compute_precision policy = ls::compute_precision::fp32) {
   using B = ls::bind_shape_t<ls::conv2d<F, K, S, Pd>, ls::shape<C, H, W>>;
   constexpr std::size_t OH = B::OH, OW = B::OW;
   static_assert(OH == (H + 2 * Pd - K) / S + 1 && OW == (W + 2 * Pd - K) / S + 1);
@@ -92,10 +96,14 @@ void check_direct(std::size_t batch) {
   CAPTURE(H);
   CAPTURE(W);
   CAPTURE(batch);
-  const auto params = random_values<T>(B::param_count, 1);
-  const auto x = random_values<T>(batch * B::input_size, 2);
-  const auto dy = random_values<T>(batch * B::output_size, 3);
-  const outputs<T> got = run_layer<B>(params, x, dy, batch);
+  auto params = random_values<T>(B::param_count, 1);
+  auto x = random_values<T>(batch * B::input_size, 2);
+  auto dy = random_values<T>(batch * B::output_size, 3);
+  if constexpr (std::is_same_v<T, float>)
+    if (policy == ls::compute_precision::bf16)
+      for (auto* v : {&params, &x, &dy})
+        for (float& e : *v) e = ls::round_to_bf16(e);
+  const outputs<T> got = run_layer<B>(params, x, dy, batch, policy);
 
   // Direct sums in long double: wi(f, c, kr, kc), xi(b, c, y, x), dyi(b, f, oy, ox).
   auto wi = [&](std::size_t f, std::size_t c, std::size_t kr, std::size_t kc) {
@@ -140,43 +148,79 @@ void check_direct(std::size_t batch) {
   CHECK(same_bits(got.dparams_without_dx, got.dparams));
 
   // Bitwise repeatable, whatever the workspace held before.
-  const outputs<T> again = run_layer<B>(params, x, dy, batch, T(-3.5));
+  const outputs<T> again = run_layer<B>(params, x, dy, batch, policy, T(-3.5));
   CHECK(same_bits(again.y, got.y));
   CHECK(same_bits(again.dparams, got.dparams));
   CHECK(same_bits(again.dx, got.dx));
 }
 
 template <class T>
-void check_geometries(std::size_t batch) {
-  check_direct<T, 3, 3, 1, 1, 2, 5, 7>(batch);    // "same" 3 x 3
-  check_direct<T, 4, 5, 1, 2, 3, 11, 13>(batch);  // "same" 5 x 5, prime sizes
-  check_direct<T, 2, 3, 1, 0, 1, 3, 3>(batch);    // "valid": a single output
-  check_direct<T, 5, 1, 1, 0, 3, 4, 6>(batch);    // 1 x 1
-  check_direct<T, 3, 3, 2, 1, 2, 9, 8>(batch);    // stride 2
-  check_direct<T, 2, 4, 3, 0, 2, 11, 16>(batch);  // stride 3, rows left over
-  check_direct<T, 2, 4, 3, 3, 2, 11, 16>(batch);  // stride 3, padding K - 1
-  check_direct<T, 3, 5, 2, 4, 2, 5, 5>(batch);    // padding wider than half the window
-  check_direct<T, 2, 7, 1, 3, 1, 3, 3>(batch);    // window larger than the image
-  check_direct<T, 2, 3, 5, 1, 3, 13, 9>(batch);   // stride larger than the window
-  check_direct<T, 1, 2, 1, 1, 1, 1, 1>(batch);    // 1 x 1 image, even window
-  check_direct<T, 6, 5, 1, 2, 8, 7, 7>(batch);    // more channels than positions
+void check_geometries(std::size_t batch, ls::compute_precision p = ls::compute_precision::fp32) {
+  check_direct<T, 3, 3, 1, 1, 2, 5, 7>(batch, p);    // "same" 3 x 3
+  check_direct<T, 4, 5, 1, 2, 3, 11, 13>(batch, p);  // "same" 5 x 5, prime sizes
+  check_direct<T, 2, 3, 1, 0, 1, 3, 3>(batch, p);    // "valid": a single output
+  check_direct<T, 5, 1, 1, 0, 3, 4, 6>(batch, p);    // 1 x 1
+  check_direct<T, 3, 3, 2, 1, 2, 9, 8>(batch, p);    // stride 2
+  check_direct<T, 2, 4, 3, 0, 2, 11, 16>(batch, p);  // stride 3, rows left over
+  check_direct<T, 2, 4, 3, 3, 2, 11, 16>(batch, p);  // stride 3, padding K - 1
+  check_direct<T, 3, 5, 2, 4, 2, 5, 5>(batch, p);    // padding wider than half the window
+  check_direct<T, 2, 7, 1, 3, 1, 3, 3>(batch, p);    // window larger than the image
+  check_direct<T, 2, 3, 5, 1, 3, 13, 9>(batch, p);   // stride larger than the window
+  check_direct<T, 1, 2, 1, 1, 1, 1, 1>(batch, p);    // 1 x 1 image, even window
+  check_direct<T, 6, 5, 1, 2, 8, 7, 7>(batch, p);    // more channels than positions
   // 8 and more input channels: oneDNN's primitives for float in the oneDNN build
-  check_direct<T, 16, 3, 1, 1, 8, 5, 7>(batch);   // "same" 3 x 3
-  check_direct<T, 5, 5, 1, 2, 9, 11, 13>(batch);  // "same" 5 x 5, prime sizes and channels
-  check_direct<T, 4, 3, 2, 1, 16, 9, 8>(batch);   // stride 2
-  check_direct<T, 3, 4, 3, 0, 8, 11, 16>(batch);  // stride 3, rows left over
-  check_direct<T, 3, 4, 3, 3, 8, 11, 16>(batch);  // stride 3, padding K - 1
-  check_direct<T, 3, 5, 2, 4, 8, 5, 5>(batch);    // padding wider than half the window
-  check_direct<T, 2, 7, 1, 3, 8, 3, 3>(batch);    // window larger than the image
-  check_direct<T, 3, 3, 5, 1, 12, 13, 9>(batch);  // stride larger than the window
-  check_direct<T, 7, 1, 1, 0, 32, 4, 6>(batch);   // 1 x 1
-  check_direct<T, 2, 2, 1, 1, 8, 1, 1>(batch);    // 1 x 1 image, even window
+  check_direct<T, 16, 3, 1, 1, 8, 5, 7>(batch, p);   // "same" 3 x 3
+  check_direct<T, 5, 5, 1, 2, 9, 11, 13>(batch, p);  // "same" 5 x 5, prime sizes and channels
+  check_direct<T, 4, 3, 2, 1, 16, 9, 8>(batch, p);   // stride 2
+  check_direct<T, 3, 4, 3, 0, 8, 11, 16>(batch, p);  // stride 3, rows left over
+  check_direct<T, 3, 4, 3, 3, 8, 11, 16>(batch, p);  // stride 3, padding K - 1
+  check_direct<T, 3, 5, 2, 4, 8, 5, 5>(batch, p);    // padding wider than half the window
+  check_direct<T, 2, 7, 1, 3, 8, 3, 3>(batch, p);    // window larger than the image
+  check_direct<T, 3, 3, 5, 1, 12, 13, 9>(batch, p);  // stride larger than the window
+  check_direct<T, 7, 1, 1, 0, 32, 4, 6>(batch, p);   // 1 x 1
+  check_direct<T, 2, 2, 1, 1, 8, 1, 1>(batch, p);    // 1 x 1 image, even window
 }
 
 }  // namespace
 
 TEST_CASE_TEMPLATE("conv2d matches the direct convolution: outputs, parameter and input gradients", T, float, double) {
   for (std::size_t batch : {0u, 1u, 2u, 5u}) check_geometries<T>(batch);
+}
+
+TEST_CASE("conv2d under mixed<bf16> matches the direct convolution of bf16 operands: outputs, parameter and input gradients") {
+  // oneDNN's bf16 primitives in the oneDNN build on CPUs with bf16 instructions for 8 or more
+  // input channels; im2col + the bf16 GEMM otherwise.
+  for (std::size_t batch : {0u, 1u, 2u, 5u}) check_geometries<float>(batch, ls::compute_precision::bf16);
+}
+
+TEST_CASE("conv2d under mixed<bf16> rounds its operands to bf16: the output is fp32's on the rounded images and filters") {
+  // 16 input channels: oneDNN's bf16 primitives where the CPU has bf16 instructions.
+  using B = ls::bind_shape_t<ls::conv2d<8, 3, 1, 1>, ls::shape<16, 7, 6>>;
+  constexpr std::size_t batch = 3;
+  auto params = random_values<float>(B::param_count, 4);
+  const auto x = random_values<float>(batch * B::input_size, 5);
+  // Biases that bf16 holds exactly: im2col's GEMM rounds them with the filters, oneDNN keeps fp32.
+  for (std::size_t f = 0; f < 8; ++f) params[B::param_count - 1 - f] = ls::round_to_bf16(params[B::param_count - 1 - f]);
+  auto rounded_params = params, rounded_x = x;
+  for (float& v : rounded_params) v = ls::round_to_bf16(v);
+  for (float& v : rounded_x) v = ls::round_to_bf16(v);
+  auto forward = [&](ls::compute_precision policy, const std::vector<float>& p, const std::vector<float>& in) {
+    ls::host_context ctx(1, true, policy);
+    ctx.set_gemm_precision(policy);
+    std::vector<float> y(batch * B::output_size), ws(B::workspace_fixed);
+    lockstep::testing::run_forward<B>(ctx, p.data(), in.data(), y.data(), ws.data(), batch, ls::pass_info{});
+    return y;
+  };
+  const auto y16 = forward(ls::compute_precision::bf16, params, x);
+  const auto y_rounded = forward(ls::compute_precision::fp32, rounded_params, rounded_x);
+  const auto y32 = forward(ls::compute_precision::fp32, params, x);
+  double to_rounded = 0, to_fp32 = 0;
+  for (std::size_t i = 0; i < y16.size(); ++i) {
+    to_rounded = std::max(to_rounded, std::abs(static_cast<double>(y16[i]) - y_rounded[i]));
+    to_fp32 = std::max(to_fp32, std::abs(static_cast<double>(y16[i]) - y32[i]));
+  }
+  CHECK(to_rounded <= 1e-5);  // fp32 sums of 145 terms
+  CHECK(to_fp32 > 1e-4);  // bf16's rounding of 144 products shows
 }
 
 TEST_CASE("conv2d keeps nothing per image and needs one image's columns of workspace") {
@@ -188,7 +232,7 @@ TEST_CASE("conv2d keeps nothing per image and needs one image's columns of works
   check_direct<float, 32, 5, 1, 2, 1, 28, 28>(2);   // and its first
 }
 
-TEST_CASE("conv2d runs through oneDNN's primitives in the oneDNN build for float with 8 or more input channels under fp32, once per batch size") {
+TEST_CASE("conv2d runs through oneDNN's primitives in the oneDNN build for float with 8 or more input channels, once per batch size") {
 #if !defined(LOCKSTEP_HOST_GEMM_ONEDNN)
   MESSAGE("skipped: this build's host kernels are OpenBLAS's (conv2d is im2col + GEMM for every shape)");
 #else
@@ -214,10 +258,18 @@ TEST_CASE("conv2d runs through oneDNN's primitives in the oneDNN build for float
   for (std::size_t batch : {3u, 3u, 5u, 3u, 5u}) run(wide{}, ctx, batch);
   CHECK(ctx.conv_cache().shapes() == 2);  // batches 3 and 5
   MESSAGE("oneDNN convolution: ", ctx.conv_cache().last_implementation());
-  // Under mixed<bf16> the GEMMs compute in bf16: the convolution stays im2col + the bf16 GEMM.
+  // Under mixed<bf16>: oneDNN's bf16 primitives where the CPU has bf16 instructions, else im2col +
+  // the (emulated) bf16 GEMM.
   ls::host_context bf16_ctx(1, true, ls::compute_precision::bf16);
   bf16_ctx.set_gemm_precision(ls::compute_precision::bf16);
   run(wide{}, bf16_ctx, 3);
-  CHECK(bf16_ctx.conv_cache().shapes() == 0);
+  run(wide{}, bf16_ctx, 3);
+  CHECK(bf16_ctx.conv_cache().shapes() == (ls::host_bf16_native() ? 1u : 0u));
+  if (ls::host_bf16_native()) MESSAGE("oneDNN bf16 convolution: ", bf16_ctx.conv_cache().last_implementation());
+  // Under mixed<fp16>: always im2col + the fp16-rounded GEMM.
+  ls::host_context fp16_ctx(1, true, ls::compute_precision::fp16);
+  fp16_ctx.set_gemm_precision(ls::compute_precision::fp16);
+  run(wide{}, fp16_ctx, 3);
+  CHECK(fp16_ctx.conv_cache().shapes() == 0);
 #endif
 }

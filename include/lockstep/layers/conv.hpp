@@ -9,6 +9,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 
 #include <lockstep/backend/host/ops.hpp>
@@ -216,7 +217,8 @@ struct conv2d {
     }
 
     /// True when the convolution of T on Ctx may run through oneDNN's primitives (see conv2d); it
-    /// does when the context's GEMM precision is fp32 too.
+    /// does when the context's GEMM precision is fp32, or bf16 where the CPU has bf16 instructions
+    /// (onednn_conv_cache::available).
     template <class T, class Ctx>
     static constexpr bool onednn_capable =
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
@@ -237,9 +239,8 @@ struct conv2d {
       if (batch == 0) return;
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
       if constexpr (onednn_capable<T, Ctx>) {
-        if (ctx.gemm_precision() == compute_precision::fp32) {
-          ctx.conv_cache().forward(ctx.blas_threads(), onednn_geometry(batch), a.x.data(), a.params,
-                                   a.params + Filters * patch, a.y.data());
+        if (const auto g = onednn_geometry(ctx, batch); g && ctx.conv_cache().available(*g)) {
+          ctx.conv_cache().forward(ctx.blas_threads(), *g, a.x.data(), a.params, a.params + Filters * patch, a.y.data());
           return;
         }
       }
@@ -269,10 +270,9 @@ struct conv2d {
       }
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
       if constexpr (onednn_capable<T, Ctx>) {
-        if (ctx.gemm_precision() == compute_precision::fp32) {
-          ctx.conv_cache().backward(ctx.blas_threads(), onednn_geometry(batch), a.x.data(), a.params, a.dy.data(),
-                                    a.dparams, a.dparams + Filters * patch, a.info.accumulate,
-                                    a.dx ? a.dx.data() : nullptr);
+        if (const auto g = onednn_geometry(ctx, batch); g && ctx.conv_cache().available(*g)) {
+          ctx.conv_cache().backward(ctx.blas_threads(), *g, a.x.data(), a.params, a.dy.data(), a.dparams,
+                                    a.dparams + Filters * patch, a.info.accumulate, a.dx ? a.dx.data() : nullptr);
           return;
         }
       }
@@ -297,9 +297,14 @@ struct conv2d {
     static constexpr detail::window2d geometry{C, H, W, Kernel, Stride, Padding, OH, OW};  ///< as a constant
 
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
-    /// The call shape of `batch` images for oneDNN.
-    static backend::detail::conv_geometry onednn_geometry(std::size_t batch) noexcept {
-      return {batch, C, H, W, Filters, Kernel, Stride, Padding, OH, OW};
+    /// The call shape of `batch` images for oneDNN under the context's GEMM precision (fp32 or bf16
+    /// operands), or nothing under a precision oneDNN's path does not take (fp16: im2col).
+    template <class Ctx>
+    static std::optional<backend::detail::conv_geometry> onednn_geometry(const Ctx& ctx, std::size_t batch) noexcept {
+      const compute_precision p = ctx.gemm_precision();
+      if (p != compute_precision::fp32 && p != compute_precision::bf16) return std::nullopt;
+      return backend::detail::conv_geometry{batch, C, H, W, Filters, Kernel, Stride, Padding, OH, OW,
+                                            p == compute_precision::bf16};
     }
 #endif
 

@@ -1,7 +1,9 @@
 #pragma once
 /// @file onednn_conv.hpp
-/// Single-precision 2-d convolutions through oneDNN's primitives, in the LOCKSTEP_HOST_GEMM=onednn
-/// build: forward, backward-data and backward-weights, each in the memory layouts oneDNN chooses
+/// 2-d convolutions through oneDNN's primitives, in the LOCKSTEP_HOST_GEMM=onednn build, on fp32
+/// operands or, under mixed<bf16> on CPUs with bf16 instructions, on bf16 operands (rounded to
+/// nearest even by the reorders) with fp32 sums, outputs and gradients: forward, backward-data and
+/// backward-weights, each in the memory layouts oneDNN chooses
 /// (format_tag::any: channel-blocked on AVX2 and AVX-512 CPUs), with reorders from and to
 /// lockstep's NCHW images and OIHW filters at the layer's boundary. The primitives, their reorders,
 /// the buffers in oneDNN's layouts and one scratchpad are created on the first call of each shape
@@ -16,6 +18,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include <lockstep/backend/host/onednn_gemm.hpp>
@@ -23,9 +26,11 @@
 namespace lockstep::backend::detail {
 
 /// The geometry of one convolution call: n images of c x h x w, f filters of c x k x k, the same
-/// stride and zero padding on every side, and the output's oh x ow.
+/// stride and zero padding on every side, and the output's oh x ow; bf16 when the primitives read
+/// their operands (images, filters, output gradients) in bf16.
 struct conv_geometry {
   std::size_t n, c, h, w, f, k, stride, pad, oh, ow;  ///< as above
+  bool bf16 = false;                                   ///< bf16 operands, fp32 sums and results
   /// Same call shape.
   bool operator==(const conv_geometry&) const = default;
 };
@@ -41,8 +46,27 @@ public:
   onednn_conv_cache& operator=(const onednn_conv_cache&) = delete;
   ~onednn_conv_cache() = default;
 
+  /// True when the convolutions of shape g run here: always for fp32 (a failure to create them is
+  /// an error); for bf16 where the CPU has bf16 instructions and oneDNN has primitives for g
+  /// (else the caller computes the convolution its own way). The first call per shape creates
+  /// the primitives.
+  bool available(const conv_geometry& g) {
+    if (const auto it = entries_.find(g); it != entries_.end()) return it->second != nullptr;
+    if (g.bf16 && !onednn_native_bf16()) {
+      entries_.emplace(g, nullptr);
+      return false;
+    }
+    try {
+      create(g);
+    } catch (const unavailable&) {
+      entries_.emplace(g, nullptr);
+      return false;
+    }
+    return true;
+  }
+
   /// y = conv(x, w) + bias for g.n images: x NCHW, w OIHW, bias f values, y NCHW (n x f x oh x ow);
-  /// `threads` is the context's thread budget. g.n > 0.
+  /// `threads` is the context's thread budget. g.n > 0 and available(g).
   void forward(int threads, const conv_geometry& g, const float* x, const float* w, const float* bias, float* y) {
     onednn_set_threads(threads);
     entry& e = find_or_create(g);
@@ -61,7 +85,7 @@ public:
 
   /// The weight and bias gradients of the summed loss for g.n images, written (or, with
   /// `accumulate`, added) to dw (OIHW) and db (f values); and, when dx is not null, the input
-  /// gradient dx (NCHW). x, w and dy as forward's x, w and output gradient. g.n > 0.
+  /// gradient dx (NCHW). x, w and dy as forward's x, w and output gradient. g.n > 0 and available(g).
   void backward(int threads, const conv_geometry& g, const float* x, const float* w, const float* dy, float* dw,
                 float* db, bool accumulate, float* dx) {
     onednn_set_threads(threads);
@@ -100,13 +124,20 @@ public:
     store(e.diff_src);
   }
 
-  /// Number of cached shapes.
-  [[nodiscard]] std::size_t shapes() const noexcept { return entries_.size(); }
+  /// Number of cached shapes that run here (see available).
+  [[nodiscard]] std::size_t shapes() const noexcept {
+    std::size_t n = 0;
+    for (const auto& kv : entries_) n += kv.second != nullptr;
+    return n;
+  }
   /// The implementation oneDNN chose for the most recently created forward primitive (for example
   /// "jit:avx512_core"); empty before the first convolution.
   [[nodiscard]] const std::string& last_implementation() const noexcept { return last_impl_; }
 
 private:
+  // Thrown where oneDNN has no bf16 primitive for a shape (caught by available).
+  struct unavailable {};
+
   struct aligned_free {
     void operator()(std::byte* p) const noexcept { ::operator delete[](p, std::align_val_t{page}); }
   };
@@ -146,7 +177,7 @@ private:
   struct geometry_hash {
     std::size_t operator()(const conv_geometry& g) const noexcept {
       std::uint64_t h = 1469598103934665603ull;
-      for (const std::size_t v : {g.n, g.c, g.h, g.w, g.f, g.k, g.stride, g.pad, g.oh, g.ow})
+      for (const std::size_t v : {g.n, g.c, g.h, g.w, g.f, g.k, g.stride, g.pad, g.oh, g.ow, std::size_t{g.bf16}})
         h = (h ^ static_cast<std::uint64_t>(v)) * 1099511628211ull;
       return static_cast<std::size_t>(h);
     }
@@ -157,7 +188,8 @@ private:
   static std::string describe(const conv_geometry& g) {
     return "convolution of " + std::to_string(g.n) + " images " + std::to_string(g.c) + "x" + std::to_string(g.h) +
            "x" + std::to_string(g.w) + ", " + std::to_string(g.f) + " filters " + std::to_string(g.k) + "x" +
-           std::to_string(g.k) + ", stride " + std::to_string(g.stride) + ", padding " + std::to_string(g.pad);
+           std::to_string(g.k) + ", stride " + std::to_string(g.stride) + ", padding " + std::to_string(g.pad) +
+           (g.bf16 ? ", bf16 operands" : "");
   }
 
   static void set(dnnl_memory_t m, const void* p) {
@@ -235,22 +267,30 @@ private:
     p.scratchpad = memory(scratch_md, what, DNNL_MEMORY_NONE);
   }
 
-  // Plain layouts: images NCHW, filters OIHW, biases one dimension; `any` lets oneDNN choose.
+  // Plain layouts: images NCHW, filters OIHW, biases one dimension, all fp32; `any` lets oneDNN
+  // choose, with the operands the primitives read (src, weights, the output gradient dst_in) in
+  // bf16 for a bf16 shape, and what they write (dst, diff_src in src32, diff_weights in
+  // weights32) in fp32.
   struct layouts {
-    dnnl_memory_desc_t src, weights, bias, dst;
+    dnnl_memory_desc_t src, weights, bias, dst, dst_in, src32, weights32;
     layouts(const conv_geometry& g, bool any, const std::string& what) {
       const auto d = [](std::size_t v) { return static_cast<dnnl_dim_t>(v); };
       const dnnl_dims_t src_dims{d(g.n), d(g.c), d(g.h), d(g.w)}, weights_dims{d(g.f), d(g.c), d(g.k), d(g.k)};
       const dnnl_dims_t bias_dims{d(g.f)}, dst_dims{d(g.n), d(g.f), d(g.oh), d(g.ow)};
-      const char* init = "dnnl_memory_desc_init_by_tag";
-      onednn_check(dnnl_memory_desc_init_by_tag(&src, 4, src_dims, dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw),
-                   init, what);
-      onednn_check(
-          dnnl_memory_desc_init_by_tag(&weights, 4, weights_dims, dnnl_f32, any ? dnnl_format_tag_any : dnnl_oihw),
-          init, what);
-      onednn_check(dnnl_memory_desc_init_by_tag(&bias, 1, bias_dims, dnnl_f32, dnnl_a), init, what);
-      onednn_check(dnnl_memory_desc_init_by_tag(&dst, 4, dst_dims, dnnl_f32, any ? dnnl_format_tag_any : dnnl_nchw),
-                   init, what);
+      const dnnl_data_type_t in = any && g.bf16 ? dnnl_bf16 : dnnl_f32;
+      const auto init = [&](dnnl_memory_desc_t& md, int nd, const dnnl_dims_t dims, dnnl_data_type_t type,
+                            dnnl_format_tag_t plain) {
+        onednn_check(dnnl_memory_desc_init_by_tag(&md, nd, dims, type, any ? dnnl_format_tag_any : plain),
+                     "dnnl_memory_desc_init_by_tag", what);
+      };
+      init(src, 4, src_dims, in, dnnl_nchw);
+      init(weights, 4, weights_dims, in, dnnl_oihw);
+      init(dst, 4, dst_dims, dnnl_f32, dnnl_nchw);
+      init(dst_in, 4, dst_dims, in, dnnl_nchw);
+      init(src32, 4, src_dims, dnnl_f32, dnnl_nchw);
+      init(weights32, 4, weights_dims, dnnl_f32, dnnl_oihw);
+      onednn_check(dnnl_memory_desc_init_by_tag(&bias, 1, bias_dims, dnnl_f32, dnnl_a), "dnnl_memory_desc_init_by_tag",
+                   what);
     }
   };
 
@@ -263,13 +303,21 @@ private:
     return attr;
   }
 
+  // The primitive descriptor of desc; for a bf16 shape, `unavailable` where oneDNN has none, or
+  // only its reference implementation (correct but far slower than lockstep's own path).
   onednn_ptr<dnnl_primitive_desc_t> make_pd(const dnnl_convolution_desc_t& desc, const_dnnl_primitive_desc_t hint,
-                                            const std::string& what) {
+                                            const conv_geometry& g, const std::string& what) {
     const auto attr = user_scratchpad();
     dnnl_primitive_desc_t raw = nullptr;
-    onednn_check(dnnl_primitive_desc_create(&raw, &desc, attr.get(), on_.engine.get(), hint), "dnnl_primitive_desc_create",
-                 what);
-    return onednn_ptr<dnnl_primitive_desc_t>(raw);
+    const dnnl_status_t status = dnnl_primitive_desc_create(&raw, &desc, attr.get(), on_.engine.get(), hint);
+    if (status == dnnl_unimplemented && g.bf16) throw unavailable{};
+    onednn_check(status, "dnnl_primitive_desc_create", what);
+    onednn_ptr<dnnl_primitive_desc_t> pd(raw);
+    const char* impl = nullptr;
+    if (g.bf16 && dnnl_primitive_desc_query(raw, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl &&
+        std::string_view(impl).starts_with("ref"))
+      throw unavailable{};
+    return pd;
   }
 
   static void window(const conv_geometry& g, dnnl_dims_t strides, dnnl_dims_t pad_l, dnnl_dims_t pad_r) {
@@ -278,7 +326,13 @@ private:
   }
 
   entry& find_or_create(const conv_geometry& g) {
-    if (const auto it = entries_.find(g); it != entries_.end()) return *it->second;
+    if (const auto it = entries_.find(g); it != entries_.end() && it->second) return *it->second;
+    return create(g);
+  }
+
+  // Creates the entry of g: the forward primitive, and for a bf16 shape the backward ones too (so
+  // that available() knows all three exist). Inserted only once complete.
+  entry& create(const conv_geometry& g) {
     const std::string what = describe(g);
     const layouts plain(g, false, what), any(g, true, what);
     dnnl_dims_t strides{}, pad_l{}, pad_r{};
@@ -288,17 +342,21 @@ private:
                                                     &any.weights, &plain.bias, &any.dst, strides, pad_l, pad_r),
                  "dnnl_convolution_forward_desc_init", what);
     auto e = std::make_unique<entry>();
-    e->fwd_pd = make_pd(desc, nullptr, what);
+    e->fwd_pd = make_pd(desc, nullptr, g, what);
     const_dnnl_primitive_desc_t pd = e->fwd_pd.get();
     bind(e->src, &plain.src, pd, dnnl_query_src_md, true, what);
     bind(e->weights, &plain.weights, pd, dnnl_query_weights_md, true, what);
     bind(e->dst, &plain.dst, pd, dnnl_query_dst_md, false, what);
     e->bias = memory(&plain.bias, what, DNNL_MEMORY_NONE);
     finish(e->fwd, pd, what);
+    if (g.bf16) {
+      create_backward_weights(*e, g);
+      create_backward_data(*e, g);
+    }
     const char* impl = nullptr;
     if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) last_impl_ = impl;
     entry& result = *e;
-    entries_.emplace(g, std::move(e));
+    entries_.insert_or_assign(g, std::move(e));
     return result;
   }
 
@@ -308,10 +366,10 @@ private:
     dnnl_dims_t strides{}, pad_l{}, pad_r{};
     window(g, strides, pad_l, pad_r);
     dnnl_convolution_desc_t desc{};
-    onednn_check(dnnl_convolution_backward_weights_desc_init(&desc, dnnl_convolution_direct, &any.src, &any.weights,
-                                                             &plain.bias, &any.dst, strides, pad_l, pad_r),
+    onednn_check(dnnl_convolution_backward_weights_desc_init(&desc, dnnl_convolution_direct, &any.src, &any.weights32,
+                                                             &plain.bias, &any.dst_in, strides, pad_l, pad_r),
                  "dnnl_convolution_backward_weights_desc_init", what);
-    const auto pd = make_pd(desc, e.fwd_pd.get(), what);
+    const auto pd = make_pd(desc, e.fwd_pd.get(), g, what);
     bind(e.src_w, &plain.src, pd.get(), dnnl_query_src_md, true, what);
     bind(e.diff_dst_w, &plain.dst, pd.get(), dnnl_query_diff_dst_md, true, what);
     bind(e.diff_weights, &plain.weights, pd.get(), dnnl_query_diff_weights_md, false, what);
@@ -326,10 +384,10 @@ private:
     dnnl_dims_t strides{}, pad_l{}, pad_r{};
     window(g, strides, pad_l, pad_r);
     dnnl_convolution_desc_t desc{};
-    onednn_check(dnnl_convolution_backward_data_desc_init(&desc, dnnl_convolution_direct, &any.src, &any.weights,
-                                                          &any.dst, strides, pad_l, pad_r),
+    onednn_check(dnnl_convolution_backward_data_desc_init(&desc, dnnl_convolution_direct, &any.src32, &any.weights,
+                                                          &any.dst_in, strides, pad_l, pad_r),
                  "dnnl_convolution_backward_data_desc_init", what);
-    const auto pd = make_pd(desc, e.fwd_pd.get(), what);
+    const auto pd = make_pd(desc, e.fwd_pd.get(), g, what);
     bind(e.diff_dst_d, &plain.dst, pd.get(), dnnl_query_diff_dst_md, true, what);
     bind(e.weights_d, &plain.weights, pd.get(), dnnl_query_weights_md, true, what);
     bind(e.diff_src, &plain.src, pd.get(), dnnl_query_diff_src_md, false, what);
