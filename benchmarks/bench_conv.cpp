@@ -21,7 +21,8 @@
 // Prints `openblas_core=... cpu=...`, then
 //   sgemm m=<m> n=<n> k=<k> gflops=<n>          (each GEMM shape)
 //   sgemm_peak_gflops=<n>
-//   layer=<conv1|conv2> gflops=<n> fraction_of_sgemm_peak=<f> ms=<t> forward_ms=<t> backward_ms=<t>
+//   layer=<conv1|conv2> impl=<onednn|im2col> gflops=<n> fraction_of_sgemm_peak=<f> ms=<t> forward_ms=<t> backward_ms=<t>
+//   layer=conv2 onednn_over_im2col=<speedup>     (the oneDNN build: conv2 through both paths, side by side)
 //   config=cnn replicas=<n> batch=<b> samples_per_s=<n> step_ms=<t> precision=fp32|bf16 [kernels=native|emulated]
 // (fp32 on 1 and 2 replicas, then mixed<bf16> on 1 replica).
 // With --breakdown, before the steps, each layer of the CNN alone at batch 64 (thread CPU time):
@@ -151,12 +152,22 @@ int main(int argc, char** argv) {
     conv_bench::print_machine();
     if (layers) {
       const double peak = conv_bench::sgemm_peak(repeats);
-      conv_bench::print_layer(
-          "conv1", nullptr, conv_bench::conv_flops(64, 1, 32, 5, 28, 28),
-          conv_bench::time_lockstep_conv<ls::conv2d<32, 5, 1, 2>, ls::shape<1, 28, 28>>(64, repeats), peak);
-      conv_bench::print_layer(
-          "conv2", nullptr, conv_bench::conv_flops(64, 32, 64, 5, 14, 14),
-          conv_bench::time_lockstep_conv<ls::conv2d<64, 5, 1, 2>, ls::shape<32, 14, 14>>(64, repeats), peak);
+      using conv1 = ls::conv2d<32, 5, 1, 2>;
+      using conv2 = ls::conv2d<64, 5, 1, 2>;
+      conv_bench::print_layer("conv1", "im2col", conv_bench::conv_flops(64, 1, 32, 5, 28, 28),
+                              conv_bench::time_lockstep_conv<conv1, ls::shape<1, 28, 28>>(64, repeats), peak);
+      const double conv2_flops = conv_bench::conv_flops(64, 32, 64, 5, 14, 14);
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+      // conv2 (32 input channels) takes oneDNN's primitives by default in this build.
+      const auto onednn = conv_bench::time_lockstep_conv<conv2, ls::shape<32, 14, 14>>(64, repeats);
+      conv_bench::print_layer("conv2", "onednn", conv2_flops, onednn, peak);
+#endif
+      const auto im2col = conv_bench::time_lockstep_conv<conv2, ls::shape<32, 14, 14>>(64, repeats, true, false);
+      conv_bench::print_layer("conv2", "im2col", conv2_flops, im2col, peak);
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+      fmt::print("layer=conv2 onednn_over_im2col={:.2f}\n", im2col.total / onednn.total);
+      std::fflush(stdout);
+#endif
     }
     if (per_layer) breakdown(repeats);
     if (training) {

@@ -100,10 +100,12 @@ struct pass_times {
 /// Times lockstep's L on inputs of shape S at `batch` (forward, then backward, with the input
 /// gradient dx unless `with_dx` is false, as for a network's first layer), one BLAS thread, after
 /// one warm-up pass. Any layer, not only convolutions.
+/// With `onednn` false, the context keeps convolutions on im2col + GEMM.
 template <class L, class S>
-pass_times time_lockstep_conv(std::size_t batch, int repeats, bool with_dx = true) {
+pass_times time_lockstep_conv(std::size_t batch, int repeats, bool with_dx = true, bool onednn = true) {
   using B = lockstep::bind_shape_t<L, S>;
   lockstep::host_context ctx{1};
+  ctx.set_onednn_convolutions(onednn);
   ctx.activate();
   const lockstep::counter_rng rng(11, 3);
   std::vector<float> params(B::param_count), dparams(B::param_count);

@@ -40,9 +40,10 @@ struct outputs {
 /// write shows up, and one guard element past each output must survive.
 template <class B, class T>
 outputs<T> run_layer(const std::vector<T>& params, const std::vector<T>& x, const std::vector<T>& dy, std::size_t batch,
-                     ls::compute_precision policy, T junk = std::numeric_limits<T>::quiet_NaN()) {
+                     ls::compute_precision policy, bool onednn, T junk = std::numeric_limits<T>::quiet_NaN()) {
   ls::host_context ctx(1, true, policy);
   ctx.set_gemm_precision(policy);
+  ctx.set_onednn_convolutions(onednn);
   const T nan = std::numeric_limits<T>::quiet_NaN(), guard = T(12345);
   const std::size_t ws_size = batch * B::workspace_per_sample + B::workspace_fixed;
   std::vector<T> ws(ws_size + 1);
@@ -80,10 +81,10 @@ bool same_bits(const auto& a, const auto& b) {
 /// conv2d<F, K, S, Pd> on shape<C, H, W> at `batch` against the direct sums, in precision T, on a
 /// context of precision policy `policy`. Under mixed<bf16> the parameters, images and output
 /// gradients are bf16 values to begin with, so that the products are exact and only the fp32 sums
-/// round, as under fp32.
+/// round, as under fp32. With `onednn` false the context keeps the convolution on im2col + GEMM.
 template <class T, std::size_t F, std::size_t K, std::size_t S, std::size_t Pd, std::size_t C, std::size_t H,
           std::size_t W>
-void check_direct(std::size_t batch, ls::compute_precision policy = ls::compute_precision::fp32) {
+void check_direct(std::size_t batch, ls::compute_precision policy = ls::compute_precision::fp32, bool onednn = true) {
   using B = ls::bind_shape_t<ls::conv2d<F, K, S, Pd>, ls::shape<C, H, W>>;
   constexpr std::size_t OH = B::OH, OW = B::OW;
   static_assert(OH == (H + 2 * Pd - K) / S + 1 && OW == (W + 2 * Pd - K) / S + 1);
@@ -103,7 +104,8 @@ void check_direct(std::size_t batch, ls::compute_precision policy = ls::compute_
     if (policy == ls::compute_precision::bf16)
       for (auto* v : {&params, &x, &dy})
         for (float& e : *v) e = ls::round_to_bf16(e);
-  const outputs<T> got = run_layer<B>(params, x, dy, batch, policy);
+  CAPTURE(onednn);
+  const outputs<T> got = run_layer<B>(params, x, dy, batch, policy, onednn);
 
   // Direct sums in long double: wi(f, c, kr, kc), xi(b, c, y, x), dyi(b, f, oy, ox).
   auto wi = [&](std::size_t f, std::size_t c, std::size_t kr, std::size_t kc) {
@@ -148,43 +150,48 @@ void check_direct(std::size_t batch, ls::compute_precision policy = ls::compute_
   CHECK(same_bits(got.dparams_without_dx, got.dparams));
 
   // Bitwise repeatable, whatever the workspace held before.
-  const outputs<T> again = run_layer<B>(params, x, dy, batch, policy, T(-3.5));
+  const outputs<T> again = run_layer<B>(params, x, dy, batch, policy, onednn, T(-3.5));
   CHECK(same_bits(again.y, got.y));
   CHECK(same_bits(again.dparams, got.dparams));
   CHECK(same_bits(again.dx, got.dx));
 }
 
 template <class T>
-void check_geometries(std::size_t batch, ls::compute_precision p = ls::compute_precision::fp32) {
-  check_direct<T, 3, 3, 1, 1, 2, 5, 7>(batch, p);    // "same" 3 x 3
-  check_direct<T, 4, 5, 1, 2, 3, 11, 13>(batch, p);  // "same" 5 x 5, prime sizes
-  check_direct<T, 2, 3, 1, 0, 1, 3, 3>(batch, p);    // "valid": a single output
-  check_direct<T, 5, 1, 1, 0, 3, 4, 6>(batch, p);    // 1 x 1
-  check_direct<T, 3, 3, 2, 1, 2, 9, 8>(batch, p);    // stride 2
-  check_direct<T, 2, 4, 3, 0, 2, 11, 16>(batch, p);  // stride 3, rows left over
-  check_direct<T, 2, 4, 3, 3, 2, 11, 16>(batch, p);  // stride 3, padding K - 1
-  check_direct<T, 3, 5, 2, 4, 2, 5, 5>(batch, p);    // padding wider than half the window
-  check_direct<T, 2, 7, 1, 3, 1, 3, 3>(batch, p);    // window larger than the image
-  check_direct<T, 2, 3, 5, 1, 3, 13, 9>(batch, p);   // stride larger than the window
-  check_direct<T, 1, 2, 1, 1, 1, 1, 1>(batch, p);    // 1 x 1 image, even window
-  check_direct<T, 6, 5, 1, 2, 8, 7, 7>(batch, p);    // more channels than positions
+void check_geometries(std::size_t batch, ls::compute_precision p = ls::compute_precision::fp32, bool onednn = true) {
+  check_direct<T, 3, 3, 1, 1, 2, 5, 7>(batch, p, onednn);    // "same" 3 x 3
+  check_direct<T, 4, 5, 1, 2, 3, 11, 13>(batch, p, onednn);  // "same" 5 x 5, prime sizes
+  check_direct<T, 2, 3, 1, 0, 1, 3, 3>(batch, p, onednn);    // "valid": a single output
+  check_direct<T, 5, 1, 1, 0, 3, 4, 6>(batch, p, onednn);    // 1 x 1
+  check_direct<T, 3, 3, 2, 1, 2, 9, 8>(batch, p, onednn);    // stride 2
+  check_direct<T, 2, 4, 3, 0, 2, 11, 16>(batch, p, onednn);  // stride 3, rows left over
+  check_direct<T, 2, 4, 3, 3, 2, 11, 16>(batch, p, onednn);  // stride 3, padding K - 1
+  check_direct<T, 3, 5, 2, 4, 2, 5, 5>(batch, p, onednn);    // padding wider than half the window
+  check_direct<T, 2, 7, 1, 3, 1, 3, 3>(batch, p, onednn);    // window larger than the image
+  check_direct<T, 2, 3, 5, 1, 3, 13, 9>(batch, p, onednn);   // stride larger than the window
+  check_direct<T, 1, 2, 1, 1, 1, 1, 1>(batch, p, onednn);    // 1 x 1 image, even window
+  check_direct<T, 6, 5, 1, 2, 8, 7, 7>(batch, p, onednn);    // more channels than positions
   // 8 and more input channels: oneDNN's primitives for float in the oneDNN build
-  check_direct<T, 16, 3, 1, 1, 8, 5, 7>(batch, p);   // "same" 3 x 3
-  check_direct<T, 5, 5, 1, 2, 9, 11, 13>(batch, p);  // "same" 5 x 5, prime sizes and channels
-  check_direct<T, 4, 3, 2, 1, 16, 9, 8>(batch, p);   // stride 2
-  check_direct<T, 3, 4, 3, 0, 8, 11, 16>(batch, p);  // stride 3, rows left over
-  check_direct<T, 3, 4, 3, 3, 8, 11, 16>(batch, p);  // stride 3, padding K - 1
-  check_direct<T, 3, 5, 2, 4, 8, 5, 5>(batch, p);    // padding wider than half the window
-  check_direct<T, 2, 7, 1, 3, 8, 3, 3>(batch, p);    // window larger than the image
-  check_direct<T, 3, 3, 5, 1, 12, 13, 9>(batch, p);  // stride larger than the window
-  check_direct<T, 7, 1, 1, 0, 32, 4, 6>(batch, p);   // 1 x 1
-  check_direct<T, 2, 2, 1, 1, 8, 1, 1>(batch, p);    // 1 x 1 image, even window
+  check_direct<T, 16, 3, 1, 1, 8, 5, 7>(batch, p, onednn);   // "same" 3 x 3
+  check_direct<T, 5, 5, 1, 2, 9, 11, 13>(batch, p, onednn);  // "same" 5 x 5, prime sizes and channels
+  check_direct<T, 4, 3, 2, 1, 16, 9, 8>(batch, p, onednn);   // stride 2
+  check_direct<T, 3, 4, 3, 0, 8, 11, 16>(batch, p, onednn);  // stride 3, rows left over
+  check_direct<T, 3, 4, 3, 3, 8, 11, 16>(batch, p, onednn);  // stride 3, padding K - 1
+  check_direct<T, 3, 5, 2, 4, 8, 5, 5>(batch, p, onednn);    // padding wider than half the window
+  check_direct<T, 2, 7, 1, 3, 8, 3, 3>(batch, p, onednn);    // window larger than the image
+  check_direct<T, 3, 3, 5, 1, 12, 13, 9>(batch, p, onednn);  // stride larger than the window
+  check_direct<T, 7, 1, 1, 0, 32, 4, 6>(batch, p, onednn);   // 1 x 1
+  check_direct<T, 2, 2, 1, 1, 8, 1, 1>(batch, p, onednn);    // 1 x 1 image, even window
 }
 
 }  // namespace
 
 TEST_CASE_TEMPLATE("conv2d matches the direct convolution: outputs, parameter and input gradients", T, float, double) {
   for (std::size_t batch : {0u, 1u, 2u, 5u}) check_geometries<T>(batch);
+}
+
+TEST_CASE("conv2d kept on im2col + GEMM by its context matches the direct convolution in every build") {
+  // In the oneDNN build, the shapes with 8 or more input channels would otherwise take oneDNN.
+  for (std::size_t batch : {0u, 1u, 2u, 5u}) check_geometries<float>(batch, ls::compute_precision::fp32, false);
 }
 
 TEST_CASE("conv2d under mixed<bf16> matches the direct convolution of bf16 operands: outputs, parameter and input gradients") {
@@ -255,6 +262,10 @@ TEST_CASE("conv2d runs through oneDNN's primitives in the oneDNN build for float
   ls::host_context ctx(1);
   run(narrow{}, ctx, 3);
   CHECK(ctx.conv_cache().shapes() == 0);
+  ctx.set_onednn_convolutions(false);  // im2col + GEMM for every shape
+  run(wide{}, ctx, 3);
+  CHECK(ctx.conv_cache().shapes() == 0);
+  ctx.set_onednn_convolutions(true);
   for (std::size_t batch : {3u, 3u, 5u, 3u, 5u}) run(wide{}, ctx, batch);
   CHECK(ctx.conv_cache().shapes() == 2);  // batches 3 and 5
   MESSAGE("oneDNN convolution: ", ctx.conv_cache().last_implementation());

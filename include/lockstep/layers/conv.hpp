@@ -298,11 +298,13 @@ struct conv2d {
 
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
     /// The call shape of `batch` images for oneDNN under the context's GEMM precision (fp32 or bf16
-    /// operands), or nothing under a precision oneDNN's path does not take (fp16: im2col).
+    /// operands), or nothing under a precision oneDNN's path does not take (fp16: im2col) or when
+    /// the context keeps convolutions on im2col (host_context::onednn_convolutions).
     template <class Ctx>
     static std::optional<backend::detail::conv_geometry> onednn_geometry(const Ctx& ctx, std::size_t batch) noexcept {
       const compute_precision p = ctx.gemm_precision();
-      if (p != compute_precision::fp32 && p != compute_precision::bf16) return std::nullopt;
+      if (!ctx.onednn_convolutions() || (p != compute_precision::fp32 && p != compute_precision::bf16))
+        return std::nullopt;
       return backend::detail::conv_geometry{batch, C, H, W, Filters, Kernel, Stride, Padding, OH, OW,
                                             p == compute_precision::bf16};
     }

@@ -118,6 +118,12 @@ public:
   /// The buffers emulated bf16 and fp16 GEMMs round their operands into.
   [[nodiscard]] const detail::rounding_scratch& rounding() const noexcept { return rounding_; }
 
+  /// True (the default) when a convolution that can run through oneDNN's primitives does (the
+  /// oneDNN build; see conv2d); false keeps every convolution on im2col + GEMM, to compare the two.
+  [[nodiscard]] bool onednn_convolutions() const noexcept { return onednn_convolutions_; }
+  /// Sets onednn_convolutions().
+  void set_onednn_convolutions(bool on) noexcept { onednn_convolutions_ = on; }
+
   /// BLAS threads this replica may use.
   [[nodiscard]] int blas_threads() const noexcept { return blas_threads_; }
   /// True when activate() makes the thread flush subnormal floats to zero.
@@ -156,6 +162,7 @@ private:
   bool flush_denormals_;
   compute_precision policy_;
   compute_precision active_ = compute_precision::fp32;
+  bool onednn_convolutions_ = true;
   detail::rounding_scratch rounding_;
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
   detail::onednn_gemm_slot gemm_cache_;

@@ -113,10 +113,11 @@ public:
     }
     if (!dx) return;
     if (!e.bwd_data.primitive) create_backward_data(e, g);
-    load(e.diff_dst_d, dy);
+    if (!e.shared_diff_dst) load(e.diff_dst_d, dy);  // else backward-weights' copy of dy serves
     load(e.weights_d, w);
     bind_output(e.diff_src, dx);
-    std::array<dnnl_exec_arg_t, 4> data_args{{{DNNL_ARG_DIFF_DST, e.diff_dst_d.used()},
+    const dnnl_memory_t diff_dst = e.shared_diff_dst ? e.diff_dst_w.used() : e.diff_dst_d.used();
+    std::array<dnnl_exec_arg_t, 4> data_args{{{DNNL_ARG_DIFF_DST, diff_dst},
                                               {DNNL_ARG_WEIGHTS, e.weights_d.used()},
                                               {DNNL_ARG_DIFF_SRC, e.diff_src.used()},
                                               {DNNL_ARG_SCRATCHPAD, nullptr}}};
@@ -172,6 +173,7 @@ private:
     operand src_w, diff_dst_w, diff_weights;     // backward-weights
     onednn_ptr<dnnl_memory_t> diff_bias;         // plain, f values
     operand diff_dst_d, weights_d, diff_src;     // backward-data
+    bool shared_diff_dst = false;                // backward-data reads backward-weights' dy (same layout)
     std::unique_ptr<float[]> grad;               // the weight then bias gradients, OIHW then f
   };
   struct geometry_hash {
@@ -388,7 +390,14 @@ private:
                                                           &any.dst_in, strides, pad_l, pad_r),
                  "dnnl_convolution_backward_data_desc_init", what);
     const auto pd = make_pd(desc, e.fwd_pd.get(), g, what);
-    bind(e.diff_dst_d, &plain.dst, pd.get(), dnnl_query_diff_dst_md, true, what);
+    // Backward-weights (created first) already converts dy; where backward-data wants the same
+    // layout, it reads that copy instead of converting dy again.
+    const dnnl_memory_desc_t* weights_dy = nullptr;
+    const dnnl_memory_desc_t* data_dy = dnnl_primitive_desc_query_md(pd.get(), dnnl_query_diff_dst_md, 0);
+    if (e.diff_dst_w.user)
+      onednn_check(dnnl_memory_get_memory_desc(e.diff_dst_w.used(), &weights_dy), "dnnl_memory_get_memory_desc", what);
+    e.shared_diff_dst = weights_dy && data_dy && dnnl_memory_desc_equal(weights_dy, data_dy);
+    if (!e.shared_diff_dst) bind(e.diff_dst_d, &plain.dst, pd.get(), dnnl_query_diff_dst_md, true, what);
     bind(e.weights_d, &plain.weights, pd.get(), dnnl_query_weights_md, true, what);
     bind(e.diff_src, &plain.src, pd.get(), dnnl_query_diff_src_md, false, what);
     finish(e.bwd_data, pd.get(), what);
