@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -179,38 +180,43 @@ TEST_CASE_TEMPLATE("a steady-state replica step allocates nothing", T, float, do
   CHECK(std::isfinite(loss_total));
 }
 
-TEST_CASE("a steady-state step of a small CNN allocates nothing") {
+TEST_CASE("a steady-state step of a small CNN allocates nothing, under fp32 and under mixed<bf16>") {
   // The second convolution has 8 input channels: in the oneDNN build it runs through oneDNN's
-  // convolution primitives (created at the first step of each batch size), the first through im2col.
+  // convolution primitives (created at the first step of each batch size; bf16 ones where the CPU
+  // has bf16 instructions), the first through im2col.
   using net = ls::sequential<ls::reshape<2, 9, 7>, ls::conv2d<8, 3, 1, 1>, ls::relu, ls::max_pool2d<2>,
                              ls::conv2d<3, 3, 2, 1>, ls::avg_pool2d<2, 1>, ls::flatten, ls::dense<3, 5>>;
-  ls::replica<net> rep(ls::host_context{1}, ls::seed{4});
-  const ls::data::batch big = make_batch(11, 126, 5, 7);
-  const ls::data::batch small = make_batch(4, 126, 5, 8);
-  const ls::data::shard big_all = ls::data::whole(big), small_all = ls::data::whole(small);
-  const ls::adam opt{.lr = 1e-3f};
-  const ls::softmax_cross_entropy loss;
-  auto step = [&](const ls::data::shard& s, std::uint64_t k) {
-    const ls::loss_sum l = rep.forward_backward(loss, s, ls::pass_info::for_training(2, k));
-    rep.apply(opt, ls::update_info{opt.lr, k + 1, 1.0 / double(s.global_size)});
-    return l.sum;
-  };
-  step(big_all, 0);
+  for (const ls::compute_precision policy : {ls::compute_precision::fp32, ls::compute_precision::bf16}) {
+    const std::string policy_name(ls::precision_name(policy));
+    CAPTURE(policy_name);
+    ls::replica<net> rep(ls::host_context{1, true, policy}, ls::seed{4});
+    const ls::data::batch big = make_batch(11, 126, 5, 7);
+    const ls::data::batch small = make_batch(4, 126, 5, 8);
+    const ls::data::shard big_all = ls::data::whole(big), small_all = ls::data::whole(small);
+    const ls::adam opt{.lr = 1e-3f};
+    const ls::softmax_cross_entropy loss;
+    auto step = [&](const ls::data::shard& s, std::uint64_t k) {
+      const ls::loss_sum l = rep.forward_backward(loss, s, ls::pass_info::for_training(2, k));
+      rep.apply(opt, ls::update_info{opt.lr, k + 1, 1.0 / double(s.global_size)});
+      return l.sum;
+    };
+    step(big_all, 0);
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
-  step(small_all, 0);  // oneDNN creates its GEMM and convolution primitives at the first call of each shape
+    step(small_all, 0);  // oneDNN creates its GEMM and convolution primitives at the first call of each shape
 #endif
-  std::size_t allocations = 0;
-  double loss_total = 0;
-  {
-    allocation_window w;
-    for (std::uint64_t k = 1; k <= 5; ++k) {
-      loss_total += step(big_all, k);
-      loss_total += step(small_all, k);
+    std::size_t allocations = 0;
+    double loss_total = 0;
+    {
+      allocation_window w;
+      for (std::uint64_t k = 1; k <= 5; ++k) {
+        loss_total += step(big_all, k);
+        loss_total += step(small_all, k);
+      }
+      allocations = w.count();
     }
-    allocations = w.count();
+    CHECK(allocations == 0);
+    CHECK(std::isfinite(loss_total));
   }
-  CHECK(allocations == 0);
-  CHECK(std::isfinite(loss_total));
 }
 
 TEST_CASE("a steady-state mse step with sgd momentum allocates nothing") {
