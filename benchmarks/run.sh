@@ -139,6 +139,7 @@ run ours_images_write "$b/bench_images" --write "$images_dir"
 run ours_images "$b/bench_images" --dir "$images_dir" --epochs "$pipe_epochs"
 run ours_mainjob "$build/examples/fashion_mnist" --quiet --epochs "$epochs"
 run ours_mainjob_sharded "$build/examples/fashion_mnist" --quiet --epochs "$epochs" --shard-optimizer
+run ours_cnn_epoch "$build/examples/fashion_mnist" --quiet --model cnn --epochs 1 --batch 128
 run ours_compile benchmarks/compile_cost.sh
 
 # --- peers --------------------------------------------------------------------------------------
@@ -168,6 +169,7 @@ else
     run tf_pipeline "$tf_py" benchmarks/peers/tf_bench.py pipeline --epochs "$pipe_epochs"
     run tf_images "$tf_py" benchmarks/peers/tf_images.py --dir "$images_dir" --epochs "$pipe_epochs"
     for m in one mirrored; do run "tf_mainjob_$m" "$tf_py" benchmarks/peers/tf_bench.py mainjob --mode "$m" --epochs "$epochs"; done
+    run tf_mainjob_cnn "$tf_py" benchmarks/peers/tf_bench.py mainjob --mode one --model cnn --epochs 1
   fi
   if [ -n "$torch_py" ]; then
     for c in S M L cnn; do run "torch_step_$c" "$torch_py" benchmarks/peers/torch_bench.py step --config "$c" "${pr[@]}"; done

@@ -6,7 +6,9 @@
                                                       (bf16: Keras's mixed_bfloat16 policy)
   tf_bench.py mirrored --replicas 1|2 [--repeats N]   config M at global batch 256 fed by tf.data,
                                                       MirroredStrategy over 2 logical CPU devices
-  tf_bench.py mainjob --mode one|mirrored [--epochs E]  the Fashion-MNIST main job with Keras fit
+  tf_bench.py mainjob --mode one|mirrored [--epochs E] [--model mlp|cnn]
+                                                      the Fashion-MNIST main job with Keras fit
+                                                      (cnn: fashion_mnist --model cnn's network)
   tf_bench.py pipeline [--epochs E]                   tf.data decode -> shuffle -> batch alone
 
 Threads: one per replica (intra-op 1; inter-op = replicas), except the main job on one device,
@@ -132,6 +134,10 @@ def mirrored_bench():
 def mainjob():
     mode = common.arg("mode", "one")
     epochs = int(common.arg("epochs", "20"))
+    model_name = common.arg("model", "mlp")
+    if model_name not in ("mlp", "cnn"):
+        sys.exit(f"tf_bench.py mainjob: --model must be mlp or cnn, got {model_name!r}")
+    shape = (28, 28, 1) if model_name == "cnn" else (784,)
     batch, lr, wd, seed = 128, 1e-3, 0.02, 42
     t0 = time.perf_counter()
     keras.utils.set_random_seed(seed)
@@ -139,7 +145,7 @@ def mainjob():
     test_x, test_y = common.read_idx("t10k")
 
     def scale(xb, yb):
-        return tf.cast(xb, tf.float32) * (1.0 / 255), yb
+        return tf.reshape(tf.cast(xb, tf.float32) * (1.0 / 255), (-1,) + shape), yb
 
     train = (tf.data.Dataset.from_tensor_slices((train_x, train_y)).shuffle(60000, seed=seed)
              .batch(batch).map(scale).prefetch(tf.data.AUTOTUNE))
@@ -148,7 +154,7 @@ def mainjob():
     strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if mode == "mirrored"
                 else tf.distribute.get_strategy())
     with strategy.scope():
-        model = dense_stack([784, 512, 256, 10], dropout=0.2)
+        model = cnn() if model_name == "cnn" else dense_stack([784, 512, 256, 10], dropout=0.2)
         opt = keras.optimizers.AdamW(learning_rate=keras.optimizers.schedules.CosineDecay(lr, steps),
                                      weight_decay=wd, epsilon=1e-8)
         model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -156,8 +162,8 @@ def mainjob():
     model.fit(train, epochs=epochs, verbose=0)
     _, acc = model.evaluate(test, verbose=0)
     wall = time.perf_counter() - t0
-    common.result(peer="tensorflow", bench="mainjob", mode=mode, epochs=epochs, wall_s=f"{wall:.1f}",
-                  test_accuracy=f"{acc:.4f}", threads=2, version=VERSION)
+    common.result(peer="tensorflow", bench="mainjob", mode=mode, model=model_name, epochs=epochs,
+                  wall_s=f"{wall:.1f}", test_accuracy=f"{acc:.4f}", threads=2, version=VERSION)
 
 
 def pipeline():

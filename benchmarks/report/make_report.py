@@ -398,6 +398,23 @@ def mainjob_section(run, peak, epochs):
     return text + "\n\n" + table(head, rows)
 
 
+def cnn_epoch_section(run):
+    """One epoch of the tutorial CNN on both cores: lockstep's process wall time against Keras fit's."""
+    ours = run.cmds.get("ours_cnn_epoch", (1, None, ""))
+    ow = ours[1] if ours[0] == 0 else None
+    oa = run.find("ours_cnn_epoch", "test_accuracy")
+    kw, ka = run.find("tf_mainjob_cnn", "wall_s"), run.find("tf_mainjob_cnn", "test_accuracy")
+    rows = [["lockstep, 2 CPU replicas (`fashion_mnist --model cnn --epochs 1 --batch 128`)", cell(run, ow, "ours_cnn_epoch", None, 1),
+             cell(run, oa, "ours_cnn_epoch", None, 4), "—", "≥ 1.2× Keras fit"],
+            ["Keras fit, one device, 2 threads (`tf_bench.py mainjob --model cnn --epochs 1`)",
+             cell(run, kw, "tf_mainjob_cnn", "tensorflow", 1), cell(run, ka, "tf_mainjob_cnn", "tensorflow", 4),
+             ratio(kw, ow), ""]]
+    text = ("One epoch of the tutorial CNN (`--model cnn`: two 5 × 5 convolutions with ReLU and 2 × 2 max pooling, "
+            "dense 3136-1024 with dropout 0.4, dense 1024-10), AdamW with cosine decay, global batch 128, from the gz "
+            "files to the test accuracy, as the main job above.")
+    return text + "\n\n" + table(["system", "wall s", "test accuracy", "its time / lockstep's", "goal"], rows)
+
+
 def compile_section(run):
     def c(name, target, key):
         return run.find(name, key, target=target)
@@ -447,6 +464,7 @@ def main():
         "### Mixed precision (bf16), one core", precision_section(run),
         "### Data parallelism, 2 replicas", scaling_section(run),
         "### Main job: Fashion-MNIST end to end", mainjob_section(run, peak, epochs),
+        "### One CNN epoch", cnn_epoch_section(run),
         "### All-reduce between 2 replicas", allreduce_section(run),
         "### Input pipeline", pipeline_section(run),
         "### Image decode and augmentation, one core", images_section(run),
