@@ -98,11 +98,11 @@ void bench_step(std::size_t rows, int repeats) {
 }
 
 // One line per layer of the CNN at batch 64 on one core (forward, backward; the first layer without
-// dx, as in the network), their sum, and the one-replica step beside it: the step's remainder is the
-// loss, the update and the glue.
+// dx, as in the network) and their sum; beside the one-replica step line that follows, the rest of
+// the step is the loss, the update and the glue.
 template <class L, class S>
 double breakdown_line(const char* name, int repeats, bool with_dx = true) {
-  const auto t = conv_bench::time_lockstep_conv<L, S>(64, repeats, with_dx);
+  const auto t = conv_bench::time_lockstep_layer<L, S>(64, repeats, with_dx);
   fmt::print("breakdown layer={} ms={:.3f} forward_ms={:.3f} backward_ms={:.3f}\n", name, t.total * 1e3,
              t.forward * 1e3, t.backward * 1e3);
   std::fflush(stdout);
@@ -155,14 +155,14 @@ int main(int argc, char** argv) {
       using conv1 = ls::conv2d<32, 5, 1, 2>;
       using conv2 = ls::conv2d<64, 5, 1, 2>;
       conv_bench::print_layer("conv1", "im2col", conv_bench::conv_flops(64, 1, 32, 5, 28, 28),
-                              conv_bench::time_lockstep_conv<conv1, ls::shape<1, 28, 28>>(64, repeats), peak);
+                              conv_bench::time_lockstep_layer<conv1, ls::shape<1, 28, 28>>(64, repeats), peak);
       const double conv2_flops = conv_bench::conv_flops(64, 32, 64, 5, 14, 14);
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
       // conv2 (32 input channels) takes oneDNN's primitives by default in this build.
-      const auto onednn = conv_bench::time_lockstep_conv<conv2, ls::shape<32, 14, 14>>(64, repeats);
+      const auto onednn = conv_bench::time_lockstep_layer<conv2, ls::shape<32, 14, 14>>(64, repeats);
       conv_bench::print_layer("conv2", "onednn", conv2_flops, onednn, peak);
 #endif
-      const auto im2col = conv_bench::time_lockstep_conv<conv2, ls::shape<32, 14, 14>>(64, repeats, true, false);
+      const auto im2col = conv_bench::time_lockstep_layer<conv2, ls::shape<32, 14, 14>>(64, repeats, true, false);
       conv_bench::print_layer("conv2", "im2col", conv2_flops, im2col, peak);
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
       fmt::print("layer=conv2 onednn_over_im2col={:.2f}\n", im2col.total / onednn.total);

@@ -160,7 +160,7 @@ void compare(const char* name, int n, int c, int h, int w, int f, int k, int pad
                                               static_cast<std::size_t>(f), static_cast<std::size_t>(k),
                                               static_cast<std::size_t>(h + 2 * pad - k + 1),
                                               static_cast<std::size_t>(w + 2 * pad - k + 1));
-  const conv_bench::pass_times ours = conv_bench::time_lockstep_conv<L, S>(static_cast<std::size_t>(n), repeats);
+  const conv_bench::pass_times ours = conv_bench::time_lockstep_layer<L, S>(static_cast<std::size_t>(n), repeats);
   const conv_bench::pass_times blocked = time_onednn(n, c, h, w, f, k, pad, true, repeats, name);
   const conv_bench::pass_times plain = time_onednn(n, c, h, w, f, k, pad, false, repeats, name);
   conv_bench::print_layer(name, "lockstep", flops, ours, peak);

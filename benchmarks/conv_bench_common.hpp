@@ -1,5 +1,5 @@
 // Shared by bench_conv and bench_conv_onednn: the thread CPU-time clock, medians, the CPU model,
-// the SGEMM yardstick and the timing of one lockstep convolution (forward + backward with dx).
+// the SGEMM yardstick and the timing of one lockstep layer (forward + backward).
 #pragma once
 
 #include <algorithm>
@@ -99,10 +99,9 @@ struct pass_times {
 
 /// Times lockstep's L on inputs of shape S at `batch` (forward, then backward, with the input
 /// gradient dx unless `with_dx` is false, as for a network's first layer), one BLAS thread, after
-/// one warm-up pass. Any layer, not only convolutions.
-/// With `onednn` false, the context keeps convolutions on im2col + GEMM.
+/// one warm-up pass; with `onednn` false, the context keeps convolutions on im2col + GEMM.
 template <class L, class S>
-pass_times time_lockstep_conv(std::size_t batch, int repeats, bool with_dx = true, bool onednn = true) {
+pass_times time_lockstep_layer(std::size_t batch, int repeats, bool with_dx = true, bool onednn = true) {
   using B = lockstep::bind_shape_t<L, S>;
   lockstep::host_context ctx{1};
   ctx.set_onednn_convolutions(onednn);

@@ -407,6 +407,30 @@ inline T select_bits(bool c, T a, T b) noexcept {
   return std::bit_cast<T>((std::bit_cast<U>(a) & mask) | (std::bit_cast<U>(b) & ~mask));
 }
 
+/// One input row i = (b, c, yy) of a pooling gradient dx on the host, for windows that do not
+/// overlap (stride >= kernel) and no padding, where each input element lies in at most one
+/// window: `value(window, pos)` for an element of window `window` (its flat output index
+/// (b, c, oy, ox)) at position `pos` in its channel (row-major, 32 bits), `none` for an element no
+/// window reads. Each element written once.
+template <class T, window2d G, class Value>
+inline void pool_grad_row(std::size_t i, T* dx, T none, const Value& value) {
+  static_assert(G.pad == 0 && G.stride >= G.k, "pool_grad_row: windows that do not overlap, no padding");
+  const std::size_t yy = i % G.h, bc = i / G.h, oy = yy / G.stride;
+  T* out = dx + i * G.w;
+  if (yy % G.stride >= G.k || oy >= G.oh) {  // a row no window reads
+    for (std::size_t xx = 0; xx < G.w; ++xx) out[xx] = none;
+    return;
+  }
+  const std::size_t window = (bc * G.oh + oy) * G.ow;
+  const auto row = static_cast<std::int32_t>(yy * G.w);
+  for (std::size_t ox = 0; ox < G.ow; ++ox)
+    for (std::size_t kc = 0; kc < G.stride; ++kc) {
+      const auto xx = static_cast<std::int32_t>(ox * G.stride + kc);
+      out[xx] = kc < G.k ? value(window + ox, row + xx) : none;
+    }
+  for (std::size_t xx = G.ow * G.stride; xx < G.w; ++xx) out[xx] = none;  // columns no window reads
+}
+
 /// Max pooling forward on the host, one call per output row (b, c, oy), with the geometry G a
 /// constant: the same maximum and the same argmax (the first maximum in row-major window order;
 /// a NaN first element stays the maximum) as max_pool_op, without its per-element index
@@ -475,46 +499,26 @@ struct max_pool_rows_op {
   }
 };
 
-/// Max pooling backward on the host for windows that do not overlap (stride >= kernel) and no
-/// padding, one call per input row (b, c, yy): each input element lies in at most one window, so
-/// dx is 0 + that window's dy where the element is the window's argmax (0 + -0 is +0, as in a
-/// sum) and 0 elsewhere, the bits of max_pool_grad_op's sums over the covering windows, each
-/// element written once.
+/// Max pooling backward on the host, one call per input row (b, c, yy), with the geometry G a
+/// constant. For windows that do not overlap (stride >= kernel) and no padding: dx is 0 + the
+/// window's dy where the element is the window's argmax (0 + -0 is +0, as in a sum) and 0
+/// elsewhere, the bits of max_pool_grad_op's sums over the covering windows, each element written
+/// once, the choice a select. Otherwise max_pool_grad_op itself.
 template <class T, window2d G>
 struct max_pool_grad_rows_op {
-  static_assert(G.pad == 0 && G.stride >= G.k, "max_pool_grad_rows_op: windows that do not overlap, no padding");
   const T* dy;      ///< batch x C x OH x OW
   const T* argmax;  ///< from forward
   T* dx;            ///< batch x C x H x W
   /// Input row i = (b, c, yy).
   void operator()(std::size_t i) const {
-    const std::size_t yy = i % G.h, bc = i / G.h, oy = yy / G.stride, kr = yy % G.stride;
-    T* out = dx + i * G.w;
-    if (kr >= G.k || oy >= G.oh) {  // a row no window reads
-      for (std::size_t xx = 0; xx < G.w; ++xx) out[xx] = T(0);
-      return;
+    if constexpr (G.pad == 0 && G.stride >= G.k) {
+      pool_grad_row<T, G>(i, dx, T(0), [this](std::size_t window, std::int32_t pos) {
+        return select_bits(argmax[window] == static_cast<T>(pos), T(0) + dy[window], T(0));
+      });
+    } else {
+      max_pool_grad_op<T>{dy, argmax, dx, G}(i);
     }
-    const T* d = dy + (bc * G.oh + oy) * G.ow;
-    const T* a = argmax + (bc * G.oh + oy) * G.ow;
-    const auto row = static_cast<std::int32_t>(yy * G.w);  // positions in 32 bits, as in forward
-    for (std::size_t ox = 0; ox < G.ow; ++ox)
-      for (std::size_t kc = 0; kc < G.stride; ++kc) {
-        const auto xx = static_cast<std::int32_t>(ox * G.stride + kc);
-        out[xx] = select_bits(kc < G.k && a[ox] == static_cast<T>(row + xx), T(0) + d[ox], T(0));
-      }
-    for (std::size_t xx = G.ow * G.stride; xx < G.w; ++xx) out[xx] = T(0);  // columns no window reads
   }
-};
-
-/// Max pooling backward on the host for overlapping or padded windows: max_pool_grad_op with the
-/// geometry G a constant. One call per input row (b, c, yy).
-template <class T, window2d G>
-struct max_pool_grad_const_op {
-  const T* dy;      ///< batch x C x OH x OW
-  const T* argmax;  ///< from forward
-  T* dx;            ///< batch x C x H x W
-  /// Input row i.
-  void operator()(std::size_t i) const { max_pool_grad_op<T>{dy, argmax, dx, G}(i); }
 };
 
 /// Average pooling forward: the window's sum over K K (padding counts as zeros). One call per
@@ -603,17 +607,7 @@ struct avg_pool_grad_rows_op {
   void operator()(std::size_t i) const {
     if constexpr (G.pad == 0 && G.stride >= G.k) {
       constexpr T kk = static_cast<T>(G.k * G.k);
-      const std::size_t yy = i % G.h, bc = i / G.h, oy = yy / G.stride, kr = yy % G.stride;
-      T* out = dx + i * G.w;
-      if (kr >= G.k || oy >= G.oh) {  // a row no window reads
-        for (std::size_t xx = 0; xx < G.w; ++xx) out[xx] = T(0) / kk;
-        return;
-      }
-      const T* d = dy + (bc * G.oh + oy) * G.ow;
-      for (std::size_t ox = 0; ox < G.ow; ++ox)
-        for (std::size_t kc = 0; kc < G.stride; ++kc)
-          out[ox * G.stride + kc] = (kc < G.k ? T(0) + d[ox] : T(0)) / kk;
-      for (std::size_t xx = G.ow * G.stride; xx < G.w; ++xx) out[xx] = T(0) / kk;  // columns no window reads
+      pool_grad_row<T, G>(i, dx, T(0) / kk, [this](std::size_t window, std::int32_t) { return (T(0) + dy[window]) / kk; });
     } else {
       avg_pool_grad_op<T>{dy, dx, G}(i);
     }
@@ -709,13 +703,11 @@ struct max_pool2d {
     template <class T, class Ctx>
     static void backward(Ctx& ctx, const backward_args<T, Ctx, S, typename pool::output_shape>& a) {
       if (!a.dx) return;
-      constexpr detail::window2d g = geometry();
-      if constexpr (detail::host_context_v<Ctx> && g.pad == 0 && g.stride >= g.k)
-        for_each_index(ctx, a.batch() * C * H, detail::max_pool_grad_rows_op<T, g>{a.dy.data(), a.workspace, a.dx.data()});
-      else if constexpr (detail::host_context_v<Ctx>)
-        for_each_index(ctx, a.batch() * C * H, detail::max_pool_grad_const_op<T, g>{a.dy.data(), a.workspace, a.dx.data()});
+      if constexpr (detail::host_context_v<Ctx>)
+        for_each_index(ctx, a.batch() * C * H,
+                       detail::max_pool_grad_rows_op<T, geometry()>{a.dy.data(), a.workspace, a.dx.data()});
       else
-        for_each_index(ctx, a.batch() * C * H, detail::max_pool_grad_op<T>{a.dy.data(), a.workspace, a.dx.data(), g});
+        for_each_index(ctx, a.batch() * C * H, detail::max_pool_grad_op<T>{a.dy.data(), a.workspace, a.dx.data(), geometry()});
     }
   };
 };
