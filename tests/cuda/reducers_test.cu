@@ -1,10 +1,11 @@
-// The GPU reducers' failure and ordering contracts: the host-staged broadcast after a sum, NCCL
-// with one replica, NCCL's run-time revoke, a peer that fails before its first NCCL collective,
+// The GPU reducers' conformance suite (testing/gpu_reducer.cuh) and their failure and ordering
+// contracts: the host-staged broadcast after a sum, NCCL with one replica, NCCL's run-time revoke, a peer that fails before its first NCCL collective,
 // and an abort from another thread while replicas are inside NCCL calls.
 
 #include "gpu_test.hpp"
 
 #include <lockstep/distribute/mirrored.hpp>
+#include <lockstep/testing/gpu_reducer.cuh>
 
 #include <atomic>
 #include <chrono>
@@ -61,6 +62,43 @@ void on_two_threads(const F& fn) {
 }
 
 }  // namespace
+
+namespace {
+// Every replica on gpu<0>.
+std::vector<int> all_on_gpu0(std::size_t n) { return std::vector<int>(n, 0); }
+// LOCKSTEP_TEST_TIMEOUT_SCALE as a factor (see test_timeout).
+double timeout_scale() { return static_cast<double>(test_timeout(1000).count()) / 1000.0; }
+}  // namespace
+
+TEST_CASE("gpu: same_device_allreduce passes the GPU reducer conformance suite, 1 to 8 replicas on gpu<0>") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  ls::testing::check_gpu_reducer<ls::same_device_allreduce>("same_device_allreduce", all_on_gpu0, 8, timeout_scale());
+}
+
+TEST_CASE("gpu: reduce_to_one_device<gpu<0>> passes the GPU reducer conformance suite, 1 to 8 replicas on gpu<0>") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  ls::testing::check_gpu_reducer<ls::reduce_to_one_device<ls::gpu<0>>>("reduce_to_one_device<gpu<0>>", all_on_gpu0, 8,
+                                                                       timeout_scale());
+}
+
+TEST_CASE("gpu: reduce_to_one_device<cpu<0>> over gpu<0> replicas passes the GPU reducer conformance suite") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  ls::testing::check_gpu_reducer<ls::reduce_to_one_device<ls::cpu<0>>>("reduce_to_one_device<cpu<0>> over GPUs",
+                                                                       all_on_gpu0, 8, timeout_scale());
+}
+
+#if defined(LOCKSTEP_HAS_NCCL)
+TEST_CASE("multigpu: nccl_allreduce passes the GPU reducer conformance suite, one replica per GPU") {
+  LOCKSTEP_REQUIRE_GPUS(2);
+  const auto gpus = static_cast<std::size_t>(ls::backend::cuda_device_count());
+  const auto one_per_gpu = [](std::size_t n) {  // replica r on GPU r
+    std::vector<int> v(n);
+    for (std::size_t r = 0; r < n; ++r) v[r] = static_cast<int>(r);
+    return v;
+  };
+  ls::testing::check_gpu_reducer<ls::nccl_allreduce>("nccl_allreduce", one_per_gpu, gpus, timeout_scale());
+}
+#endif
 
 TEST_CASE("gpu: reduce_to_one_device<cpu<0>>: a broadcast right after a sum waits for the sum's copy back") {
   LOCKSTEP_REQUIRE_GPUS(1);
