@@ -6,8 +6,8 @@
 //    and falls over the timed steps;
 //  - cublas_sgemm_ceiling: the same step's GEMMs alone, through cuBLAS SGEMM (the ceiling config L
 //    is measured against);
-//  - gpu_cnn: the Fashion-MNIST example's CNN (TensorFlow's tutorial CNN) at batch 256, FP32;
-//    check as for the MLP;
+//  - gpu_cnn: the Fashion-MNIST example's CNN (TensorFlow's tutorial CNN) at batch 256, FP32, and
+//    the device operations (kernels, cuBLAS calls, copies) one step queues; check as for the MLP;
 //  - same_device_reducer: same_device_allreduce, the reducer mirrored<gpu<0>, gpu<0>> uses, on two
 //    replicas' 256 MiB buckets, against the device's copy bandwidth measured in the same run;
 //    check: the summed value is the exact expected one.
@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -103,6 +104,7 @@ void reducer_bandwidth(bool& all_ok) {
 // and the last of them.
 struct timed_run {
   double seconds = 0, first = 0, last = 0;
+  std::uint64_t launches = 0;  ///< device operations queued by one timed step (the mean)
   /// The loss is finite and training on one batch lowered it.
   [[nodiscard]] bool ok() const { return std::isfinite(first) && std::isfinite(last) && last < first; }
 };
@@ -131,6 +133,7 @@ timed_run train_timed(std::size_t batch, std::size_t classes, int steps) {
   for (int i = 0; i < 3; ++i) (void)ls::train_step(strategy, model, opt, loss, db);
   model.replica(0).context().synchronize();
   timed_run r;
+  const std::uint64_t launched = model.replica(0).context().launches();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) {
     const double l = ls::train_step(strategy, model, opt, loss, db).mean_loss();
@@ -139,6 +142,7 @@ timed_run train_timed(std::size_t batch, std::size_t classes, int steps) {
   }
   model.replica(0).context().synchronize();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.launches = (model.replica(0).context().launches() - launched) / static_cast<std::uint64_t>(steps);
   return r;
 }
 
@@ -201,8 +205,10 @@ void cnn(bool& all_ok) {
   constexpr std::size_t batch = 256;
   const int steps = 10;
   const timed_run r = train_timed<net>(batch, 10, steps);
-  std::printf("gpu_cnn batch=%zu precision=fp32 samples_per_s=%.0f step_ms=%.3f loss_first=%.4f loss_last=%.4f check=%s\n",
-              batch, steps * batch / r.seconds, 1e3 * r.seconds / steps, r.first, r.last, verdict(r.ok(), all_ok));
+  std::printf("gpu_cnn batch=%zu precision=fp32 samples_per_s=%.0f step_ms=%.3f launches_per_step=%llu loss_first=%.4f "
+              "loss_last=%.4f check=%s\n",
+              batch, steps * batch / r.seconds, 1e3 * r.seconds / steps, static_cast<unsigned long long>(r.launches),
+              r.first, r.last, verdict(r.ok(), all_ok));
 }
 
 }  // namespace

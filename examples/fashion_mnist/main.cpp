@@ -228,12 +228,6 @@ int train(const config& c) {
   return train_on<Net, Kind>(strategy, c, 1, true);
 }
 
-#ifdef LOCKSTEP_HAS_CUDA
-/// True when every layer of Net runs on GPU replicas (batch_norm runs on host replicas only).
-template <class Net>
-constexpr bool runs_on_gpus = !std::is_same_v<Net, cnn_bn>;
-#endif
-
 template <class Net>
 int run(const config& c) {
 #ifdef LOCKSTEP_HAS_MPI
@@ -259,10 +253,7 @@ int run(const config& c) {
   }
   if (c.device == "cpu") return train<Net, ls::cpus>(c);
 #ifdef LOCKSTEP_HAS_CUDA
-  if constexpr (runs_on_gpus<Net>)
-    return train<Net, ls::gpus>(c);
-  else
-    throw usage_error("--model " + c.model + " --device gpu: batch_norm runs on cpu replicas only in this version");
+  return train<Net, ls::gpus>(c);
 #else
   throw usage_error("--device gpu: this build has no CUDA support (configure with -DLOCKSTEP_CUDA=ON and nvcc)");
 #endif

@@ -5,12 +5,14 @@
 #include "gpu_test.hpp"
 #include "../losses/xent_reference.hpp"
 
+#include <lockstep/distribute/detail/row_exchange.hpp>
 #include <lockstep/testing/drive.hpp>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -122,6 +124,84 @@ void check_layer_all_batches_shaped(const char* name) {
 template <class Layer, std::size_t In>
 void check_layer_all_batches(const char* name) {
   check_layer_all_batches_shaped<Layer, ls::shape<In>>(name);
+}
+
+// batch_norm bound to S: forward and backward in training (`rows` split over `shards` GPU
+// replicas on gpu<0> that exchange their rows' sums through a host row exchange, one thread each)
+// and in evaluation, against the host layer on the whole batch: outputs, input gradients,
+// parameter gradients (the global sums, from the leading replica) and running statistics.
+template <class Layer, class S>
+void check_batch_norm(std::size_t rows, std::size_t shards, bool training, bool accumulate) {
+  using B = ls::bind_shape_t<Layer, S>;
+  constexpr std::size_t in = B::input_size, np = B::param_count, ns = B::state_count;
+  constexpr std::size_t nw = B::workspace_per_sample, nf = ls::workspace_fixed_v<B>;
+  CAPTURE(rows);
+  CAPTURE(shards);
+  CAPTURE(training);
+  CAPTURE(accumulate);
+  auto params = random_vector(np + ns, 31, 0.5f, 1.5f);  // γ, β, running mean, running variance (> 0)
+  const auto x = random_vector(rows * in, 32, -3.0f, 5.0f);
+  const auto dy = random_vector(rows * in, 33);
+  const auto dp0 = random_vector(np, 34);  // what an accumulating backward adds to
+  ls::pass_info info{.training = training, .seed = 1, .step = 2};
+  info.state_offset = static_cast<std::ptrdiff_t>(np);
+  info.accumulate = accumulate;
+  std::vector<float> host_params = params, y(rows * in), dx(rows * in), dp = dp0, ws(rows * nw + nf);
+  ls::host_context hc;
+  lockstep::testing::run_forward<B>(hc, host_params.data(), x.data(), y.data(), ws.data(), rows, info);
+  lockstep::testing::run_backward<B>(hc, host_params.data(), x.data(), y.data(), dy.data(), dx.data(), dp.data(), ws.data(),
+                                     rows, info);
+  std::vector<std::pair<std::size_t, std::size_t>> split;  // (first row, rows) per replica, as data::split cuts
+  for (std::size_t r = 0, first = 0; r < shards; ++r) {
+    const std::size_t n = rows / shards + (r < rows % shards ? 1 : 0);
+    split.emplace_back(first, n);
+    first += n;
+  }
+  ls::detail::host_row_exchange exchange(shards, std::chrono::milliseconds(20'000));
+  std::vector<std::vector<float>> got_y(shards), got_dx(shards), got_dp(shards), got_state(shards);
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < shards; ++r)
+    threads.emplace_back([&, r] {
+      ls::cuda_context ctx(0);
+      const std::size_t first = split[r].first, n = split[r].second;
+      ls::pass_info mine = info;
+      mine.sample_offset = first;
+      mine.global_rows = rows;
+      if (shards > 1) {
+        mine.exchange = &exchange;
+        mine.rank = r;
+      }
+      auto d_params = to_device(ctx, params);
+      auto d_x = to_device(ctx, std::vector<float>(x.begin() + first * in, x.begin() + (first + n) * in));
+      auto d_dy = to_device(ctx, std::vector<float>(dy.begin() + first * in, dy.begin() + (first + n) * in));
+      auto d_dp = to_device(ctx, dp0);
+      ls::buffer<float, ls::gpu<0>> d_y(n * in), d_dx(n * in), d_ws(n * nw + nf);
+      lockstep::testing::run_forward<B>(ctx, d_params.data(), d_x.data(), d_y.data(), d_ws.data(), n, mine);
+      lockstep::testing::run_backward<B>(ctx, d_params.data(), d_x.data(), d_y.data(), d_dy.data(), d_dx.data(), d_dp.data(),
+                                         d_ws.data(), n, mine);
+      got_y[r] = to_host(ctx, d_y.data(), n * in);
+      got_dx[r] = to_host(ctx, d_dx.data(), n * in);
+      got_dp[r] = to_host(ctx, d_dp.data(), np);
+      got_state[r] = to_host(ctx, d_params.data() + np, ns);
+    });
+  for (auto& t : threads) t.join();
+  std::vector<float> all_y, all_dx;
+  for (std::size_t r = 0; r < shards; ++r) {
+    all_y.insert(all_y.end(), got_y[r].begin(), got_y[r].end());
+    all_dx.insert(all_dx.end(), got_dx[r].begin(), got_dx[r].end());
+    check_close(got_state[r], std::vector<float>(host_params.begin() + np, host_params.end()), 1e-5, "running statistics");
+  }
+  check_close(all_y, y, 1e-5, "output");
+  check_close(all_dx, dx, 1e-5, "input gradient");
+  if (!training || shards == 1) {  // local sums (evaluation) or the whole batch on one replica
+    std::vector<float> sum = got_dp[0];
+    for (std::size_t r = 1; r < shards; ++r)
+      for (std::size_t i = 0; i < np; ++i) sum[i] += got_dp[r][i] - (accumulate ? dp0[i] : 0.0f);
+    check_close(sum, dp, 1e-5, "parameter gradient (sum over replicas)");
+  } else {  // the leader holds the global sums, the others add zeros
+    check_close(got_dp[0], dp, 1e-5, "parameter gradient (leading replica)");
+    for (std::size_t r = 1; r < shards; ++r) CHECK(got_dp[r] == (accumulate ? dp0 : std::vector<float>(np, 0.0f)));
+  }
 }
 
 // Three updates of optimiser `opt` on n parameters, host against device.
@@ -367,6 +447,30 @@ TEST_CASE("gpu: every layer's forward and backward match the host within 1e-5") 
   check_layer_all_batches<ls::sequential<ls::reshape<2, 4, 4>, ls::conv2d<3, 3, 1, 1>, ls::relu, ls::max_pool2d<2>,
                                          ls::flatten, ls::dense<12, 5>>,
                           32>("small CNN");
+}
+
+TEST_CASE("gpu: [batch_norm] forward and backward on gpu<0> match the host, one replica or several exchanging rows") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  for (bool training : {true, false})
+    for (bool accumulate : {false, true})
+      for (std::size_t rows : {1u, 2u, 7u, 37u})
+        for (std::size_t shards : {1u, 2u, 3u}) {  // 1 row over 2 or 3: replicas with no rows take part too
+          check_batch_norm<ls::batch_norm<>, ls::shape<3, 5, 7>>(rows, shards, training, accumulate);
+          check_batch_norm<ls::batch_norm<1, 3>, ls::shape<11>>(rows, shards, training, accumulate);
+        }
+}
+
+TEST_CASE("gpu: [batched_conv] convolutions over whole shards match the host: large and uneven batches, the CNN's shapes") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  using img = ls::shape<3, 9, 7>;
+  for (bool training : {true, false}) {
+    check_layer<ls::conv2d<4, 3, 1, 1>, img>("conv2d<4, 3, 1, 1>", 129, training);
+    check_layer<ls::conv2d<5, 3, 2, 0>, img>("conv2d<5, 3, 2, 0>", 97, training);
+    check_layer<ls::conv2d<3, 2, 3, 1>, img>("conv2d<3, 2, 3, 1> (stride above the window)", 61, training);
+    check_layer<ls::conv2d<6, 1, 1, 0>, img>("conv2d<6, 1, 1, 0>", 50, training);
+  }
+  check_layer<ls::conv2d<32, 5, 1, 2>, ls::shape<1, 28, 28>>("the CNN's conv1", 19, true);
+  check_layer<ls::conv2d<64, 5, 1, 2>, ls::shape<32, 14, 14>>("the CNN's conv2", 19, true);
 }
 
 TEST_CASE("gpu: losses match the host, and a bad label is a data_error on the device too") {

@@ -52,10 +52,18 @@ struct run_result {
   std::vector<bool> skipped;  // per step: the update was skipped (an overflow under mixed<fp16>)
 };
 
-// Trains `steps` steps of net under precision policy P with strategy S on the fixed batch sequence.
-template <class P = float, class S>
+// The net with batch norm after the first two dense layers (statistics over the global batch).
+using bn_net = ls::sequential<ls::dense<20, 32>, ls::batch_norm<>, ls::gelu, ls::dense<32, 32>, ls::batch_norm<3, 10>,
+                              ls::tanh, ls::dense<32, 5>>;
+// The same rows as 5 x 2 x 2 images: a convolution, batch norm per channel over the batch and
+// positions, a dense layer.
+using bn_image_net = ls::sequential<ls::reshape<5, 2, 2>, ls::conv2d<6, 3, 1, 1>, ls::batch_norm<>, ls::tanh,
+                                    ls::flatten, ls::dense<24, 5>>;
+
+// Trains `steps` steps of Net under precision policy P with strategy S on the fixed batch sequence.
+template <class P = float, class Net = net, class S>
 run_result train(S& s) {
-  auto m = s.template replicate<net, P>(ls::seed{3});
+  auto m = s.template replicate<Net, P>(ls::seed{3});
   const ls::sgd opt{.lr = 0.05f, .momentum = 0.9f};
   run_result out;
   for (std::size_t k = 0; k < steps; ++k) {
@@ -74,13 +82,13 @@ run_result train(S& s) {
   return out;
 }
 
-template <class S>
+template <class S, class Net = net>
 void check_against_host(const char* name) {
   CAPTURE(name);
   ls::one_device<ls::cpu<0>> host;
-  const run_result want = train(host);
+  const run_result want = train<float, Net>(host);
   S gpu{ls::strategy_options{.bucket_bytes = 1024}};  // several buckets
-  const run_result got = train(gpu);
+  const run_result got = train<float, Net>(gpu);
   REQUIRE(got.losses.size() == want.losses.size());
   for (std::size_t k = 0; k < steps; ++k) {
     CAPTURE(k);
@@ -234,3 +242,69 @@ TEST_CASE("multigpu: mirrored<gpu<0>, gpu<1>> (NCCL) trains like one host device
   check_against_host<ls::mirrored<ls::gpu<0>, ls::gpu<1>>>("mirrored<gpu<0>, gpu<1>>");
 }
 #endif
+
+TEST_CASE("gpu: [batch_norm] batch norm on GPUs trains like the host over 20 steps, with 1, 2 and 3 replicas on gpu<0>") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  // The global batches have 13 to 19 rows: three replicas get uneven shards, and the statistics
+  // must still be those of the global batch (the replicas exchange each row's sums).
+  check_against_host<ls::one_device<ls::gpu<0>>, bn_net>("one_device<gpu<0>>, dense + batch_norm");
+  check_against_host<ls::mirrored<ls::gpu<0>, ls::gpu<0>>, bn_net>("mirrored<gpu<0> x 2>, dense + batch_norm");
+  check_against_host<ls::mirrored<ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>, bn_net>("mirrored<gpu<0> x 3>, dense + batch_norm");
+  check_against_host<ls::one_device<ls::gpu<0>>, bn_image_net>("one_device<gpu<0>>, conv2d + batch_norm");
+  check_against_host<ls::mirrored<ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>, bn_image_net>("mirrored<gpu<0> x 3>, conv2d + batch_norm");
+  check_against_host<aggregating<on_host, ls::gpu<0>, ls::gpu<0>>, bn_image_net>("reduce_to_one_device<cpu<0>>, gpu<0> x 2, conv2d + batch_norm");
+}
+
+TEST_CASE("gpu: [batch_norm] batch norm on GPUs is bitwise run to run, and its running statistics match the host") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  using three = ls::mirrored<ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>;
+  three a{ls::strategy_options{.bucket_bytes = 1024}}, b{ls::strategy_options{.bucket_bytes = 1024}};
+  const run_result first = train<float, bn_image_net>(a);
+  const run_result second = train<float, bn_image_net>(b);
+  CHECK(first.params == second.params);
+  CHECK(first.losses == second.losses);
+  // parameters_to_host carries the running statistics after the parameters: after 20 updates they
+  // follow the host's within the same tolerance.
+  ls::one_device<ls::cpu<0>> host;
+  const run_result want = train<float, bn_image_net>(host);
+  REQUIRE(want.params.size() == first.params.size());
+  check_close(first.params, want.params, 1e-4, "parameters and running statistics");
+}
+
+namespace {
+// Device operations (kernels, cuBLAS calls, copies) one steady training step of Net queues on
+// one_device<gpu<0>> at `batch` rows (of `width` features, labels below 10).
+template <class Net>
+std::uint64_t launches_per_step(std::size_t batch) {
+  ls::one_device<ls::gpu<0>> s;
+  auto m = s.template replicate<Net>(ls::seed{2});
+  constexpr std::size_t width = decltype(m)::model_type::input_size;
+  auto b = std::make_shared<ls::data::batch>();
+  b->width = width;
+  b->features = random_vector(batch * width, 41, -1.0f, 1.0f);
+  b->labels.resize(batch);
+  b->indices.resize(batch);
+  for (std::size_t i = 0; i < batch; ++i) {
+    b->labels[i] = static_cast<std::int32_t>(i % 10);
+    b->indices[i] = i;
+  }
+  const ls::sgd opt{.lr = 0.01f};
+  (void)ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distribute(b, 1));  // warm-up: scratch grows
+  const auto& ctx = m.replica(0).context();
+  const std::uint64_t before = ctx.launches();
+  (void)ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distribute(b, 1));
+  return ctx.launches() - before;
+}
+}  // namespace
+
+TEST_CASE("gpu: [batched_conv] the CNN's step queues at most 100 device operations, the same at every batch") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  using cnn = ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<32, 5, 1, 2>, ls::relu, ls::max_pool2d<2>,
+                             ls::conv2d<64, 5, 1, 2>, ls::relu, ls::max_pool2d<2>, ls::flatten, ls::dense<3136, 1024>,
+                             ls::relu, ls::dense<1024, 10>>;
+  const std::uint64_t at8 = launches_per_step<cnn>(8), at64 = launches_per_step<cnn>(64), at256 = launches_per_step<cnn>(256);
+  MESSAGE("device operations per CNN step: " << at8 << " at batch 8, " << at64 << " at 64, " << at256 << " at 256");
+  CHECK(at8 <= 100);
+  CHECK(at64 == at8);
+  CHECK(at256 == at8);
+}

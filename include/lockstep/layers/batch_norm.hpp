@@ -10,8 +10,13 @@
 /// gradients are global sums too: replica 0 of the exchange writes them and the others write
 /// zeros, so the strategy's sum over replicas returns them exactly. Running mean and variance are
 /// non-trainable state (identical on every replica, saved in checkpoints).
+///
+/// Every pass is a few kernels over index spaces (each row's sums per channel, each channel's
+/// combination in row order, each element's normalisation), written once as LOCKSTEP_HD functors:
+/// the host runs them as loops, GPUs as kernels. A GPU replica among others stages its rows' sums
+/// through page-locked host memory for the exchange (one wait per pass); a lone replica keeps
+/// everything on its device.
 
-#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -19,11 +24,262 @@
 #include <type_traits>
 
 #include <lockstep/backend/host/context.hpp>
+#include <lockstep/backend/host/ops.hpp>
+#include <lockstep/config.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/core/shape.hpp>
 
 namespace lockstep {
+
+namespace detail {
+
+/// batch_norm's kernels. C channels of P positions each; a row of the batch is C P values, channel
+/// c of row b the P values from (b C + c) P. Sums are in double, each in one fixed order.
+
+/// Writes a parameter gradient, or adds it to the running sum under gradient accumulation.
+template <class T>
+LOCKSTEP_HD void bn_put(T& out, double v, bool add) {
+  out = add ? static_cast<T>(static_cast<double>(out) + v) : static_cast<T>(v);
+}
+
+/// (v - mean) / σ in double.
+template <class T>
+LOCKSTEP_HD double bn_xhat(T v, T mean, T inv) {
+  return (static_cast<double>(v) - static_cast<double>(mean)) * static_cast<double>(inv);
+}
+
+/// Each row's mean and sum of squared deviations per channel (two passes over its P values), into
+/// ws row b: C means then C sums. Call i = (b, c), b = i / C.
+template <class T, std::size_t C, std::size_t P>
+struct bn_row_stats_op {
+  const T* x;  ///< batch x C x P
+  T* ws;       ///< batch x 2C
+  /// Channel i % C of row i / C.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const std::size_t b = i / C, c = i % C;
+    const T* v = x + i * P;
+    double s = 0;
+    for (std::size_t j = 0; j < P; ++j) s += static_cast<double>(v[j]);
+    const double m = s / static_cast<double>(P);
+    double q = 0;
+    for (std::size_t j = 0; j < P; ++j) q += (static_cast<double>(v[j]) - m) * (static_cast<double>(v[j]) - m);
+    ws[b * 2 * C + c] = static_cast<T>(m);
+    ws[b * 2 * C + C + c] = static_cast<T>(q);
+  }
+};
+
+/// The global batch's mean and 1/σ of channel c from every row's (mean, sum of squared
+/// deviations), combined in row order (Chan's pairwise update), and the running statistics moved
+/// toward them. Call c.
+template <class T, std::size_t C, std::size_t P>
+struct bn_combine_op {
+  const T* all;        ///< total x 2C, from bn_row_stats_op over the global batch
+  std::size_t total;   ///< rows of the global batch (> 0)
+  T* mean;             ///< C: the batch's means
+  T* inv;              ///< C: the batch's 1/σ
+  T* run_mean;         ///< C: running means
+  T* run_var;          ///< C: running variances
+  double momentum;     ///< running-statistics momentum
+  double epsilon;      ///< added to the variance
+  /// Channel c.
+  LOCKSTEP_HD void operator()(std::size_t c) const {
+    double n_mean = 0, m2 = 0;
+    for (std::size_t r = 0; r < total; ++r) {
+      const double na = static_cast<double>(r * P), nb = static_cast<double>(P), n = na + nb;
+      const double delta = static_cast<double>(all[r * 2 * C + c]) - n_mean;
+      n_mean += delta * nb / n;
+      m2 += static_cast<double>(all[r * 2 * C + C + c]) + delta * delta * na * nb / n;
+    }
+    const double count = static_cast<double>(total * P);
+    const double var = m2 / count;
+    mean[c] = static_cast<T>(n_mean);
+    inv[c] = static_cast<T>(1.0 / std::sqrt(var + epsilon));
+    const double unbiased = count > 1 ? m2 / (count - 1) : var;
+    run_mean[c] = static_cast<T>((1 - momentum) * static_cast<double>(run_mean[c]) + momentum * n_mean);
+    run_var[c] = static_cast<T>((1 - momentum) * static_cast<double>(run_var[c]) + momentum * unbiased);
+  }
+};
+
+/// 1/σ from the running variance. Call c.
+template <class T>
+struct bn_running_inv_op {
+  const T* run_var;  ///< C
+  T* inv;            ///< C
+  double epsilon;    ///< added to the variance
+  /// Channel c.
+  LOCKSTEP_HD void operator()(std::size_t c) const {
+    inv[c] = static_cast<T>(1.0 / std::sqrt(static_cast<double>(run_var[c]) + epsilon));
+  }
+};
+
+/// y = γ (x - mean) / σ + β. Call i: element i; `row(r)`: the P elements of row-channel r (the
+/// host's form, the same arithmetic).
+template <class T, std::size_t C, std::size_t P>
+struct bn_normalise_op {
+  const T* x;      ///< batch x C x P
+  T* y;            ///< batch x C x P
+  const T* mean;   ///< C
+  const T* inv;    ///< C
+  const T* gamma;  ///< C
+  const T* beta;   ///< C
+  /// Element i, of channel c.
+  LOCKSTEP_HD void element(std::size_t i, std::size_t c) const {
+    y[i] = static_cast<T>(static_cast<double>(gamma[c]) * bn_xhat(x[i], mean[c], inv[c]) + static_cast<double>(beta[c]));
+  }
+  /// Element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const { element(i, (i / P) % C); }
+  /// The P elements of row-channel r = (b, c).
+  LOCKSTEP_HD void row(std::size_t r) const {
+    for (std::size_t j = 0; j < P; ++j) element(r * P + j, r % C);
+  }
+};
+
+/// Each row's sum of dy and of dy x̂ per channel, into ws row b (C and C). Call i = (b, c).
+template <class T, std::size_t C, std::size_t P>
+struct bn_row_grad_op {
+  const T* x;     ///< batch x C x P
+  const T* dy;    ///< batch x C x P
+  const T* mean;  ///< C
+  const T* inv;   ///< C
+  T* ws;          ///< batch x 2C
+  /// Channel i % C of row i / C.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const std::size_t b = i / C, c = i % C;
+    double a = 0, q = 0;
+    for (std::size_t j = 0; j < P; ++j) {
+      const double g = static_cast<double>(dy[i * P + j]);
+      a += g;
+      q += g * bn_xhat(x[i * P + j], mean[c], inv[c]);
+    }
+    ws[b * 2 * C + c] = static_cast<T>(a);
+    ws[b * 2 * C + C + c] = static_cast<T>(q);
+  }
+};
+
+/// Channel c's global sums Σ dy and Σ dy x̂ over the rows' sums, in row order.
+template <class T, std::size_t C>
+LOCKSTEP_HD void bn_channel_sums(const T* all, std::size_t total, std::size_t c, double& s1, double& s2) {
+  s1 = 0;
+  s2 = 0;
+  for (std::size_t r = 0; r < total; ++r) {
+    s1 += static_cast<double>(all[r * 2 * C + c]);
+    s2 += static_cast<double>(all[r * 2 * C + C + c]);
+  }
+}
+
+/// dγ = Σ dy x̂ and dβ = Σ dy over the global batch (zeros unless `writes`). Call c.
+template <class T, std::size_t C>
+struct bn_param_grad_op {
+  const T* all;       ///< total x 2C, from bn_row_grad_op over the global batch
+  std::size_t total;  ///< rows of the global batch
+  T* dparams;         ///< dγ (C) then dβ (C)
+  bool writes;        ///< this replica contributes the sums (the others zeros)
+  bool accumulate;    ///< add to dparams
+  /// Channel c.
+  LOCKSTEP_HD void operator()(std::size_t c) const {
+    double s1, s2;
+    bn_channel_sums<T, C>(all, total, c, s1, s2);
+    bn_put(dparams[c], writes ? s2 : 0.0, accumulate);
+    bn_put(dparams[C + c], writes ? s1 : 0.0, accumulate);
+  }
+};
+
+/// dx = γ/σ (dy - mean(dy) - x̂ mean(dy x̂)), means over the global batch's `count` values per
+/// channel. Call i = (b, c): its P elements (the channel's sums are taken again, in the same order).
+template <class T, std::size_t C, std::size_t P>
+struct bn_input_grad_op {
+  const T* x;         ///< batch x C x P
+  const T* dy;        ///< batch x C x P
+  T* dx;              ///< batch x C x P
+  const T* all;       ///< total x 2C, from bn_row_grad_op over the global batch
+  std::size_t total;  ///< rows of the global batch
+  const T* mean;      ///< C
+  const T* inv;       ///< C
+  const T* gamma;     ///< C
+  /// Channel i % C of row i / C.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const std::size_t c = i % C;
+    double s1, s2;
+    bn_channel_sums<T, C>(all, total, c, s1, s2);
+    const double count = static_cast<double>(total * P);
+    const double k = static_cast<double>(gamma[c]) * static_cast<double>(inv[c]);
+    const double m1 = s1 / count, m2 = s2 / count;
+    for (std::size_t j = 0; j < P; ++j)
+      dx[i * P + j] = static_cast<T>(k * (static_cast<double>(dy[i * P + j]) - m1 - bn_xhat(x[i * P + j], mean[c], inv[c]) * m2));
+  }
+};
+
+/// Evaluation mode: dγ = Σ dy x̂ and dβ = Σ dy over this call's rows with the running
+/// statistics, in (row, position) order. Call c.
+template <class T, std::size_t C, std::size_t P>
+struct bn_eval_param_grad_op {
+  const T* x;          ///< batch x C x P
+  const T* dy;         ///< batch x C x P
+  const T* run_mean;   ///< C
+  const T* run_var;    ///< C
+  T* dparams;          ///< dγ (C) then dβ (C)
+  std::size_t batch;   ///< rows
+  bool accumulate;     ///< add to dparams
+  double epsilon;      ///< added to the variance
+  /// Channel c.
+  LOCKSTEP_HD void operator()(std::size_t c) const {
+    const double inv = 1.0 / std::sqrt(static_cast<double>(run_var[c]) + epsilon);
+    double s1 = 0, s2 = 0;
+    for (std::size_t b = 0; b < batch; ++b) {
+      const std::size_t o = (b * C + c) * P;
+      for (std::size_t j = 0; j < P; ++j) {
+        const double g = static_cast<double>(dy[o + j]);
+        s1 += g;
+        s2 += g * (static_cast<double>(x[o + j]) - static_cast<double>(run_mean[c])) * inv;
+      }
+    }
+    bn_put(dparams[c], s2, accumulate);
+    bn_put(dparams[C + c], s1, accumulate);
+  }
+};
+
+/// Evaluation mode: dx = dy γ / σ with the running variance. Call i: element i; `row(r)`: the
+/// P elements of row-channel r.
+template <class T, std::size_t C, std::size_t P>
+struct bn_eval_input_grad_op {
+  const T* dy;       ///< batch x C x P
+  T* dx;             ///< batch x C x P
+  const T* run_var;  ///< C
+  const T* gamma;    ///< C
+  double epsilon;    ///< added to the variance
+  /// Element i, of channel c.
+  LOCKSTEP_HD void element(std::size_t i, std::size_t c) const {
+    const double inv = 1.0 / std::sqrt(static_cast<double>(run_var[c]) + epsilon);
+    dx[i] = static_cast<T>(static_cast<double>(dy[i]) * static_cast<double>(gamma[c]) * inv);
+  }
+  /// Element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const { element(i, (i / P) % C); }
+  /// The P elements of row-channel r = (b, c).
+  LOCKSTEP_HD void row(std::size_t r) const {
+    for (std::size_t j = 0; j < P; ++j) element(r * P + j, r % C);
+  }
+};
+
+/// Runs an elementwise batch_norm functor Op over `rows` row-channels of P elements: one call per
+/// row-channel on the host (loops the compiler keeps tight), one per element on GPUs.
+template <class Op>
+struct bn_rows_op {
+  Op op;  ///< the elementwise functor
+  /// Row-channel r.
+  LOCKSTEP_HD void operator()(std::size_t r) const { op.row(r); }
+};
+
+/// Runs elementwise functor `op` over `rows` row-channels of P elements each (see bn_rows_op).
+template <std::size_t P, class Ctx, class Op>
+void bn_for_each_element(Ctx& ctx, std::size_t rows, const Op& op) {
+  if constexpr (host_context_v<Ctx>)
+    for_each_index(ctx, rows, bn_rows_op<Op>{op});
+  else
+    for_each_index(ctx, rows * P, op);
+}
+
+}  // namespace detail
 
 /// Batch normalisation per channel (`shape<C, H, W>` rows: over the batch and H W; flat rows
 /// `shape<N>`: per feature over the batch) with learned scale γ and shift β:
@@ -31,7 +287,7 @@ namespace lockstep {
 /// biased variance and updates the running statistics with momentum MomentumNum / MomentumDen
 /// (running = (1 - m) running + m batch; the running variance uses the unbiased batch variance,
 /// as PyTorch); evaluation uses the running statistics. Parameters: γ (C, starting at 1) then β
-/// (C, at 0). Runs on host contexts.
+/// (C, at 0). Runs on host and GPU contexts.
 template <std::intmax_t MomentumNum = 1, std::intmax_t MomentumDen = 10>
 struct batch_norm {
   static_assert(MomentumDen > 0 && MomentumNum >= 0 && MomentumNum <= MomentumDen,
@@ -79,72 +335,37 @@ struct batch_norm {
 
     /// Normalises with the global batch's statistics (training) or the running ones (evaluation).
     template <class T, class Ctx>
-    static void forward(Ctx&, const forward_args<T, Ctx, S, S>& a) {
-      static_assert(std::is_same_v<Ctx, backend::host_context>, "lockstep::batch_norm runs on host contexts");
+    static void forward(Ctx& ctx, const forward_args<T, Ctx, S, S>& a) {
       const T* params = a.params;
-      const T* x = a.x.data();
-      T* y = a.y.data();
-      T* ws = a.workspace;
       const std::size_t batch = a.batch();
       const pass_info& info = a.info;
       T* state = layer_state(params, info);
       T* const run_mean = state;
       T* const run_var = state + C;
-      T* const mean = ws + batch * workspace_per_sample;
+      T* const mean = a.workspace + batch * workspace_per_sample;
       T* const inv = mean + C;
       const T* gamma = params;
       const T* beta = params + C;
       if (!info.training) {
-        std::array<T, C> run_inv;
-        for (std::size_t c = 0; c < C; ++c)
-          run_inv[c] = static_cast<T>(1.0 / std::sqrt(static_cast<double>(run_var[c]) + epsilon));
-        normalise(x, y, batch, run_mean, run_inv.data(), gamma, beta);
+        for_each_index(ctx, C, detail::bn_running_inv_op<T>{run_var, inv, epsilon});
+        detail::bn_for_each_element<P>(ctx, batch * C,
+                                       detail::bn_normalise_op<T, C, P>{a.x.data(), a.y.data(), run_mean, inv, gamma, beta});
         return;
       }
       const std::size_t total = rows_of(info, batch);
       if (total == 0) return;
-      // Each row's mean and sum of squared deviations per channel (two passes over the row).
-      for (std::size_t b = 0; b < batch; ++b) {
-        for (std::size_t c = 0; c < C; ++c) {
-          const T* v = x + b * input_size + c * P;
-          double s = 0;
-          for (std::size_t j = 0; j < P; ++j) s += static_cast<double>(v[j]);
-          const double m = s / static_cast<double>(P);
-          double q = 0;
-          for (std::size_t j = 0; j < P; ++j) q += (static_cast<double>(v[j]) - m) * (static_cast<double>(v[j]) - m);
-          ws[b * 2 * C + c] = static_cast<T>(m);
-          ws[b * 2 * C + C + c] = static_cast<T>(q);
-        }
-      }
-      const T* all = gather(ws, batch, total, info);
-      // Chan's combination in global row order.
-      std::array<double, C> n_mean{}, m2{};
-      for (std::size_t r = 0; r < total; ++r) {
-        const double na = static_cast<double>(r * P), nb = static_cast<double>(P), n = na + nb;
-        for (std::size_t c = 0; c < C; ++c) {
-          const double delta = static_cast<double>(all[r * 2 * C + c]) - n_mean[c];
-          n_mean[c] += delta * nb / n;
-          m2[c] += static_cast<double>(all[r * 2 * C + C + c]) + delta * delta * na * nb / n;
-        }
-      }
-      const double count = static_cast<double>(total * P);
-      for (std::size_t c = 0; c < C; ++c) {
-        const double var = m2[c] / count;
-        mean[c] = static_cast<T>(n_mean[c]);
-        inv[c] = static_cast<T>(1.0 / std::sqrt(var + epsilon));
-        const double unbiased = count > 1 ? m2[c] / (count - 1) : var;
-        run_mean[c] = static_cast<T>((1 - momentum) * static_cast<double>(run_mean[c]) + momentum * n_mean[c]);
-        run_var[c] = static_cast<T>((1 - momentum) * static_cast<double>(run_var[c]) + momentum * unbiased);
-      }
-      normalise(x, y, batch, mean, inv, gamma, beta);
+      for_each_index(ctx, batch * C, detail::bn_row_stats_op<T, C, P>{a.x.data(), a.workspace});
+      const T* all = gather(ctx, a.workspace, batch, total, info);
+      for_each_index(ctx, C, detail::bn_combine_op<T, C, P>{all, total, mean, inv, run_mean, run_var, momentum, epsilon});
+      detail::bn_for_each_element<P>(ctx, batch * C,
+                                     detail::bn_normalise_op<T, C, P>{a.x.data(), a.y.data(), mean, inv, gamma, beta});
     }
 
     /// Training: dx = γ/σ (dy - mean(dy) - x̂ mean(dy x̂)) with the means over the global batch,
     /// dγ = Σ dy x̂, dβ = Σ dy (global sums, written by replica 0 of the exchange). Evaluation:
     /// the gradient of the affine map with the running statistics (local sums).
     template <class T, class Ctx>
-    static void backward(Ctx&, const backward_args<T, Ctx, S, S>& args) {
-      static_assert(std::is_same_v<Ctx, backend::host_context>, "lockstep::batch_norm runs on host contexts");
+    static void backward(Ctx& ctx, const backward_args<T, Ctx, S, S>& args) {
       const T* params = args.params;
       const T* x = args.x.data();
       const T* dy = args.dy.data();
@@ -155,102 +376,55 @@ struct batch_norm {
       const pass_info& info = args.info;
       const T* state = layer_state(params, info);
       const T* gamma = params;
-      std::array<double, C> s1{}, s2{};
       if (!info.training) {
-        const T* run_mean = state;
-        const T* run_var = state + C;
-        for (std::size_t c = 0; c < C; ++c) {
-          const double inv = 1.0 / std::sqrt(static_cast<double>(run_var[c]) + epsilon);
-          for (std::size_t b = 0; b < batch; ++b) {
-            const std::size_t o = b * input_size + c * P;
-            for (std::size_t j = 0; j < P; ++j) {
-              const double g = static_cast<double>(dy[o + j]);
-              s1[c] += g;
-              s2[c] += g * (static_cast<double>(x[o + j]) - static_cast<double>(run_mean[c])) * inv;
-              if (dx) dx[o + j] = static_cast<T>(g * static_cast<double>(gamma[c]) * inv);
-            }
-          }
-          put(dparams[c], s2[c], info.accumulate);
-          put(dparams[C + c], s1[c], info.accumulate);
-        }
+        for_each_index(ctx, C,
+                       detail::bn_eval_param_grad_op<T, C, P>{x, dy, state, state + C, dparams, batch, info.accumulate, epsilon});
+        if (dx) detail::bn_for_each_element<P>(ctx, batch * C, detail::bn_eval_input_grad_op<T, C, P>{dy, dx, state + C, gamma, epsilon});
         return;
       }
       const T* mean = ws + batch * workspace_per_sample;  // from forward
       const T* inv = mean + C;
       const std::size_t total = rows_of(info, batch);
       if (total == 0) {
-        if (!info.accumulate)
-          for (std::size_t c = 0; c < 2 * C; ++c) dparams[c] = T(0);
+        if (!info.accumulate) fill(ctx, dparams, 2 * C, T(0));
         return;
       }
-      for (std::size_t b = 0; b < batch; ++b) {
-        for (std::size_t c = 0; c < C; ++c) {
-          const std::size_t o = b * input_size + c * P;
-          double a = 0, q = 0;
-          for (std::size_t j = 0; j < P; ++j) {
-            const double g = static_cast<double>(dy[o + j]);
-            a += g;
-            q += g * xhat(x[o + j], mean[c], inv[c]);
-          }
-          ws[b * 2 * C + c] = static_cast<T>(a);
-          ws[b * 2 * C + C + c] = static_cast<T>(q);
-        }
-      }
-      const T* all = gather(ws, batch, total, info);
-      for (std::size_t r = 0; r < total; ++r)
-        for (std::size_t c = 0; c < C; ++c) {
-          s1[c] += static_cast<double>(all[r * 2 * C + c]);
-          s2[c] += static_cast<double>(all[r * 2 * C + C + c]);
-        }
+      for_each_index(ctx, batch * C, detail::bn_row_grad_op<T, C, P>{x, dy, mean, inv, ws});
+      const T* all = gather(ctx, ws, batch, total, info);
       const bool writes_sums = info.exchange == nullptr || info.exchange->leads(info.rank);
-      for (std::size_t c = 0; c < C; ++c) {
-        put(dparams[c], writes_sums ? s2[c] : 0.0, info.accumulate);
-        put(dparams[C + c], writes_sums ? s1[c] : 0.0, info.accumulate);
-      }
-      if (!dx) return;
-      const double count = static_cast<double>(total * P);
-      for (std::size_t b = 0; b < batch; ++b)
-        for (std::size_t c = 0; c < C; ++c) {
-          const std::size_t o = b * input_size + c * P;
-          const double k = static_cast<double>(gamma[c]) * static_cast<double>(inv[c]);
-          const double m1 = s1[c] / count, m2 = s2[c] / count;
-          for (std::size_t j = 0; j < P; ++j)
-            dx[o + j] = static_cast<T>(k * (static_cast<double>(dy[o + j]) - m1 - xhat(x[o + j], mean[c], inv[c]) * m2));
-        }
+      for_each_index(ctx, C, detail::bn_param_grad_op<T, C>{all, total, dparams, writes_sums, info.accumulate});
+      if (dx) for_each_index(ctx, batch * C, detail::bn_input_grad_op<T, C, P>{x, dy, dx, all, total, mean, inv, gamma});
     }
 
   private:
-    // Writes a parameter gradient, or adds it to the running sum under gradient accumulation.
-    template <class T>
-    static void put(T& out, double v, bool add) {
-      out = add ? static_cast<T>(static_cast<double>(out) + v) : static_cast<T>(v);
-    }
-    template <class T>
-    static double xhat(T v, T mean, T inv) {
-      return (static_cast<double>(v) - static_cast<double>(mean)) * static_cast<double>(inv);
-    }
-    template <class T>
-    static void normalise(const T* x, T* y, std::size_t batch, const T* mean, const T* inv, const T* gamma, const T* beta) {
-      for (std::size_t b = 0; b < batch; ++b)
-        for (std::size_t c = 0; c < C; ++c) {
-          const std::size_t o = b * input_size + c * P;
-          for (std::size_t j = 0; j < P; ++j)
-            y[o + j] = static_cast<T>(static_cast<double>(gamma[c]) * xhat(x[o + j], mean[c], inv[c]) +
-                                      static_cast<double>(beta[c]));
-        }
-    }
+    /// The exchange to use: none when this call holds the whole batch or is the only replica.
+    static bool exchanges(const pass_info& info) noexcept { return info.exchange && !info.exchange->single(); }
     static std::size_t rows_of(const pass_info& info, std::size_t batch) {
       const std::size_t total = global_rows_of(info, batch);
-      if (!info.exchange && total != batch)
+      if (!exchanges(info) && total != batch)
         throw config_error("lockstep::batch_norm: the batch holds " + std::to_string(batch) +
                            " rows of a global batch of " + std::to_string(total) +
                            " but no row exchange was given (pass_info::exchange): the statistics would be wrong");
       return total;
     }
-    template <class T>
-    static const T* gather(const T* ws, std::size_t batch, std::size_t total, const pass_info& info) {
-      if (!info.exchange) return ws;
-      return info.exchange->all_gather(info.rank, ws, static_cast<std::size_t>(info.sample_offset), batch, 2 * C, total);
+    /// Every replica's rows of sums (total x 2C) in the context's memory: this call's own rows
+    /// without an exchange; through the exchange's host table otherwise (a GPU replica copies its
+    /// rows to page-locked memory and the table back to its device scratch, waiting for both).
+    template <class T, class Ctx>
+    static const T* gather(Ctx& ctx, const T* ws, std::size_t batch, std::size_t total, const pass_info& info) {
+      if (!exchanges(info)) return ws;
+      const auto first = static_cast<std::size_t>(info.sample_offset);
+      if constexpr (detail::host_context_v<Ctx>) {
+        (void)ctx;
+        return info.exchange->all_gather(info.rank, ws, first, batch, 2 * C, total);
+      } else {
+        T* mine = static_cast<T*>(ctx.host_scratch(batch * 2 * C * sizeof(T)));
+        copy_to_host(ctx, mine, ws, batch * 2 * C);
+        const T* table = info.exchange->all_gather(info.rank, mine, first, batch, 2 * C, total);
+        T* device_table = static_cast<T*>(ctx.scratch(total * 2 * C * sizeof(T)));
+        copy_from_host(ctx, device_table, table, total * 2 * C);
+        return device_table;
+      }
     }
   };
 };

@@ -6,6 +6,7 @@
 /// host and on GPUs. Every gradient is computed in gather form (each output element sums its own
 /// contributions in a fixed order): no atomics, bitwise deterministic on every device.
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -148,6 +149,94 @@ struct gradient_from_transpose_op {
   }
 };
 
+/// im2col over a whole shard, the columns of every image side by side: cols is (Q + 1) x n with
+/// Q = C K K and n = batch OH OW; row q = (c, kr, kc), column (b, oy, ox); zero where the window
+/// reads padding; row Q all ones (it meets the biases). Call i: element i (the GPU's form: one
+/// kernel for the whole shard).
+template <class T, window2d G>
+struct im2col_batched_op {
+  const T* x;     ///< batch x C x H x W
+  T* cols;        ///< (Q + 1) x n
+  std::size_t n;  ///< batch OH OW
+  /// Writes element i of cols.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    constexpr std::size_t P = G.oh * G.ow, Q = G.c * G.k * G.k;
+    const std::size_t q = i / n, col = i % n;
+    if (q == Q) {
+      cols[i] = T(1);
+      return;
+    }
+    const std::size_t b = col / P, p = col % P;
+    const std::size_t kc = q % G.k, kr = (q / G.k) % G.k, c = q / (G.k * G.k);
+    const long iy = G.in_row(p / G.ow, kr), ix = G.in_col(p % G.ow, kc);
+    cols[i] = iy >= 0 && iy < static_cast<long>(G.h) && ix >= 0 && ix < static_cast<long>(G.w)
+                  ? x[((b * G.c + c) * G.h + static_cast<std::size_t>(iy)) * G.w + static_cast<std::size_t>(ix)]
+                  : T(0);
+  }
+};
+
+/// col2im over a whole shard in gather form: dx (batch x C x H x W) from dcols (Q x n, the
+/// layout of im2col_batched_op), each input element the sum of the column entries that read it,
+/// added in the order of col2im_op (output row oy ascending, then output column ox ascending,
+/// starting from zero): the same bits. Call i: element i of dx.
+template <class T, window2d G>
+struct col2im_batched_op {
+  const T* dcols;  ///< Q x n
+  T* dx;           ///< batch x C x H x W
+  std::size_t n;   ///< batch OH OW
+  /// Writes element i of dx.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    constexpr std::size_t P = G.oh * G.ow;
+    const std::size_t xx = i % G.w, y = (i / G.w) % G.h, c = (i / (G.w * G.h)) % G.c, b = i / (G.w * G.h * G.c);
+    std::size_t oy0, oy1, ox0, ox1;
+    G.covering(y, G.oh, oy0, oy1);
+    G.covering(xx, G.ow, ox0, ox1);
+    T s = T(0);
+    for (std::size_t oy = oy0; oy < oy1; ++oy) {
+      const std::size_t kr = y + G.pad - oy * G.stride;
+      for (std::size_t ox = ox0; ox < ox1; ++ox) {
+        const std::size_t kc = xx + G.pad - ox * G.stride;
+        s += dcols[((c * G.k + kr) * G.k + kc) * n + b * P + oy * G.ow + ox];
+      }
+    }
+    dx[i] = s;
+  }
+};
+
+/// Between a shard's images (batch x F x P) and the same values channel-major (F x (batch P),
+/// the layout of the batched GEMMs): `to_images` copies channel-major into images, otherwise the
+/// reverse. Call i: element i of the images.
+template <class T, std::size_t F, std::size_t P>
+struct channel_major_op {
+  const T* src;        ///< the source layout
+  T* dst;              ///< the other layout
+  std::size_t batch;   ///< images
+  bool to_images;      ///< direction
+  /// Moves image element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const std::size_t p = i % P, f = (i / P) % F, b = i / (F * P);
+    const std::size_t j = f * (batch * P) + b * P + p;
+    if (to_images)
+      dst[i] = src[j];
+    else
+      dst[j] = src[i];
+  }
+};
+
+/// The parameter gradient from the F x (Q + 1) gradient of the filters with their biases (the
+/// layout of append_bias_op): dparams is F x Q filters then F biases. Call i: element i of dparams.
+template <class T, std::size_t F, std::size_t Q>
+struct gradient_from_filters_op {
+  const T* g;    ///< F x (Q + 1)
+  T* dparams;    ///< F Q + F
+  bool add;      ///< add to dparams (gradient accumulation) instead of writing it
+  /// Writes (or adds to) element i of dparams.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const T v = i < F * Q ? g[(i / Q) * (Q + 1) + i % Q] : g[(i - F * Q) * (Q + 1) + Q];
+    dparams[i] = add ? dparams[i] + v : v;
+  }
+};
+
 /// True when window (K, Stride, Pad) fits image shape S (rank 3, at least one output each way).
 template <class S, std::size_t K, std::size_t Stride, std::size_t Pad>
 constexpr bool window_fits() {
@@ -169,7 +258,8 @@ inline constexpr std::size_t onednn_conv_min_channels = 8;
 /// and zero `Padding` on every side (`Padding = Kernel / 2` with stride 1 keeps H and W for odd
 /// kernels: TensorFlow's "same"). Input rows `shape<C, H, W>`, output rows `shape<Filters, OH, OW>`
 /// with OH = (H + 2 Padding - Kernel) / Stride + 1. Parameters: the filters (Filters x C x Kernel x
-/// Kernel, in that order) then one bias per filter. Computed as im2col + GEMM per image, or, for
+/// Kernel, in that order) then one bias per filter. Computed on GPUs over the whole shard at once
+/// (forward_batched, backward_batched: one GEMM per pass); on the host as im2col + GEMM per image, or, for
 /// float on host replicas of the LOCKSTEP_HOST_GEMM=onednn build under the fp32 policy with at
 /// least onednn_conv_min_channels input channels, by oneDNN's convolution primitives in their own
 /// layouts (reordered at the layer's boundary).
@@ -245,6 +335,13 @@ struct conv2d {
         }
       }
 #endif
+      if constexpr (!detail::host_context_v<Ctx>) {  // GPUs: the whole shard in a few launches
+        const std::size_t per = batched_images(batch);
+        T* scratch = static_cast<T*>(ctx.scratch(batched_scratch(std::min(per, batch)) * sizeof(T)));
+        for (std::size_t first = 0; first < batch; first += per)
+          forward_batched(ctx, a, first, std::min(per, batch - first), scratch);
+        return;
+      }
       const T* params = a.params;
       const scratch<T> s(a.workspace);
       for_each_index(ctx, Filters * (patch + 1), detail::append_bias_op<T, Filters, patch>{params, s.wb});
@@ -277,6 +374,13 @@ struct conv2d {
         }
       }
 #endif
+      if constexpr (!detail::host_context_v<Ctx>) {  // GPUs: the whole shard in a few launches
+        const std::size_t per = batched_images(batch);
+        T* scratch = static_cast<T*>(ctx.scratch(batched_scratch(std::min(per, batch)) * sizeof(T)));
+        for (std::size_t first = 0; first < batch; first += per)
+          backward_batched(ctx, a, first, std::min(per, batch - first), scratch);
+        return;
+      }
       const scratch<T> s(a.workspace);
       T* gt = s.wb;  // (patch + 1) x Filters
       fill(ctx, s.cols + patch * P, P, T(1));
@@ -291,6 +395,69 @@ struct conv2d {
       }
       for_each_index(ctx, param_count,
                      detail::gradient_from_transpose_op<T, Filters, patch>{gt, a.dparams, a.info.accumulate});
+    }
+
+    /// Scratch elements the batched form needs for `images` images: their columns over a row of
+    /// ones ((patch + 1) x images OH OW, reused for the columns' gradient) and their outputs or
+    /// output gradients channel-major (Filters x images OH OW).
+    static constexpr std::size_t batched_scratch(std::size_t images) noexcept {
+      return (patch + 1 + Filters) * images * OH * OW;
+    }
+
+    /// Images per call of the batched form for a shard of `batch`: all of them unless their
+    /// scratch would pass 512 MiB of floats (then as many as fit, at least one).
+    static constexpr std::size_t batched_images(std::size_t batch) noexcept {
+      constexpr std::size_t cap = (std::size_t{512} << 20) / sizeof(float) / (patch + 1 + Filters) / (OH * OW);
+      return batch < cap ? (batch > 0 ? batch : 1) : (cap > 0 ? cap : 1);
+    }
+
+    /// The batched forward (GPUs; public so that tests run it on the host too): images
+    /// [first, first + images) of the shard in four calls whatever their number: their columns
+    /// side by side (im2col_batched_op), the filters with their biases, ONE GEMM
+    /// [W bias] [cols; 1...1] for all of them (channel-major), and its copy into the images' rows.
+    /// `scratch` holds batched_scratch(images) elements of the context's memory.
+    template <class T, class Ctx>
+    static void forward_batched(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a, std::size_t first,
+                                std::size_t images, T* scratch) {
+      using backend::trans;
+      constexpr std::size_t P = OH * OW;
+      const std::size_t n = images * P;
+      if (n == 0) return;
+      T* cols = scratch;                    // (patch + 1) x n
+      T* yt = scratch + (patch + 1) * n;    // Filters x n
+      T* wb = a.workspace + (patch + 1) * P + padded;  // Filters x (patch + 1), as scratch<T>::wb
+      for_each_index(ctx, (patch + 1) * n, detail::im2col_batched_op<T, geometry>{a.x.row(first), cols, n});
+      for_each_index(ctx, Filters * (patch + 1), detail::append_bias_op<T, Filters, patch>{a.params, wb});
+      gemm(ctx, trans::no, trans::no, Filters, n, patch + 1, T(1), wb, patch + 1, cols, n, T(0), yt, n);
+      for_each_index(ctx, Filters * n, detail::channel_major_op<T, Filters, P>{yt, a.y.row(first), images, true});
+    }
+
+    /// The batched backward (GPUs; public so that tests run it on the host too) of images
+    /// [first, first + images): their columns and their dy channel-major, ONE GEMM for the
+    /// filters' and biases' gradient over all of them (added to the previous images' when
+    /// first > 0), and, when dx is wanted, ONE GEMM for the columns' gradient and a gather col2im
+    /// (col2im_batched_op). No atomics; each sum in a fixed order.
+    template <class T, class Ctx>
+    static void backward_batched(Ctx& ctx, const backward_args<T, Ctx, S, output_shape>& a, std::size_t first,
+                                 std::size_t images, T* scratch) {
+      using backend::trans;
+      constexpr std::size_t P = OH * OW;
+      const std::size_t n = images * P;
+      T* cols = scratch;                    // (patch + 1) x n, then the columns' gradient (patch x n)
+      T* dyt = scratch + (patch + 1) * n;   // Filters x n
+      T* g = a.workspace + (patch + 1) * P + padded;  // Filters x (patch + 1)
+      const bool last = first + images == a.batch();
+      if (n > 0) {
+        for_each_index(ctx, (patch + 1) * n, detail::im2col_batched_op<T, geometry>{a.x.row(first), cols, n});
+        for_each_index(ctx, Filters * n, detail::channel_major_op<T, Filters, P>{a.dy.row(first), dyt, images, false});
+        gemm(ctx, trans::no, trans::yes, Filters, patch + 1, n, T(1), dyt, n, cols, n, first == 0 ? T(0) : T(1), g,
+             patch + 1);
+      }
+      if (last)
+        for_each_index(ctx, param_count, detail::gradient_from_filters_op<T, Filters, patch>{g, a.dparams, a.info.accumulate});
+      if (!a.dx || n == 0) return;
+      gemm(ctx, trans::yes, trans::no, patch, n, Filters, T(1), a.params, patch, dyt, n, T(0), cols, n);
+      for_each_index(ctx, images * C * H * W, detail::col2im_batched_op<T, geometry>{cols, a.dx.row(first), n});
     }
 
   private:
@@ -392,10 +559,6 @@ struct max_pool_grad_op {
     }
   }
 };
-
-/// True when Ctx is the host's context (the pooling layers take their host loops there).
-template <class Ctx>
-inline constexpr bool host_context_v = std::is_same_v<std::remove_cv_t<Ctx>, backend::host_context>;
 
 /// `c ? a : b` through the bits, so that the compiler emits a select and never a branch (the
 /// pooling loops' conditions are data, unpredictable). T is float or double.

@@ -37,6 +37,9 @@ public:
   /// layer computes as its parameter gradient (the others contribute zeros, so the strategy's
   /// sum over replicas returns them exactly).
   [[nodiscard]] virtual bool leads(std::size_t rank) const noexcept { return rank == 0; }
+  /// True when one replica in one process takes part: all_gather would hand back the caller's own
+  /// rows, so a layer may skip the call (a GPU replica then keeps its rows on the device).
+  [[nodiscard]] virtual bool single() const noexcept { return false; }
 };
 
 /// Opt-in tag: a type is a layer only when it says `using layer_concept = lockstep::layer_tag;`.

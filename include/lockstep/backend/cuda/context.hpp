@@ -167,10 +167,12 @@ struct cuda_context_state {
   device_bytes blas_workspace{cublas_workspace_bytes};
   device_bytes scratch;
   device_bytes operands;
+  pinned_buffer<std::byte> host_scratch;
   pinned_buffer<double> result{2};
   staging_slot slots[2];
   int next_slot = 0;
   device_trace trace;
+  std::uint64_t launches = 0;  // device operations queued through this context
 
   cuda_context_state(int dev, cuda_options opts) : ordinal(dev), options(opts) {
     LOCKSTEP_CUBLAS_CHECK(cublasCreate(&blas));
@@ -279,6 +281,12 @@ public:
     state_->comm_mark.wait_on(compute_stream());
   }
 
+  /// Device operations (kernels, cuBLAS calls, copies, fills) queued through this context and
+  /// its copies so far: what a step costs in launches is the difference across it.
+  [[nodiscard]] std::uint64_t launches() const noexcept { return state_->launches; }
+  /// Counts `n` device operations queued (every operation of the CUDA backend calls it).
+  void count_launches(std::uint64_t n = 1) const noexcept { state_->launches += n; }
+
   /// Device scratch of at least `bytes` bytes, reused across calls (grows, never shrinks; only
   /// valid for work queued on the compute stream before the next call that grows it).
   [[nodiscard]] void* scratch(std::size_t bytes) const {
@@ -300,6 +308,18 @@ public:
       state_->operands = detail::device_bytes(std::max<std::size_t>(bytes, 4096));
     }
     return state_->operands.get();
+  }
+
+  /// Page-locked host memory of at least `bytes` bytes, reused across calls (grows, never
+  /// shrinks): where layers stage device rows for a host-side exchange (batch_norm's statistics
+  /// across replicas). Valid until the next call that grows it; copies through it must have
+  /// completed before then (copy_to_host and copy_from_host wait).
+  [[nodiscard]] void* host_scratch(std::size_t bytes) const {
+    if (bytes > state_->host_scratch.size()) {
+      device_guard g(ordinal());
+      state_->host_scratch = pinned_buffer<std::byte>(std::max<std::size_t>(bytes, 4096));
+    }
+    return state_->host_scratch.data();
   }
 
   /// Starts the device spans of a traced step (core/trace.hpp's begin_device_spans): waits for the

@@ -72,9 +72,11 @@ void reduced_gradient_epilogue(const cuda_context& ctx, const T* g, std::size_t 
     detail::epilogue_chunks_kernel<<<static_cast<unsigned>(blocks),
                                      detail::cuda_epilogue_chunks_per_block * static_cast<unsigned>(epilogue_lanes), 0,
                                      ctx.compute_stream()>>>(g, n, count, chunks);
+    ctx.count_launches();
     check_cuda(cudaGetLastError(), "epilogue_chunks_kernel");
   }
   detail::epilogue_decide_kernel<<<1, 1, 0, ctx.compute_stream()>>>(chunks, count, in, out);
+  ctx.count_launches();
   check_cuda(cudaGetLastError(), "epilogue_decide_kernel");
 }
 

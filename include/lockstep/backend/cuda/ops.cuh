@@ -47,8 +47,11 @@ inline unsigned cuda_grid_for(std::size_t n) noexcept {
   return static_cast<unsigned>(std::clamp<std::size_t>(blocks, 1, 8192));
 }
 
-/// Throws device_error when the last kernel launch failed.
-inline void check_launch(const char* kernel, const std::source_location& where = std::source_location::current()) {
+/// Counts one launch on `ctx` and throws device_error when it failed (the launch wrapper every
+/// kernel of the backend goes through: cuda_context::launches counts them).
+inline void check_launch(const cuda_context& ctx, const char* kernel,
+                         const std::source_location& where = std::source_location::current()) {
+  ctx.count_launches();
   check_cuda(cudaGetLastError(), kernel, where);
 }
 
@@ -239,9 +242,10 @@ void gemm_row_major(const cuda_context& ctx, Gemm call, trans ta, trans tb, std:
   device_guard g(ctx.ordinal());
   if (k == 0) {  // C = beta C; cuBLAS would not read A or B either, but keep the pointers out of it
     scale_matrix_kernel<<<cuda_grid_for(m * n), cuda_block_threads, 0, ctx.compute_stream()>>>(c, m, n, ldc, beta);
-    check_launch("scale_matrix_kernel");
+    check_launch(ctx, "scale_matrix_kernel");
     return;
   }
+  ctx.count_launches();
   LOCKSTEP_CUBLAS_CHECK(call(ctx.blas_handle(), cublas_op(tb), cublas_op(ta), blas_dim(n, m, n, k),
                              blas_dim(m, m, n, k), blas_dim(k, m, n, k), &alpha, b, blas_dim(ldb, m, n, k), a,
                              blas_dim(lda, m, n, k), &beta, c, blas_dim(ldc, m, n, k)));
@@ -330,7 +334,7 @@ inline void for_each_index(const cuda_context& ctx, std::size_t n, const F& f) {
   if (n == 0) return;
   device_guard g(ctx.ordinal());
   detail::for_each_index_kernel<<<detail::cuda_grid_for(n), detail::cuda_block_threads, 0, ctx.compute_stream()>>>(n, f);
-  detail::check_launch("for_each_index_kernel");
+  detail::check_launch(ctx, "for_each_index_kernel");
 }
 
 /// Sets n device elements to v.
@@ -339,7 +343,7 @@ inline void fill(const cuda_context& ctx, T* p, std::size_t n, T v) {
   if (n == 0) return;
   device_guard g(ctx.ordinal());
   detail::fill_kernel<<<detail::cuda_grid_for(n), detail::cuda_block_threads, 0, ctx.compute_stream()>>>(p, n, v);
-  detail::check_launch("fill_kernel");
+  detail::check_launch(ctx, "fill_kernel");
 }
 
 /// Copies n elements between two buffers on the device (asynchronous, compute stream).
@@ -347,6 +351,7 @@ template <class T>
 inline void copy(const cuda_context& ctx, T* dst, const T* src, std::size_t n) {
   if (n == 0 || dst == src) return;
   device_guard g(ctx.ordinal());
+  ctx.count_launches();
   LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, ctx.compute_stream()));
 }
 
@@ -356,6 +361,7 @@ template <class T>
 inline void copy_from_host(const cuda_context& ctx, T* dst, const T* src, std::size_t n) {
   if (n == 0) return;
   device_guard g(ctx.ordinal());
+  ctx.count_launches();
   LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyHostToDevice, ctx.compute_stream()));
   LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
 }
@@ -365,6 +371,7 @@ template <class T>
 inline void copy_to_host(const cuda_context& ctx, T* dst, const T* src, std::size_t n) {
   if (n == 0) return;
   device_guard g(ctx.ordinal());
+  ctx.count_launches();
   LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, ctx.compute_stream()));
   LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
 }
@@ -376,7 +383,7 @@ inline void broadcast_rows(const cuda_context& ctx, T* y, const T* v, std::size_
   device_guard g(ctx.ordinal());
   detail::broadcast_rows_kernel<<<detail::cuda_grid_for(rows * cols), detail::cuda_block_threads, 0,
                                   ctx.compute_stream()>>>(y, v, rows, cols);
-  detail::check_launch("broadcast_rows_kernel");
+  detail::check_launch(ctx, "broadcast_rows_kernel");
 }
 
 /// out[c] = sum over rows of x[r][c] (bias gradients): a block-wise reduction over the rows,
@@ -389,7 +396,7 @@ inline void column_sums(const cuda_context& ctx, const T* x, std::size_t rows, s
   if (blocks > INT_MAX) throw config_error("lockstep: column_sums over " + std::to_string(cols) + " columns");
   detail::column_sums_kernel<<<static_cast<unsigned>(blocks), detail::cuda_colsum_cols * detail::cuda_colsum_lanes, 0,
                                ctx.compute_stream()>>>(x, rows, cols, out);
-  detail::check_launch("column_sums_kernel");
+  detail::check_launch(ctx, "column_sums_kernel");
 }
 
 /// Softmax cross-entropy of `rows` rows of logits z (rows x cols) against `labels`, all on the
@@ -407,10 +414,12 @@ inline softmax_xent_totals softmax_xent(const cuda_context& ctx, const T* z, con
   auto* base = static_cast<unsigned char*>(ctx.scratch(64 + 2 * sizeof(double) * blocks));
   const detail::xent_scratch sc{reinterpret_cast<double*>(base), reinterpret_cast<unsigned*>(base + 16),
                                 reinterpret_cast<double*>(base + 64)};
+  ctx.count_launches();
   LOCKSTEP_CUDA_CHECK(cudaMemsetAsync(sc.finished, 0, sizeof(unsigned), ctx.compute_stream()));
   detail::softmax_xent_kernel<T><<<blocks, detail::cuda_xent_threads, 0, ctx.compute_stream()>>>(
       z, labels, rows, cols, grad, scratch, scratch + rows, sc);
-  detail::check_launch("softmax_xent_kernel");
+  detail::check_launch(ctx, "softmax_xent_kernel");
+  ctx.count_launches();
   LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(ctx.host_result(), sc.totals, 2 * sizeof(double), cudaMemcpyDeviceToHost,
                                       ctx.compute_stream()));
   LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
@@ -425,7 +434,8 @@ inline double sum(const cuda_context& ctx, const T* x, std::size_t n) {
   device_guard g(ctx.ordinal());
   auto* d_out = static_cast<double*>(ctx.scratch(sizeof(double)));
   detail::sum_kernel<T, detail::cuda_sum_threads><<<1, detail::cuda_sum_threads, 0, ctx.compute_stream()>>>(x, n, d_out);
-  detail::check_launch("sum_kernel");
+  detail::check_launch(ctx, "sum_kernel");
+  ctx.count_launches();
   LOCKSTEP_CUDA_CHECK(
       cudaMemcpyAsync(ctx.host_result(), d_out, sizeof(double), cudaMemcpyDeviceToHost, ctx.compute_stream()));
   LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
@@ -438,7 +448,7 @@ inline void scale(const cuda_context& ctx, T* x, std::size_t n, T a) {
   if (n == 0) return;
   device_guard g(ctx.ordinal());
   detail::scale_kernel<<<detail::cuda_grid_for(n), detail::cuda_block_threads, 0, ctx.compute_stream()>>>(x, n, a);
-  detail::check_launch("scale_kernel");
+  detail::check_launch(ctx, "scale_kernel");
 }
 
 }  // namespace lockstep::backend

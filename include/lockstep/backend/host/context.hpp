@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #if defined(__linux__)
@@ -222,5 +223,11 @@ using backend::hardware_threads;
 using backend::host_gemm_name;
 using backend::host_gemm_warning;
 using backend::host_context;
+
+namespace detail {
+/// True when Ctx is the host's context (layers with a host-only form take it there).
+template <class Ctx>
+inline constexpr bool host_context_v = std::is_same_v<std::remove_cv_t<Ctx>, backend::host_context>;
+}  // namespace detail
 
 }  // namespace lockstep

@@ -57,6 +57,9 @@ public:
     return rank == 0 && (!span_ || span_->first_process());
   }
 
+  /// True for one replica and no other process.
+  [[nodiscard]] bool single() const noexcept override { return rows_.size() == 1 && !span_; }
+
   /// Releases replicas waiting in the exchange (they throw).
   void abort() noexcept { comm_.abort(); }
   /// Ready again after a failure.

@@ -126,6 +126,7 @@ private:
       for (std::size_t j = 0; j < n; ++j) ptrs.p[j] = static_cast<T*>(rv_.pointer(bucket, j));
       const std::size_t blocks = std::min<std::size_t>((count + 255) / 256, 4096);
       detail::sum_across_replicas_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, ctx.comm_stream()>>>(ptrs, n, count);
+      ctx.count_launches();
       LOCKSTEP_CUDA_CHECK(cudaGetLastError());
     }
     record_done(ctx, bucket);

@@ -1,0 +1,114 @@
+// batch_norm's kernels over the index spaces GPUs run them on. The host layer runs the row sums,
+// the per-channel combinations and the input gradient through the very functors a GPU launches
+// (one call per row-channel or per channel); its elementwise passes (normalisation, and the
+// evaluation-mode input gradient) it runs one row-channel per call, where a GPU runs one element
+// per call. Here: the per-element form gives the bits of the row form, at shapes whose positions
+// per channel are 1, primes and a full image, and both match a double reference of the formula.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include <lockstep/layers/batch_norm.hpp>
+
+#include "../support/random.hpp"
+
+namespace ls = lockstep;
+using test_support::random_vector;
+
+namespace {
+
+template <class T, std::size_t C, std::size_t P>
+void check_elementwise(std::size_t rows) {
+  CAPTURE(C);
+  CAPTURE(P);
+  CAPTURE(rows);
+  const std::size_t n = rows * C * P;
+  const auto x = random_vector<T>(n, 91, T(-4), T(6));
+  const auto dy = random_vector<T>(n, 92);
+  const auto mean = random_vector<T>(C, 93);
+  const auto inv = random_vector<T>(C, 94, T(0.2), T(3));
+  const auto gamma = random_vector<T>(C, 95, T(-2), T(2));
+  const auto beta = random_vector<T>(C, 96);
+  const auto var = random_vector<T>(C, 97, T(0.01), T(4));
+  const double eps = 1e-5;
+
+  // Normalisation: one call per element against one call per row-channel.
+  std::vector<T> by_element(n, T(7)), by_row(n, T(8));
+  const ls::detail::bn_normalise_op<T, C, P> e{x.data(), by_element.data(), mean.data(), inv.data(), gamma.data(), beta.data()};
+  const ls::detail::bn_normalise_op<T, C, P> r{x.data(), by_row.data(), mean.data(), inv.data(), gamma.data(), beta.data()};
+  for (std::size_t i = 0; i < n; ++i) e(i);
+  for (std::size_t i = 0; i < rows * C; ++i) ls::detail::bn_rows_op<ls::detail::bn_normalise_op<T, C, P>>{r}(i);
+  CHECK(std::memcmp(by_element.data(), by_row.data(), n * sizeof(T)) == 0);
+  std::size_t far = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t c = (i / P) % C;
+    const double want = double(gamma[c]) * (double(x[i]) - double(mean[c])) * double(inv[c]) + double(beta[c]);
+    far += !(std::abs(double(by_element[i]) - want) <= 1e-6 * (1 + std::abs(want)));
+  }
+  CHECK(far == 0);
+
+  // Evaluation-mode input gradient.
+  std::vector<T> dx_element(n, T(7)), dx_row(n, T(8));
+  const ls::detail::bn_eval_input_grad_op<T, C, P> ge{dy.data(), dx_element.data(), var.data(), gamma.data(), eps};
+  const ls::detail::bn_eval_input_grad_op<T, C, P> gr{dy.data(), dx_row.data(), var.data(), gamma.data(), eps};
+  for (std::size_t i = 0; i < n; ++i) ge(i);
+  for (std::size_t i = 0; i < rows * C; ++i) ls::detail::bn_rows_op<ls::detail::bn_eval_input_grad_op<T, C, P>>{gr}(i);
+  CHECK(std::memcmp(dx_element.data(), dx_row.data(), n * sizeof(T)) == 0);
+  far = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t c = (i / P) % C;
+    const double want = double(dy[i]) * double(gamma[c]) / std::sqrt(double(var[c]) + eps);
+    far += !(std::abs(double(dx_element[i]) - want) <= 1e-6 * (1 + std::abs(want)));
+  }
+  CHECK(far == 0);
+}
+
+// Each row's statistics (one call per row-channel) and their combination (one call per channel)
+// against a two-pass double reference over the whole batch.
+template <class T, std::size_t C, std::size_t P>
+void check_statistics(std::size_t rows) {
+  CAPTURE(C);
+  CAPTURE(P);
+  CAPTURE(rows);
+  const auto x = random_vector<T>(rows * C * P, 98, T(-3), T(9));
+  std::vector<T> ws(rows * 2 * C), mean(C), inv(C), run_mean(C, T(0.5)), run_var(C, T(2));
+  for (std::size_t i = 0; i < rows * C; ++i) ls::detail::bn_row_stats_op<T, C, P>{x.data(), ws.data()}(i);
+  for (std::size_t c = 0; c < C; ++c)
+    ls::detail::bn_combine_op<T, C, P>{ws.data(), rows, mean.data(), inv.data(), run_mean.data(), run_var.data(), 0.25, 1e-5}(c);
+  for (std::size_t c = 0; c < C; ++c) {
+    CAPTURE(c);
+    double s = 0, q = 0;
+    for (std::size_t b = 0; b < rows; ++b)
+      for (std::size_t j = 0; j < P; ++j) s += double(x[(b * C + c) * P + j]);
+    const double count = double(rows * P), m = s / count;
+    for (std::size_t b = 0; b < rows; ++b)
+      for (std::size_t j = 0; j < P; ++j) q += (double(x[(b * C + c) * P + j]) - m) * (double(x[(b * C + c) * P + j]) - m);
+    const double var = q / count, unbiased = count > 1 ? q / (count - 1) : var;
+    CHECK(std::abs(double(mean[c]) - m) <= 1e-6 * (1 + std::abs(m)));
+    CHECK(std::abs(double(inv[c]) - 1 / std::sqrt(var + 1e-5)) <= 1e-6 / std::sqrt(var + 1e-5));
+    CHECK(std::abs(double(run_mean[c]) - (0.75 * 0.5 + 0.25 * m)) <= 1e-6 * (1 + std::abs(m)));
+    CHECK(std::abs(double(run_var[c]) - (0.75 * 2 + 0.25 * unbiased)) <= 1e-6 * (1 + unbiased));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("batch_norm's elementwise kernels: one call per element (GPUs) gives the bits of one call per row (host)") {
+  for (std::size_t rows : {1u, 2u, 5u}) {
+    check_elementwise<float, 3, 1>(rows);
+    check_elementwise<float, 5, 7>(rows);
+    check_elementwise<float, 2, 784>(rows);
+    check_elementwise<double, 4, 13>(rows);
+  }
+}
+
+TEST_CASE("batch_norm's row statistics and their combination in row order match a two-pass reference") {
+  for (std::size_t rows : {1u, 2u, 3u, 17u}) {
+    check_statistics<float, 3, 1>(rows);
+    check_statistics<float, 4, 49>(rows);
+    check_statistics<double, 2, 13>(rows);
+  }
+}
