@@ -308,3 +308,50 @@ TEST_CASE("gpu: [batched_conv] the CNN's step queues at most 100 device operatio
   CHECK(at64 == at8);
   CHECK(at256 == at8);
 }
+
+namespace {
+// 20 steps of net with AdamW and an EMA-free update on strategy S made with `options`: the losses,
+// the parameters and the optimiser state put together (the layout of an unsharded state).
+template <class S>
+run_result train_adamw(ls::strategy_options options, std::vector<float>& state) {
+  S s{options};
+  auto m = s.template replicate<net>(ls::seed{4});
+  const ls::adamw opt{.lr = 0.01f};
+  run_result out;
+  for (std::size_t k = 0; k < steps; ++k)
+    out.losses.push_back(ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distribute(make_batch(k), s.num_replicas())).loss_sum);
+  out.params = m.parameters_to_host();
+  state = m.optimizer_state_to_host();
+  for (std::size_t r = 1; r < s.num_replicas(); ++r) {  // every replica holds every updated slice
+    std::vector<float> pr(m.param_count);
+    copy_to_host(m.replica(r).context(), pr.data(), m.replica(r).model().parameters().data(), pr.size());
+    CHECK(pr == std::vector<float>(out.params.begin(), out.params.begin() + static_cast<std::ptrdiff_t>(m.param_count)));
+  }
+  return out;
+}
+
+template <class S>
+void check_sharded_is_unsharded(const char* name) {
+  CAPTURE(name);
+  std::vector<float> plain_state, sharded_state;
+  const run_result plain = train_adamw<S>(ls::strategy_options{.bucket_bytes = 1024}, plain_state);
+  const run_result sharded = train_adamw<S>(ls::strategy_options{.bucket_bytes = 1024, .shard_optimizer = true}, sharded_state);
+  CHECK(sharded.losses == plain.losses);
+  CHECK(sharded.params == plain.params);
+  CHECK(sharded_state == plain_state);
+}
+}  // namespace
+
+TEST_CASE("gpu: [zero1] the sharded update of replicas sharing gpu<0> is bitwise the unsharded one, 2 and 3 replicas") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  check_sharded_is_unsharded<ls::mirrored<ls::gpu<0>, ls::gpu<0>>>("mirrored<gpu<0> x 2>, same-device reducer");
+  check_sharded_is_unsharded<ls::mirrored<ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>("mirrored<gpu<0> x 3>, same-device reducer");
+  check_sharded_is_unsharded<aggregating<on_gpu0, ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>("reduce_to_one_device<gpu<0>>, gpu<0> x 3");
+}
+
+TEST_CASE("multigpu: [zero1] shard_optimizer over replicas on different GPUs is a config_error naming them") {
+  LOCKSTEP_REQUIRE_GPUS(2);
+  ls::mirrored<ls::gpus> s(ls::device_selection{0, 1}, ls::strategy_options{.shard_optimizer = true});
+  CHECK_THROWS_WITH_AS((void)s.replicate<net>(ls::seed{1}), doctest::Contains("needs every replica on one GPU"),
+                       ls::config_error);
+}

@@ -74,8 +74,8 @@ public:
   [[nodiscard]] const replica_type& replica(std::size_t r) const { return *replicas_.at(r); }
 
   /// Splits the optimiser update over the replicas (strategy_options::shard_optimizer; see
-  /// sharded_update). Host memory only.
-  void set_optimizer_sharding(bool on) { update_.configure(on, replicas_.size(), step_); }
+  /// sharded_update): host replicas, or replicas sharing one GPU.
+  void set_optimizer_sharding(bool on) { update_.configure(on, replicas(), step_); }
   /// True when the optimiser update is split over the replicas.
   [[nodiscard]] bool optimizer_sharded() const noexcept { return update_.sharded(); }
   /// The optimiser update of these replicas, whole or sharded: which slice each replica

@@ -11,11 +11,17 @@
 /// (`state_to_host`, `ema_to_host`) are those an unsharded update keeps, so a checkpoint does not
 /// depend on the sharding or the replica count.
 ///
+/// On a device kind without host memory, the update is sharded where the context can order one
+/// replica's copies after another's update (shards_on_device_v: GPUs) and every replica is on one
+/// device: each replica marks its stream after its slice, and each copy of a slice waits for the
+/// mark of the replica that updated it.
+///
 /// The recipe's parts of an update (update_info's clip_value, device decision and EMA) are applied
 /// by the optimiser in its own pass when it says `applies_recipe` (the library's do); for any
 /// other optimiser, here: per-value clipping in a pass over the slice's gradient sums before the
 /// optimiser, and the EMA in a pass after it.
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -58,6 +64,15 @@ struct clip_values_op {
   /// Clips element i.
   LOCKSTEP_HD void operator()(std::size_t i) const { g[i] = clip_to(g[i] * scale, bound); }
 };
+
+/// True when contexts of type Ctx order a sharded update's copies on the device: `mark_update()`
+/// after a replica's slice, `wait_for_update_of(other)` before copying it, `ordinal()` (GPUs).
+template <class Ctx>
+inline constexpr bool shards_on_device_v = requires(const Ctx& c) {
+  c.mark_update();
+  c.wait_for_update_of(c);
+  { c.ordinal() } -> std::convertible_to<int>;
+};
 }  // namespace detail
 
 /// The optimiser update of the replicas of one model (see the file comment).
@@ -79,12 +94,28 @@ public:
     return {param_count * r / n, param_count * (r + 1) / n};
   }
 
-  /// Turns sharding on or off for `replicas` replicas (one replica never shards; the effective
+  /// True when the update can be sharded on this device kind: host memory, or device memory whose
+  /// contexts order the copies (detail::shards_on_device_v) with every replica on one device.
+  static constexpr bool shardable = device_memory<kind_type>::host_accessible ||
+                                    detail::shards_on_device_v<typename Replica::context_type>;
+
+  /// Turns sharding on or off for the replicas `reps` (one replica never shards; the effective
   /// setting may not change once `updates` > 0).
-  /// @throws config_error for a kind without host memory, or a change after the first update.
-  void configure(bool on, std::size_t replicas, std::uint64_t updates) {
-    if (on && !device_memory<kind_type>::host_accessible)
-      throw config_error("lockstep: strategy_options::shard_optimizer is implemented for devices with host memory (cpu<I>)");
+  /// @throws config_error for a kind that cannot shard, device replicas on more than one device,
+  /// or a change after the first update.
+  void configure(bool on, replicas_view reps, std::uint64_t updates) {
+    const std::size_t replicas = reps.size();
+    if (on && !shardable)
+      throw config_error("lockstep: strategy_options::shard_optimizer is implemented for devices with host memory (cpu<I>) "
+                         "and for replicas sharing one GPU");
+    if constexpr (!device_memory<kind_type>::host_accessible && shardable) {
+      for (std::size_t r = 1; on && r < replicas; ++r)
+        if (reps[r]->context().ordinal() != reps[0]->context().ordinal())
+          throw config_error("lockstep: strategy_options::shard_optimizer on GPUs needs every replica on one GPU (replica " +
+                             std::to_string(r) + " is on CUDA device " + std::to_string(reps[r]->context().ordinal()) +
+                             ", replica 0 on " + std::to_string(reps[0]->context().ordinal()) +
+                             "); across GPUs (NCCL reduce-scatter and all-gather) it is not implemented");
+    }
     const bool sharded = on && replicas > 1;
     if (sharded != sharded_ && updates > 0)
       throw config_error("lockstep: strategy_options::shard_optimizer cannot change after the first update");
@@ -141,17 +172,21 @@ public:
       for_each_index(ctx, state_count,
                      detail::ema_op<value_type>{average + (hi - lo), rep.model().parameters().data() + param_count, keep,
                                                 take, u.decision});
+    if constexpr (!device_memory<kind_type>::host_accessible && shardable)
+      if (sharded_) ctx.mark_update();  // the others' copies of this slice wait for it
   }
 
   /// After every replica updated its slice: copies the other replicas' slices into replica r's
-  /// parameters (an all-gather through shared host memory; call on replica r's worker).
+  /// parameters (an all-gather through shared memory: host memory, or one GPU's memory with each
+  /// copy queued after the mark of the replica that updated the slice; call on replica r's worker).
   void gather(replicas_view reps, std::size_t r) const {
     if (!sharded_) return;
-    if constexpr (device_memory<kind_type>::host_accessible) {
+    if constexpr (shardable) {
       value_type* mine = reps[r]->model().parameters().data();
       for (std::size_t s = 0; s < reps.size(); ++s) {
         if (s == r) continue;
         const auto [lo, hi] = slice(s);
+        if constexpr (!device_memory<kind_type>::host_accessible) reps[r]->context().wait_for_update_of(reps[s]->context());
         copy(reps[r]->context(), mine + lo, reps[s]->model().parameters().data() + lo, hi - lo);
       }
     }

@@ -512,9 +512,10 @@ private:
                              std::to_string(cores) + " cores");
       }
     }
-    if (o.shard_optimizer && !device_memory<Kind>::host_accessible)
+    if (o.shard_optimizer && !device_memory<Kind>::host_accessible &&
+        !detail::shards_on_device_v<typename backend_traits<Kind>::context_type>)
       throw config_error(std::string("lockstep: strategy_options::shard_optimizer is implemented for devices with host "
-                                     "memory (cpu<I>), not for ") + backend_traits<Kind>::name + " devices");
+                                     "memory (cpu<I>) and GPUs, not for ") + backend_traits<Kind>::name + " devices");
     if (Determinism == determinism::replica_count_invariant && o.blas_threads != 1)
       throw config_error("lockstep: strategy_options::blas_threads must be 1 under replica_count_invariant "
                          "(a GEMM's result must not depend on the thread count)");

@@ -336,10 +336,9 @@ struct conv2d {
       }
 #endif
       if constexpr (!detail::host_context_v<Ctx>) {  // GPUs: the whole shard in a few launches
-        const std::size_t per = batched_images(batch);
-        T* scratch = static_cast<T*>(ctx.scratch(batched_scratch(std::min(per, batch)) * sizeof(T)));
-        for (std::size_t first = 0; first < batch; first += per)
-          forward_batched(ctx, a, first, std::min(per, batch - first), scratch);
+        over_chunks<T>(ctx, batch, [&](std::size_t first, std::size_t images, T* scratch) {
+          forward_batched(ctx, a, first, images, scratch);
+        });
         return;
       }
       const T* params = a.params;
@@ -375,10 +374,9 @@ struct conv2d {
       }
 #endif
       if constexpr (!detail::host_context_v<Ctx>) {  // GPUs: the whole shard in a few launches
-        const std::size_t per = batched_images(batch);
-        T* scratch = static_cast<T*>(ctx.scratch(batched_scratch(std::min(per, batch)) * sizeof(T)));
-        for (std::size_t first = 0; first < batch; first += per)
-          backward_batched(ctx, a, first, std::min(per, batch - first), scratch);
+        over_chunks<T>(ctx, batch, [&](std::size_t first, std::size_t images, T* scratch) {
+          backward_batched(ctx, a, first, images, scratch);
+        });
         return;
       }
       const scratch<T> s(a.workspace);
@@ -462,6 +460,15 @@ struct conv2d {
 
   private:
     static constexpr detail::window2d geometry{C, H, W, Kernel, Stride, Padding, OH, OW};  ///< as a constant
+
+    /// Runs pass(first, images, scratch) over a GPU shard of `batch` images in the chunks that
+    /// batched_images allows, all with one device scratch of the context.
+    template <class T, class Ctx, class Pass>
+    static void over_chunks(Ctx& ctx, std::size_t batch, const Pass& pass) {
+      const std::size_t per = batched_images(batch);
+      T* scratch = static_cast<T*>(ctx.scratch(batched_scratch(std::min(per, batch)) * sizeof(T)));
+      for (std::size_t first = 0; first < batch; first += per) pass(first, std::min(per, batch - first), scratch);
+    }
 
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
     /// The call shape of `batch` images for oneDNN under the context's GEMM precision (fp32 or bf16

@@ -163,6 +163,7 @@ struct cuda_context_state {
   cuda_stream copy;
   cuda_event compute_mark;
   cuda_event comm_mark;
+  cuda_event update_mark;
   cublasHandle_t blas = nullptr;
   device_bytes blas_workspace{cublas_workspace_bytes};
   device_bytes scratch;
@@ -286,6 +287,19 @@ public:
   [[nodiscard]] std::uint64_t launches() const noexcept { return state_->launches; }
   /// Counts `n` device operations queued (every operation of the CUDA backend calls it).
   void count_launches(std::uint64_t n = 1) const noexcept { state_->launches += n; }
+
+  /// Marks the end of this replica's slice of a sharded optimiser update on its compute stream
+  /// (sharded_update: the other replicas' copies of the slice wait for the mark).
+  void mark_update() const {
+    device_guard g(ordinal());
+    state_->update_mark.record(compute_stream());
+  }
+  /// Makes this context's compute stream wait for the last mark_update() of `other` (recorded
+  /// before this call on the host).
+  void wait_for_update_of(const cuda_context& other) const {
+    device_guard g(ordinal());
+    other.state_->update_mark.wait_on(compute_stream());
+  }
 
   /// Device scratch of at least `bytes` bytes, reused across calls (grows, never shrinks; only
   /// valid for work queued on the compute stream before the next call that grows it).
