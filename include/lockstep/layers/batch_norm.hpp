@@ -418,6 +418,9 @@ struct batch_norm {
         (void)ctx;
         return info.exchange->all_gather(info.rank, ws, first, batch, 2 * C, total);
       } else {
+        static_assert(requires { ctx.host_scratch(std::size_t{1}); },
+                      "lockstep::batch_norm: replicas of this device kind exchange rows through host memory: its "
+                      "context needs host_scratch(bytes), page-locked staging (as cuda_context has)");
         T* mine = static_cast<T*>(ctx.host_scratch(batch * 2 * C * sizeof(T)));
         copy_to_host(ctx, mine, ws, batch * 2 * C);
         const T* table = info.exchange->all_gather(info.rank, mine, first, batch, 2 * C, total);
