@@ -151,19 +151,18 @@ void check_batch_norm(std::size_t rows, std::size_t shards, bool training, bool 
   lockstep::testing::run_forward<B>(hc, host_params.data(), x.data(), y.data(), ws.data(), rows, info);
   lockstep::testing::run_backward<B>(hc, host_params.data(), x.data(), y.data(), dy.data(), dx.data(), dp.data(), ws.data(),
                                      rows, info);
-  std::vector<std::pair<std::size_t, std::size_t>> split;  // (first row, rows) per replica, as data::split cuts
-  for (std::size_t r = 0, first = 0; r < shards; ++r) {
-    const std::size_t n = rows / shards + (r < rows % shards ? 1 : 0);
-    split.emplace_back(first, n);
-    first += n;
-  }
+  ls::data::batch whole;  // the rows, cut as a strategy cuts them
+  whole.width = in;
+  whole.features = x;
+  whole.indices.resize(rows);
+  const auto split = ls::data::split(whole, shards);
   ls::detail::host_row_exchange exchange(shards, std::chrono::milliseconds(20'000));
   std::vector<std::vector<float>> got_y(shards), got_dx(shards), got_dp(shards), got_state(shards);
   std::vector<std::thread> threads;
   for (std::size_t r = 0; r < shards; ++r)
     threads.emplace_back([&, r] {
       ls::cuda_context ctx(0);
-      const std::size_t first = split[r].first, n = split[r].second;
+      const std::size_t first = split[r].offset, n = split[r].size;
       ls::pass_info mine = info;
       mine.sample_offset = first;
       mine.global_rows = rows;

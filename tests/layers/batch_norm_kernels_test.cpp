@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <lockstep/layers/batch_norm.hpp>
+#include <lockstep/testing/report.hpp>
 
 #include "../support/random.hpp"
 
@@ -37,33 +38,35 @@ void check_elementwise(std::size_t rows) {
 
   // Normalisation: one call per element against one call per row-channel.
   std::vector<T> by_element(n, T(7)), by_row(n, T(8));
-  const ls::detail::bn_normalise_op<T, C, P> e{x.data(), by_element.data(), mean.data(), inv.data(), gamma.data(), beta.data()};
-  const ls::detail::bn_normalise_op<T, C, P> r{x.data(), by_row.data(), mean.data(), inv.data(), gamma.data(), beta.data()};
-  for (std::size_t i = 0; i < n; ++i) e(i);
-  for (std::size_t i = 0; i < rows * C; ++i) ls::detail::bn_rows_op<ls::detail::bn_normalise_op<T, C, P>>{r}(i);
+  using normalise = ls::detail::bn_normalise_op<T>;
+  const normalise e{x.data(), by_element.data(), mean.data(), inv.data(), gamma.data(), beta.data()};
+  const normalise r{x.data(), by_row.data(), mean.data(), inv.data(), gamma.data(), beta.data()};
+  for (std::size_t i = 0; i < n; ++i) ls::detail::bn_elements_op<normalise, C, P>{e}(i);
+  for (std::size_t i = 0; i < rows * C; ++i) ls::detail::bn_rows_op<normalise, C, P>{r}(i);
   CHECK(std::memcmp(by_element.data(), by_row.data(), n * sizeof(T)) == 0);
-  std::size_t far = 0;
+  ls::testing::element_report y_report("normalised output vs a double reference", "kernel", "reference");
   for (std::size_t i = 0; i < n; ++i) {
     const std::size_t c = (i / P) % C;
     const double want = double(gamma[c]) * (double(x[i]) - double(mean[c])) * double(inv[c]) + double(beta[c]);
-    far += !(std::abs(double(by_element[i]) - want) <= 1e-6 * (1 + std::abs(want)));
+    y_report.close(i, double(by_element[i]), want, 1e-6 * (1 + std::abs(want)));
   }
-  CHECK(far == 0);
+  CHECK_MESSAGE(y_report.ok(), y_report.text());
 
   // Evaluation-mode input gradient.
   std::vector<T> dx_element(n, T(7)), dx_row(n, T(8));
-  const ls::detail::bn_eval_input_grad_op<T, C, P> ge{dy.data(), dx_element.data(), var.data(), gamma.data(), eps};
-  const ls::detail::bn_eval_input_grad_op<T, C, P> gr{dy.data(), dx_row.data(), var.data(), gamma.data(), eps};
-  for (std::size_t i = 0; i < n; ++i) ge(i);
-  for (std::size_t i = 0; i < rows * C; ++i) ls::detail::bn_rows_op<ls::detail::bn_eval_input_grad_op<T, C, P>>{gr}(i);
+  using eval_grad = ls::detail::bn_eval_input_grad_op<T>;
+  const eval_grad ge{dy.data(), dx_element.data(), var.data(), gamma.data(), eps};
+  const eval_grad gr{dy.data(), dx_row.data(), var.data(), gamma.data(), eps};
+  for (std::size_t i = 0; i < n; ++i) ls::detail::bn_elements_op<eval_grad, C, P>{ge}(i);
+  for (std::size_t i = 0; i < rows * C; ++i) ls::detail::bn_rows_op<eval_grad, C, P>{gr}(i);
   CHECK(std::memcmp(dx_element.data(), dx_row.data(), n * sizeof(T)) == 0);
-  far = 0;
+  ls::testing::element_report dx_report("evaluation-mode input gradient vs a double reference", "kernel", "reference");
   for (std::size_t i = 0; i < n; ++i) {
     const std::size_t c = (i / P) % C;
     const double want = double(dy[i]) * double(gamma[c]) / std::sqrt(double(var[c]) + eps);
-    far += !(std::abs(double(dx_element[i]) - want) <= 1e-6 * (1 + std::abs(want)));
+    dx_report.close(i, double(dx_element[i]), want, 1e-6 * (1 + std::abs(want)));
   }
-  CHECK(far == 0);
+  CHECK_MESSAGE(dx_report.ok(), dx_report.text());
 }
 
 // Each row's statistics (one call per row-channel) and their combination (one call per channel)

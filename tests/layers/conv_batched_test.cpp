@@ -8,11 +8,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <lockstep/layers/conv.hpp>
 #include <lockstep/lockstep.hpp>
 #include <lockstep/testing/drive.hpp>
+#include <lockstep/testing/report.hpp>
 
 #include "../support/random.hpp"
 
@@ -23,13 +25,10 @@ namespace {
 
 // |got - want| <= rel (1 + |want|) for every element.
 void check_near(const std::vector<double>& got, const std::vector<double>& want, double rel, const char* what) {
-  CAPTURE(what);
   REQUIRE(got.size() == want.size());
-  std::size_t bad = 0, first = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (!(std::abs(got[i] - want[i]) <= rel * (1.0 + std::abs(want[i]))) && bad++ == 0) first = i;
-  CAPTURE(first);
-  CHECK(bad == 0);
+  ls::testing::element_report report(std::string(what) + ": batched form vs per-image path", "batched", "per-image");
+  for (std::size_t i = 0; i < got.size(); ++i) report.close(i, got[i], want[i], rel * (1.0 + std::abs(want[i])));
+  CHECK_MESSAGE(report.ok(), report.text());
 }
 
 // The kernels of conv2d<F, K, Stride, Pad> on images shape<C, H, W>, bit for bit: im2col of the

@@ -98,6 +98,8 @@ public:
   /// contexts order the copies (detail::shards_on_device_v) with every replica on one device.
   static constexpr bool shardable = device_memory<kind_type>::host_accessible ||
                                     detail::shards_on_device_v<typename Replica::context_type>;
+  /// True when the update is sharded in device memory: copies ordered by the contexts' marks.
+  static constexpr bool device_ordered = !device_memory<kind_type>::host_accessible && shardable;
 
   /// Turns sharding on or off for the replicas `reps` (one replica never shards; the effective
   /// setting may not change once `updates` > 0).
@@ -108,7 +110,7 @@ public:
     if (on && !shardable)
       throw config_error("lockstep: strategy_options::shard_optimizer is implemented for devices with host memory (cpu<I>) "
                          "and for replicas sharing one GPU");
-    if constexpr (!device_memory<kind_type>::host_accessible && shardable) {
+    if constexpr (device_ordered) {
       for (std::size_t r = 1; on && r < replicas; ++r)
         if (reps[r]->context().ordinal() != reps[0]->context().ordinal())
           throw config_error("lockstep: strategy_options::shard_optimizer on GPUs needs every replica on one GPU (replica " +
@@ -172,7 +174,7 @@ public:
       for_each_index(ctx, state_count,
                      detail::ema_op<value_type>{average + (hi - lo), rep.model().parameters().data() + param_count, keep,
                                                 take, u.decision});
-    if constexpr (!device_memory<kind_type>::host_accessible && shardable)
+    if constexpr (device_ordered)
       if (sharded_) ctx.mark_update();  // the others' copies of this slice wait for it
   }
 
@@ -186,7 +188,7 @@ public:
       for (std::size_t s = 0; s < reps.size(); ++s) {
         if (s == r) continue;
         const auto [lo, hi] = slice(s);
-        if constexpr (!device_memory<kind_type>::host_accessible) reps[r]->context().wait_for_update_of(reps[s]->context());
+        if constexpr (device_ordered) reps[r]->context().wait_for_update_of(reps[s]->context());
         copy(reps[r]->context(), mine + lo, reps[s]->model().parameters().data() + lo, hi - lo);
       }
     }

@@ -43,6 +43,9 @@ LOCKSTEP_HD void bn_put(T& out, double v, bool add) {
   out = add ? static_cast<T>(static_cast<double>(out) + v) : static_cast<T>(v);
 }
 
+/// 1/σ = 1 / sqrt(variance + ε), in double.
+LOCKSTEP_HD inline double bn_inv_sigma(double var, double epsilon) { return 1.0 / std::sqrt(var + epsilon); }
+
 /// (v - mean) / σ in double.
 template <class T>
 LOCKSTEP_HD double bn_xhat(T v, T mean, T inv) {
@@ -94,7 +97,7 @@ struct bn_combine_op {
     const double count = static_cast<double>(total * P);
     const double var = m2 / count;
     mean[c] = static_cast<T>(n_mean);
-    inv[c] = static_cast<T>(1.0 / std::sqrt(var + epsilon));
+    inv[c] = static_cast<T>(bn_inv_sigma(var, epsilon));
     const double unbiased = count > 1 ? m2 / (count - 1) : var;
     run_mean[c] = static_cast<T>((1 - momentum) * static_cast<double>(run_mean[c]) + momentum * n_mean);
     run_var[c] = static_cast<T>((1 - momentum) * static_cast<double>(run_var[c]) + momentum * unbiased);
@@ -109,29 +112,35 @@ struct bn_running_inv_op {
   double epsilon;    ///< added to the variance
   /// Channel c.
   LOCKSTEP_HD void operator()(std::size_t c) const {
-    inv[c] = static_cast<T>(1.0 / std::sqrt(static_cast<double>(run_var[c]) + epsilon));
+    inv[c] = static_cast<T>(bn_inv_sigma(static_cast<double>(run_var[c]), epsilon));
   }
 };
 
-/// y = γ (x - mean) / σ + β. Call i: element i; `row(r)`: the P elements of row-channel r (the
-/// host's form, the same arithmetic).
-template <class T, std::size_t C, std::size_t P>
+/// The elementwise passes (bn_normalise_op, bn_eval_input_grad_op) say what they need of a
+/// channel (`channel(c)`, in double) and what they write of an element (`element(i, k)` with k =
+/// channel(c)); bn_elements_op and bn_rows_op run them over the two index spaces.
+
+/// y = γ (x - mean) / σ + β.
+template <class T>
 struct bn_normalise_op {
+  /// Channel c's mean, 1/σ, γ and β.
+  struct constants {
+    double mean, inv, gamma, beta;
+  };
   const T* x;      ///< batch x C x P
   T* y;            ///< batch x C x P
   const T* mean;   ///< C
   const T* inv;    ///< C
   const T* gamma;  ///< C
   const T* beta;   ///< C
-  /// Element i, of channel c.
-  LOCKSTEP_HD void element(std::size_t i, std::size_t c) const {
-    y[i] = static_cast<T>(static_cast<double>(gamma[c]) * bn_xhat(x[i], mean[c], inv[c]) + static_cast<double>(beta[c]));
+  /// What element i of channel c needs.
+  LOCKSTEP_HD constants channel(std::size_t c) const {
+    return {static_cast<double>(mean[c]), static_cast<double>(inv[c]), static_cast<double>(gamma[c]),
+            static_cast<double>(beta[c])};
   }
   /// Element i.
-  LOCKSTEP_HD void operator()(std::size_t i) const { element(i, (i / P) % C); }
-  /// The P elements of row-channel r = (b, c).
-  LOCKSTEP_HD void row(std::size_t r) const {
-    for (std::size_t j = 0; j < P; ++j) element(r * P + j, r % C);
+  LOCKSTEP_HD void element(std::size_t i, const constants& k) const {
+    y[i] = static_cast<T>(k.gamma * ((static_cast<double>(x[i]) - k.mean) * k.inv) + k.beta);
   }
 };
 
@@ -224,7 +233,7 @@ struct bn_eval_param_grad_op {
   double epsilon;      ///< added to the variance
   /// Channel c.
   LOCKSTEP_HD void operator()(std::size_t c) const {
-    const double inv = 1.0 / std::sqrt(static_cast<double>(run_var[c]) + epsilon);
+    const double inv = bn_inv_sigma(static_cast<double>(run_var[c]), epsilon);
     double s1 = 0, s2 = 0;
     for (std::size_t b = 0; b < batch; ++b) {
       const std::size_t o = (b * C + c) * P;
@@ -239,44 +248,57 @@ struct bn_eval_param_grad_op {
   }
 };
 
-/// Evaluation mode: dx = dy γ / σ with the running variance. Call i: element i; `row(r)`: the
-/// P elements of row-channel r.
-template <class T, std::size_t C, std::size_t P>
+/// Evaluation mode: dx = dy γ / σ with the running variance.
+template <class T>
 struct bn_eval_input_grad_op {
+  /// Channel c's γ and 1/σ.
+  struct constants {
+    double gamma, inv;
+  };
   const T* dy;       ///< batch x C x P
   T* dx;             ///< batch x C x P
   const T* run_var;  ///< C
   const T* gamma;    ///< C
   double epsilon;    ///< added to the variance
-  /// Element i, of channel c.
-  LOCKSTEP_HD void element(std::size_t i, std::size_t c) const {
-    const double inv = 1.0 / std::sqrt(static_cast<double>(run_var[c]) + epsilon);
-    dx[i] = static_cast<T>(static_cast<double>(dy[i]) * static_cast<double>(gamma[c]) * inv);
+  /// What element i of channel c needs.
+  LOCKSTEP_HD constants channel(std::size_t c) const {
+    return {static_cast<double>(gamma[c]), bn_inv_sigma(static_cast<double>(run_var[c]), epsilon)};
   }
   /// Element i.
-  LOCKSTEP_HD void operator()(std::size_t i) const { element(i, (i / P) % C); }
-  /// The P elements of row-channel r = (b, c).
-  LOCKSTEP_HD void row(std::size_t r) const {
-    for (std::size_t j = 0; j < P; ++j) element(r * P + j, r % C);
+  LOCKSTEP_HD void element(std::size_t i, const constants& k) const {
+    dx[i] = static_cast<T>(static_cast<double>(dy[i]) * k.gamma * k.inv);
   }
 };
 
-/// Runs an elementwise batch_norm functor Op over `rows` row-channels of P elements: one call per
-/// row-channel on the host (loops the compiler keeps tight), one per element on GPUs.
-template <class Op>
-struct bn_rows_op {
-  Op op;  ///< the elementwise functor
-  /// Row-channel r.
-  LOCKSTEP_HD void operator()(std::size_t r) const { op.row(r); }
+/// An elementwise pass Op over elements of C channels of P positions, one call per element (the
+/// GPU's form): call i is element i of channel (i / P) % C.
+template <class Op, std::size_t C, std::size_t P>
+struct bn_elements_op {
+  Op op;  ///< the elementwise pass
+  /// Element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const { op.element(i, op.channel((i / P) % C)); }
 };
 
-/// Runs elementwise functor `op` over `rows` row-channels of P elements each (see bn_rows_op).
-template <std::size_t P, class Ctx, class Op>
+/// The same pass, one call per row-channel (the host's form: the channel's constants once, then
+/// a loop over its P elements): call r is row-channel r = (b, c), c = r % C.
+template <class Op, std::size_t C, std::size_t P>
+struct bn_rows_op {
+  Op op;  ///< the elementwise pass
+  /// The P elements of row-channel r.
+  LOCKSTEP_HD void operator()(std::size_t r) const {
+    const auto k = op.channel(r % C);
+    for (std::size_t j = 0; j < P; ++j) op.element(r * P + j, k);
+  }
+};
+
+/// Runs elementwise pass `op` over `rows` row-channels of P elements each: bn_rows_op on the
+/// host, bn_elements_op elsewhere.
+template <std::size_t C, std::size_t P, class Ctx, class Op>
 void bn_for_each_element(Ctx& ctx, std::size_t rows, const Op& op) {
   if constexpr (host_context_v<Ctx>)
-    for_each_index(ctx, rows, bn_rows_op<Op>{op});
+    for_each_index(ctx, rows, bn_rows_op<Op, C, P>{op});
   else
-    for_each_index(ctx, rows * P, op);
+    for_each_index(ctx, rows * P, bn_elements_op<Op, C, P>{op});
 }
 
 }  // namespace detail
@@ -348,8 +370,8 @@ struct batch_norm {
       const T* beta = params + C;
       if (!info.training) {
         for_each_index(ctx, C, detail::bn_running_inv_op<T>{run_var, inv, epsilon});
-        detail::bn_for_each_element<P>(ctx, batch * C,
-                                       detail::bn_normalise_op<T, C, P>{a.x.data(), a.y.data(), run_mean, inv, gamma, beta});
+        detail::bn_for_each_element<C, P>(ctx, batch * C,
+                                       detail::bn_normalise_op<T>{a.x.data(), a.y.data(), run_mean, inv, gamma, beta});
         return;
       }
       const std::size_t total = rows_of(info, batch);
@@ -357,8 +379,8 @@ struct batch_norm {
       for_each_index(ctx, batch * C, detail::bn_row_stats_op<T, C, P>{a.x.data(), a.workspace});
       const T* all = gather(ctx, a.workspace, batch, total, info);
       for_each_index(ctx, C, detail::bn_combine_op<T, C, P>{all, total, mean, inv, run_mean, run_var, momentum, epsilon});
-      detail::bn_for_each_element<P>(ctx, batch * C,
-                                     detail::bn_normalise_op<T, C, P>{a.x.data(), a.y.data(), mean, inv, gamma, beta});
+      detail::bn_for_each_element<C, P>(ctx, batch * C,
+                                     detail::bn_normalise_op<T>{a.x.data(), a.y.data(), mean, inv, gamma, beta});
     }
 
     /// Training: dx = γ/σ (dy - mean(dy) - x̂ mean(dy x̂)) with the means over the global batch,
@@ -379,7 +401,7 @@ struct batch_norm {
       if (!info.training) {
         for_each_index(ctx, C,
                        detail::bn_eval_param_grad_op<T, C, P>{x, dy, state, state + C, dparams, batch, info.accumulate, epsilon});
-        if (dx) detail::bn_for_each_element<P>(ctx, batch * C, detail::bn_eval_input_grad_op<T, C, P>{dy, dx, state + C, gamma, epsilon});
+        if (dx) detail::bn_for_each_element<C, P>(ctx, batch * C, detail::bn_eval_input_grad_op<T>{dy, dx, state + C, gamma, epsilon});
         return;
       }
       const T* mean = ws + batch * workspace_per_sample;  // from forward

@@ -320,7 +320,7 @@ struct conv2d {
 
     /// y[b] = [W bias] [cols(x[b]); 1...1]: one GEMM per image, right after the image's columns
     /// (still in cache), with the bias as one more column of the filters over a row of ones; or
-    /// oneDNN's forward convolution over the whole batch.
+    /// oneDNN's forward convolution over the whole batch; on GPUs forward_batched.
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a) {
       using backend::trans;
@@ -336,8 +336,8 @@ struct conv2d {
       }
 #endif
       if constexpr (!detail::host_context_v<Ctx>) {  // GPUs: the whole shard in a few launches
-        over_chunks<T>(ctx, batch, [&](std::size_t first, std::size_t images, T* scratch) {
-          forward_batched(ctx, a, first, images, scratch);
+        over_chunks<T>(ctx, batch, [&](std::size_t first, std::size_t images, T* work) {
+          forward_batched(ctx, a, first, images, work);
         });
         return;
       }
@@ -354,7 +354,7 @@ struct conv2d {
     /// [dW dbias]^T = the sum over images (in order) of [cols(x[b]); 1...1] dy[b]^T, with the
     /// columns computed again and the biases' gradient given by the row of ones (the transposed
     /// product is the faster GEMM shape; one transposition at the end), and, when dx is not empty,
-    /// dx[b] = col2im(W^T dy[b]).
+    /// dx[b] = col2im(W^T dy[b]). On GPUs backward_batched.
     template <class T, class Ctx>
     static void backward(Ctx& ctx, const backward_args<T, Ctx, S, output_shape>& a) {
       using backend::trans;
@@ -374,8 +374,8 @@ struct conv2d {
       }
 #endif
       if constexpr (!detail::host_context_v<Ctx>) {  // GPUs: the whole shard in a few launches
-        over_chunks<T>(ctx, batch, [&](std::size_t first, std::size_t images, T* scratch) {
-          backward_batched(ctx, a, first, images, scratch);
+        over_chunks<T>(ctx, batch, [&](std::size_t first, std::size_t images, T* work) {
+          backward_batched(ctx, a, first, images, work);
         });
         return;
       }
@@ -411,21 +411,22 @@ struct conv2d {
 
     /// The batched forward (GPUs; public so that tests run it on the host too): images
     /// [first, first + images) of the shard in four calls whatever their number: their columns
-    /// side by side (im2col_batched_op), the filters with their biases, ONE GEMM
-    /// [W bias] [cols; 1...1] for all of them (channel-major), and its copy into the images' rows.
-    /// `scratch` holds batched_scratch(images) elements of the context's memory.
+    /// side by side (im2col_batched_op), the filters with their biases (once per shard, at
+    /// first = 0, kept in the workspace), ONE GEMM [W bias] [cols; 1...1] for all of them
+    /// (channel-major), and its copy into the images' rows. `work` holds batched_scratch(images)
+    /// elements of the context's memory.
     template <class T, class Ctx>
     static void forward_batched(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a, std::size_t first,
-                                std::size_t images, T* scratch) {
+                                std::size_t images, T* work) {
       using backend::trans;
       constexpr std::size_t P = OH * OW;
       const std::size_t n = images * P;
       if (n == 0) return;
-      T* cols = scratch;                    // (patch + 1) x n
-      T* yt = scratch + (patch + 1) * n;    // Filters x n
-      T* wb = a.workspace + (patch + 1) * P + padded;  // Filters x (patch + 1), as scratch<T>::wb
+      T* cols = work;                    // (patch + 1) x n
+      T* yt = work + (patch + 1) * n;    // Filters x n
+      T* wb = scratch<T>(a.workspace).wb;
       for_each_index(ctx, (patch + 1) * n, detail::im2col_batched_op<T, geometry>{a.x.row(first), cols, n});
-      for_each_index(ctx, Filters * (patch + 1), detail::append_bias_op<T, Filters, patch>{a.params, wb});
+      if (first == 0) for_each_index(ctx, Filters * (patch + 1), detail::append_bias_op<T, Filters, patch>{a.params, wb});
       gemm(ctx, trans::no, trans::no, Filters, n, patch + 1, T(1), wb, patch + 1, cols, n, T(0), yt, n);
       for_each_index(ctx, Filters * n, detail::channel_major_op<T, Filters, P>{yt, a.y.row(first), images, true});
     }
@@ -437,17 +438,16 @@ struct conv2d {
     /// (col2im_batched_op). No atomics; each sum in a fixed order.
     template <class T, class Ctx>
     static void backward_batched(Ctx& ctx, const backward_args<T, Ctx, S, output_shape>& a, std::size_t first,
-                                 std::size_t images, T* scratch) {
+                                 std::size_t images, T* work) {
       using backend::trans;
-      constexpr std::size_t P = OH * OW;
-      const std::size_t n = images * P;
-      T* cols = scratch;                    // (patch + 1) x n, then the columns' gradient (patch x n)
-      T* dyt = scratch + (patch + 1) * n;   // Filters x n
-      T* g = a.workspace + (patch + 1) * P + padded;  // Filters x (patch + 1)
+      const std::size_t n = images * OH * OW;
+      T* cols = work;                    // (patch + 1) x n, then the columns' gradient (patch x n)
+      T* dyt = work + (patch + 1) * n;   // Filters x n
+      T* g = scratch<T>(a.workspace).wb;  // Filters x (patch + 1)
       const bool last = first + images == a.batch();
       if (n > 0) {
         for_each_index(ctx, (patch + 1) * n, detail::im2col_batched_op<T, geometry>{a.x.row(first), cols, n});
-        for_each_index(ctx, Filters * n, detail::channel_major_op<T, Filters, P>{a.dy.row(first), dyt, images, false});
+        for_each_index(ctx, Filters * n, detail::channel_major_op<T, Filters, OH * OW>{a.dy.row(first), dyt, images, false});
         gemm(ctx, trans::no, trans::yes, Filters, patch + 1, n, T(1), dyt, n, cols, n, first == 0 ? T(0) : T(1), g,
              patch + 1);
       }
@@ -461,13 +461,13 @@ struct conv2d {
   private:
     static constexpr detail::window2d geometry{C, H, W, Kernel, Stride, Padding, OH, OW};  ///< as a constant
 
-    /// Runs pass(first, images, scratch) over a GPU shard of `batch` images in the chunks that
-    /// batched_images allows, all with one device scratch of the context.
+    /// Runs pass(first, images, work) over a GPU shard of `batch` images in the chunks that
+    /// batched_images allows, all with one device scratch of the context as `work`.
     template <class T, class Ctx, class Pass>
     static void over_chunks(Ctx& ctx, std::size_t batch, const Pass& pass) {
       const std::size_t per = batched_images(batch);
-      T* scratch = static_cast<T*>(ctx.scratch(batched_scratch(std::min(per, batch)) * sizeof(T)));
-      for (std::size_t first = 0; first < batch; first += per) pass(first, std::min(per, batch - first), scratch);
+      T* work = static_cast<T*>(ctx.scratch(batched_scratch(std::min(per, batch)) * sizeof(T)));
+      for (std::size_t first = 0; first < batch; first += per) pass(first, std::min(per, batch - first), work);
     }
 
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
@@ -489,7 +489,7 @@ struct conv2d {
     struct scratch {
       T* cols;  ///< (patch + 1) x OH OW: one image's columns over a row of ones, or their gradient
       T* xp;    ///< one padded image, or col2im's padded planes
-      T* wb;    ///< Filters x (patch + 1) filters with biases, or the transposed gradient
+      T* wb;    ///< Filters x (patch + 1) filters with biases, or their gradient (transposed per image; as is batched)
       /// Splits ws.
       explicit scratch(T* ws) : cols(ws), xp(ws + (patch + 1) * OH * OW), wb(xp + padded) {}
     };
