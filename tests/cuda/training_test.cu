@@ -355,3 +355,87 @@ TEST_CASE("multigpu: [zero1] shard_optimizer over replicas on different GPUs is 
   CHECK_THROWS_WITH_AS((void)s.replicate<net>(ls::seed{1}), doctest::Contains("needs every replica on one GPU"),
                        ls::config_error);
 }
+
+namespace {
+// What a run of `steps` updates of net (dropout, Adam, a learning rate that changes every step,
+// and optionally clipping) on strategy S returned, deferred or not: each train_step's statistics
+// then flush_stats', the parameters, and the most host syncs any steady step (after 2 warm-up
+// steps) made over all replicas.
+struct readback_run {
+  std::vector<ls::step_stats> stats;
+  std::vector<float> params;
+  std::uint64_t max_syncs = 0;
+};
+
+template <class S>
+readback_run run_readback(bool defer, double clip) {
+  S s{ls::strategy_options{.bucket_bytes = 1024, .defer_readback = defer}};
+  auto m = s.template replicate<net>(ls::seed{5});
+  const ls::update_recipe recipe{.clip_global_norm = clip};
+  const auto syncs = [&] {
+    std::uint64_t n = 0;
+    for (std::size_t r = 0; r < s.num_replicas(); ++r) n += m.replica(r).context().host_syncs();
+    return n;
+  };
+  readback_run out;
+  for (std::size_t k = 0; k < steps; ++k) {
+    const ls::adam opt{.lr = 0.01f / static_cast<float>(1 + k)};
+    const std::uint64_t before = syncs();
+    out.stats.push_back(
+        ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distribute(make_batch(k), s.num_replicas()), recipe));
+    if (k >= 2) out.max_syncs = std::max(out.max_syncs, syncs() - before);
+  }
+  out.stats.push_back(s.flush_stats(m));
+  out.params = m.parameters_to_host();
+  return out;
+}
+
+bool same_stats(const ls::step_stats& a, const ls::step_stats& b) {
+  const auto same = [](double x, double y) { return (std::isnan(x) && std::isnan(y)) || x == y; };
+  return same(a.loss_sum, b.loss_sum) && a.count == b.count && a.correct == b.correct && a.labelled == b.labelled &&
+         same(a.grad_norm, b.grad_norm) && same(a.clip_factor, b.clip_factor) && a.skipped == b.skipped;
+}
+
+template <class S>
+void check_deferred_readback(const char* name) {
+  CAPTURE(name);
+  for (double clip : {0.0, 0.05}) {
+    CAPTURE(clip);
+    const readback_run eager = run_readback<S>(false, clip);
+    const readback_run late = run_readback<S>(true, clip);
+    REQUIRE(late.stats.size() == steps + 1);
+    CHECK(late.stats[0].count == 0);
+    for (std::size_t k = 1; k <= steps; ++k) {
+      CAPTURE(k);
+      CHECK(same_stats(late.stats[k], eager.stats[k - 1]));
+    }
+    CHECK(eager.stats[steps].count == 0);
+    CHECK(late.params == eager.params);
+    MESSAGE(name << ": host syncs per steady step " << eager.max_syncs << " undeferred, " << late.max_syncs
+                 << " with defer_readback");
+    CHECK(eager.max_syncs > 0);  // the counter sees the loss's wait
+    CHECK(late.max_syncs == 0);
+  }
+}
+}  // namespace
+
+TEST_CASE("gpu: [no_host_wait] with defer_readback a step returns the previous update's statistics, bitwise the "
+          "undeferred run's, and a steady step makes no host sync") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  check_deferred_readback<ls::one_device<ls::gpu<0>>>("one_device<gpu<0>>");
+  check_deferred_readback<ls::mirrored<ls::gpu<0>, ls::gpu<0>>>("mirrored<gpu<0> x 2>, same-device reducer");
+  check_deferred_readback<ls::mirrored<ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>("mirrored<gpu<0> x 3>, same-device reducer");
+}
+
+TEST_CASE("multigpu: [no_host_wait] with defer_readback NCCL replicas make no host sync in a steady step") {
+  LOCKSTEP_REQUIRE_GPUS(2);
+  check_deferred_readback<ls::mirrored<ls::gpu<0>, ls::gpu<1>>>("mirrored<gpu<0>, gpu<1>>, NCCL");
+}
+
+TEST_CASE("gpu: [no_host_wait] defer_readback under mixed<fp16>'s dynamic loss scale is a config_error") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  ls::one_device<ls::gpu<0>> s{ls::strategy_options{.defer_readback = true}};
+  auto m = s.replicate<net, ls::mixed<ls::fp16>>(ls::seed{1});
+  CHECK_THROWS_WITH_AS((void)ls::train_step(s, m, ls::sgd{.lr = 0.01f}, ls::softmax_cross_entropy{}, distribute(make_batch(0), 1)),
+                       doctest::Contains("loss scale"), ls::config_error);
+}

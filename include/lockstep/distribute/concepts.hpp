@@ -44,6 +44,13 @@ struct strategy_options {
   /// GPU replicas: cuBLAS may use TF32 tensor cores for FP32 GEMMs (about 10 mantissa bits;
   /// faster, off by default). Host replicas refuse it (config_error).
   bool tf32 = false;
+  /// GPU replicas: a step never waits for its own work. Each loss copies its totals (and the
+  /// epilogue its decision) to page-locked memory on the device's stream, and train_step returns
+  /// the statistics of the PREVIOUS update, read once this step is queued (flush_stats(model)
+  /// returns the last one). The parameters are the same bits as without it. One process; the
+  /// recipe's non-finite guard must be nonfinite_policy::apply and the loss unscaled (those
+  /// decide on the host). Host replicas refuse it (config_error): they have no wait to save.
+  bool defer_readback = false;
 };
 
 /// What one synchronous training step returns, over the whole global batch (every replica of
@@ -70,6 +77,18 @@ struct step_stats {
                     : std::numeric_limits<double>::quiet_NaN();
   }
 };
+
+namespace detail {
+
+/// The host's part of an update whose loss and decision are still being copied back
+/// (strategy_options::defer_readback): its statistics but the loss sum, the hits and the norm.
+struct late_update {
+  step_stats stats;         ///< count, labelled, loss scale (loss_sum and correct are zero)
+  std::uint64_t step = 0;   ///< the model's step counter before the update
+  bool has_norm = false;    ///< the update ran an epilogue: its decision carries the norm and clip factor
+};
+
+}  // namespace detail
 
 /// How a strategy cuts global batches: into `parts` shards of which this process takes shards
 /// `first`, `first + 1`, ... (one per local replica). A single-process strategy takes them all.

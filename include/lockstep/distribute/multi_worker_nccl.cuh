@@ -155,7 +155,7 @@ public:
     record(r, ctx, id);
     complete(r, id);
     ctx.join_from_comm();
-    LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
+    ctx.wait_stream(ctx.compute_stream());
   }
 
   /// Marks the reducer failed (every current and later wait throws) and the channel unusable (the

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -21,6 +22,7 @@
 #include <lockstep/core/precision.hpp>
 #include <lockstep/core/random.hpp>
 #include <lockstep/distribute/buckets.hpp>
+#include <lockstep/distribute/concepts.hpp>
 #include <lockstep/distribute/replica.hpp>
 #include <lockstep/distribute/sharded_update.hpp>
 
@@ -200,6 +202,10 @@ public:
     }
   }
 
+  /// Under strategy_options::defer_readback: the last update whose loss is still being read back
+  /// (set and taken by the strategy; empty when none).
+  [[nodiscard]] std::optional<detail::late_update>& late_update() noexcept { return late_; }
+
 private:
   static void check_length(std::size_t got, std::size_t want, const char* what) {
     if (got != want)
@@ -217,6 +223,7 @@ private:
   loss_scaler scaler_;
   std::weak_ptr<const strategy_identity> owner_;
   std::string owner_description_;
+  std::optional<detail::late_update> late_;
 };
 
 /// Which weights of a replicated model a pass uses.

@@ -53,6 +53,7 @@
 #include <lockstep/distribute/steps/micro_shard_step.hpp>
 #include <lockstep/distribute/steps/overlapped_step.hpp>
 #include <lockstep/distribute/steps/step_policy.hpp>
+#include <lockstep/backend/readback.hpp>
 #include <lockstep/distribute/update_phase.hpp>
 #include <lockstep/distribute/world.hpp>
 #include <lockstep/losses/loss.hpp>
@@ -156,6 +157,8 @@ public:
   /// The replicated model type for network Net with parameters of type T.
   template <class Net, class T = float>
   using model_type = basic_replicated<Net, Kind, T>;
+  /// True when the kind's context can defer readback (strategy_options::defer_readback).
+  static constexpr bool can_defer_readback = backend::deferring_context<typename backend_traits<Kind>::context_type>;
 
   /// A strategy over the local devices with the given ordinals (in replica order; validated by
   /// the caller, see resolve_devices), with the given options, in `world` (collective when the
@@ -365,6 +368,7 @@ public:
     const std::size_t total = b.global_size();
     check_shards(b, total);
     check_pending(m);
+    if (options_.defer_readback) check_deferrable(recipe, m.loss_scaled());
     const update_part part{pending_.rows, pending_.batches == 0, true};
     const std::size_t rows = pending_.rows + total;
     if (rows == 0) return {};
@@ -386,11 +390,14 @@ public:
     finish.set_trace(trace_);
     if (part.first) std::fill(epilogue_.nonfinite_loss.begin(), epilogue_.nonfinite_loss.end(), 0);
     step_stats out;
+    const std::uint64_t step_before = m.step();
     try {
+      const defer_scope<model_type<Net, T>> deferring(m, options_.defer_readback);
       out = world_.guarded([&] { return step_.run(exec_, reducer_, m, loss, b, info, part, finish); },
                            [this] { abort_all(this); });
     } catch (...) {
       pending_ = {};
+      drop_late(m);
       throw;
     }
     pending_ = {};
@@ -427,7 +434,27 @@ public:
       throw numerics_error(what, step);
     }
     m.set_step(m.step() + 1);
+    if constexpr (can_defer_readback) {
+      if (options_.defer_readback) {  // this update's loss comes back with the next step
+        const detail::late_update now{out, step_before, effective.needs_epilogue()};
+        const step_stats previous = take_late(m);
+        for (std::size_t r = 0; r < m.size(); ++r) m.replica(r).context().readback_seal();
+        m.late_update() = now;
+        return previous;
+      }
+    }
     return out;
+  }
+
+  /// Under strategy_options::defer_readback: the statistics of the last update of `m` that
+  /// train_step has not returned yet, once its work is done (a host wait); count 0 when none is
+  /// pending. Without deferral nothing is ever pending: count 0. Call it where a run of steps
+  /// ends (fit calls it before every checkpoint and at the end of every epoch).
+  /// @throws numerics_error when that update's loss was NaN.
+  template <class Net, class T>
+  step_stats flush_stats(model_type<Net, T>& m) {
+    check_model(m);
+    return take_late(m);
   }
 
   /// One batch of an update that more batches will complete (gradient accumulation): every
@@ -458,13 +485,16 @@ public:
       if (part.first) std::fill(epilogue_.nonfinite_loss.begin(), epilogue_.nonfinite_loss.end(), 0);
       detail::accumulate_phase<Kind> phase(epilogue_);
       try {
+        const defer_scope<model_type<Net, T>> deferring(m, options_.defer_readback);
         out = world_.guarded([&] { return step_.run(exec_, reducer_, m, loss, b, info, part, phase); },
                              [this] { abort_all(this); });
       } catch (...) {
         pending_ = {};
+        drop_late(m);
         throw;
       }
       pending_.model = &m;
+      if (options_.defer_readback) pending_.discard = &discard_current<Net, T>;
       pending_.rows += total;
       ++pending_.batches;
     }
@@ -474,7 +504,10 @@ public:
 
   /// Abandons the update in progress (the batches accumulate() gave since the last update): the
   /// next batch starts a new update. Nothing else changes.
-  void abandon_update() noexcept { pending_ = {}; }
+  void abandon_update() noexcept {
+    if (pending_.discard) pending_.discard(pending_.model);
+    pending_ = {};
+  }
   /// Batches of the update in progress (0: none).
   [[nodiscard]] std::size_t pending_batches() const noexcept { return pending_.batches; }
 
@@ -516,6 +549,15 @@ private:
         !detail::shards_on_device_v<typename backend_traits<Kind>::context_type>)
       throw config_error(std::string("lockstep: strategy_options::shard_optimizer is implemented for devices with host "
                                      "memory (cpu<I>) and GPUs, not for ") + backend_traits<Kind>::name + " devices");
+    if (o.defer_readback) {
+      if constexpr (!can_defer_readback)
+        throw config_error(std::string("lockstep: strategy_options::defer_readback is for device replicas whose context "
+                                       "reads back a step late (gpu); ") +
+                           backend_traits<Kind>::name + " replicas read their statistics in the step, with no wait to save");
+      if (w.size() > 1)
+        throw config_error("lockstep: strategy_options::defer_readback is implemented in one process, not across " +
+                           std::to_string(w.size()) + " workers");
+    }
     if (Determinism == determinism::replica_count_invariant && o.blas_threads != 1)
       throw config_error("lockstep: strategy_options::blas_threads must be 1 under replica_count_invariant "
                          "(a GEMM's result must not depend on the thread count)");
@@ -628,6 +670,103 @@ private:
     return text + "; no replica's shard of the update's last batch gives a non-finite value on its own";
   }
 
+  // strategy_options::defer_readback: every replica context of `m` defers its readback for one
+  // step, and stops when the step ends or throws.
+  template <class M>
+  class defer_scope {
+  public:
+    defer_scope(M& m, bool on) noexcept : m_(on ? &m : nullptr) { set(true); }
+    ~defer_scope() { set(false); }
+    defer_scope(const defer_scope&) = delete;
+    defer_scope& operator=(const defer_scope&) = delete;
+
+  private:
+    void set(bool v) noexcept {
+      if constexpr (can_defer_readback)
+        if (m_)
+          for (std::size_t r = 0; r < m_->size(); ++r) m_->replica(r).context().set_defer_readback(v);
+    }
+    M* m_;
+  };
+
+  // Refuses an update that decides on the host while readback is deferred.
+  static void check_deferrable(const update_recipe& recipe, bool loss_scaled) {
+    if (recipe.nonfinite != nonfinite_policy::apply)
+      throw config_error("lockstep::train_step: strategy_options::defer_readback reads each update's epilogue decision "
+                         "one step late, but update_recipe::nonfinite = skip or raise decides on the host whether the "
+                         "update counts; use nonfinite_policy::apply, or turn defer_readback off");
+    if (loss_scaled)
+      throw config_error("lockstep::train_step: strategy_options::defer_readback reads each update's epilogue decision "
+                         "one step late, but mixed<fp16>'s dynamic loss scale changes on the host after each update; "
+                         "use mixed<bf16>, or turn defer_readback off");
+  }
+
+  // Drops the readback pages of every replica of `m` and its late update (after a failure).
+  template <class M>
+  static void drop_late(M& m) noexcept {
+    if constexpr (can_defer_readback) {
+      for (std::size_t r = 0; r < m.size(); ++r) m.replica(r).context().readback_reset();
+      m.late_update().reset();
+    }
+  }
+
+  // Drops what the current readback page of every replica of the model at `p` holds (an abandoned update).
+  template <class Net, class T>
+  static void discard_current(const void* p) noexcept {
+    if constexpr (can_defer_readback) {
+      auto& m = *static_cast<model_type<Net, T>*>(const_cast<void*>(p));
+      for (std::size_t r = 0; r < m.size(); ++r) m.replica(r).context().readback_discard();
+    }
+  }
+
+  // The late update of `m` completed with what its replicas read back (their sealed pages, each
+  // replica's losses in evaluation order, the replicas in order: the sums an undeferred step
+  // makes); count 0 when none. Frees the pages.
+  template <class Net, class T>
+  step_stats take_late(model_type<Net, T>& m) {
+    if constexpr (!can_defer_readback) {
+      return {};
+    } else {
+      auto& late = m.late_update();
+      double loss_sum = 0;
+      std::size_t correct = 0;
+      bool nan = false;
+      double norm = 0, factor = 1;
+      bool decided = false;
+      for (std::size_t r = 0; r < m.size(); ++r) {
+        const backend::readback_totals t = m.replica(r).context().readback_collect();
+        loss_sum += t.loss;
+        correct += t.hits;
+        nan = nan || t.nan;
+        if (r == 0 && t.has_decision) {
+          decided = true;
+          norm = t.decision.norm;
+          factor = t.decision.factor;
+        }
+      }
+      if (!late) return {};
+      step_stats s = late->stats;
+      const std::uint64_t step = late->step;
+      const bool has_norm = late->has_norm;
+      late.reset();
+      s.loss_sum = loss_sum;
+      s.correct = correct;
+      if (has_norm && decided) {  // else the host read the decision in the step (an optimiser of the user's)
+        s.grad_norm = norm;
+        s.clip_factor = factor;
+      }
+      if (nan) {
+        drop_late(m);
+        throw numerics_error("lockstep: update " + std::to_string(step + 1) + " (step " + std::to_string(step) +
+                                 "): its loss is NaN, read one step late under strategy_options::defer_readback (the "
+                                 "update was applied): a logit is not finite (a learning rate too large, or input "
+                                 "values that are not finite)",
+                             step);
+      }
+      return s;
+    }
+  }
+
   static void abort_all(void* self) noexcept {
     auto* s = static_cast<mirrored_strategy*>(self);
     s->reducer_.abort();
@@ -665,12 +804,12 @@ private:
   executor exec_;
   detail::epilogue_workspace<Kind> epilogue_;
   trace_recorder* trace_ = nullptr;
-  /// The factor the loss carries into the gradient sums (1: no loss scaling). The epilogue
-  /// removes it; a precision policy with loss scaling sets it.
+  // The update accumulate() has in progress.
   struct pending_update {
     const void* model = nullptr;  // the model whose update is in progress
     std::size_t rows = 0;         // its rows so far
     std::size_t batches = 0;      // its batches so far
+    void (*discard)(const void*) noexcept = nullptr;  // drops its deferred readback (defer_readback)
   } pending_;
 };
 

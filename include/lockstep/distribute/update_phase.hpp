@@ -11,7 +11,9 @@
 /// replica decides the same. Replicas in device memory decide on their device
 /// (`reduced_gradient_epilogue`, found by argument-dependent lookup on the context: the CUDA
 /// backend's backend/cuda/epilogue.cuh) and the optimiser's kernel reads the decision there, so
-/// the host does not wait for it before the update is queued; the decision is read back after.
+/// the host does not wait for it before the update is queued; the decision is read back after
+/// (with the next step under strategy_options::defer_readback: copied to the context's readback
+/// page, backend/readback.hpp).
 
 #include <cstddef>
 #include <cstdint>
@@ -185,7 +187,16 @@ public:
       u.grad_scale = res.scale;
     }
     m_->update_plan().apply(rep, r, *opt_, u, ema_, ema_decay_);
-    if (read_back) ws_->results[r] = read_decision(ctx, u.decision);  // after the update is queued
+    if (read_back) {  // after the update is queued
+      if constexpr (requires { ctx.defer_decision(u.decision); }) {
+        if (ctx.defers_readback()) {  // strategy_options::defer_readback: read with the next step
+          ctx.defer_decision(u.decision);
+          ws_->results[r] = epilogue_result{};
+          return;
+        }
+      }
+      ws_->results[r] = read_decision(ctx, u.decision);
+    }
   }
 
   /// True when the sharded update's second phase (the copy of the others' slices) is needed.

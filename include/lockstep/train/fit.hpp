@@ -534,10 +534,31 @@ public:
 
   /// Records a finished update of `batches_used` global batches (the model has done
   /// `model_step` updates); true when training must stop now.
-  template <class Save>
-  bool end_step(const step_stats& r, std::uint64_t model_step, const Save& save, std::uint64_t batches_used = 1) {
+  /// Under strategy_options::defer_readback `r` is the previous update's statistics, and `late`
+  /// returns the last update's (a host wait) before a checkpoint records the epoch's sums.
+  template <class Save, class Late>
+  bool end_step(const step_stats& r, std::uint64_t model_step, const Save& save, std::uint64_t batches_used,
+                const Late& late) {
     batches += batches_used;
     ++steps_;
+    add_stats(r);
+    ctl.step = model_step;
+    ctl.grad_norm = r.grad_norm;
+    ctl.skipped = r.skipped;
+    const double step_loss = r.count ? r.loss_sum / static_cast<double>(r.count) : 0.0;
+    for (const auto& c : o_.callbacks)
+      if (c.step_end) c.step_end(step_loss, ctl);
+    bar_->step(steps_, count_, count_ ? loss_sum_ / static_cast<double>(count_) : 0.0, r.grad_norm, r.clip_factor,
+               skipped_);
+    if (ckpt_ && o_.checkpoint_every && model_step % o_.checkpoint_every == 0) {
+      add_stats(late());
+      save(ctl.epoch, batches);
+    }
+    return ctl.stop || limit_reached(model_step);
+  }
+
+  /// Adds an update's statistics to the epoch's sums (an update read back late: no step of its own).
+  void add_stats(const step_stats& r) {
     if (!std::isnan(r.grad_norm)) {
       norm_sum_ += r.grad_norm;
       clip_sum_ += r.clip_factor;
@@ -548,16 +569,6 @@ public:
     count_ += r.count;
     correct_ += r.correct;
     labelled_ += r.labelled;
-    ctl.step = model_step;
-    ctl.grad_norm = r.grad_norm;
-    ctl.skipped = r.skipped;
-    const double step_loss = r.count ? r.loss_sum / static_cast<double>(r.count) : 0.0;
-    for (const auto& c : o_.callbacks)
-      if (c.step_end) c.step_end(step_loss, ctl);
-    bar_->step(steps_, count_, count_ ? loss_sum_ / static_cast<double>(count_) : 0.0, r.grad_norm, r.clip_factor,
-               skipped_);
-    if (ckpt_ && o_.checkpoint_every && model_step % o_.checkpoint_every == 0) save(ctl.epoch, batches);
-    return ctl.stop || limit_reached(model_step);
   }
 
   /// Ends the steps of epoch e: checks the resume position, and checkpoints an epoch cut short
@@ -766,6 +777,13 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   std::size_t group = 0;  // global batches of the update in progress
   // The last batch of an update completes it (train_step); the ones before it accumulate.
   // Returns true when training must stop.
+  // strategy_options::defer_readback: the statistics of the update train_step has not returned yet.
+  const auto late = [&]() -> step_stats {
+    if constexpr (requires { s.flush_stats(m); })
+      return s.flush_stats(m);
+    else
+      return {};
+  };
   std::int64_t waited_from = trace.now();  // the driver's pipeline wait: from the last step's end to the next batch
   const auto batch_of_update = [&](const data::distributed_batch& db, bool epoch_ends) -> bool {
     ++group;
@@ -795,7 +813,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
     trace.driver_span("train_step", "step", t0, trace.now(), "step", static_cast<std::int64_t>(step));
     const std::uint64_t used = group;
     group = 0;
-    const bool stop = run.end_step(r, m.step(), save, used);
+    const bool stop = run.end_step(r, m.step(), save, used, late);
     waited_from = trace.now();
     return stop;
   };
@@ -815,6 +833,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
       held = std::move(db);
     }
     if (held && !stopped) (void)batch_of_update(*held, true);
+    run.add_stats(late());  // defer_readback: the epoch's last update
     auto [st, finished] = run.end_steps(e, m.step(), save);
     if (o.validation) {
       const evaluation v =

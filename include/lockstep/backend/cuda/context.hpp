@@ -22,6 +22,8 @@
 #include <lockstep/backend/context.hpp>
 #include <lockstep/backend/cuda/device.hpp>
 #include <lockstep/backend/cuda/error.hpp>
+#include <lockstep/backend/epilogue.hpp>
+#include <lockstep/backend/readback.hpp>
 #include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/core/precision.hpp>
@@ -154,6 +156,17 @@ struct device_trace {
   std::int64_t base_ns = 0;        // the recorder's time of the base event
 };
 
+/// One step's deferred readback (backend/readback.hpp): page-locked copies of the step's loss
+/// totals and epilogue decision, and the event that marks them copied.
+struct readback_page {
+  pinned_buffer<double> totals;             // (loss sum, hits) pairs in evaluation order
+  std::size_t pairs = 0;                    // pairs queued into `totals`
+  pinned_buffer<update_decision> decision;  // the step's epilogue decision
+  bool has_decision = false;                // a copy of the decision was queued
+  cuda_event done;                          // recorded on the compute stream when sealed
+  bool sealed = false;                      // the step's work is queued and `done` recorded
+};
+
 /// Everything a cuda_context owns; created with its device current, destroyed the same way.
 struct cuda_context_state {
   int ordinal;
@@ -174,6 +187,10 @@ struct cuda_context_state {
   int next_slot = 0;
   device_trace trace;
   std::uint64_t launches = 0;  // device operations queued through this context
+  std::uint64_t host_syncs = 0;  // host waits for work of the current step
+  readback_page pages[2];        // deferred readback: the current step's page and the one before
+  int page = 0;                  // the current step's page
+  bool defer = false;            // losses defer their readback (set_defer_readback)
 
   cuda_context_state(int dev, cuda_options opts) : ordinal(dev), options(opts) {
     LOCKSTEP_CUBLAS_CHECK(cublasCreate(&blas));
@@ -260,13 +277,28 @@ public:
   /// Makes this context's device current on the calling thread (replica threads call it once).
   void activate() const { LOCKSTEP_CUDA_CHECK(cudaSetDevice(ordinal())); }
 
-  /// Blocks the host until the compute, communication and copy streams are idle.
+  /// Blocks the host until the compute, communication and copy streams are idle (one host sync).
   void synchronize() const {
     device_guard g(ordinal());
+    ++state_->host_syncs;
     state_->compute.synchronize();
     state_->comm.synchronize();
     state_->copy.synchronize();
   }
+
+  /// Blocks the host until stream `s` (one of this context's) is idle; counted in host_syncs().
+  void wait_stream(cudaStream_t s) const {
+    device_guard g(ordinal());
+    ++state_->host_syncs;
+    LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+
+  /// Host waits for work queued in the current step, so far (every synchronize, wait_stream,
+  /// copy to or from the host, reduction read back, and growth of scratch; through this context
+  /// and its copies): what a steady step costs in host syncs is the difference across it, zero
+  /// under strategy_options::defer_readback. A wait for work of an earlier step (a staging
+  /// slot's previous copy, the deferred readback of the step before) is not counted.
+  [[nodiscard]] std::uint64_t host_syncs() const noexcept { return state_->host_syncs; }
 
   /// Makes the communication stream wait for everything queued on the compute stream so far.
   void fork_to_comm() const {
@@ -305,8 +337,8 @@ public:
   /// valid for work queued on the compute stream before the next call that grows it).
   [[nodiscard]] void* scratch(std::size_t bytes) const {
     if (bytes > state_->scratch.size()) {
+      wait_stream(compute_stream());  // work in flight may still read the old scratch
       device_guard g(ordinal());
-      state_->compute.synchronize();  // work in flight may still read the old scratch
       state_->scratch = detail::device_bytes(std::max<std::size_t>(bytes, 4096));
     }
     return state_->scratch.get();
@@ -317,8 +349,8 @@ public:
   /// compute stream, whose queued GEMMs may still read the old operands).
   [[nodiscard]] void* gemm_operands(std::size_t bytes) const {
     if (bytes > state_->operands.size()) {
+      wait_stream(compute_stream());
       device_guard g(ordinal());
-      state_->compute.synchronize();
       state_->operands = detail::device_bytes(std::max<std::size_t>(bytes, 4096));
     }
     return state_->operands.get();
@@ -343,7 +375,7 @@ public:
     device_guard g(ordinal());
     auto& t = state_->trace;
     if (!t.base) t.base.emplace(true);
-    state_->compute.synchronize();
+    wait_stream(compute_stream());
     t.base->record(compute_stream());
     t.base->synchronize();
     t.base_ns = rec.now();
@@ -371,7 +403,7 @@ public:
     device_guard g(ordinal());
     auto& t = state_->trace;
     if (!t.base) return;
-    state_->compute.synchronize();
+    wait_stream(compute_stream());
     const auto at = [&](const cuda_event& e) {
       float ms = 0;
       LOCKSTEP_CUDA_CHECK(cudaEventElapsedTime(&ms, t.base->get(), e.get()));
@@ -382,6 +414,86 @@ public:
       rec.record(thread, s.name, s.category, at(t.events[2 * i]), at(t.events[2 * i + 1]), s.arg_name, s.arg);
     }
     t.spans.clear();
+  }
+
+  /// Turns deferred readback on or off for the losses evaluated next (backend/readback.hpp; the
+  /// strategy turns it on around a training step under strategy_options::defer_readback).
+  void set_defer_readback(bool on) const noexcept { state_->defer = on; }
+  /// True while losses defer their readback.
+  [[nodiscard]] bool defers_readback() const noexcept { return state_->defer; }
+  /// Queues a copy of the two device doubles at `totals` (a loss's sum and hits) into the current
+  /// step's page, after the work queued so far; no host wait (but the first growth of a page
+  /// past 32 evaluations in one step, which waits for the copies already queued into it).
+  void defer_totals(const double* totals) const {
+    device_guard g(ordinal());
+    auto& p = state_->pages[state_->page];
+    if (2 * (p.pairs + 1) > p.totals.size()) {
+      pinned_buffer<double> bigger(std::max<std::size_t>(64, 2 * p.totals.size()));
+      if (p.pairs > 0) {
+        wait_stream(compute_stream());  // copies queued into the old page land first
+        std::memcpy(bigger.data(), p.totals.data(), 2 * p.pairs * sizeof(double));
+      }
+      p.totals = std::move(bigger);
+    }
+    count_launches();
+    LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(p.totals.data() + 2 * p.pairs, totals, 2 * sizeof(double),
+                                        cudaMemcpyDeviceToHost, compute_stream()));
+    ++p.pairs;
+  }
+  /// Queues a copy of the device decision `d` (the epilogue's) into the current step's page.
+  void defer_decision(const update_decision* d) const {
+    device_guard g(ordinal());
+    auto& p = state_->pages[state_->page];
+    if (p.decision.size() == 0) p.decision = pinned_buffer<update_decision>(1);
+    count_launches();
+    LOCKSTEP_CUDA_CHECK(
+        cudaMemcpyAsync(p.decision.data(), d, sizeof(update_decision), cudaMemcpyDeviceToHost, compute_stream()));
+    p.has_decision = true;
+  }
+  /// Closes the current step's page after the work queued so far, and makes the other page current.
+  void readback_seal() const {
+    device_guard g(ordinal());
+    auto& p = state_->pages[state_->page];
+    p.done.record(compute_stream());
+    p.sealed = true;
+    state_->page ^= 1;
+  }
+  /// Waits for the sealed page of the step before the current one (work of an earlier step: not
+  /// a host sync) and returns its totals in evaluation order; the page is free again. Nothing
+  /// sealed: evaluations 0.
+  [[nodiscard]] readback_totals readback_collect() const {
+    auto& p = state_->pages[state_->page ^ 1];
+    readback_totals t;
+    if (!p.sealed) return t;
+    {
+      device_guard g(ordinal());
+      p.done.synchronize();
+    }
+    for (std::size_t i = 0; i < p.pairs; ++i) t.add(p.totals.data()[2 * i], p.totals.data()[2 * i + 1]);
+    if (p.has_decision) {
+      t.has_decision = true;
+      t.decision = *p.decision.data();
+    }
+    p.pairs = 0;
+    p.has_decision = false;
+    p.sealed = false;
+    return t;
+  }
+  /// Drops what the current step's page holds (copies still queued into it land harmlessly).
+  void readback_discard() const noexcept {
+    auto& p = state_->pages[state_->page];
+    p.pairs = 0;
+    p.has_decision = false;
+  }
+  /// Drops both pages (after a failed step; the streams' errors reach the next checked call).
+  void readback_reset() const noexcept {
+    for (auto& p : state_->pages) {
+      p.pairs = 0;
+      p.has_decision = false;
+      p.sealed = false;
+    }
+    state_->page = 0;
+    state_->defer = false;
   }
 
   /// Two page-locked doubles, where a reduction's results are copied for the host.

@@ -363,7 +363,7 @@ inline void copy_from_host(const cuda_context& ctx, T* dst, const T* src, std::s
   device_guard g(ctx.ordinal());
   ctx.count_launches();
   LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyHostToDevice, ctx.compute_stream()));
-  LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
+  ctx.wait_stream(ctx.compute_stream());
 }
 
 /// Copies n device elements to host memory after the queued work; returns when they are there.
@@ -373,7 +373,7 @@ inline void copy_to_host(const cuda_context& ctx, T* dst, const T* src, std::siz
   device_guard g(ctx.ordinal());
   ctx.count_launches();
   LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, ctx.compute_stream()));
-  LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
+  ctx.wait_stream(ctx.compute_stream());
 }
 
 /// Sets every row of the rows x cols device matrix y to the device vector v.
@@ -402,7 +402,9 @@ inline void column_sums(const cuda_context& ctx, const T* x, std::size_t rows, s
 /// Softmax cross-entropy of `rows` rows of logits z (rows x cols) against `labels`, all on the
 /// device: one kernel writes the per-row loss and top-1 hit into scratch (2 rows), the gradient of
 /// the summed loss into grad (when not null) and the two totals; one copy brings the totals to the
-/// host, which waits once for it (the value the step returns).
+/// host, which waits once for it (the value the step returns). While the context defers readback
+/// (strategy_options::defer_readback) the copy goes to the step's page and nothing is waited
+/// for: the totals returned are zeros, and the strategy reads the real ones a step later.
 template <class T>
 inline softmax_xent_totals softmax_xent(const cuda_context& ctx, const T* z, const std::int32_t* labels,
                                         std::size_t rows, std::size_t cols, T* grad, T* scratch) {
@@ -419,10 +421,14 @@ inline softmax_xent_totals softmax_xent(const cuda_context& ctx, const T* z, con
   detail::softmax_xent_kernel<T><<<blocks, detail::cuda_xent_threads, 0, ctx.compute_stream()>>>(
       z, labels, rows, cols, grad, scratch, scratch + rows, sc);
   detail::check_launch(ctx, "softmax_xent_kernel");
+  if (ctx.defers_readback()) {
+    ctx.defer_totals(sc.totals);
+    return {};
+  }
   ctx.count_launches();
   LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(ctx.host_result(), sc.totals, 2 * sizeof(double), cudaMemcpyDeviceToHost,
                                       ctx.compute_stream()));
-  LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
+  ctx.wait_stream(ctx.compute_stream());
   return {ctx.host_result()[0], ctx.host_result()[1]};
 }
 
@@ -438,7 +444,7 @@ inline double sum(const cuda_context& ctx, const T* x, std::size_t n) {
   ctx.count_launches();
   LOCKSTEP_CUDA_CHECK(
       cudaMemcpyAsync(ctx.host_result(), d_out, sizeof(double), cudaMemcpyDeviceToHost, ctx.compute_stream()));
-  LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
+  ctx.wait_stream(ctx.compute_stream());
   return *ctx.host_result();
 }
 

@@ -48,7 +48,7 @@ struct host_aggregation<backend::cuda_context> {
   static void* staging(std::unique_ptr<host_staging>& st, const backend::cuda_context& ctx, std::size_t bytes) {
     if (!st || st->size() < bytes) {
       backend::device_guard g(ctx.ordinal());
-      LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.comm_stream()));
+      ctx.wait_stream(ctx.comm_stream());
       st.reset();
       st = std::make_unique<pinned_staging>(bytes);
     }
@@ -65,7 +65,7 @@ struct host_aggregation<backend::cuda_context> {
     if (bytes) {
       ctx.fork_to_comm();
       LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(host, data, bytes, cudaMemcpyDeviceToHost, ctx.comm_stream()));
-      LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.comm_stream()));
+      ctx.wait_stream(ctx.comm_stream());
     }
     c.start(r, bucket, host, count, &allreduce_work<T>);
     c.wait(r, bucket);  // every slice of every staging holds the sum
@@ -88,12 +88,12 @@ struct host_aggregation<backend::cuda_context> {
     }
     // The host writes into every staging next, and the copy back of this replica's last bucket
     // (queued by start without a wait) may still be reading its staging: wait for the stream.
-    LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.comm_stream()));
+    ctx.wait_stream(ctx.comm_stream());
     c.broadcast(r, host, count, sizeof(T), root);  // host copies of the root's staging
     if (r != root && bytes) {
       ctx.fork_to_comm();
       LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(data, host, bytes, cudaMemcpyHostToDevice, ctx.comm_stream()));
-      LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.comm_stream()));
+      ctx.wait_stream(ctx.comm_stream());
     }
   }
 };

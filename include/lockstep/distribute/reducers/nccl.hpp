@@ -111,7 +111,7 @@ public:
     });
     rv_.await(r, id);
     ctx.join_from_comm();
-    LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
+    ctx.wait_stream(ctx.compute_stream());
   }
 
   /// Releases the replicas and stops the communicators' in-flight work, so no GPU waits for a

@@ -93,7 +93,7 @@ public:
     });
     wait(r, ctx, id);
     backend::device_guard g(ctx.ordinal());
-    LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.compute_stream()));
+    ctx.wait_stream(ctx.compute_stream());
   }
 
   /// Releases every replica waiting in a collective.

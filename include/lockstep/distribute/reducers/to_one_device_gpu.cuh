@@ -121,7 +121,7 @@ public:
       ready_[root * ids_ + id]->wait_on(ctx.comm_stream());
       detail::copy_device_bytes(data, ctx.ordinal(), rv_.pointer(id, root), ordinals_[root], count * sizeof(T),
                                 ctx.comm_stream());
-      LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(ctx.comm_stream()));
+      ctx.wait_stream(ctx.comm_stream());
     }
     rv_.arrive(r, done, nullptr, 0, [] {});
     rv_.await(r, done);

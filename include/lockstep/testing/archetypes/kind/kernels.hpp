@@ -10,8 +10,10 @@
 /// memory; its kernels are naive loops. The backend suite (lockstep/testing/backend.hpp) checks it.
 
 #include <cstddef>
+#include <cstdint>
 
 #include <lockstep/backend/host/ops.hpp>
+#include <lockstep/backend/softmax_xent.hpp>
 #include <lockstep/testing/archetypes/kind/context.hpp>
 
 namespace lockstep_archetypes {
@@ -67,6 +69,16 @@ double sum(const context&, const T* x, std::size_t n) {
 template <class T>
 void scale(const context&, T* x, std::size_t n, T a) {
   for (std::size_t i = 0; i < n; ++i) x[i] *= a;
+}
+// The generic softmax cross-entropy, whose totals go to the readback page while the context
+// defers (zeros are returned then, as a device that does not wait returns them).
+template <class T>
+lockstep::backend::softmax_xent_totals softmax_xent(const context& c, const T* z, const std::int32_t* labels,
+                                                    std::size_t rows, std::size_t cols, T* grad, T* scratch) {
+  const lockstep::backend::softmax_xent_totals t = lockstep::backend::softmax_xent<context, T>(c, z, labels, rows, cols, grad, scratch);
+  if (!c.defers_readback()) return t;
+  c.defer_totals(t.loss, t.hits);
+  return {};
 }
 
 }  // namespace lockstep_archetypes
