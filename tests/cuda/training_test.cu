@@ -349,11 +349,12 @@ TEST_CASE("gpu: [zero1] the sharded update of replicas sharing gpu<0> is bitwise
   check_sharded_is_unsharded<aggregating<on_gpu0, ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>("reduce_to_one_device<gpu<0>>, gpu<0> x 3");
 }
 
-TEST_CASE("multigpu: [zero1] shard_optimizer over replicas on different GPUs is a config_error naming them") {
+TEST_CASE("multigpu: [zero1] the sharded update of replicas on two GPUs is bitwise the unsharded one (peer copies)") {
   LOCKSTEP_REQUIRE_GPUS(2);
-  ls::mirrored<ls::gpus> s(ls::device_selection{0, 1}, ls::strategy_options{.shard_optimizer = true});
-  CHECK_THROWS_WITH_AS((void)s.replicate<net>(ls::seed{1}), doctest::Contains("needs every replica on one GPU"),
-                       ls::config_error);
+  check_sharded_is_unsharded<ls::mirrored<ls::gpu<0>, ls::gpu<1>>>("mirrored<gpu<0>, gpu<1>>, NCCL");
+  check_sharded_is_unsharded<aggregating<on_gpu0, ls::gpu<0>, ls::gpu<1>, ls::gpu<1>>>(
+      "reduce_to_one_device<gpu<0>>, gpu<0> and gpu<1> x 2");
+  check_sharded_is_unsharded<aggregating<on_host, ls::gpu<0>, ls::gpu<1>>>("reduce_to_one_device<cpu<0>>, gpu<0> and gpu<1>");
 }
 
 namespace {

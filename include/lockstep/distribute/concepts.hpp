@@ -38,8 +38,9 @@ struct strategy_options {
   bool flush_denormals = true;                ///< host replicas flush subnormal floats to zero (see host_context)
   /// Splits the optimiser update and its state over the replicas (as ZeRO stage 1): replica r
   /// updates its 1/N of the parameters, then each copies the others' slices; optimiser state
-  /// memory per replica ÷ N, the same bits as unsharded. Host replicas, or replicas sharing one
-  /// GPU; elementwise optimisers (sgd, adam, adamw; see optimizer_elementwise_v).
+  /// memory per replica ÷ N, the same bits as unsharded. Host replicas, or GPU replicas (on one
+  /// GPU or several: the copies are peer copies); elementwise optimisers (sgd, adam, adamw; see
+  /// optimizer_elementwise_v).
   bool shard_optimizer = false;
   /// GPU replicas: cuBLAS may use TF32 tensor cores for FP32 GEMMs (about 10 mantissa bits;
   /// faster, off by default). Host replicas refuse it (config_error).

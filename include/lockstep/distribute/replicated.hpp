@@ -76,7 +76,7 @@ public:
   [[nodiscard]] const replica_type& replica(std::size_t r) const { return *replicas_.at(r); }
 
   /// Splits the optimiser update over the replicas (strategy_options::shard_optimizer; see
-  /// sharded_update): host replicas, or replicas sharing one GPU.
+  /// sharded_update): host or GPU replicas.
   void set_optimizer_sharding(bool on) { update_.configure(on, replicas(), step_); }
   /// True when the optimiser update is split over the replicas.
   [[nodiscard]] bool optimizer_sharded() const noexcept { return update_.sharded(); }

@@ -12,9 +12,11 @@
 /// depend on the sharding or the replica count.
 ///
 /// On a device kind without host memory, the update is sharded where the context can order one
-/// replica's copies after another's update (shards_on_device_v: GPUs) and every replica is on one
-/// device: each replica marks its stream after its slice, and each copy of a slice waits for the
-/// mark of the replica that updated it.
+/// replica's copies after another's update (shards_on_device_v: GPUs, on one GPU or several):
+/// each replica marks its stream after its slice, and each copy of a slice (`copy_from`: on one
+/// GPU, or a peer copy between two) waits on the device for the mark of the replica that updated
+/// it. Every replica holds the whole reduced gradient (the reducer's all-reduce), so each slice's
+/// update is the unsharded update's, bitwise.
 ///
 /// The recipe's parts of an update (update_info's clip_value, device decision and EMA) are applied
 /// by the optimiser in its own pass when it says `applies_recipe` (the library's do); for any
@@ -66,12 +68,13 @@ struct clip_values_op {
 };
 
 /// True when contexts of type Ctx order a sharded update's copies on the device: `mark_update()`
-/// after a replica's slice, `wait_for_update_of(other)` before copying it, `ordinal()` (GPUs).
+/// after a replica's slice, `wait_for_update_of(other)` before copying it, and a kernel
+/// `copy_from(ctx, dst, other, src, n)` that copies from another replica's device (GPUs).
 template <class Ctx>
-inline constexpr bool shards_on_device_v = requires(const Ctx& c) {
+inline constexpr bool shards_on_device_v = requires(const Ctx& c, float* d, const float* s, std::size_t n) {
   c.mark_update();
   c.wait_for_update_of(c);
-  { c.ordinal() } -> std::convertible_to<int>;
+  copy_from(c, d, c, s, n);
 };
 }  // namespace detail
 
@@ -95,7 +98,7 @@ public:
   }
 
   /// True when the update can be sharded on this device kind: host memory, or device memory whose
-  /// contexts order the copies (detail::shards_on_device_v) with every replica on one device.
+  /// contexts order the copies (detail::shards_on_device_v).
   static constexpr bool shardable = device_memory<kind_type>::host_accessible ||
                                     detail::shards_on_device_v<typename Replica::context_type>;
   /// True when the update is sharded in device memory: copies ordered by the contexts' marks.
@@ -103,21 +106,12 @@ public:
 
   /// Turns sharding on or off for the replicas `reps` (one replica never shards; the effective
   /// setting may not change once `updates` > 0).
-  /// @throws config_error for a kind that cannot shard, device replicas on more than one device,
-  /// or a change after the first update.
+  /// @throws config_error for a kind that cannot shard, or a change after the first update.
   void configure(bool on, replicas_view reps, std::uint64_t updates) {
     const std::size_t replicas = reps.size();
     if (on && !shardable)
       throw config_error("lockstep: strategy_options::shard_optimizer is implemented for devices with host memory (cpu<I>) "
-                         "and for replicas sharing one GPU");
-    if constexpr (device_ordered) {
-      for (std::size_t r = 1; on && r < replicas; ++r)
-        if (reps[r]->context().ordinal() != reps[0]->context().ordinal())
-          throw config_error("lockstep: strategy_options::shard_optimizer on GPUs needs every replica on one GPU (replica " +
-                             std::to_string(r) + " is on CUDA device " + std::to_string(reps[r]->context().ordinal()) +
-                             ", replica 0 on " + std::to_string(reps[0]->context().ordinal()) +
-                             "); across GPUs (NCCL reduce-scatter and all-gather) it is not implemented");
-    }
+                         "and for GPUs");
     const bool sharded = on && replicas > 1;
     if (sharded != sharded_ && updates > 0)
       throw config_error("lockstep: strategy_options::shard_optimizer cannot change after the first update");
@@ -179,8 +173,8 @@ public:
   }
 
   /// After every replica updated its slice: copies the other replicas' slices into replica r's
-  /// parameters (an all-gather through shared memory: host memory, or one GPU's memory with each
-  /// copy queued after the mark of the replica that updated the slice; call on replica r's worker).
+  /// parameters (an all-gather: through host memory, or on the GPUs with each copy queued after
+  /// the mark of the replica that updated the slice; call on replica r's worker).
   void gather(replicas_view reps, std::size_t r) const {
     if (!sharded_) return;
     if constexpr (shardable) {
@@ -188,8 +182,12 @@ public:
       for (std::size_t s = 0; s < reps.size(); ++s) {
         if (s == r) continue;
         const auto [lo, hi] = slice(s);
-        if constexpr (device_ordered) reps[r]->context().wait_for_update_of(reps[s]->context());
-        copy(reps[r]->context(), mine + lo, reps[s]->model().parameters().data() + lo, hi - lo);
+        if constexpr (device_ordered) {
+          reps[r]->context().wait_for_update_of(reps[s]->context());
+          copy_from(reps[r]->context(), mine + lo, reps[s]->context(), reps[s]->model().parameters().data() + lo, hi - lo);
+        } else {
+          copy(reps[r]->context(), mine + lo, reps[s]->model().parameters().data() + lo, hi - lo);
+        }
       }
     }
   }

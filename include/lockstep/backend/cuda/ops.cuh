@@ -355,6 +355,20 @@ inline void copy(const cuda_context& ctx, T* dst, const T* src, std::size_t n) {
   LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, ctx.compute_stream()));
 }
 
+/// Copies n elements of `src`, on the device of context `from`, to `dst` on the device of `ctx`,
+/// on ctx's compute stream: a device-to-device copy on one GPU, a peer copy between two (CUDA
+/// routes it through the host when peer access is off). No host wait.
+template <class T>
+inline void copy_from(const cuda_context& ctx, T* dst, const cuda_context& from, const T* src, std::size_t n) {
+  if (n == 0 || dst == src) return;
+  device_guard g(ctx.ordinal());
+  ctx.count_launches();
+  if (from.ordinal() == ctx.ordinal())
+    LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, ctx.compute_stream()));
+  else
+    LOCKSTEP_CUDA_CHECK(cudaMemcpyPeerAsync(dst, ctx.ordinal(), src, from.ordinal(), n * sizeof(T), ctx.compute_stream()));
+}
+
 /// Copies n host elements to the device; returns when the copy is done, so `src` may be reused
 /// at once (training input goes through cuda_context::stage_shard instead, which does not wait).
 template <class T>
