@@ -214,7 +214,10 @@ int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chie
 template <class Net, class Kind>
 int train(const config& c) {
   const auto devices = c.replicas ? ls::device_selection::first(*c.replicas) : ls::device_selection::all();
-  const ls::strategy_options options{.shard_optimizer = c.shard_optimizer};
+  ls::strategy_options options{.shard_optimizer = c.shard_optimizer};
+  // GPU replicas: a step never waits for its own work (the progress line shows each update's
+  // loss one step later); mixed<fp16>'s dynamic loss scale decides on the host, so not there.
+  if constexpr (!std::is_same_v<Kind, ls::cpus>) options.defer_readback = c.precision != "fp16";
   if (c.invariant) {
     if constexpr (std::is_same_v<Kind, ls::cpus>) {
       ls::basic_mirrored<ls::select_reducer_t<ls::cpus>, ls::determinism::replica_count_invariant, ls::cpus> strategy(

@@ -188,3 +188,29 @@ TEST_CASE("defer_readback: refused on host replicas and with a recipe that decid
   }
   CHECK(m.step() == 0);
 }
+
+TEST_CASE("defer_readback: a loss that reads its totals back in the step (mse) keeps them, one step late") {
+  const auto run_mse = [](bool defer) {
+    on_cells s(ls::device_selection::first(2), ls::strategy_options{.defer_readback = defer});
+    auto m = s.replicate<net>(ls::seed{6});
+    std::vector<ls::step_stats> out;
+    for (std::size_t k = 0; k < 4; ++k) {
+      auto b = std::make_shared<ls::data::batch>(*batch_of(k, 5 + k, 2).global);
+      b->target_width = 5;
+      b->targets.resize(b->rows() * 5);
+      const ls::counter_rng rng(21, k);
+      for (std::size_t i = 0; i < b->targets.size(); ++i) b->targets[i] = rng.uniform(i);
+      out.push_back(s.train_step(m, ls::sgd{.lr = 0.05f}, ls::mse{}, ls::data::distributed_batch{b, ls::data::split(*b, 2)}));
+    }
+    out.push_back(s.flush_stats(m));
+    return out;
+  };
+  const auto eager = run_mse(false);
+  const auto late = run_mse(true);
+  CHECK(late[0].count == 0);
+  for (std::size_t k = 1; k <= 4; ++k) {
+    CAPTURE(k);
+    CHECK(eager[k - 1].loss_sum > 0);
+    CHECK(same_bits(late[k], eager[k - 1]));
+  }
+}

@@ -729,7 +729,7 @@ private:
     } else {
       auto& late = m.late_update();
       double loss_sum = 0;
-      std::size_t correct = 0;
+      std::size_t correct = 0, evaluations = 0;
       bool nan = false;
       double norm = 0, factor = 1;
       bool decided = false;
@@ -737,6 +737,7 @@ private:
         const backend::readback_totals t = m.replica(r).context().readback_collect();
         loss_sum += t.loss;
         correct += t.hits;
+        evaluations += t.evaluations;
         nan = nan || t.nan;
         if (r == 0 && t.has_decision) {
           decided = true;
@@ -749,8 +750,10 @@ private:
       const std::uint64_t step = late->step;
       const bool has_norm = late->has_norm;
       late.reset();
-      s.loss_sum = loss_sum;
-      s.correct = correct;
+      if (evaluations > 0) {  // else the loss read its totals in the step (one that does not defer)
+        s.loss_sum = loss_sum;
+        s.correct = correct;
+      }
       if (has_norm && decided) {  // else the host read the decision in the step (an optimiser of the user's)
         s.grad_norm = norm;
         s.clip_factor = factor;
