@@ -165,6 +165,13 @@ struct readback_page {
   bool has_decision = false;                // a copy of the decision was queued
   cuda_event done;                          // recorded on the compute stream when sealed
   bool sealed = false;                      // the step's work is queued and `done` recorded
+
+  // Empties the page (copies still queued into it land harmlessly).
+  void clear() noexcept {
+    pairs = 0;
+    has_decision = false;
+    sealed = false;
+  }
 };
 
 /// Everything a cuda_context owns; created with its device current, destroyed the same way.
@@ -474,24 +481,14 @@ public:
       t.has_decision = true;
       t.decision = *p.decision.data();
     }
-    p.pairs = 0;
-    p.has_decision = false;
-    p.sealed = false;
+    p.clear();
     return t;
   }
   /// Drops what the current step's page holds (copies still queued into it land harmlessly).
-  void readback_discard() const noexcept {
-    auto& p = state_->pages[state_->page];
-    p.pairs = 0;
-    p.has_decision = false;
-  }
+  void readback_discard() const noexcept { state_->pages[state_->page].clear(); }
   /// Drops both pages (after a failed step; the streams' errors reach the next checked call).
   void readback_reset() const noexcept {
-    for (auto& p : state_->pages) {
-      p.pairs = 0;
-      p.has_decision = false;
-      p.sealed = false;
-    }
+    for (auto& p : state_->pages) p.clear();
     state_->page = 0;
     state_->defer = false;
   }

@@ -171,4 +171,15 @@ private:
   std::size_t size_ = 0;
 };
 
+/// Queues a copy of `bytes` bytes from `src` on device `src_dev` to `dst` on device `dst_dev` on
+/// stream `s`: a device-to-device copy on one GPU, a peer copy between GPUs (CUDA routes it
+/// through the host when peer access is not enabled).
+inline void copy_device_bytes(void* dst, int dst_dev, const void* src, int src_dev, std::size_t bytes, cudaStream_t s) {
+  if (bytes == 0) return;
+  if (dst_dev == src_dev)
+    LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
+  else
+    LOCKSTEP_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_dev, src, src_dev, bytes, s));
+}
+
 }  // namespace lockstep::backend

@@ -363,10 +363,7 @@ inline void copy_from(const cuda_context& ctx, T* dst, const cuda_context& from,
   if (n == 0 || dst == src) return;
   device_guard g(ctx.ordinal());
   ctx.count_launches();
-  if (from.ordinal() == ctx.ordinal())
-    LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, ctx.compute_stream()));
-  else
-    LOCKSTEP_CUDA_CHECK(cudaMemcpyPeerAsync(dst, ctx.ordinal(), src, from.ordinal(), n * sizeof(T), ctx.compute_stream()));
+  copy_device_bytes(dst, ctx.ordinal(), src, from.ordinal(), n * sizeof(T), ctx.compute_stream());
 }
 
 /// Copies n host elements to the device; returns when the copy is done, so `src` may be reused

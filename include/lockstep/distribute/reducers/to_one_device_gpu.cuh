@@ -119,7 +119,7 @@ public:
     if (r != root && count) {
       ctx.fork_to_comm();
       ready_[root * ids_ + id]->wait_on(ctx.comm_stream());
-      detail::copy_device_bytes(data, ctx.ordinal(), rv_.pointer(id, root), ordinals_[root], count * sizeof(T),
+      backend::copy_device_bytes(data, ctx.ordinal(), rv_.pointer(id, root), ordinals_[root], count * sizeof(T),
                                 ctx.comm_stream());
       ctx.wait_stream(ctx.comm_stream());
     }
@@ -175,7 +175,7 @@ private:
         T* p = static_cast<T*>(rv_.pointer(id, j));
         if (j != root_ && ordinals_[j] != k) {
           T* slot = reinterpret_cast<T*>(staging_ + (j < root_ ? j : j - 1) * slot_bytes_);
-          detail::copy_device_bytes(slot, k, p, ordinals_[j], bytes, s);
+          backend::copy_device_bytes(slot, k, p, ordinals_[j], bytes, s);
           p = slot;
         }
         src.p[j] = p;
@@ -184,7 +184,7 @@ private:
       detail::sum_replicas_into_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, s>>>(src, n, out, count);
       LOCKSTEP_CUDA_CHECK(cudaGetLastError());
       for (std::size_t j = 0; j < n; ++j)
-        if (j != root_) detail::copy_device_bytes(rv_.pointer(id, j), ordinals_[j], out, k, bytes, s);
+        if (j != root_) backend::copy_device_bytes(rv_.pointer(id, j), ordinals_[j], out, k, bytes, s);
     }
     auto& d = done_[id];
     if (!d) d = std::make_unique<backend::cuda_event>();

@@ -1,8 +1,8 @@
 #pragma once
 /// @file kernels.cuh
-/// Internal: the kernels and copies of the GPU reducers of one process — the in-order sum over
-/// replicas written back to all of them (same_device_allreduce), the in-order sum into one
-/// buffer (reduce_to_one_device<gpu<K>>), and a device-to-device copy on one GPU or between two.
+/// Internal: the kernels of the GPU reducers of one process — the in-order sum over replicas
+/// written back to all of them (same_device_allreduce) and the in-order sum into one buffer
+/// (reduce_to_one_device<gpu<K>>). (Their copies between devices: backend::copy_device_bytes.)
 /// Compile with nvcc.
 
 #if !defined(__CUDACC__)
@@ -13,7 +13,6 @@
 
 #include <cstddef>
 
-#include <lockstep/backend/cuda/error.hpp>
 #include <lockstep/distribute/reducers/detail/cuda_common.hpp>
 
 namespace lockstep::detail {
@@ -39,17 +38,6 @@ __global__ void sum_replicas_into_kernel(replica_pointers<T> src, std::size_t n,
     for (std::size_t j = 1; j < n; ++j) acc += src.p[j][i];
     out[i] = acc;
   }
-}
-
-/// Queues a copy of `bytes` bytes from `src` on device `src_dev` to `dst` on device `dst_dev` on
-/// stream `s`: a device-to-device copy on one GPU, a peer copy between GPUs (CUDA routes it
-/// through the host when peer access is not enabled).
-inline void copy_device_bytes(void* dst, int dst_dev, const void* src, int src_dev, std::size_t bytes, cudaStream_t s) {
-  if (bytes == 0) return;
-  if (dst_dev == src_dev)
-    LOCKSTEP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
-  else
-    LOCKSTEP_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_dev, src, src_dev, bytes, s));
 }
 
 }  // namespace lockstep::detail
