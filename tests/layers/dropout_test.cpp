@@ -1,6 +1,8 @@
 // dropout's host path (detail::dropout_host: Philox blocks drawn per chunk, then a vectorised mask
 // and scale) against the per-block operation the other devices run: the same bits for every start
-// offset, length and rate, in float and double, with infinities and NaNs in the input.
+// offset, length and rate, in float and double, with infinities and NaNs in the input. The bulk
+// Philox generator it draws with (backend::philox_words) against counter_rng::bits, and the
+// backward mask against its definition.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -9,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include <lockstep/backend/host/philox.hpp>
 #include <lockstep/layers/dropout.hpp>
 
 namespace ls = lockstep;
@@ -32,7 +35,8 @@ TEST_CASE_TEMPLATE("dropout's host path draws the masks of one dropout_op call p
                    double) {
   const ls::counter_rng rng(1234, 77);
   std::size_t cases = 0;
-  for (const std::uint64_t first : {0ull, 1ull, 2ull, 3ull, 5ull, 1021ull, (1ull << 34) + 3})
+  // The last start puts a carry into the high word of the block index inside the first chunk.
+  for (const std::uint64_t first : {0ull, 1ull, 2ull, 3ull, 5ull, 1021ull, (1ull << 34) + 3, 0xFFFFFFF9ull * 4 + 1})
     for (const std::size_t n : {0, 1, 2, 3, 4, 5, 7, 255, 256, 257, 1021, 4099})
       for (const float rate : {0.1f, 0.2f, 1.0f / 3.0f, 0.5f, 0.9f}) {
         CAPTURE(first);
@@ -48,7 +52,56 @@ TEST_CASE_TEMPLATE("dropout's host path draws the masks of one dropout_op call p
         CHECK(std::memcmp(keep.data(), keep_ref.data(), n * sizeof(T)) == 0);
         ++cases;
       }
-  CHECK(cases == 7 * 12 * 5);
+  CHECK(cases == 8 * 12 * 5);
+}
+
+TEST_CASE("philox_words writes the words of counter_rng::bits for every start and count") {
+  INFO("philox_words runs with ", ls::backend::philox_words_isa());
+  std::size_t cases = 0;
+  for (const auto& [seed, stream] : {std::pair{0ull, 0ull}, std::pair{1234ull, 77ull},
+                                     std::pair{0xFEDCBA9876543210ull, 0x0123456789ABCDEFull}})
+    for (const std::uint64_t first : {0ull, 1ull, 7ull, 0xFFFFFFFFull - 16, 0xFFFFFFFFull - 2, 0xFFFFFFFFull,
+                                      (1ull << 40) + 5, ~0ull - 20})
+      for (const std::size_t blocks : {0, 1, 2, 15, 16, 17, 31, 32, 33, 100}) {
+        CAPTURE(seed);
+        CAPTURE(stream);
+        CAPTURE(first);
+        CAPTURE(blocks);
+        const ls::counter_rng rng(seed, stream);
+        std::vector<std::uint32_t> words(4 * blocks + 1, 0xDEADBEEFu);  // one past the end stays untouched
+        ls::backend::philox_words(rng, first, blocks, words.data());
+        bool same = true;
+        for (std::size_t b = 0; b < blocks; ++b) {
+          const ls::philox4x32::block bits = rng.bits(first + b);  // the index wraps modulo 2^64, as in bits()
+          for (std::size_t w = 0; w < 4; ++w) same = same && words[4 * b + w] == bits.v[w];
+        }
+        CHECK(same);
+        CHECK(words[4 * blocks] == 0xDEADBEEFu);
+        ++cases;
+      }
+  CHECK(cases == 3 * 8 * 10);
+}
+
+TEST_CASE_TEMPLATE("dropout's backward mask gives dy times the scale where kept and +0 where dropped", T, float, double) {
+  const std::size_t n = 1031;
+  std::vector<T> dy(n), keep(n), dx(n, T(-7));
+  for (std::size_t i = 0; i < n; ++i) {
+    dy[i] = dropout_input<T>(i);
+    keep[i] = (i * 5) % 7 < 2 ? T(0) : T(1);
+  }
+  const T scale = T(1.25);
+  ls::backend::host_context ctx;
+  ls::backend::for_each_index(ctx, n, ls::detail::dropout_mask_op<T>{dy.data(), keep.data(), dx.data(), scale});
+  for (std::size_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    if (keep[i] == T(0)) {
+      CHECK(dx[i] == T(0));
+      CHECK(!std::signbit(dx[i]));  // +0 even where dy is negative, infinite or NaN
+    } else {
+      const T want = static_cast<T>(dy[i] * scale);
+      CHECK(std::memcmp(&dx[i], &want, sizeof(T)) == 0);
+    }
+  }
 }
 
 TEST_CASE("dropout's host path keeps about 1 - rate of the elements and writes +0 where it drops") {

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include <lockstep/backend/host/ops.hpp>
+#include <lockstep/backend/host/philox.hpp>
 #include <lockstep/config.hpp>
 #include <lockstep/core/random.hpp>
 #include <lockstep/layers/layer.hpp>
@@ -52,7 +53,7 @@ struct dropout_op {
 };
 
 /// dropout_op on a host context, with the same bits: the Philox blocks of a chunk of elements are
-/// drawn first, then the chunk's elements are masked and scaled in a loop without branches, which
+/// drawn first (backend::philox_words: eight blocks per AVX2 vector where the CPU has AVX2), then the chunk's elements are masked and scaled in a loop without branches, which
 /// the compiler vectorises.
 template <class T>
 void dropout_host(const dropout_op<T>& op) {
@@ -67,10 +68,7 @@ void dropout_host(const dropout_op<T>& op) {
   const auto threshold = static_cast<std::uint32_t>(std::ceil(static_cast<double>(op.rate) * 16777216.0));
   for (std::size_t j0 = 0; j0 < end; j0 += 4 * chunk_blocks) {
     const std::size_t blocks = std::min(chunk_blocks, (end - j0 + 3) / 4);
-    for (std::size_t b = 0; b < blocks; ++b) {
-      const philox4x32::block bits = op.rng.bits(first_block + j0 / 4 + b);
-      for (std::size_t w = 0; w < 4; ++w) words[4 * b + w] = bits.v[w];
-    }
+    backend::philox_words(op.rng, first_block + j0 / 4, blocks, words);
     const std::size_t jb = std::max(j0, lead), je = std::min(j0 + 4 * blocks, end);
     const std::uint32_t* wd = words + (jb - j0);
     const T* in = op.in + (jb - lead);
@@ -105,8 +103,20 @@ struct dropout_mask_op {
   const T* keep;  ///< forward's mask
   T* dx;          ///< input gradient
   T scale;        ///< 1 / (1 - rate)
-  /// Computes element i.
-  LOCKSTEP_HD void operator()(std::size_t i) const { dx[i] = keep[i] != T(0) ? dy[i] * scale : T(0); }
+  /// Computes element i. On the host the select is a bit mask (all ones where kept), which the
+  /// compiler vectorises where it compiles `kept ? dy * scale : 0` as a branch (mispredicted for a
+  /// random mask); a dropped element is +0 either way.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+#if !defined(__CUDA_ARCH__)
+    if constexpr (sizeof(T) == 4 || sizeof(T) == 8) {
+      using bits_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+      const bits_t mask = bits_t(0) - static_cast<bits_t>(keep[i] != T(0));
+      dx[i] = std::bit_cast<T>(std::bit_cast<bits_t>(static_cast<T>(dy[i] * scale)) & mask);
+      return;
+    }
+#endif
+    dx[i] = keep[i] != T(0) ? dy[i] * scale : T(0);
+  }
 };
 }  // namespace detail
 
