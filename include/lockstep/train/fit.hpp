@@ -217,7 +217,32 @@ metric_sums shard_metrics(Rep& rep, const Loss& loss, const data::shard& sh, con
   return m;
 }
 
-/// evaluate on the strategy's core class (see lockstep::evaluate).
+/// shard_metrics over the pieces of `sh` that the global batch's grid of `rows` rows cuts it into
+/// (rows [k rows, (k + 1) rows) of the global batch), in order: each row's outputs then come from
+/// a forward pass over the same rows whatever the shards are (a GEMM's bits can depend on its row
+/// count), as the replica_count_invariant training step's micro-shards do.
+template <class Rep, class Loss>
+metric_sums grid_metrics(Rep& rep, const Loss& loss, const data::shard& sh, const pass_info& info, std::size_t k,
+                         eval_scratch& scratch, std::size_t r, std::size_t rows) {
+  metric_sums total;
+  const std::size_t end = sh.offset + sh.size;
+  for (std::size_t lo = sh.offset; lo < end;) {
+    const std::size_t hi = std::min(end, (lo / rows + 1) * rows), skip = lo - sh.offset;
+    data::shard piece = sh;
+    piece.features = sh.features + skip * sh.width;
+    piece.labels = sh.labels ? sh.labels + skip : nullptr;
+    piece.targets = sh.targets ? sh.targets + skip * sh.target_width : nullptr;
+    piece.indices = sh.indices ? sh.indices + skip : nullptr;
+    piece.size = hi - lo;
+    piece.offset = lo;
+    total += shard_metrics(rep, loss, piece, info, k, scratch, r);
+    lo = hi;
+  }
+  return total;
+}
+
+/// evaluate on the strategy's core class (see lockstep::evaluate). Under replica_count_invariant
+/// each shard is evaluated in the pieces of the micro-shard grid (grid_metrics).
 template <class Strategy, class Replicated, class Loss>
 evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eval_data& data, const evaluate_options& o) {
   if (o.top_k == 0) throw config_error("lockstep::evaluate: top_k must be >= 1");
@@ -228,9 +253,15 @@ evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eva
   const pass_info info = pass_info::for_evaluation(m.step());
   auto&& w = world_of(s);
   const shard_plan plan = w.plan();
+  std::size_t grid = 0;  // rows per piece (0: a shard in one piece)
+  if constexpr (requires { Strategy::determinism_level; s.options().micro_shard_rows; }) {
+    if constexpr (Strategy::determinism_level == determinism::replica_count_invariant)
+      grid = std::max<std::size_t>(1, s.options().micro_shard_rows);
+  }
   for (auto& db : data.batches(plan.parts, plan.first, n)) {
     auto per = s.run(
         [&](std::size_t r, const data::shard& sh) {
+          if (grid) return grid_metrics(m.replica(r), loss, sh, info, o.top_k, scratch, r, grid);
           return shard_metrics(m.replica(r), loss, sh, info, o.top_k, scratch, r);
         },
         db);
@@ -728,6 +759,8 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   auto&& w = world_of(s);
   const shard_plan plan = w.plan();
   fit_session run(o, optimizer.lr, plan.parts, w.is_chief());  // plan.parts: the replicas of every worker
+  // Automatic optimiser sharding is decided before a checkpoint's state is restored into slices.
+  if constexpr (requires { s.prepare_update(m, optimizer); }) s.prepare_update(m, optimizer);
   if (const auto ck = run.checkpoint_to_resume()) {
     try {
       check_resumable(m, optimizer, ck->first, ck->second);
