@@ -12,13 +12,16 @@
 // all-reduce per update; strategy::accumulate for the first 3); `ratio_to_one_batch` is its rate
 // over `replicas=2`'s. The line `replicas=2 trace=on` is 2 replicas recording a timeline of every step
 // (strategy::set_trace, the recorder emptied between rounds, untimed) against `trace=off`, the
-// same strategy without a recorder, in the same rounds.
+// same strategy without a recorder, in the same rounds. The lines `optimizer=adamw` repeat
+// replicas=1, replicas=2 and shard_optimizer=1 on config M with AdamW (two moments per parameter,
+// as the main job trains) in place of SGD with momentum (one).
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/core.h>
@@ -50,13 +53,22 @@ ls::data::batch make_batch(std::size_t rows, std::size_t width = 784, std::uint3
   return b;
 }
 
+// The optimiser of the runs: SGD with momentum 0.9, or AdamW.
+template <class Opt>
+Opt bench_optimizer() {
+  if constexpr (std::is_same_v<Opt, ls::adamw>)
+    return ls::adamw{.lr = 1e-3f};
+  else
+    return ls::sgd{.lr = 0.01f, .momentum = 0.9f};
+}
+
 // A strategy S with its replicated model Net and the one global batch every step trains on.
-template <class S, class Net = config_m>
+template <class S, class Net = config_m, class Opt = ls::sgd>
 struct run {
   S s;
   typename S::template model_type<Net> m = s.template replicate<Net>(ls::seed{1});
   ls::data::distributed_batch d;
-  ls::sgd opt{.lr = 0.01f, .momentum = 0.9f};
+  Opt opt = bench_optimizer<Opt>();
 
   std::vector<ls::data::distributed_batch> parts;  // accumulate > 1: the update's batches
 
@@ -169,6 +181,21 @@ int main() {
   fmt::print("replicas=2 trace=on samples_per_s={:.0f} overhead={:.2f}% spans_per_step={:.0f}\n", best_traced,
              100.0 * (best_two / best_traced - 1.0),
              static_cast<double>(traced.rec->events(0).size() + traced.rec->events(1).size()) / 40.0);
+
+  // Config M with AdamW: the update reads and writes two moments per parameter.
+  run<ls::one_device<ls::cpu<0>>, config_m, ls::adamw> one_adam(g);
+  run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>, config_m, ls::adamw> two_adam(g);
+  run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>, config_m, ls::adamw> sharded_adam(g, ls::strategy_options{.shard_optimizer = true});
+  double adam_one = 0, adam_two = 0, adam_sharded = 0;
+  for (int round = 0; round < 8; ++round) {
+    adam_one = std::max(adam_one, one_adam.measure(40));
+    adam_two = std::max(adam_two, two_adam.measure(40));
+    adam_sharded = std::max(adam_sharded, sharded_adam.measure(40));
+  }
+  fmt::print("optimizer=adamw replicas=1 samples_per_s={:.0f} speedup=1.00\n", adam_one);
+  fmt::print("optimizer=adamw replicas=2 samples_per_s={:.0f} speedup={:.2f}\n", adam_two, adam_two / adam_one);
+  fmt::print("optimizer=adamw replicas=2 shard_optimizer=1 samples_per_s={:.0f} speedup={:.2f}\n", adam_sharded,
+             adam_sharded / adam_one);
 
   // Config L: about 77 GFLOP per step, so 4 rounds of 4 steps.
   const auto gl = std::make_shared<const ls::data::batch>(make_batch(512, 1024, 1024));

@@ -71,6 +71,13 @@ auto images(const config& c, const char* split) {
                        (dir / (std::string(split) + "-labels-idx1-ubyte.gz")).string());
 }
 
+/// --shard-optimizer, --no-shard-optimizer, or neither: lockstep decides.
+ls::optimizer_sharding sharding_of(const config& c) {
+  if (c.shard_optimizer) return true;
+  if (c.no_shard_optimizer) return false;
+  return ls::optimizer_sharding::automatic();
+}
+
 /// The pipeline's batch: --batch, cut into --accumulate batches per update.
 std::size_t pipeline_batch(const config& c) {
   if (c.batch % c.accumulate != 0)
@@ -214,7 +221,7 @@ int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chie
 template <class Net, class Kind>
 int train(const config& c) {
   const auto devices = c.replicas ? ls::device_selection::first(*c.replicas) : ls::device_selection::all();
-  ls::strategy_options options{.shard_optimizer = c.shard_optimizer};
+  ls::strategy_options options{.shard_optimizer = sharding_of(c)};
   // GPU replicas: a step never waits for its own work (the progress line shows each update's
   // loss one step later); mixed<fp16>'s dynamic loss scale decides on the host, so not there.
   if constexpr (!std::is_same_v<Kind, ls::cpus>) options.defer_readback = c.precision != "fp16";
@@ -238,7 +245,7 @@ int run(const config& c) {
     if (c.device != "cpu") throw usage_error("under mpirun only --device cpu is supported by this build");
     if (c.invariant) throw usage_error("--replica-count-invariant: not under mpirun in this example");
     ls::multi_worker_mirrored<ls::cpus> strategy(ls::device_selection::first(c.replicas.value_or(1)),
-                                                 ls::strategy_options{.shard_optimizer = c.shard_optimizer});
+                                                 ls::strategy_options{.shard_optimizer = sharding_of(c)});
     if (c.workers) ls::require_world_size(c.workers);
     if (strategy.world().is_chief() && !c.quiet)
       std::fprintf(stderr, "MPI: %zu workers, thread level %s\n", strategy.world().size(),

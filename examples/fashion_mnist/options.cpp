@@ -146,8 +146,10 @@ void describe(CLI::App& app, config& c) {
       });
   app.add_flag("--resume", c.resume, "continue from the newest checkpoint in --checkpoint-dir")
       ->needs("--checkpoint-dir");
-  app.add_flag("--shard-optimizer", c.shard_optimizer,
-               "each replica updates 1/N of the parameters and keeps 1/N of the AdamW state (cpu, one process)");
+  auto* shard = app.add_flag("--shard-optimizer", c.shard_optimizer,
+                             "each replica updates 1/N of the parameters and keeps 1/N of the AdamW state (default: "
+                             "lockstep decides; on cpu replicas it shards AdamW's update)");
+  app.add_flag("--no-shard-optimizer", c.no_shard_optimizer, "every replica updates every parameter")->excludes(shard);
   app.add_flag("-q,--quiet", c.quiet, "no progress output (the result line is still printed)");
   app.add_option("--workers", c.workers,
                  "expected number of worker processes (launch them with mpirun -np W; default: as launched)")

@@ -34,7 +34,8 @@ struct config {
   float label_smoothing = 0;            ///< label smoothing of the cross-entropy, in [0, 1)
   bool invariant = false;               ///< determinism::replica_count_invariant (cpu): the same bits for any replica count
   bool resume = false;                  ///< continue from the newest checkpoint
-  bool shard_optimizer = false;         ///< split the optimiser update and its state over the replicas
+  bool shard_optimizer = false;         ///< always split the optimiser update and its state over the replicas
+  bool no_shard_optimizer = false;      ///< never split it (default: lockstep decides)
   bool quiet = false;                   ///< no progress output
   std::size_t workers = 0;              ///< expected worker processes (0: as launched)
 };

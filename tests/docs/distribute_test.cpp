@@ -69,7 +69,8 @@ TEST_CASE("docs/distribute.md: the sharded optimiser update") {
   // example-begin distribute-shard-optimizer
   ls::mirrored<ls::cpus> s(ls::device_selection::first(2), ls::strategy_options{.shard_optimizer = true});
   // example-end distribute-shard-optimizer
-  CHECK(s.options().shard_optimizer);
+  CHECK(s.options().shard_optimizer.is_on());
+  CHECK(ls::strategy_options{}.shard_optimizer.is_automatic());
 }
 
 TEST_CASE("docs/distribute.md: a replica's failure, and the original exception nested in it") {

@@ -28,6 +28,37 @@ enum class determinism {
 /// How per-replica values are combined.
 enum class reduce_op { sum, mean, min, max };
 
+/// Whether a strategy splits the optimiser update over its replicas (strategy_options::
+/// shard_optimizer): `true` (always, where the device kind can), `false` (never), or
+/// `optimizer_sharding::automatic` (the default: where it was measured faster, below).
+class optimizer_sharding {
+public:
+  /// The three settings.
+  enum class mode : unsigned char { off = 0, on = 1, automatic = 2 };
+  /// Automatic.
+  constexpr optimizer_sharding() noexcept = default;
+  /// On (true) or off (false): `.shard_optimizer = true`.
+  constexpr optimizer_sharding(bool on) noexcept : mode_(on ? mode::on : mode::off) {}  // implicit on purpose
+  /// The setting `m`.
+  constexpr optimizer_sharding(mode m) noexcept : mode_(m) {}  // implicit on purpose
+  /// Automatic: host replicas shard the update when the process holds two or more of them and the
+  /// optimiser is elementwise and keeps two or more state values per parameter (adam, adamw),
+  /// decided when the model's first update is applied (or when fit starts). With sgd's one momentum
+  /// value the copies cost more than the halved update saves, and GPU replicas are not measured.
+  static constexpr optimizer_sharding automatic() noexcept { return optimizer_sharding(mode::automatic); }
+  /// The setting.
+  [[nodiscard]] constexpr mode value() const noexcept { return mode_; }
+  /// True when set to on.
+  [[nodiscard]] constexpr bool is_on() const noexcept { return mode_ == mode::on; }
+  /// True when left automatic.
+  [[nodiscard]] constexpr bool is_automatic() const noexcept { return mode_ == mode::automatic; }
+  /// Same setting.
+  constexpr bool operator==(const optimizer_sharding&) const noexcept = default;
+
+private:
+  mode mode_ = mode::automatic;
+};
+
 /// Run-time options of a strategy.
 struct strategy_options {
   std::chrono::milliseconds timeout{60'000};  ///< longest wait in a collective before timeout_error
@@ -40,8 +71,9 @@ struct strategy_options {
   /// updates its 1/N of the parameters, then each copies the others' slices; optimiser state
   /// memory per replica ÷ N, the same bits as unsharded. Host replicas, or GPU replicas (on one
   /// GPU or several: the copies are peer copies); elementwise optimisers (sgd, adam, adamw; see
-  /// optimizer_elementwise_v).
-  bool shard_optimizer = false;
+  /// optimizer_elementwise_v). `true` shards (or refuses what cannot be sharded), `false` never
+  /// does; the default, optimizer_sharding::automatic(), shards where it was measured faster.
+  optimizer_sharding shard_optimizer{};
   /// GPU replicas: cuBLAS may use TF32 tensor cores for FP32 GEMMs (about 10 mantissa bits;
   /// faster, off by default). Host replicas refuse it (config_error).
   bool tf32 = false;

@@ -244,7 +244,7 @@ public:
     check_replica_memory<Kind>(contexts, (model_type<Net, T>::stored_count + model_type<Net, T>::param_count) * sizeof(T) +
                                              reducer_.workspace_bytes(model_type<Net, T>::param_count * sizeof(T)));
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
-    m.set_optimizer_sharding(options_.shard_optimizer);
+    m.set_optimizer_sharding(options_.shard_optimizer.is_on());  // automatic: see prepare_update
     collective_ids::check_buckets(m.buckets().size, "lockstep::mirrored");
     if constexpr (device_memory<Kind>::host_accessible && requires { world_.reserve_floats(m.stored_count); })
       world_.reserve_floats(m.stored_count);  // the communication thread's scratch: no allocation in a step
@@ -266,7 +266,7 @@ public:
     p.add("precision", static_cast<std::uint64_t>(m.precision()));
     p.add("bucket_bytes", options_.bucket_bytes);
     p.add("micro_shard_rows", options_.micro_shard_rows);
-    p.add("shard_optimizer", options_.shard_optimizer ? 1 : 0);
+    p.add("shard_optimizer", static_cast<std::uint64_t>(options_.shard_optimizer.value()));
     p.add("parameter count", m.param_count);
     p.add("stored parameter count", m.stored_count);
     p.add("bucket count", m.buckets().size);
@@ -369,6 +369,7 @@ public:
     check_shards(b, total);
     check_pending(m);
     if (options_.defer_readback) check_deferrable(recipe, m.loss_scaled());
+    prepare_update(m, opt);
     const update_part part{pending_.rows, pending_.batches == 0, true};
     const std::size_t rows = pending_.rows + total;
     if (rows == 0) return {};
@@ -444,6 +445,26 @@ public:
       }
     }
     return out;
+  }
+
+  /// Under strategy_options::shard_optimizer = optimizer_sharding::automatic() (the default):
+  /// decides whether the update of `m`, trained with `opt`, is sharded — yes on host replicas,
+  /// two or more in this process, with an elementwise optimiser that keeps two or more state
+  /// values per parameter (adam, adamw) — while `m` has applied no update and holds no optimiser
+  /// state; otherwise, and under `true` or `false`, it changes nothing. train_step calls it before
+  /// the model's first update, and fit before it restores a checkpoint (so a resumed run shards as
+  /// the first run did); a custom loop that restores a checkpoint calls it first.
+  template <class Net, class T, class Optimizer>
+  void prepare_update(model_type<Net, T>& m, const Optimizer& opt) {
+    check_model(m);
+    if (!options_.shard_optimizer.is_automatic() || m.step() != 0) return;
+    for (std::size_t r = 0; r < m.size(); ++r)
+      if (m.replica(r).optimizer_state().size() != 0) return;
+    constexpr std::size_t n = model_type<Net, T>::param_count;
+    bool shard = false;
+    if constexpr (device_memory<Kind>::host_accessible && optimizer_elementwise_v<Optimizer>)
+      shard = m.size() > 1 && opt.state_size(n) >= 2 * n;
+    m.set_optimizer_sharding(shard);
   }
 
   /// Under strategy_options::defer_readback: the statistics of the last update of `m` that
@@ -545,7 +566,7 @@ private:
                              std::to_string(cores) + " cores");
       }
     }
-    if (o.shard_optimizer && !device_memory<Kind>::host_accessible &&
+    if (o.shard_optimizer.is_on() && !device_memory<Kind>::host_accessible &&
         !detail::shards_on_device_v<typename backend_traits<Kind>::context_type>)
       throw config_error(std::string("lockstep: strategy_options::shard_optimizer is implemented for devices with host "
                                      "memory (cpu<I>) and GPUs, not for ") + backend_traits<Kind>::name + " devices");
