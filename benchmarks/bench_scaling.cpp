@@ -16,6 +16,8 @@
 // replicas=1, replicas=2 and shard_optimizer=1 on config M with AdamW (two moments per parameter,
 // as the main job trains) in place of SGD with momentum (one).
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -112,6 +114,26 @@ struct run {
   }
 };
 
+// Alternates `rounds` short rounds of `steps` steps over the runs and keeps each one's best rate,
+// so that a burst of other load on the machine does not favour any of them.
+template <class... Runs>
+std::array<double, sizeof...(Runs)> best_rates(int rounds, int steps, Runs&... runs) {
+  std::array<double, sizeof...(Runs)> best{};
+  for (int round = 0; round < rounds; ++round) {
+    std::size_t i = 0;
+    ((best[i] = std::max(best[i], runs.measure(steps)), ++i), ...);
+  }
+  return best;
+}
+
+// The lines replicas=1, replicas=2 and replicas=2 shard_optimizer=1 of one configuration, each
+// line starting with `tag`, rates with `digits` decimals.
+void print_scaling(const char* tag, int digits, double one, double two, double sharded) {
+  fmt::print("{}replicas=1 samples_per_s={:.{}f} speedup=1.00\n", tag, one, digits);
+  fmt::print("{}replicas=2 samples_per_s={:.{}f} speedup={:.2f}\n", tag, two, digits, two / one);
+  fmt::print("{}replicas=2 shard_optimizer=1 samples_per_s={:.{}f} speedup={:.2f}\n", tag, sharded, digits, sharded / one);
+}
+
 #ifdef LOCKSTEP_HAS_MPI
 // Each rank trains its shards of the same global batch; a round is timed by rank 0.
 int multi_worker_main() {
@@ -162,19 +184,9 @@ int main() {
   run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>> traced(g);
   traced.trace_every_step();
   run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>> accumulated(g, {}, 4);
-  // Alternate short rounds of the configurations and keep each one's best round, so that a burst
-  // of other load on the machine does not favour any of them.
-  double best_one = 0, best_two = 0, best_sharded = 0, best_traced = 0, best_accumulated = 0;
-  for (int round = 0; round < 8; ++round) {
-    best_one = std::max(best_one, one.measure(40));
-    best_two = std::max(best_two, two.measure(40));
-    best_sharded = std::max(best_sharded, sharded.measure(40));
-    best_traced = std::max(best_traced, traced.measure(40));
-    best_accumulated = std::max(best_accumulated, accumulated.measure(40));
-  }
-  fmt::print("replicas=1 samples_per_s={:.0f} speedup=1.00\n", best_one);
-  fmt::print("replicas=2 samples_per_s={:.0f} speedup={:.2f}\n", best_two, best_two / best_one);
-  fmt::print("replicas=2 shard_optimizer=1 samples_per_s={:.0f} speedup={:.2f}\n", best_sharded, best_sharded / best_one);
+  const auto [best_one, best_two, best_sharded, best_traced, best_accumulated] =
+      best_rates(8, 40, one, two, sharded, traced, accumulated);
+  print_scaling("", 0, best_one, best_two, best_sharded);
   fmt::print("replicas=2 accumulate=4 samples_per_s={:.0f} ratio_to_one_batch={:.3f}\n", best_accumulated,
              best_accumulated / best_two);
   fmt::print("replicas=2 trace=off samples_per_s={:.0f}\n", best_two);
@@ -182,34 +194,19 @@ int main() {
              100.0 * (best_two / best_traced - 1.0),
              static_cast<double>(traced.rec->events(0).size() + traced.rec->events(1).size()) / 40.0);
 
-  // Config M with AdamW: the update reads and writes two moments per parameter.
+  // Config M with AdamW: the update reads and writes two moments per parameter (unsharded unless
+  // asked: the default would shard AdamW's update).
   run<ls::one_device<ls::cpu<0>>, config_m, ls::adamw> one_adam(g);
-  run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>, config_m, ls::adamw> two_adam(g);
+  run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>, config_m, ls::adamw> two_adam(g, ls::strategy_options{.shard_optimizer = false});
   run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>, config_m, ls::adamw> sharded_adam(g, ls::strategy_options{.shard_optimizer = true});
-  double adam_one = 0, adam_two = 0, adam_sharded = 0;
-  for (int round = 0; round < 8; ++round) {
-    adam_one = std::max(adam_one, one_adam.measure(40));
-    adam_two = std::max(adam_two, two_adam.measure(40));
-    adam_sharded = std::max(adam_sharded, sharded_adam.measure(40));
-  }
-  fmt::print("optimizer=adamw replicas=1 samples_per_s={:.0f} speedup=1.00\n", adam_one);
-  fmt::print("optimizer=adamw replicas=2 samples_per_s={:.0f} speedup={:.2f}\n", adam_two, adam_two / adam_one);
-  fmt::print("optimizer=adamw replicas=2 shard_optimizer=1 samples_per_s={:.0f} speedup={:.2f}\n", adam_sharded,
-             adam_sharded / adam_one);
+  const auto adam = best_rates(8, 40, one_adam, two_adam, sharded_adam);
+  print_scaling("optimizer=adamw ", 0, adam[0], adam[1], adam[2]);
 
   // Config L: about 77 GFLOP per step, so 4 rounds of 4 steps.
   const auto gl = std::make_shared<const ls::data::batch>(make_batch(512, 1024, 1024));
   run<ls::one_device<ls::cpu<0>>, config_l> one_l(gl);
   run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>, config_l> two_l(gl);
   run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>, config_l> sharded_l(gl, ls::strategy_options{.shard_optimizer = true});
-  double l_one = 0, l_two = 0, l_sharded = 0;
-  for (int round = 0; round < 4; ++round) {
-    l_one = std::max(l_one, one_l.measure(4));
-    l_two = std::max(l_two, two_l.measure(4));
-    l_sharded = std::max(l_sharded, sharded_l.measure(4));
-  }
-  fmt::print("config=L replicas=1 samples_per_s={:.1f} speedup=1.00\n", l_one);
-  fmt::print("config=L replicas=2 samples_per_s={:.1f} speedup={:.2f}\n", l_two, l_two / l_one);
-  fmt::print("config=L replicas=2 shard_optimizer=1 samples_per_s={:.1f} speedup={:.2f}\n", l_sharded,
-             l_sharded / l_one);
+  const auto l = best_rates(4, 4, one_l, two_l, sharded_l);
+  print_scaling("config=L ", 1, l[0], l[1], l[2]);
 }

@@ -115,4 +115,17 @@ inline shard whole(const batch& b) {
   return split(b, 1).front();
 }
 
+/// Rows [first, first + count) of shard `s` (first + count <= s.size) as a shard of their own:
+/// the same batch, `first` rows further into it.
+inline shard rows_of(const shard& s, std::size_t first, std::size_t count) noexcept {
+  shard r = s;
+  r.features = s.features ? s.features + first * s.width : nullptr;
+  r.labels = s.labels ? s.labels + first : nullptr;
+  r.targets = s.targets ? s.targets + first * s.target_width : nullptr;
+  r.indices = s.indices ? s.indices + first : nullptr;
+  r.size = count;
+  r.offset = s.offset + first;
+  return r;
+}
+
 }  // namespace lockstep::data

@@ -53,8 +53,9 @@ struct dropout_op {
 };
 
 /// dropout_op on a host context, with the same bits: the Philox blocks of a chunk of elements are
-/// drawn first (backend::philox_words: eight blocks per AVX2 vector where the CPU has AVX2), then the chunk's elements are masked and scaled in a loop without branches, which
-/// the compiler vectorises.
+/// drawn first (backend::philox_words: eight blocks per AVX2 vector where the CPU has AVX2), then
+/// the chunk's elements are masked and scaled in a loop without branches, which the compiler
+/// vectorises.
 template <class T>
 void dropout_host(const dropout_op<T>& op) {
   constexpr std::size_t chunk_blocks = 64;

@@ -227,15 +227,8 @@ metric_sums grid_metrics(Rep& rep, const Loss& loss, const data::shard& sh, cons
   metric_sums total;
   const std::size_t end = sh.offset + sh.size;
   for (std::size_t lo = sh.offset; lo < end;) {
-    const std::size_t hi = std::min(end, (lo / rows + 1) * rows), skip = lo - sh.offset;
-    data::shard piece = sh;
-    piece.features = sh.features + skip * sh.width;
-    piece.labels = sh.labels ? sh.labels + skip : nullptr;
-    piece.targets = sh.targets ? sh.targets + skip * sh.target_width : nullptr;
-    piece.indices = sh.indices ? sh.indices + skip : nullptr;
-    piece.size = hi - lo;
-    piece.offset = lo;
-    total += shard_metrics(rep, loss, piece, info, k, scratch, r);
+    const std::size_t hi = std::min(end, (lo / rows + 1) * rows);
+    total += shard_metrics(rep, loss, data::rows_of(sh, lo - sh.offset, hi - lo), info, k, scratch, r);
     lo = hi;
   }
   return total;

@@ -41,20 +41,6 @@ namespace lockstep {
 
 namespace detail {
 
-/// Micro-shard k of global batch g (rows [k rows, k rows + rows) clipped to the batch), as a
-/// shard of `whole` (data::whole(g)).
-inline data::shard micro_shard(const data::batch& g, const data::shard& whole, std::size_t k, std::size_t rows) {
-  data::shard s = whole;
-  const std::size_t lo = k * rows, len = std::min(rows, g.rows() - lo);
-  s.features = g.features.data() + lo * g.width;
-  s.labels = g.labels.empty() ? nullptr : g.labels.data() + lo;
-  s.targets = g.targets.empty() ? nullptr : g.targets.data() + lo * g.target_width;
-  s.indices = g.indices.data() + lo;
-  s.size = len;
-  s.offset = lo;
-  return s;
-}
-
 /// Sums elements [lo, hi) over the k_total rows of `slots` (row k at slots + k stride) in row
 /// order — after `init` (the running sum of earlier batches of the update) when it is not null —
 /// writing each finished chunk through `write(offset, acc, len)`. The chunks are those of the
@@ -142,7 +128,7 @@ public:
       info_r.trace_thread = r;
       begin_device_spans(rep.context(), info.trace);
       for (std::size_t k = k_total * gr / gn; k < k_total * (gr + 1) / gn; ++k) {
-        const loss_sum l = rep.forward_backward(loss, detail::micro_shard(g, whole, k, rows_), info_r);
+        const loss_sum l = rep.forward_backward(loss, data::rows_of(whole, k * rows_, std::min(rows_, g.rows() - k * rows_)), info_r);
         finish.observe(r, l);
         micro_[3 * k] = l.sum;
         micro_[3 * k + 1] = static_cast<double>(l.correct);
