@@ -138,7 +138,7 @@ images_dir=$build/bench-images
 run ours_images_write "$b/bench_images" --write "$images_dir"
 run ours_images "$b/bench_images" --dir "$images_dir" --epochs "$pipe_epochs"
 run ours_mainjob "$build/examples/fashion_mnist" --quiet --epochs "$epochs"
-run ours_mainjob_sharded "$build/examples/fashion_mnist" --quiet --epochs "$epochs" --shard-optimizer
+run ours_mainjob_unsharded "$build/examples/fashion_mnist" --quiet --epochs "$epochs" --no-shard-optimizer
 run ours_cnn_epoch "$build/examples/fashion_mnist" --quiet --model cnn --epochs 1 --batch 128
 run ours_compile benchmarks/compile_cost.sh
 

@@ -367,10 +367,10 @@ def images_section(run):
 def mainjob_section(run, peak, epochs):
     ow = run.cmds.get("ours_mainjob", (1, None, ""))[1] if run.cmds.get("ours_mainjob", (1,))[0] == 0 else None
     oa = run.find("ours_mainjob", "test_accuracy")
-    sw = run.cmds.get("ours_mainjob_sharded", (1, None, ""))[1] if run.cmds.get("ours_mainjob_sharded", (1,))[0] == 0 else None
+    sw = run.cmds.get("ours_mainjob_unsharded", (1, None, ""))[1] if run.cmds.get("ours_mainjob_unsharded", (1,))[0] == 0 else None
     systems = [("lockstep, 2 CPU replicas (`fashion_mnist`)", ow, oa, "ours_mainjob", None),
-               ("the same with `--shard-optimizer`", sw, run.find("ours_mainjob_sharded", "test_accuracy"),
-                "ours_mainjob_sharded", None),
+               ("the same with `--no-shard-optimizer` (AdamW's update not sharded)", sw,
+                run.find("ours_mainjob_unsharded", "test_accuracy"), "ours_mainjob_unsharded", None),
                ("Keras fit, one device, 2 threads", run.find("tf_mainjob_one", "wall_s"),
                 run.find("tf_mainjob_one", "test_accuracy"), "tf_mainjob_one", "tensorflow"),
                ("Keras fit, MirroredStrategy, 2 logical CPUs", run.find("tf_mainjob_mirrored", "wall_s"),
