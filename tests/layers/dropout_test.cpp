@@ -58,8 +58,10 @@ TEST_CASE_TEMPLATE("dropout's host path draws the masks of one dropout_op call p
 TEST_CASE("philox_words writes the words of counter_rng::bits for every start and count") {
   INFO("philox_words runs with ", ls::backend::philox_words_isa());
   std::size_t cases = 0;
-  for (const auto& [seed, stream] : {std::pair{0ull, 0ull}, std::pair{1234ull, 77ull},
-                                     std::pair{0xFEDCBA9876543210ull, 0x0123456789ABCDEFull}})
+  for (const auto& key : {std::pair{0ull, 0ull}, std::pair{1234ull, 77ull},
+                          std::pair{0xFEDCBA9876543210ull, 0x0123456789ABCDEFull}}) {
+    const std::uint64_t seed = key.first;  // plain variables: CAPTURE's lambda cannot name a structured binding
+    const std::uint64_t stream = key.second;
     for (const std::uint64_t first : {0ull, 1ull, 7ull, 0xFFFFFFFFull - 16, 0xFFFFFFFFull - 2, 0xFFFFFFFFull,
                                       (1ull << 40) + 5, ~0ull - 20})
       for (const std::size_t blocks : {0, 1, 2, 15, 16, 17, 31, 32, 33, 100}) {
@@ -79,6 +81,7 @@ TEST_CASE("philox_words writes the words of counter_rng::bits for every start an
         CHECK(words[4 * blocks] == 0xDEADBEEFu);
         ++cases;
       }
+  }
   CHECK(cases == 3 * 8 * 10);
 }
 
