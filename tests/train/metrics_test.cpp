@@ -119,3 +119,55 @@ TEST_CASE("predict: every row once, in pipeline order, same outputs for 1 and 3 
     for (std::size_t i = 0; i < a.outputs.size(); ++i) CHECK(a.outputs[i] == doctest::Approx(b.outputs[i]).epsilon(1e-5));
   }
 }
+
+namespace {
+
+/// replica_count_invariant over Ds with micro-shards of 4 rows (batches of 10 cut 4, 4, 2).
+template <class... Ds>
+struct invariant_of_4 : ls::basic_mirrored<ls::select_reducer_t<Ds...>, ls::determinism::replica_count_invariant, Ds...> {
+  invariant_of_4()
+      : ls::basic_mirrored<ls::select_reducer_t<Ds...>, ls::determinism::replica_count_invariant, Ds...>(
+            ls::strategy_options{.micro_shard_rows = 4}) {}
+};
+
+/// Wide enough that a GEMM's blocking (and so its bits) can change with the row count.
+using wide_net = ls::sequential<ls::dense<width, 192>, ls::relu, ls::dense<192, 160>, ls::tanh, ls::dense<160, classes>>;
+
+/// predict and evaluate of `wide_net` (seed 5) on `n` samples in batches of 10 with strategy S.
+template <class S>
+std::pair<ls::predictions, ls::evaluation> invariant_pass(std::size_t n) {
+  S s;
+  auto m = s.template replicate<wide_net>(ls::seed{5});
+  return {ls::predict(s, m, eval_pipeline(n, 10)), ls::evaluate(s, m, ls::softmax_cross_entropy{}, eval_pipeline(n, 10))};
+}
+
+template <class S>
+void check_invariant_against_one(std::size_t n, const std::pair<ls::predictions, ls::evaluation>& one) {
+  CAPTURE(S::replica_count);
+  const auto [p, e] = invariant_pass<S>(n);
+  CHECK(p.indices == one.first.indices);
+  REQUIRE(p.outputs.size() == one.first.outputs.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < p.outputs.size(); ++i) differ += p.outputs[i] != one.first.outputs[i];
+  CHECK(differ == 0);  // the same bits, not merely close
+  CHECK(e.samples == one.second.samples);
+  CHECK(e.sums.correct == one.second.sums.correct);
+  CHECK(e.sums.top_k_correct == one.second.sums.top_k_correct);
+  if (n == 0)
+    CHECK((std::isnan(e.loss) && std::isnan(one.second.loss)));
+  else
+    CHECK(e.loss == doctest::Approx(one.second.loss).epsilon(1e-12));  // per-row losses equal; only their sum's order differs
+}
+
+}  // namespace
+
+TEST_CASE("predict and evaluate under replica_count_invariant: each micro-shard one forward pass, the same outputs for 1, 2 and 3 replicas") {
+  for (const std::size_t n : {0u, 1u, 7u, 10u, 29u, 41u}) {
+    CAPTURE(n);
+    const auto one = invariant_pass<invariant_of_4<ls::cpu<0>>>(n);
+    REQUIRE(one.first.rows() == n);
+    CHECK(one.second.samples == n);
+    check_invariant_against_one<invariant_of_4<ls::cpu<0>, ls::cpu<1>>>(n, one);
+    check_invariant_against_one<invariant_of_4<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>>>(n, one);
+  }
+}

@@ -83,6 +83,22 @@ inline void require_every_row(const batch& b, const char* what) {
 }
 }  // namespace detail
 
+/// Rows [first, first + count) of batch `b` (first + count <= b.rows()) as a shard; `b` holds
+/// every row (see batch::holds_every_row).
+inline shard rows_of(const batch& b, std::size_t first, std::size_t count) noexcept {
+  shard s;
+  s.features = b.features.data() + first * b.width;
+  s.labels = b.labels.empty() ? nullptr : b.labels.data() + first;
+  s.targets = b.targets.empty() ? nullptr : b.targets.data() + first * b.target_width;
+  s.indices = b.indices.data() + first;
+  s.size = count;
+  s.width = b.width;
+  s.target_width = b.target_width;
+  s.offset = first;
+  s.global_size = b.rows();
+  return s;
+}
+
 /// Cuts a global batch into n contiguous shards whose sizes differ by at most one (the first
 /// `rows % n` shards get one extra row). Requires n >= 1.
 /// @throws config_error when the batch does not hold every row (see batch::first_held).
@@ -93,16 +109,7 @@ inline std::vector<shard> split(const batch& b, std::size_t n) {
   std::size_t offset = 0;
   for (std::size_t r = 0; r < n; ++r) {
     const std::size_t size = base + (r < extra ? 1 : 0);
-    shard& s = out[r];
-    s.features = b.features.data() + offset * b.width;
-    s.labels = b.labels.empty() ? nullptr : b.labels.data() + offset;
-    s.targets = b.targets.empty() ? nullptr : b.targets.data() + offset * b.target_width;
-    s.indices = b.indices.data() + offset;
-    s.size = size;
-    s.width = b.width;
-    s.target_width = b.target_width;
-    s.offset = offset;
-    s.global_size = rows;
+    out[r] = rows_of(b, offset, size);
     offset += size;
   }
   return out;
@@ -112,7 +119,7 @@ inline std::vector<shard> split(const batch& b, std::size_t n) {
 /// @throws config_error when the batch does not hold every row (see batch::first_held).
 inline shard whole(const batch& b) {
   detail::require_every_row(b, "whole");
-  return split(b, 1).front();
+  return rows_of(b, 0, b.rows());
 }
 
 /// Rows [first, first + count) of shard `s` (first + count <= s.size) as a shard of their own:

@@ -217,25 +217,54 @@ metric_sums shard_metrics(Rep& rep, const Loss& loss, const data::shard& sh, con
   return m;
 }
 
-/// shard_metrics over the pieces of `sh` that the global batch's grid of `rows` rows cuts it into
-/// (rows [k rows, (k + 1) rows) of the global batch), in order: each row's outputs then come from
-/// a forward pass over the same rows whatever the shards are (a GEMM's bits can depend on its row
-/// count), as the replica_count_invariant training step's micro-shards do.
-template <class Rep, class Loss>
-metric_sums grid_metrics(Rep& rep, const Loss& loss, const data::shard& sh, const pass_info& info, std::size_t k,
-                         eval_scratch& scratch, std::size_t r, std::size_t rows) {
-  metric_sums total;
+/// Calls `f` on the pieces of `sh` that the global batch's grid of `rows` rows cuts it into (rows
+/// [k rows, (k + 1) rows) of the global batch), in order; on `sh` whole when `rows` is 0. A row's
+/// outputs then come from a forward pass over the same rows whatever the shards are (a GEMM's bits
+/// can depend on its row count), as the replica_count_invariant training step's micro-shards do.
+template <class F>
+void for_each_grid_piece(const data::shard& sh, std::size_t rows, F&& f) {
+  if (rows == 0) {
+    f(sh);
+    return;
+  }
   const std::size_t end = sh.offset + sh.size;
   for (std::size_t lo = sh.offset; lo < end;) {
     const std::size_t hi = std::min(end, (lo / rows + 1) * rows);
-    total += shard_metrics(rep, loss, data::rows_of(sh, lo - sh.offset, hi - lo), info, k, scratch, r);
+    f(data::rows_of(sh, lo - sh.offset, hi - lo));
     lo = hi;
   }
-  return total;
+}
+
+/// The rows global replica `gr` of `gn` evaluates under a grid of `rows` rows: the micro-shards
+/// [K gr / gn, K (gr + 1) / gn) of the K = ceil(rows of the batch / `rows`) of `db`'s global batch,
+/// the same rows as the replica_count_invariant training step gives it, so each micro-shard is one
+/// forward pass whatever the replica count; `sh` (the even cut) when `rows` is 0 or the global batch
+/// does not hold every row (an index-first pipeline's).
+inline data::shard grid_shard(const data::distributed_batch& db, const data::shard& sh, std::size_t gr, std::size_t gn,
+                              std::size_t rows) noexcept {
+  if (rows == 0 || !db.global || !db.global->holds_every_row()) return sh;
+  const data::batch& g = *db.global;
+  const std::size_t k_total = (g.rows() + rows - 1) / rows;
+  const std::size_t lo = std::min(g.rows(), k_total * gr / gn * rows);
+  const std::size_t hi = std::min(g.rows(), k_total * (gr + 1) / gn * rows);
+  return data::rows_of(g, lo, hi - lo);
+}
+
+/// The rows of the evaluation grid of strategy `s` (for_each_grid_piece): its micro-shard rows
+/// under replica_count_invariant, 0 (shards whole) otherwise.
+template <class Strategy>
+std::size_t evaluation_grid(const Strategy& s) {
+  if constexpr (requires { Strategy::determinism_level; s.options().micro_shard_rows; }) {
+    if constexpr (Strategy::determinism_level == determinism::replica_count_invariant)
+      return std::max<std::size_t>(1, s.options().micro_shard_rows);
+  }
+  (void)s;
+  return 0;
 }
 
 /// evaluate on the strategy's core class (see lockstep::evaluate). Under replica_count_invariant
-/// each shard is evaluated in the pieces of the micro-shard grid (grid_metrics).
+/// each replica evaluates the training step's micro-shards of the batch, one forward pass each
+/// (grid_shard, for_each_grid_piece).
 template <class Strategy, class Replicated, class Loss>
 evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eval_data& data, const evaluate_options& o) {
   if (o.top_k == 0) throw config_error("lockstep::evaluate: top_k must be >= 1");
@@ -246,16 +275,15 @@ evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eva
   const pass_info info = pass_info::for_evaluation(m.step());
   auto&& w = world_of(s);
   const shard_plan plan = w.plan();
-  std::size_t grid = 0;  // rows per piece (0: a shard in one piece)
-  if constexpr (requires { Strategy::determinism_level; s.options().micro_shard_rows; }) {
-    if constexpr (Strategy::determinism_level == determinism::replica_count_invariant)
-      grid = std::max<std::size_t>(1, s.options().micro_shard_rows);
-  }
+  const std::size_t grid = evaluation_grid(s);
   for (auto& db : data.batches(plan.parts, plan.first, n)) {
     auto per = s.run(
         [&](std::size_t r, const data::shard& sh) {
-          if (grid) return grid_metrics(m.replica(r), loss, sh, info, o.top_k, scratch, r, grid);
-          return shard_metrics(m.replica(r), loss, sh, info, o.top_k, scratch, r);
+          metric_sums sums;
+          for_each_grid_piece(grid_shard(db, sh, plan.first + r, plan.parts, grid), grid, [&](const data::shard& piece) {
+            sums += shard_metrics(m.replica(r), loss, piece, info, o.top_k, scratch, r);
+          });
+          return sums;
         },
         db);
     total += reduce_metric_sums(s, per);
@@ -325,7 +353,9 @@ struct predictions {
 };
 
 /// Runs `m` in evaluation mode on one pass of `data` through the strategy and gathers every
-/// row's outputs on the host.
+/// row's outputs on the host. Under replica_count_invariant each replica runs the training step's
+/// micro-shards of the batch, one forward pass each, so the outputs are the same bits for any
+/// replica count.
 template <class Strategy, class Replicated>
 predictions predict(Strategy& strategy, Replicated& m, const eval_data& data) {
   static_assert(detail::check_strategy<Strategy>());  // names a missing member
@@ -334,6 +364,7 @@ predictions predict(Strategy& strategy, Replicated& m, const eval_data& data) {
   using net = network_of<Replicated>;
   constexpr std::size_t cols = model<net>::output_size;
   const std::size_t n = s.num_replicas();
+  const std::size_t grid = detail::evaluation_grid(s);
   predictions p;
   p.width = cols;
   const pass_info info = pass_info::for_evaluation(m.step());
@@ -344,18 +375,20 @@ predictions predict(Strategy& strategy, Replicated& m, const eval_data& data) {
     float* dst = p.outputs.data() + base * cols;
     auto per = s.run(
         [&](std::size_t r, const data::shard& sh) {
-          if (sh.size == 0) return 0;
           auto& rep = m.replica(r);
-          const auto* out = rep.predict(sh, info);
-          using T = std::remove_cvref_t<decltype(*out)>;
-          if constexpr (std::is_same_v<T, float>) {
-            copy_to_host(rep.context(), dst + sh.offset * cols, out, sh.size * cols);
-          } else {
-            std::vector<T> tmp(sh.size * cols);
-            copy_to_host(rep.context(), tmp.data(), out, tmp.size());
-            std::copy(tmp.begin(), tmp.end(), dst + sh.offset * cols);
-          }
-          rep.context().synchronize();
+          detail::for_each_grid_piece(detail::grid_shard(db, sh, r, n, grid), grid, [&](const data::shard& piece) {
+            if (piece.size == 0) return;
+            const auto* out = rep.predict(piece, info);
+            using T = std::remove_cvref_t<decltype(*out)>;
+            if constexpr (std::is_same_v<T, float>) {
+              copy_to_host(rep.context(), dst + piece.offset * cols, out, piece.size * cols);
+            } else {
+              std::vector<T> tmp(piece.size * cols);
+              copy_to_host(rep.context(), tmp.data(), out, tmp.size());
+              std::copy(tmp.begin(), tmp.end(), dst + piece.offset * cols);
+            }
+            rep.context().synchronize();
+          });
           return 0;
         },
         db);
