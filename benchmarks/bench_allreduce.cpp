@@ -4,8 +4,10 @@
 //
 // Built with MPI and launched by mpirun (`mpirun -np 2 bench_allreduce`), it measures the
 // inter-process path instead: multi_worker_mirrored's reduction of the same sizes over W
-// processes of one replica each (shared memory between the processes on one machine), with
-// n = W in busbw; rank 0 prints, adding Open MPI's own MPI_Allreduce of the same buffer
+// processes of one replica each, with n = W in busbw, of a replica's gradient buffer (busbw: on
+// one machine it lives in the workers' shared window and is summed in place, as in training) and
+// of the same floats in the process's own memory (private_busbw: copied into the window and
+// back); rank 0 prints, adding Open MPI's own MPI_Allreduce of the same floats
 // (mpi_allreduce_busbw_gb_per_s) when MPI provides MPI_THREAD_MULTIPLE.
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include <fmt/core.h>
 
 #include <lockstep/distribute.hpp>
+#include <lockstep/layers.hpp>
 #ifdef LOCKSTEP_HAS_MPI
 #include <lockstep/distribute/multi_worker.hpp>
 #endif
@@ -57,22 +60,34 @@ void bench(std::size_t bytes) {
 }
 
 #ifdef LOCKSTEP_HAS_MPI
-void bench_workers(ls::multi_worker_mirrored<ls::cpus>& s, std::size_t bytes) {
-  const std::size_t count = bytes / sizeof(float), n = s.world().size();
-  std::vector<float> data(count, static_cast<float>(s.world().rank()));
-  const int reps = bytes >= (std::size_t{16} << 20) ? 10 : 50;
+// The largest size's floats in one dense layer's parameters (4096 x 4096 weights and 4096 biases).
+using gradient_net = ls::sequential<ls::dense<4096, 4096>>;
+
+// The best time of `reps` all-reduces of `count` floats at `data` over the workers (one replica each).
+double best_allreduce_seconds(ls::multi_worker_mirrored<ls::cpus>& s, float* data, std::size_t count, int reps) {
   double best = 1e30;
   for (int rep = 0; rep < reps; ++rep) {
     s.barrier();
     const auto t0 = clock_type::now();
     s.run_each([&](std::size_t r) {
       ls::host_context ctx;
-      s.all_reduce(r, ctx, data.data(), count);
+      s.all_reduce(r, ctx, data, count);
     });
     best = std::min(best, std::chrono::duration<double>(clock_type::now() - t0).count());
   }
-  const double algbw = static_cast<double>(bytes) / best / 1e9;
-  const double busbw = algbw * 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
+  return best;
+}
+
+void bench_workers(ls::multi_worker_mirrored<ls::cpus>& s, float* gradients, std::size_t bytes) {
+  const std::size_t count = bytes / sizeof(float), n = s.world().size();
+  std::vector<float> data(count, static_cast<float>(s.world().rank()));
+  std::fill(gradients, gradients + count, static_cast<float>(s.world().rank()));
+  const int reps = bytes >= (std::size_t{16} << 20) ? 10 : 50;
+  const auto busbw = [&](double seconds) {
+    return static_cast<double>(bytes) / seconds / 1e9 * 2.0 * static_cast<double>(n - 1) / static_cast<double>(n);
+  };
+  const double in_place = best_allreduce_seconds(s, gradients, count, reps);
+  const double copied = best_allreduce_seconds(s, data.data(), count, reps);
   // Open MPI's own MPI_Allreduce of the same floats, from the main thread while the strategy's
   // communication thread is idle (needs MPI_THREAD_MULTIPLE).
   std::string mpi = " mpi_allreduce_busbw_gb_per_s=skipped";
@@ -84,12 +99,12 @@ void bench_workers(ls::multi_worker_mirrored<ls::cpus>& s, std::size_t bytes) {
       MPI_Allreduce(MPI_IN_PLACE, data.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       best_mpi = std::min(best_mpi, std::chrono::duration<double>(clock_type::now() - t0).count());
     }
-    mpi = fmt::format(" mpi_allreduce_busbw_gb_per_s={:.2f}",
-                      static_cast<double>(bytes) / best_mpi / 1e9 * 2.0 * static_cast<double>(n - 1) / static_cast<double>(n));
+    mpi = fmt::format(" mpi_allreduce_busbw_gb_per_s={:.2f}", busbw(best_mpi));
   }
   if (s.world().is_chief())
-    fmt::print("workers={} replicas=1 allreduce_bytes={} algbw_gb_per_s={:.2f} busbw_gb_per_s={:.2f} memcpy_gb_per_s={:.2f}{}\n",
-               n, bytes, algbw, busbw, memcpy_gbps(bytes), mpi);
+    fmt::print("workers={} replicas=1 allreduce_bytes={} algbw_gb_per_s={:.2f} busbw_gb_per_s={:.2f} "
+               "private_busbw_gb_per_s={:.2f} memcpy_gb_per_s={:.2f}{}\n",
+               n, bytes, static_cast<double>(bytes) / in_place / 1e9, busbw(in_place), busbw(copied), memcpy_gbps(bytes), mpi);
 }
 #endif
 
@@ -100,7 +115,11 @@ int main() {
   if (ls::launched_by_mpi()) {
     ls::mpi_environment env;
     ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1));
-    for (std::size_t mib : {1u, 16u, 64u}) bench_workers(s, mib << 20);
+    auto m = s.replicate<gradient_net>(ls::seed{1});
+    float* gradients = m.replica(0).model().gradients().data();
+    if (s.world().is_chief())
+      fmt::print("gradients_in_shared_window={}\n", m.replica(0).model().gradients().owns_memory() ? "no" : "yes");
+    for (std::size_t mib : {1u, 16u, 64u}) bench_workers(s, gradients, mib << 20);
     return 0;
   }
 #endif

@@ -496,3 +496,78 @@ TEST_CASE("multi_worker mixed<fp16>: an overflow in the last worker's shard skip
     CHECK(same_on_every_rank(m.parameters_to_host()));
   }
 }
+
+namespace {
+
+// Value i of local replica r on this worker: not exactly representable sums, so the order shows.
+float window_value(std::size_t r, std::size_t i) {
+  return 1.0f / static_cast<float>(1 + i % 97 + 3 * static_cast<std::size_t>(world_rank()) + 11 * r) +
+         static_cast<float>(i % 5) * 0.37f;
+}
+
+}  // namespace
+
+TEST_CASE("multi_worker: on one machine local replica 0's gradients live in the shared window and are summed in place, the bits of the copying sum") {
+  const bool shm = world_size() > 1 && std::getenv("LOCKSTEP_MPI_NO_SHM") == nullptr;
+  constexpr std::size_t P = ls::model<mlp>::param_count;
+  for (std::size_t local : {1u, 2u}) {
+    CAPTURE(local);
+    ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(local));
+    auto m = s.replicate<mlp>(ls::seed{5});
+    CHECK(m.replica(0).model().gradients().owns_memory() == !shm);
+    for (std::size_t r = 1; r < local; ++r) CHECK(m.replica(r).model().gradients().owns_memory());
+    float* window = m.replica(0).model().gradients().data();
+    for (const auto& [offset, count] : {std::pair<std::size_t, std::size_t>{0, 1}, {0, 15}, {3, 16}, {5, 17}, {16, 1000},
+                                        {1, 4099}, {P - 31, 31}, {0, P}}) {
+      CAPTURE(offset);
+      CAPTURE(count);
+      // in place in the window (replica 0) and, as a reference, the same values from private memory
+      std::vector<std::vector<float>> own(local, std::vector<float>(count)), copied(local, std::vector<float>(count));
+      for (std::size_t r = 0; r < local; ++r)
+        for (std::size_t i = 0; i < count; ++i) own[r][i] = copied[r][i] = window_value(r, offset + i);
+      std::fill(window, window + P, -3.0f);
+      std::copy(own[0].begin(), own[0].end(), window + offset);
+      s.run_each([&](std::size_t r) {
+        ls::host_context ctx;
+        s.all_reduce(r, ctx, r == 0 ? window + offset : own[r].data(), count);
+      });
+      s.run_each([&](std::size_t r) {
+        ls::host_context ctx;
+        s.all_reduce(r, ctx, copied[r].data(), count);
+      });
+      CHECK(std::equal(copied[0].begin(), copied[0].end(), window + offset));  // the same bits
+      std::size_t outside = 0, far = 0;
+      for (std::size_t i = 0; i < P; ++i) outside += (i < offset || i >= offset + count) && window[i] != -3.0f;
+      CHECK(outside == 0);  // nothing outside the bucket was written
+      for (std::size_t i = 0; i < count; ++i) {
+        double want = 0;  // every local replica of every worker
+        for (int w = 0; w < world_size(); ++w)
+          for (std::size_t r = 0; r < local; ++r)
+            want += 1.0 / static_cast<double>(1 + (offset + i) % 97 + 3 * static_cast<std::size_t>(w) + 11 * r) +
+                    static_cast<double>((offset + i) % 5) * 0.37;
+        far += std::fabs(static_cast<double>(window[offset + i]) - want) > 1e-5 * std::max(1.0, std::fabs(want));
+      }
+      CHECK(far == 0);
+      for (std::size_t r = 1; r < local; ++r) CHECK(own[r] == copied[0]);
+      CHECK(same_on_every_rank(copied[0]));
+    }
+  }
+  {
+    // a model that outlives its strategy keeps its window until it is dropped (on every worker alike)
+    auto m = [] {
+      ls::multi_worker_mirrored<ls::cpus> s;
+      return s.replicate<mlp>(ls::seed{6});
+    }();
+    m.replica(0).model().gradients()[P - 1] = 1.0f;
+    CHECK(m.parameters_to_host().size() == m.stored_count);
+  }
+  if (shm) {
+    // workers summing different parts of their windows: an error naming both, not wrong sums
+    ls::multi_worker_mirrored<ls::cpus> s;
+    auto m = s.replicate<mlp>(ls::seed{7});
+    float* g = m.replica(0).model().gradients().data() + (world_rank() == 0 ? 0 : 16);
+    ls::host_context ctx;
+    CHECK_THROWS_WITH_AS(s.all_reduce(0, ctx, g, 64), doctest::Contains("the workers' collectives do not match"),
+                         ls::replica_error);
+  }
+}

@@ -12,7 +12,10 @@
 ///    run asynchronously) and `wait(replica, ctx, bucket)` (after which data holds the sum on
 ///    every replica); buckets start in the same order on every replica;
 ///  - `broadcast(replica, ctx, data, count, root)`, synchronous;
-///  - `abort()` (any thread: every waiter throws) and `reset()` (when no replica is inside).
+///  - `abort()` (any thread: every waiter throws) and `reset()` (when no replica is inside);
+///  - optionally `std::shared_ptr<float> gradient_storage(replica, count)`: memory the reducer
+///    wants a replica's float gradients kept in (mpi_host_allreduce's shared window), or null;
+///    asked for every replica at replicate(), collectively.
 ///
 /// The reducers themselves live in distribute/reducers/, one per file; the default reducer of a
 /// device set, `select_reducer_t<Devices...>`, is chosen in distribute/reducers/select.hpp.

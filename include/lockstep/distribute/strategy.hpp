@@ -249,6 +249,10 @@ public:
     if constexpr (device_memory<Kind>::host_accessible && requires { world_.reserve_floats(m.stored_count); })
       world_.reserve_floats(m.stored_count);  // the communication thread's scratch: no allocation in a step
     world_.agree(plan_of(m));  // a mismatch is a config_error; the check's own collective completed
+    if constexpr (std::is_same_v<T, float> && requires { reducer_.gradient_storage(std::size_t{}, std::size_t{}); })
+      for (std::size_t r = 0; r < num_replicas(); ++r)  // gradients where the reducer sums them in place
+        if (std::shared_ptr<float> storage = reducer_.gradient_storage(r, m.param_count))
+          m.replica(r).model().adopt_gradients(m.replica(r).context(), std::move(storage));
     bind_workspaces(m, m.param_count * sizeof(T));
     broadcast(m, 0);
     return m;

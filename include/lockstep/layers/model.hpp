@@ -5,6 +5,7 @@
 /// the largest batch seen, then reused: a steady-state step allocates nothing).
 
 #include <cstddef>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <concepts>
@@ -205,9 +206,19 @@ public:
   /// Largest batch the workspace holds without growing.
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
 
+  /// Moves the gradients into `storage`: param_count elements of memory kind Kind that `storage`
+  /// keeps alive (a worker's shared-memory window, which the other workers' all-reduce reads and
+  /// writes in place); the gradients are copied there and the old buffer is freed.
+  void adopt_gradients(context_type& ctx, std::shared_ptr<T> storage) {
+    copy(ctx, storage.get(), grads_.data(), param_count);
+    grads_ = basic_buffer<T, Kind>::borrowed(storage.get(), param_count);
+    grads_owner_ = std::move(storage);
+  }
+
 private:
   basic_buffer<T, Kind> params_;
   basic_buffer<T, Kind> grads_;
+  std::shared_ptr<T> grads_owner_;  // keeps adopt_gradients' storage alive (null: grads_ owns its memory)
   basic_buffer<T, Kind> workspace_;
   basic_buffer<T, Kind> output_;
   basic_buffer<T, Kind> accum_;  // the running gradient sum, for layers that do not accumulate themselves

@@ -15,7 +15,8 @@
 namespace lockstep {
 
 /// An owning array of `size()` trivially copyable T on device kind Kind: aligned, move-only,
-/// never value-initialised (first touch is the caller's job: fill or copy into it).
+/// never value-initialised (first touch is the caller's job: fill or copy into it). A buffer made
+/// by borrowed() views memory that something else owns and never frees it.
 template <class T, class Kind>
 class basic_buffer {
   static_assert(std::is_trivially_copyable_v<T>, "lockstep::buffer holds trivially copyable elements");
@@ -31,16 +32,29 @@ public:
   basic_buffer(const basic_buffer&) = delete;
   basic_buffer& operator=(const basic_buffer&) = delete;
   /// Takes the other buffer's memory; the other becomes empty.
-  basic_buffer(basic_buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  basic_buffer(basic_buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), owns_(std::exchange(o.owns_, true)) {}
   /// Frees this buffer's memory and takes the other's.
   basic_buffer& operator=(basic_buffer&& o) noexcept {
     if (this != &o) {
       release();
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
+      owns_ = std::exchange(o.owns_, true);
     }
     return *this;
   }
+  /// A buffer over `n` elements at `data` (memory of kind Kind) that another owner keeps alive
+  /// for the buffer's lifetime; the buffer never frees it (a shared-memory window's, for example).
+  [[nodiscard]] static basic_buffer borrowed(T* data, std::size_t n) noexcept {
+    basic_buffer b;
+    b.data_ = data;
+    b.size_ = n;
+    b.owns_ = false;
+    return b;
+  }
+  /// True unless the buffer was made by borrowed().
+  [[nodiscard]] bool owns_memory() const noexcept { return owns_; }
   ~basic_buffer() { release(); }
 
   /// Pointer to the first element (nullptr when empty).
@@ -69,13 +83,15 @@ public:
 
 private:
   void release() noexcept {
-    device_memory<Kind>::deallocate(data_, size_ * sizeof(T));
+    if (owns_) device_memory<Kind>::deallocate(data_, size_ * sizeof(T));
     data_ = nullptr;
     size_ = 0;
+    owns_ = true;
   }
 
   T* data_ = nullptr;
   std::size_t size_ = 0;
+  bool owns_ = true;  // false: borrowed(), someone else frees the memory
 };
 
 /// An owning array of T on device D (a tag such as cpu<I>, or a kind): one type per kind, so

@@ -20,6 +20,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -47,7 +48,8 @@ public:
     broadcast_bytes,   ///< bytes from rank 0 to every rank
     barrier,           ///< every rank arrives
     gather_bytes,      ///< in-place all-gather of `count` bytes per rank (rank r's at r * count)
-    alltoallv_floats   ///< all-to-all of floats: `data` with counts/displs to send, `recv` with recv_counts/recv_displs
+    alltoallv_floats,  ///< all-to-all of floats: `data` with counts/displs to send, `recv` with recv_counts/recv_displs
+    gradient_window    ///< a shared window of `count` gradient floats per rank, into *recv (a shared_ptr<mpi_gradient_window>)
   };
   /// One job: the data and what to call once it completed (on the communication thread).
   struct job {
@@ -77,7 +79,9 @@ public:
   }
   mpi_channel(const mpi_channel&) = delete;
   mpi_channel& operator=(const mpi_channel&) = delete;
-  /// Stops the thread; frees the window and the communicators unless a failure left a collective pending.
+  /// Stops the thread; frees the windows and the communicators unless a failure left a
+  /// collective pending. A gradient window that a model still holds is freed by its last owner
+  /// (collectively, so every worker drops its models at the same point, as they do in one program).
   ~mpi_channel() override {
     {
       std::lock_guard lk(mu_);
@@ -85,6 +89,9 @@ public:
     }
     cv_.notify_all();
     thread_.join();
+    if (broken_.load())
+      for (auto& g : gradient_windows_) g->abandon();
+    gradient_windows_.clear();
     if (!broken_.load()) {
       window_.free();
       comms_.free();
@@ -104,6 +111,19 @@ public:
     std::lock_guard lk(mu_);
     if (!queue_.empty() || busy_) throw config_error("lockstep::multi_worker: cannot grow the channel while busy");
     sum_.reserve(n);
+  }
+
+  /// A shared window of `floats` gradient floats per worker, zero-filled, that the float sums of
+  /// buffers inside it run in place (mpi_gradient_window). Collective; only when shared_memory().
+  /// Windows no longer held outside the channel are freed first (on every worker alike).
+  [[nodiscard]] std::shared_ptr<mpi_gradient_window> allocate_gradient_window(std::size_t floats) {
+    std::shared_ptr<mpi_gradient_window> out;
+    job j;
+    j.kind = op::gradient_window;
+    j.count = floats;
+    j.recv = &out;
+    run(j);
+    return out;
   }
 
   /// Queues a job; returns its ticket (jobs complete in ticket order).
@@ -279,6 +299,13 @@ private:
 
   static std::string collective_name(std::size_t id) { return collective_ids::name(id); }
 
+  // The gradient window that holds [data, data + count) on this rank, or null.
+  mpi_gradient_window* gradient_window_of(const float* data, std::size_t count) const noexcept {
+    for (const auto& g : gradient_windows_)
+      if (g->holds(data, count)) return g.get();
+    return nullptr;
+  }
+
   void execute(const job& j) {
     MPI_Request r = MPI_REQUEST_NULL;
     const MPI_Comm c = comms_.data;
@@ -314,12 +341,23 @@ private:
         break;
       case op::sum_floats:
         if (comms_.size > 1 && j.count > 0) {
-          if (shm_)
-            window_.run(static_cast<float*>(j.data), j.count, j.bucket, *this);
+          auto* data = static_cast<float*>(j.data);
+          if (mpi_gradient_window* g = shm_ ? gradient_window_of(data, j.count) : nullptr)
+            g->sum(data, j.count, j.bucket, *this);
+          else if (shm_)
+            window_.run(data, j.count, j.bucket, *this);
           else
-            sum_.run(static_cast<float*>(j.data), j.count, c, comms_.rank, *this, j.bucket);
+            sum_.run(data, j.count, c, comms_.rank, *this, j.bucket);
         }
         return;
+      case op::gradient_window: {
+        if (!shm_) throw config_error("lockstep::multi_worker: gradient windows need every worker on one machine");
+        std::erase_if(gradient_windows_, [](const auto& g) { return g.use_count() == 1; });  // nobody else holds it
+        auto g = std::make_shared<mpi_gradient_window>(comms_.node, comms_.rank, comms_.size, j.count);
+        gradient_windows_.push_back(g);
+        *static_cast<std::shared_ptr<mpi_gradient_window>*>(j.recv) = std::move(g);
+        return;
+      }
     }
     complete(r, j.bucket);
   }
@@ -330,6 +368,7 @@ private:
   mpi_straggler_probe probe_;
   mpi_ordered_sum sum_;
   mpi_window_sum window_;
+  std::vector<std::shared_ptr<mpi_gradient_window>> gradient_windows_;  // touched on the communication thread only (and after it ended)
   bool shm_ = false;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -5,8 +5,9 @@
 /// first; then — as soon as the last local replica finished its part — the bucket is handed to
 /// the worker's communication thread, which sums it across the workers (a fixed-order
 /// reduce-scatter + all-gather over MPI, or over a shared-memory window when every worker runs on
-/// one machine) while the backward pass of the layers below continues. The default reducer of
-/// multi_worker_mirrored<cpus>.
+/// one machine) while the backward pass of the layers below continues. On one machine local replica
+/// 0's gradients live in the shared window themselves (gradient_storage), so that sum reads and
+/// writes them where they are. The default reducer of multi_worker_mirrored<cpus>.
 
 #include <atomic>
 #include <cstddef>
@@ -53,6 +54,16 @@ public:
     for (std::size_t i = 0; i < c.ids; ++i) arrived_[i].store(0);
   }
 
+  /// Memory for local replica `replica`'s `count` gradients that the workers' sum reads and writes
+  /// in place (a shared window: local replica 0's, when every worker runs on this machine), so
+  /// nothing is copied into or out of a window; null otherwise (the strategy keeps the model's own
+  /// buffer). Collective (the strategy asks for every replica on every worker alike).
+  [[nodiscard]] std::shared_ptr<float> gradient_storage(std::size_t replica, std::size_t count) {
+    if (replica != 0 || count == 0 || !channel_->shared_memory()) return {};
+    std::shared_ptr<detail::mpi_gradient_window> window = channel_->allocate_gradient_window(count);
+    float* local = window->local();
+    return {std::move(window), local};
+  }
   /// Host memory needs no workspace.
   [[nodiscard]] std::size_t workspace_bytes(std::size_t) const noexcept { return 0; }
   /// Nothing to bind.
