@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <tuple>
 #include <vector>
 
@@ -274,4 +275,40 @@ TEST_CASE("initialisers: moments follow their fan rule") {
   auto [m4, v4] = moments();
   CHECK(std::abs(m4) < 0.01);
   CHECK(v4 == doctest::Approx(2.0 / (fan_in + fan_out)).epsilon(0.03));
+}
+
+TEST_CASE("model: adopt_gradients keeps the gradients in the given storage, alive as long as the model") {
+  using net = sequential<dense<3, 4>, relu, dense<4, 2>>;
+  constexpr std::size_t P = ls::model<net>::param_count;
+  ls::host_context ctx;
+  std::vector<float> x(5 * 3), dy(5 * 2);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(i % 5) * 0.3f - 0.6f;
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = float(i % 3) - 1.0f;
+  ls::model<net> plain(ls::seed{4});
+  plain.forward(ctx, x.data(), 5, {});
+  plain.backward(ctx, dy.data());
+
+  ls::model<net> m(ls::seed{4});
+  std::weak_ptr<float> watch;
+  float* where = nullptr;
+  {
+    auto storage = std::shared_ptr<float>(new float[P + 1], std::default_delete<float[]>());
+    storage.get()[P] = -9.0f;  // one past the gradients: never written
+    watch = storage;
+    where = storage.get();
+    m.adopt_gradients(ctx, std::move(storage));
+  }
+  CHECK(!watch.expired());  // the model keeps it alive
+  CHECK(m.gradients().data() == where);
+  CHECK(!m.gradients().owns_memory());
+  CHECK(std::all_of(where, where + P, [](float v) { return v == 0.0f; }));  // the zeros it held before
+  m.forward(ctx, x.data(), 5, {});
+  m.backward(ctx, dy.data());
+  CHECK(std::equal(where, where + P, plain.gradients().data()));  // backward wrote into the storage
+  CHECK(where[P] == -9.0f);
+  ls::model<net> moved(std::move(m));
+  CHECK(moved.gradients().data() == where);
+  CHECK(!watch.expired());
+  { [[maybe_unused]] ls::model<net> gone(std::move(moved)); }
+  CHECK(watch.expired());  // released with the last model holding it
 }

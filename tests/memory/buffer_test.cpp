@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <vector>
 #include <type_traits>
 #include <utility>
 
@@ -108,4 +109,34 @@ TEST_CASE("const access sees the same elements") {
   CHECK(cb.span()[4] == 2.0);
   CHECK(cb.span().size() == 5);
   CHECK(cb.span()[2] == 1.0);
+}
+
+TEST_CASE("a borrowed buffer views memory it never frees; moves carry that, reserve_discard makes it owning") {
+  std::vector<float> memory(37, 2.5f);
+  {
+    fbuf b = fbuf::borrowed(memory.data(), memory.size());
+    CHECK(!b.owns_memory());
+    CHECK(b.data() == memory.data());
+    CHECK(b.size() == 37);
+    b[36] = 7.0f;
+    fbuf c(std::move(b));
+    CHECK(!c.owns_memory());
+    CHECK(b.owns_memory());  // NOLINT(bugprone-use-after-move): the moved-from state is an empty owning buffer
+    CHECK(b.empty());
+    fbuf d(4);
+    d = std::move(c);  // frees d's own memory, takes the view
+    CHECK(!d.owns_memory());
+    CHECK(d.data() == memory.data());
+    d.reserve_discard(20);  // fits: still the view
+    CHECK(!d.owns_memory());
+    d.reserve_discard(38);  // grows into memory of its own
+    CHECK(d.owns_memory());
+    CHECK(d.data() != memory.data());
+    CHECK(d.size() == 38);
+  }
+  // every view is gone and the memory is untouched by their destruction
+  CHECK(memory[36] == 7.0f);
+  CHECK(memory[0] == 2.5f);
+  memory.assign(100, 1.0f);  // and still the vector's to manage
+  CHECK(memory.size() == 100);
 }
