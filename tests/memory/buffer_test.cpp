@@ -111,7 +111,7 @@ TEST_CASE("const access sees the same elements") {
   CHECK(cb.span()[2] == 1.0);
 }
 
-TEST_CASE("a borrowed buffer views memory it never frees; moves carry that, reserve_discard makes it owning") {
+TEST_CASE("a borrowed buffer views memory it never frees, moves carry that, reserve_discard makes it owning") {
   std::vector<float> memory(37, 2.5f);
   {
     fbuf b = fbuf::borrowed(memory.data(), memory.size());
