@@ -80,6 +80,24 @@ inline std::vector<std::byte*> window_bases(MPI_Win win, int size, std::vector<s
   return base;
 }
 
+/// Sums floats [lo, hi) over the ranks' buffers in rank order 0..w-1 (source(q): rank q's buffer,
+/// all indexed alike), a chunk at a time, and hands each summed chunk to store(first, sums, n):
+/// both window sums go through it, so they keep the order mpi_sum.hpp's message path adds in.
+template <class Source, class Store>
+void ordered_slice_sum(std::size_t lo, std::size_t hi, std::size_t w, const Source& source, const Store& store) {
+  constexpr std::size_t chunk = 1024;
+  float acc[chunk];
+  for (std::size_t b = lo; b < hi; b += chunk) {
+    const std::size_t m = std::min(chunk, hi - b);
+    std::memcpy(acc, source(0) + b, m * sizeof(float));
+    for (std::size_t q = 1; q < w; ++q) {
+      const float* src = source(q) + b;
+      for (std::size_t i = 0; i < m; ++i) acc[i] += src[i];
+    }
+    store(b, static_cast<const float*>(acc), m);
+  }
+}
+
 /// A shared window of `bytes` (rounded up to whole cache lines) per rank over `node`, each
 /// rank's part on its own pages (alloc_shared_noncontig), so the control words at its start are
 /// aligned whatever the other ranks' sizes. Collective over the processes of `node`.
@@ -113,7 +131,6 @@ public:
     reserve(count);
     const std::uint64_t g = ++gen_;
     const auto w = static_cast<std::size_t>(size_), me = static_cast<std::size_t>(rank_);
-    constexpr std::size_t chunk = 1024;
     const auto range = [&](std::size_t q) { return window_slice(count, q, w); };
     if (g > 1) await(2, g - 1, bucket, p);  // nobody still reads our slot from the last sum
     for (std::size_t q = 0; q < w; ++q) {
@@ -123,17 +140,12 @@ public:
     flag(me, 0).store(g, std::memory_order_release);
     await(0, g, bucket, p);
     const auto [lo, hi] = range(me);
-    float acc[chunk];
-    for (std::size_t b = lo; b < hi; b += chunk) {
-      const std::size_t m = std::min(chunk, hi - b);
-      std::memcpy(acc, (me == 0 ? data : slot(0)) + b, m * sizeof(float));
-      for (std::size_t q = 1; q < w; ++q) {
-        const float* src = (q == me ? data : slot(q)) + b;
-        for (std::size_t i = 0; i < m; ++i) acc[i] += src[i];
-      }
-      std::memcpy(slot(me) + b, acc, m * sizeof(float));
-      std::memcpy(data + b, acc, m * sizeof(float));
-    }
+    ordered_slice_sum(
+        lo, hi, w, [&](std::size_t q) -> const float* { return q == me ? data : slot(q); },
+        [&](std::size_t b, const float* sums, std::size_t m) {
+          std::memcpy(slot(me) + b, sums, m * sizeof(float));
+          std::memcpy(data + b, sums, m * sizeof(float));
+        });
     flag(me, 1).store(g, std::memory_order_release);
     await(1, g, bucket, p);
     for (std::size_t q = 0; q < w; ++q) {
@@ -235,18 +247,11 @@ public:
                            std::to_string(ctrl(q, 0).offset + ctrl(q, 0).count) + " of its " +
                            std::to_string(capacity_[q]) + " (the workers' collectives do not match)");
     const auto [lo, hi] = window_slice(count, me, w);
-    constexpr std::size_t chunk = 1024;
-    float acc[chunk];
-    for (std::size_t b = lo; b < hi; b += chunk) {
-      const std::size_t m = std::min(chunk, hi - b);
-      const float* first = at(0) + offset + b;
-      std::memcpy(acc, first, m * sizeof(float));
-      for (std::size_t q = 1; q < w; ++q) {
-        const float* src = at(q) + offset + b;
-        for (std::size_t i = 0; i < m; ++i) acc[i] += src[i];
-      }
-      for (std::size_t q = 0; q < w; ++q) std::memcpy(at(q) + offset + b, acc, m * sizeof(float));
-    }
+    ordered_slice_sum(
+        lo, hi, w, [&](std::size_t q) -> const float* { return at(q) + offset; },
+        [&](std::size_t b, const float* sums, std::size_t m) {
+          for (std::size_t q = 0; q < w; ++q) std::memcpy(at(q) + offset + b, sums, m * sizeof(float));
+        });
     ctrl(me, 1).arrived.store(g, std::memory_order_release);
     await_ranks(w, [&](std::size_t q) -> std::atomic<std::uint64_t>& { return ctrl(q, 1).arrived; }, g, bucket, p);
   }
