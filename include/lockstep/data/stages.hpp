@@ -112,28 +112,79 @@ struct pooled_vector {
   ~pooled_vector() { pool->release(std::move(v)); }
 };
 
+// Asks for the features of x to be loaded into the cache where its type says how
+// (prefetch_features), else does nothing.
+template <class T>
+void prefetch_element(const T& x) noexcept {
+  if constexpr (requires { prefetch_features(x); }) prefetch_features(x);
+}
+
+// The picks shuffle_gen will make a few outputs from now, predicted by a copy of its random
+// stream that runs `depth` draws ahead with the bounds the current phase will use, so that the
+// elements' data can be prefetched: the picks jump through the whole data set and each would
+// otherwise wait for memory. A wrong prediction (at the change from filling to draining, or an
+// element replaced before its turn) only prefetches something else; the order never changes.
+class shuffle_lookahead {
+public:
+  static constexpr std::size_t depth = 6;  // outputs ahead
+
+  // Restarts the prediction from `rng`'s state for a phase whose next draws have the bounds
+  // bound, bound - shrink, bound - 2 * shrink, ...; calls touch(i) for each predicted pick.
+  template <class F>
+  void restart(const stream_rng& rng, std::size_t bound, std::size_t shrink, F&& touch) {
+    ahead_ = rng;
+    bound_ = bound;
+    shrink_ = shrink;
+    for (std::size_t i = 0; i < depth && bound_ > 0; ++i) advance(touch);
+  }
+  // One real draw was made: predicts the pick `depth` draws after it.
+  template <class F>
+  void advance(F&& touch) {
+    if (bound_ == 0) return;
+    touch(static_cast<std::size_t>(ahead_.below(bound_)));
+    bound_ -= shrink_;
+  }
+
+private:
+  stream_rng ahead_{0, 0};
+  std::size_t bound_ = 0;
+  std::size_t shrink_ = 0;
+};
+
 template <class T>
 generator<T> shuffle_gen(generator<T> up, std::size_t buffer_size, std::uint64_t seed, std::uint64_t epoch,
                          std::shared_ptr<vector_pool<T>> pool) {
   stream_rng rng(seed, epoch);
   pooled_vector<T> holder(std::move(pool));
   std::vector<T>& buf = holder.v;
+  shuffle_lookahead ahead;
+  const auto touch = [&buf](std::size_t i) {
+    if (i < buf.size()) prefetch_element(buf[i]);
+  };
+  bool predicting = false;
   for (auto&& x : up) {
     if (buf.size() < buffer_size) {
       buf.push_back(std::move(x));
       continue;
     }
+    if (!predicting) {  // the buffer is full: every draw from now on is below(buffer_size)
+      ahead.restart(rng, buffer_size, 0, touch);
+      predicting = true;
+    }
     // Buffer full: emit a uniformly chosen element and put the new one in its place.
     T& slot = buf[rng.below(buffer_size)];
     T out = std::move(slot);
     slot = std::move(x);
+    ahead.advance(touch);
     co_yield std::move(out);
   }
+  ahead.restart(rng, buf.size(), 1, touch);  // draining: the bound shrinks by one per draw
   while (!buf.empty()) {  // drain in random order
     T& slot = buf[rng.below(buf.size())];
     T out = std::move(slot);
     slot = std::move(buf.back());
     buf.pop_back();
+    ahead.advance(touch);
     co_yield std::move(out);
   }
 }
@@ -264,7 +315,9 @@ struct shuffle_closure : closure<shuffle_closure> {
 /// input; at the end the buffer drains in random order. buffer_size 1 is the identity; a buffer at
 /// least as large as the dataset gives a uniform permutation; in general the element at input
 /// position i comes out at position >= i - (buffer_size - 1). The order depends only on
-/// (seed, epoch). @throws config_error when buffer_size is 0.
+/// (seed, epoch). Elements with a `prefetch_features(const T&)` (found by argument-dependent
+/// lookup; `sample` has one) have their data prefetched a few picks ahead, since the picks jump
+/// through the whole data set. @throws config_error when buffer_size is 0.
 inline shuffle_closure shuffle(std::size_t buffer_size, std::uint64_t seed) {
   if (buffer_size == 0) throw config_error("lockstep::data::shuffle: buffer_size must be >= 1");
   return {{}, buffer_size, seed};
