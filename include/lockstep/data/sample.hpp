@@ -92,12 +92,13 @@ inline void copy_features(const sample& s, float* dst) noexcept {
   }
 }
 namespace detail {
-/// Asks the CPU to load the first min(bytes, prefetch_bytes) bytes at p into its cache.
+/// Asks the CPU to load the cache lines of the first min(bytes, prefetch_bytes) bytes at p.
 inline void prefetch_row(const void* p, std::size_t bytes) noexcept {
-  if (!p) return;
-  bytes = std::min(bytes, prefetch_bytes);
-  for (std::size_t off = 0; off < bytes; off += 64) {
-    const char* line = static_cast<const char*>(p) + off;
+  if (!p || bytes == 0) return;
+  const auto first = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t end = first + std::min(bytes, prefetch_bytes);
+  for (std::uintptr_t at = first & ~std::uintptr_t{63}; at < end; at += 64) {
+    const char* line = reinterpret_cast<const char*>(at);
 #if defined(__x86_64__) || defined(__i386__)
     // volatile: a loop of __builtin_prefetch with a run-time count has no effect the compiler must
     // keep, and g++ -O2 deletes it

@@ -3,6 +3,7 @@
 /// The synchronous pipeline stages: map, filter, shuffle, batch, repeat, take, skip, cache.
 /// Each is a closure: `dataset | stage` gives a new dataset, `stage | stage` a new closure.
 
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -120,35 +121,57 @@ void prefetch_element(const T& x) noexcept {
 }
 
 // The picks shuffle_gen will make a few outputs from now, predicted by a copy of its random
-// stream that runs `depth` draws ahead with the bounds the current phase will use, so that the
-// elements' data can be prefetched: the picks jump through the whole data set and each would
-// otherwise wait for memory. A wrong prediction (at the change from filling to draining, or an
-// element replaced before its turn) only prefetches something else; the order never changes.
+// stream that runs ahead with the bounds the current phase will use, so that memory can be
+// fetched early: the picks jump through the whole buffer and data set, and each would otherwise
+// wait for memory twice (the buffered element, then the row it points to). A pick is predicted
+// `far` outputs ahead, when its buffer slot is prefetched (slot(i)), and its element's data is
+// prefetched `near` outputs ahead (data(i)). A wrong prediction (at the change from filling to
+// draining, or a slot refilled before its turn) only prefetches something else; the order never
+// changes.
 class shuffle_lookahead {
 public:
-  static constexpr std::size_t depth = 6;  // outputs ahead
+  static constexpr std::size_t near = 6;  // outputs ahead that a pick's data is prefetched
+  static constexpr std::size_t far = 12;  // outputs ahead that a pick's buffer slot is prefetched
 
   // Restarts the prediction from `rng`'s state for a phase whose next draws have the bounds
-  // bound, bound - shrink, bound - 2 * shrink, ...; calls touch(i) for each predicted pick.
-  template <class F>
-  void restart(const stream_rng& rng, std::size_t bound, std::size_t shrink, F&& touch) {
+  // bound, bound - shrink, bound - 2 * shrink, ...
+  template <class Slot, class Data>
+  void restart(const stream_rng& rng, std::size_t bound, std::size_t shrink, Slot&& slot, Data&& data) {
     ahead_ = rng;
     bound_ = bound;
     shrink_ = shrink;
-    for (std::size_t i = 0; i < depth && bound_ > 0; ++i) advance(touch);
+    head_ = count_ = 0;
+    for (std::size_t i = 0; i < far; ++i) draw(slot);
+    for (std::size_t i = 0; i < near && i < count_; ++i) data(pending_[(head_ + i) % far]);
   }
-  // One real draw was made: predicts the pick `depth` draws after it.
-  template <class F>
-  void advance(F&& touch) {
-    if (bound_ == 0) return;
-    touch(static_cast<std::size_t>(ahead_.below(bound_)));
-    bound_ -= shrink_;
+  // One real draw was made: predicts the pick `far` draws after it and prefetches the data of the
+  // one `near` draws after it.
+  template <class Slot, class Data>
+  void advance(Slot&& slot, Data&& data) {
+    if (count_ == 0) return;
+    head_ = (head_ + 1) % far;  // the pick just made
+    --count_;
+    if (count_ >= near) data(pending_[(head_ + near - 1) % far]);
+    draw(slot);
   }
 
 private:
+  template <class Slot>
+  void draw(Slot& slot) {
+    if (bound_ == 0) return;
+    const auto i = static_cast<std::size_t>(ahead_.below(bound_));
+    bound_ -= shrink_;
+    pending_[(head_ + count_) % far] = i;
+    ++count_;
+    slot(i);
+  }
+
   stream_rng ahead_{0, 0};
   std::size_t bound_ = 0;
   std::size_t shrink_ = 0;
+  std::array<std::size_t, far> pending_{};  // predicted picks, the next one at head_
+  std::size_t head_ = 0;
+  std::size_t count_ = 0;
 };
 
 template <class T>
@@ -158,7 +181,10 @@ generator<T> shuffle_gen(generator<T> up, std::size_t buffer_size, std::uint64_t
   pooled_vector<T> holder(std::move(pool));
   std::vector<T>& buf = holder.v;
   shuffle_lookahead ahead;
-  const auto touch = [&buf](std::size_t i) {
+  const auto fetch_slot = [&buf](std::size_t i) {
+    if (i < buf.size()) prefetch_row(&buf[i], sizeof(T));
+  };
+  const auto fetch_data = [&buf](std::size_t i) {
     if (i < buf.size()) prefetch_element(buf[i]);
   };
   bool predicting = false;
@@ -168,23 +194,23 @@ generator<T> shuffle_gen(generator<T> up, std::size_t buffer_size, std::uint64_t
       continue;
     }
     if (!predicting) {  // the buffer is full: every draw from now on is below(buffer_size)
-      ahead.restart(rng, buffer_size, 0, touch);
+      ahead.restart(rng, buffer_size, 0, fetch_slot, fetch_data);
       predicting = true;
     }
     // Buffer full: emit a uniformly chosen element and put the new one in its place.
     T& slot = buf[rng.below(buffer_size)];
     T out = std::move(slot);
     slot = std::move(x);
-    ahead.advance(touch);
+    ahead.advance(fetch_slot, fetch_data);
     co_yield std::move(out);
   }
-  ahead.restart(rng, buf.size(), 1, touch);  // draining: the bound shrinks by one per draw
+  ahead.restart(rng, buf.size(), 1, fetch_slot, fetch_data);  // draining: the bound shrinks by one per draw
   while (!buf.empty()) {  // drain in random order
     T& slot = buf[rng.below(buf.size())];
     T out = std::move(slot);
     slot = std::move(buf.back());
     buf.pop_back();
-    ahead.advance(touch);
+    ahead.advance(fetch_slot, fetch_data);
     co_yield std::move(out);
   }
 }
