@@ -75,7 +75,10 @@ __attribute__((target("avx512f,avx512bf16"))) inline void to_bf16_row(const floa
     const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
     std::memcpy(dst + i, &v, sizeof v);
   }
-  for (; i < n; ++i) dst[i] = to_bf16_bits(src[i]);
+  // The tail by its count (under 32): g++ -O2 -march=native, inlining this into convert, warned
+  // that a loop on i < n might run 2^62 times.
+  const std::size_t rest = n - i;
+  for (std::size_t j = 0; j < rest; ++j) dst[i + j] = to_bf16_bits(src[i + j]);
 }
 #else
 inline void to_bf16_row(const float* src, std::size_t n, std::uint16_t* dst) noexcept {
