@@ -166,8 +166,8 @@ TEST_CASE("shuffle: prefetching ahead predicts the picks and leaves the order as
         }
         CHECK(order == plain);
         // A pick is missed when its slot changes between prediction and emission: about
-        // depth / b of the picks while filling and depth / k at k elements left while draining
-        // (6 / k at depth 6), so most of them in small buffers and few in large ones.
+        // near / b of the picks while filling and near / k at k elements left while draining
+        // (shuffle_lookahead::near = 6 outputs ahead), so many in small buffers, few in large.
         if (n >= 1000 && b >= 1000) CHECK(static_cast<double>(predicted) >= 0.98 * n);
         if (n >= 100 && b >= 10) CHECK(static_cast<double>(predicted) >= 0.5 * n);
       }

@@ -187,15 +187,12 @@ generator<T> shuffle_gen(generator<T> up, std::size_t buffer_size, std::uint64_t
   const auto fetch_data = [&buf](std::size_t i) {
     if (i < buf.size()) prefetch_element(buf[i]);
   };
-  bool predicting = false;
   for (auto&& x : up) {
     if (buf.size() < buffer_size) {
       buf.push_back(std::move(x));
+      // Just filled: every draw from now on is below(buffer_size).
+      if (buf.size() == buffer_size) ahead.restart(rng, buffer_size, 0, fetch_slot, fetch_data);
       continue;
-    }
-    if (!predicting) {  // the buffer is full: every draw from now on is below(buffer_size)
-      ahead.restart(rng, buffer_size, 0, fetch_slot, fetch_data);
-      predicting = true;
     }
     // Buffer full: emit a uniformly chosen element and put the new one in its place.
     T& slot = buf[rng.below(buffer_size)];
