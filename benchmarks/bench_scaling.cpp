@@ -14,7 +14,11 @@
 // (strategy::set_trace, the recorder emptied between rounds, untimed) against `trace=off`, the
 // same strategy without a recorder, in the same rounds. The lines `optimizer=adamw` repeat
 // replicas=1, replicas=2 and shard_optimizer=1 on config M with AdamW (two moments per parameter,
-// as the main job trains) in place of SGD with momentum (one).
+// as the main job trains) in place of SGD with momentum (one). The lines `independent=2` are the
+// limit of 2 replicas on this machine: two one-device models on two threads pinned to two CPUs,
+// each training its half of the global batch with nothing exchanged between them (the memory and
+// cache the cores share are shared as in the replicas=2 run); `of_limit` is replicas=2's rate
+// over it.
 
 #include <algorithm>
 #include <array>
@@ -23,8 +27,14 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <thread>
 #include <type_traits>
 #include <vector>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
 
 #include <fmt/core.h>
 
@@ -114,6 +124,55 @@ struct run {
   }
 };
 
+// Pins the calling thread to the `i`-th CPU this process may run on (best effort, as the
+// strategy's own replica threads are pinned).
+void pin_to_allowed_cpu(std::size_t i) {
+#if defined(__linux__)
+  const std::vector<int> cpus = ls::backend::allowed_cpus();
+  if (i >= cpus.size()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpus[i], &set);
+  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+#else
+  (void)i;
+#endif
+}
+
+// Two independent one-device runs of Net, each on half of the global batch `g`, stepped
+// concurrently on two threads pinned to two CPUs: data parallelism's compute with no exchange.
+template <class Net = config_m, class Opt = ls::sgd>
+struct independent_pair {
+  std::array<std::unique_ptr<run<ls::one_device<ls::cpu<0>>, Net, Opt>>, 2> halves;
+  std::size_t global_rows;
+
+  independent_pair(const std::shared_ptr<const ls::data::batch>& g, std::uint32_t classes) : global_rows(g->rows()) {
+    for (std::size_t i = 0; i < 2; ++i) {
+      const auto half = std::make_shared<const ls::data::batch>(make_batch(g->rows() / 2, g->width, classes));
+      // Each model made (and its buffers first touched) on the thread that will train it.
+      std::thread t([&, i] {
+        pin_to_allowed_cpu(i);
+        halves[i] = std::make_unique<run<ls::one_device<ls::cpu<0>>, Net, Opt>>(half);
+      });
+      t.join();
+    }
+  }
+
+  // Global-batch samples per second over `steps` concurrent steps of both halves.
+  double measure(int steps) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::array<std::thread, 2> threads;
+    for (std::size_t i = 0; i < 2; ++i)
+      threads[i] = std::thread([this, i, steps] {
+        pin_to_allowed_cpu(i);
+        (void)halves[i]->measure(steps);
+      });
+    for (auto& t : threads) t.join();
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return static_cast<double>(steps) * static_cast<double>(global_rows) / sec;
+  }
+};
+
 // Alternates `rounds` short rounds of `steps` steps over the runs and keeps each one's best rate,
 // so that a burst of other load on the machine does not favour any of them.
 template <class... Runs>
@@ -132,6 +191,12 @@ void print_scaling(const char* tag, int digits, double one, double two, double s
   fmt::print("{}replicas=1 samples_per_s={:.{}f} speedup=1.00\n", tag, one, digits);
   fmt::print("{}replicas=2 samples_per_s={:.{}f} speedup={:.2f}\n", tag, two, digits, two / one);
   fmt::print("{}replicas=2 shard_optimizer=1 samples_per_s={:.{}f} speedup={:.2f}\n", tag, sharded, digits, sharded / one);
+}
+
+// The line independent=2 (the limit of 2 replicas here) against the faster 2-replica rate `two`.
+void print_limit(const char* tag, int digits, double one, double two, double limit) {
+  fmt::print("{}independent=2 samples_per_s={:.{}f} speedup={:.2f} of_limit={:.3f}\n", tag, limit, digits, limit / one,
+             two / limit);
 }
 
 #ifdef LOCKSTEP_HAS_MPI
@@ -184,9 +249,11 @@ int main() {
   run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>> traced(g);
   traced.trace_every_step();
   run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>> accumulated(g, {}, 4);
-  const auto [best_one, best_two, best_sharded, best_traced, best_accumulated] =
-      best_rates(8, 40, one, two, sharded, traced, accumulated);
+  independent_pair<> pair(g, 10);
+  const auto [best_one, best_two, best_sharded, best_traced, best_accumulated, best_pair] =
+      best_rates(8, 40, one, two, sharded, traced, accumulated, pair);
   print_scaling("", 0, best_one, best_two, best_sharded);
+  print_limit("", 0, best_one, best_two, best_pair);
   fmt::print("replicas=2 accumulate=4 samples_per_s={:.0f} ratio_to_one_batch={:.3f}\n", best_accumulated,
              best_accumulated / best_two);
   fmt::print("replicas=2 trace=off samples_per_s={:.0f}\n", best_two);
@@ -207,6 +274,8 @@ int main() {
   run<ls::one_device<ls::cpu<0>>, config_l> one_l(gl);
   run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>, config_l> two_l(gl);
   run<ls::mirrored<ls::cpu<0>, ls::cpu<1>>, config_l> sharded_l(gl, ls::strategy_options{.shard_optimizer = true});
-  const auto l = best_rates(4, 4, one_l, two_l, sharded_l);
+  independent_pair<config_l> pair_l(gl, 1024);
+  const auto l = best_rates(4, 4, one_l, two_l, sharded_l, pair_l);
   print_scaling("config=L ", 1, l[0], l[1], l[2]);
+  print_limit("config=L ", 1, l[0], std::max(l[1], l[2]), l[3]);
 }

@@ -14,13 +14,15 @@
 //   config=<c> ratio_to_gemm_ceiling=<x> step_ms=<t> gemm_ms=<t> sgemm_gflops=<n>
 //   config=<c> trace=off step_ms=<t>
 //   config=<c> trace=on step_ms=<t> overhead=<p>%
-//   config=<c> accumulate=4 update_ms=<t> ratio_to_one_batch=<x>
+//   config=<c> accumulate=4 update_ms=<t> ratio_to_one_batch=<x> gemm_ms=<t> gemm_ratio_to_one_batch=<x>
 //   config=<c> clip=1 step_ms=<t> plain_step_ms=<t> ratio_to_no_clip=<x>
 //   config=<c> precision=fp32 step_ms=<t> samples_per_s=<n>
 //   config=<c> precision=bf16 step_ms=<t> samples_per_s=<n> speedup_over_fp32=<x> kernels=native|emulated
 // (trace=on: the same step recording a span per layer's forward and backward; accumulate=4: the
 // same rows as 4 batches of a quarter, added into one gradient, then one update; both timed in
-// the same interleaved repeats. clip=1: the step through one_device<cpu<0>> with clipping by
+// the same interleaved repeats; its gemm_ms sums the GEMMs of those 4 batches at their own shapes
+// and betas, timed alone like the step's, so gemm_ratio_to_one_batch is what the GEMM kernels
+// alone make accumulation cost: the floor under ratio_to_one_batch. clip=1: the step through one_device<cpu<0>> with clipping by
 // global norm against the same without, in wall time. precision: the step through
 // one_device<cpu<0>> on a model made under mixed<bf16> against one made under fp32, in wall time;
 // kernels says whether the bf16 GEMMs ran natively or emulated.)
@@ -88,12 +90,12 @@ struct gemm_operands {
 };
 
 // The GEMMs of one step of a dense stack with widths w[0..L] at `batch` rows, in the order the
-// step runs them.
-std::vector<gemm_shape> step_gemms(const std::vector<std::size_t>& w, std::size_t batch) {
+// step runs them; `dw_beta` 1 is a batch after the first of an accumulated update (dW added).
+std::vector<gemm_shape> step_gemms(const std::vector<std::size_t>& w, std::size_t batch, float dw_beta = 0.0f) {
   std::vector<gemm_shape> g;
   for (std::size_t l = 0; l + 1 < w.size(); ++l) g.push_back({"fwd x.W", false, false, batch, w[l + 1], w[l], 1.0f});
   for (std::size_t l = w.size() - 1; l-- > 0;) {
-    g.push_back({"bwd dW=xT.dy", true, false, w[l], w[l + 1], batch, 0.0f});
+    g.push_back({"bwd dW=xT.dy", true, false, w[l], w[l + 1], batch, dw_beta});
     if (l > 0) g.push_back({"bwd dx=dy.WT", false, true, batch, w[l], w[l + 1], 0.0f});
   }
   return g;
@@ -104,6 +106,7 @@ struct result {
   double gemm_s = 1e30;         // best summed GEMM time per step
   double traced_step_s = 1e30;  // best time per step while a trace records every layer's spans
   double accumulate_s = 1e30;   // best time per update of the same rows as 4 accumulated batches
+  double accumulate_gemm_s = 0;  // best summed GEMM time of those 4 batches (their own shapes and betas)
 };
 
 template <class Net>
@@ -158,6 +161,12 @@ result measure(const std::vector<std::size_t>& widths, std::size_t batch, int st
 
   std::vector<gemm_operands> ops;
   for (const auto& s : step_gemms(widths, batch)) ops.emplace_back(s);
+  // accumulate=4's GEMMs: the first quarter's (dW overwritten), then one of the 3 others' (added).
+  const std::size_t quarter_rows = quarters.front().size;
+  const std::size_t first_quarter = ops.size();
+  for (const auto& s : step_gemms(widths, quarter_rows)) ops.emplace_back(s);
+  const std::size_t later_quarters = ops.size();
+  for (const auto& s : step_gemms(widths, quarter_rows, 1.0f)) ops.emplace_back(s);
   std::vector<double> best_gemm(ops.size(), 1e30);
 
   // Warm up both (first touch, OpenBLAS buffers, caches; the recorder's buffer).
@@ -193,7 +202,9 @@ result measure(const std::vector<std::size_t>& widths, std::size_t batch, int st
     }
   }
   r.gemm_s = 0;
-  for (double t : best_gemm) r.gemm_s += t;
+  for (std::size_t g = 0; g < first_quarter; ++g) r.gemm_s += best_gemm[g];
+  for (std::size_t g = first_quarter; g < ops.size(); ++g)
+    r.accumulate_gemm_s += best_gemm[g] * (g < later_quarters ? 1.0 : static_cast<double>(quarters.size() - 1));
   if (verbose)
     for (std::size_t g = 0; g < ops.size(); ++g)
       fmt::print("  gemm {:<13} m={:<5} n={:<5} k={:<5} beta={} time_us={:.1f} gflops={:.1f}\n", ops[g].s.what,
@@ -279,8 +290,9 @@ void run_config(const char* name, const std::vector<std::size_t>& widths, std::s
   fmt::print("config={} trace=off step_ms={:.4f}\n", name, r.step_s * 1e3);
   fmt::print("config={} trace=on step_ms={:.4f} overhead={:.2f}%\n", name, r.traced_step_s * 1e3,
              100.0 * (r.traced_step_s / r.step_s - 1.0));
-  fmt::print("config={} accumulate=4 update_ms={:.4f} ratio_to_one_batch={:.3f}\n", name, r.accumulate_s * 1e3,
-             r.accumulate_s / r.step_s);
+  fmt::print("config={} accumulate=4 update_ms={:.4f} ratio_to_one_batch={:.3f} gemm_ms={:.4f} gemm_ratio_to_one_batch={:.3f}\n",
+             name, r.accumulate_s * 1e3, r.accumulate_s / r.step_s, r.accumulate_gemm_s * 1e3,
+             r.accumulate_gemm_s / r.gemm_s);
   const auto [plain, clipped] =
       measure_clip<Net>(widths.front(), widths.back(), batch, steps_per_repeat, std::max(2, repeats / 2));
   fmt::print("config={} clip=1 step_ms={:.4f} plain_step_ms={:.4f} ratio_to_no_clip={:.3f}\n", name, clipped * 1e3,
