@@ -15,6 +15,7 @@
 //   config=<c> trace=off step_ms=<t>
 //   config=<c> trace=on step_ms=<t> overhead=<p>%
 //   config=<c> accumulate=4 update_ms=<t> ratio_to_one_batch=<x> gemm_ms=<t> gemm_ratio_to_one_batch=<x>
+//   config=<c> accumulate=4 deferral=off update_ms=<t> ratio_to_one_batch=<x>
 //   config=<c> clip=1 step_ms=<t> plain_step_ms=<t> ratio_to_no_clip=<x>
 //   config=<c> precision=fp32 step_ms=<t> samples_per_s=<n>
 //   config=<c> precision=bf16 step_ms=<t> samples_per_s=<n> speedup_over_fp32=<x> kernels=native|emulated
@@ -22,7 +23,9 @@
 // same rows as 4 batches of a quarter, added into one gradient, then one update; both timed in
 // the same interleaved repeats; its gemm_ms sums the GEMMs of those 4 batches at their own shapes
 // and betas, timed alone like the step's, so gemm_ratio_to_one_batch is what the GEMM kernels
-// alone make accumulation cost: the floor under ratio_to_one_batch. clip=1: the step through one_device<cpu<0>> with clipping by
+// alone make accumulation cost when every batch adds its weight gradients (deferral=off, timed in
+// the same repeats); the plain accumulate=4 line keeps the rows and forms those once per update,
+// as a strategy's run_to_run step does. clip=1: the step through one_device<cpu<0>> with clipping by
 // global norm against the same without, in wall time. precision: the step through
 // one_device<cpu<0>> on a model made under mixed<bf16> against one made under fp32, in wall time;
 // kernels says whether the bf16 GEMMs ran natively or emulated.)
@@ -107,6 +110,7 @@ struct result {
   double traced_step_s = 1e30;  // best time per step while a trace records every layer's spans
   double accumulate_s = 1e30;   // best time per update of the same rows as 4 accumulated batches
   double accumulate_gemm_s = 0;  // best summed GEMM time of those 4 batches (their own shapes and betas)
+  double accumulate_undeferred_s = 1e30;  // the same with every batch adding its weight gradients
 };
 
 template <class Net>
@@ -149,11 +153,17 @@ result measure(const std::vector<std::size_t>& widths, std::size_t batch, int st
   // accumulate=4: the same rows as 4 batches of batch / 4 added into one gradient (the GEMMs'
   // beta = 1 after the first), then one update.
   const std::vector<ls::data::shard> quarters = ls::data::split(b, 4);
+  // As a strategy's run_to_run step does, the dense layers keep their rows and form their weight
+  // gradients once per update (strategy_options::deferred_gradient_bytes); deferral=off adds them
+  // batch by batch instead.
+  std::size_t deferral_budget = ls::strategy_options{}.deferred_gradient_bytes;
   auto accumulated_update = [&] {
     ++step;
     for (std::size_t q = 0; q < quarters.size(); ++q) {
       ls::pass_info info{.training = true, .seed = 42, .step = step};
       info.accumulate = q > 0;
+      info.last_of_update = q + 1 == quarters.size();
+      info.deferral_budget = deferral_budget;
       sink += rep.forward_backward(loss, quarters[q], info).sum;
     }
     rep.apply(opt, ls::update_info{.lr = opt.lr, .step = step, .grad_scale = 1.0 / static_cast<double>(batch)});
@@ -195,6 +205,11 @@ result measure(const std::vector<std::size_t>& widths, std::size_t batch, int st
     t0 = clock_type::now();
     for (int i = 0; i < steps_per_repeat; ++i) accumulated_update();
     r.accumulate_s = std::min(r.accumulate_s, seconds_since(t0) / steps_per_repeat);
+    deferral_budget = 0;
+    t0 = clock_type::now();
+    for (int i = 0; i < steps_per_repeat; ++i) accumulated_update();
+    r.accumulate_undeferred_s = std::min(r.accumulate_undeferred_s, seconds_since(t0) / steps_per_repeat);
+    deferral_budget = ls::strategy_options{}.deferred_gradient_bytes;
     for (std::size_t g = 0; g < ops.size(); ++g) {
       t0 = clock_type::now();
       for (int i = 0; i < steps_per_repeat; ++i) ops[g].run(gemm_ctx);
@@ -293,6 +308,8 @@ void run_config(const char* name, const std::vector<std::size_t>& widths, std::s
   fmt::print("config={} accumulate=4 update_ms={:.4f} ratio_to_one_batch={:.3f} gemm_ms={:.4f} gemm_ratio_to_one_batch={:.3f}\n",
              name, r.accumulate_s * 1e3, r.accumulate_s / r.step_s, r.accumulate_gemm_s * 1e3,
              r.accumulate_gemm_s / r.gemm_s);
+  fmt::print("config={} accumulate=4 deferral=off update_ms={:.4f} ratio_to_one_batch={:.3f}\n", name,
+             r.accumulate_undeferred_s * 1e3, r.accumulate_undeferred_s / r.step_s);
   const auto [plain, clipped] =
       measure_clip<Net>(widths.front(), widths.back(), batch, steps_per_repeat, std::max(2, repeats / 2));
   fmt::print("config={} clip=1 step_ms={:.4f} plain_step_ms={:.4f} ratio_to_no_clip={:.3f}\n", name, clipped * 1e3,

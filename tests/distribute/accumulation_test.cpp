@@ -167,6 +167,64 @@ TEST_CASE("accumulation, run_to_run: bitwise run to run, and within 1e-5 per par
   CHECK(a != big);  // not bitwise: the sums' order differs
 }
 
+TEST_CASE("accumulation, run_to_run: weight gradients formed once per update from the kept rows match adding them batch by batch, bitwise run to run, and a steady state grows nothing") {
+  // Two dense layers with weight gradients of 4 MiB or more keep their rows; the last does not.
+  using wide = ls::sequential<ls::dense<784, 1344>, ls::relu, ls::dense<1344, 800>, ls::relu, ls::dense<800, 10>>;
+  static_assert(784 * 1344 * sizeof(float) >= ls::gradient_deferral::default_min_gradient_bytes);
+  static_assert(1344 * 800 * sizeof(float) >= ls::gradient_deferral::default_min_gradient_bytes);
+  const ls::sgd opt{.lr = 0.01f, .momentum = 0.9f};
+  struct trained {
+    std::vector<float> params;
+    std::vector<double> losses;
+    std::vector<std::size_t> reserved;  // per update, replica 0's kept bytes
+    std::size_t rows0 = 0;              // replica 0's rows in the first update
+  };
+  // 4 updates of 48 rows in batches of 16, 5 and 27 (uneven, and uneven over 2 replicas), then 2
+  // updates of 1 batch.
+  const auto train = [&](std::size_t replicas, std::size_t budget) {
+    host s(ls::device_selection::first(replicas), ls::strategy_options{.deferred_gradient_bytes = budget});
+    auto m = s.replicate<wide>(ls::seed{3});
+    trained out;
+    for (std::size_t u = 0; u < 6; ++u) {
+      const std::vector<std::size_t> sizes = u < 4 ? std::vector<std::size_t>{16, 5, 27} : std::vector<std::size_t>{48};
+      const auto parts = cut(update_batch(u, 48), sizes);
+      if (u == 0)
+        for (const auto& p : parts) out.rows0 += distributed(p, replicas).shards[0].size;
+      for (std::size_t j = 0; j + 1 < parts.size(); ++j)
+        (void)ls::accumulate(s, m, ls::softmax_cross_entropy{}, distributed(parts[j], replicas));
+      out.losses.push_back(ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distributed(parts.back(), replicas)).loss_sum);
+      out.reserved.push_back(m.replica(0).model().deferral().reserved_bytes());
+    }
+    out.params = m.parameters_to_host();
+    for (std::size_t r = 1; r < m.size(); ++r) {
+      const auto& p = m.replica(r).model().parameters();
+      CHECK(std::equal(out.params.begin(), out.params.end(), p.data()));
+    }
+    return out;
+  };
+  const std::size_t deferred_budget = ls::strategy_options{}.deferred_gradient_bytes;
+  for (const std::size_t replicas : {1u, 2u}) {
+    CAPTURE(replicas);
+    const auto deferred = train(replicas, deferred_budget), again = train(replicas, deferred_budget);
+    const auto added = train(replicas, 0);
+    CHECK(deferred.params == again.params);  // run to run
+    CHECK(deferred.losses == again.losses);
+    // Replica 0 keeps all its rows of the two wide layers (inputs and output gradients), grown in
+    // the first update and never after.
+    CHECK(deferred.rows0 == (replicas == 1 ? 48u : 25u));  // 8 + 3 + 14: replica 0 takes an odd batch's extra row
+    CHECK(deferred.reserved.front() == deferred.rows0 * ((784 + 1344) + (1344 + 800)) * sizeof(float));
+    CHECK(std::all_of(deferred.reserved.begin(), deferred.reserved.end(), [&](std::size_t b) { return b == deferred.reserved.front(); }));
+    CHECK(added.reserved.back() == 0);
+    double worst = 0;
+    for (std::size_t i = 0; i < added.params.size(); ++i)
+      worst = std::max(worst, std::fabs(static_cast<double>(deferred.params[i]) - added.params[i]) /
+                                  std::max(std::fabs(static_cast<double>(added.params[i])), 1e-3));
+    CAPTURE(worst);
+    CHECK(worst <= 1e-5);
+    CHECK(deferred.params != added.params);  // the kept rows were used: one GEMM, not three
+  }
+}
+
 TEST_CASE("accumulation with batch norm: the statistics are each batch's over all replicas, and N replicas equal one device accumulating the same batches") {
   using bn_net = ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<2, 5, 3, 0>, ls::batch_norm<>, ls::relu,
                                 ls::max_pool2d<2>, ls::flatten, ls::dense<32, 10>>;

@@ -64,6 +64,12 @@ struct strategy_options {
   std::chrono::milliseconds timeout{60'000};  ///< longest wait in a collective before timeout_error
   std::size_t bucket_bytes = 4u << 20;        ///< gradient bytes per all-reduce bucket (0: one bucket per layer)
   std::size_t micro_shard_rows = 32;          ///< rows per micro-shard (replica_count_invariant only)
+  /// Under gradient accumulation (run_to_run only): bytes per host replica that may hold the
+  /// update's layer inputs and output gradients, so that each dense layer forms its weight
+  /// gradient once per update over all its rows instead of adding one GEMM per batch into it
+  /// (faster where the gradient is large and the batches short; 0: never). Grown in the first
+  /// accumulated update, reused after it.
+  std::size_t deferred_gradient_bytes = 64u << 20;
   int blas_threads = 1;                       ///< BLAS threads per host replica (replicas × threads <= cores)
   bool pin_replicas = true;                   ///< pin host replica r's worker to the r-th allowed CPU (when there are enough)
   bool flush_denormals = true;                ///< host replicas flush subnormal floats to zero (see host_context)

@@ -7,6 +7,7 @@
 
 #include <lockstep/backend/host/ops.hpp>
 #include <lockstep/config.hpp>
+#include <lockstep/layers/deferral.hpp>
 #include <lockstep/layers/init.hpp>
 #include <lockstep/layers/layer.hpp>
 
@@ -79,15 +80,15 @@ struct dense {
     }
 
     /// dW = x^T dy, db = column sums of dy (both added to dparams under pass_info::accumulate:
-    /// the GEMM's beta is 1), and dx = dy W^T when dx is not empty (the first layer of a model
+    /// the GEMM's beta is 1, or dW formed once per update from the kept rows, see
+    /// weight_gradient), and dx = dy W^T when dx is not empty (the first layer of a model
     /// skips its input gradient).
     template <class T, class Ctx>
     static void backward(Ctx& ctx, const backward_args<T, Ctx, shape<In>, shape<Out>>& a) {
       using backend::trans;
       const std::size_t batch = a.batch();
       const bool add = a.info.accumulate;
-      gemm(ctx, trans::yes, trans::no, In, Out, batch, T(1), a.x.data(), In, a.dy.data(), Out, add ? T(1) : T(0),
-           a.dparams, Out);
+      weight_gradient(ctx, a.info, a.params, a.x.data(), a.dy.data(), batch, In, Out, a.dparams);
       if (add)
         detail::add_column_sums(ctx, a.dy.data(), batch, Out, a.dparams + In * Out);
       else

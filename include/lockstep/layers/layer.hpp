@@ -17,7 +17,8 @@
 
 namespace lockstep {
 
-class trace_recorder;  // core/trace.hpp
+class trace_recorder;     // core/trace.hpp
+class gradient_deferral;  // layers/deferral.hpp
 
 /// The exchange that layers whose training forward couples the rows of the GLOBAL batch
 /// (batch_norm) use to see the rows of every replica. A strategy passes one in `pass_info`; every
@@ -70,6 +71,16 @@ struct pass_info {
   /// its step policy; a sequential clears it for the layers it runs.
   trace_recorder* trace = nullptr;
   std::size_t trace_thread = 0;  ///< the recorder thread of this pass (the local replica's index)
+  /// This batch is the last of its update (false for the batches before it under gradient
+  /// accumulation): the parameter gradients must be final when backward returns.
+  bool last_of_update = true;
+  /// Bytes per replica that a host model may keep of its layers' inputs and output gradients to
+  /// form their weight gradients once per accumulated update (0: never; set by the run_to_run
+  /// step policy from strategy_options::deferred_gradient_bytes; see deferral.hpp).
+  std::size_t deferral_budget = 0;
+  /// Where the layers keep those rows (set by the model from deferral_budget; null: they add their
+  /// weight gradients batch by batch).
+  gradient_deferral* deferral = nullptr;
 
   /// A training pass of update `step` of a model seeded with `seed` (the other fields are set
   /// where they become known: the replica sets the shard's offset and the global batch's rows,

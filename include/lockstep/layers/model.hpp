@@ -18,6 +18,7 @@
 #include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/core/random.hpp>
+#include <lockstep/layers/deferral.hpp>
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/layers/sequential.hpp>
 #include <lockstep/memory/buffer.hpp>
@@ -132,6 +133,13 @@ public:
     reserve(rows);
     last_info_ = info;
     last_info_.state_offset = static_cast<std::ptrdiff_t>(param_count);  // the state follows the parameters
+    last_info_.deferral = nullptr;
+    if constexpr (accumulates_gradients && std::is_same_v<Kind, cpus>) {
+      if (info.training && info.deferral_budget > 0) {  // weight gradients once per accumulated update
+        deferral_.set_budget(info.deferral_budget);
+        last_info_.deferral = &deferral_;
+      }
+    }
     const detail::layer_precision_scope<bound, context_type> precision(ctx);
     bound::forward(ctx, forward_args_for<T, context_type, bound>{params_.data(),
                                                              {x, rows},
@@ -203,6 +211,9 @@ public:
   [[nodiscard]] basic_buffer<T, Kind>& gradients() noexcept { return grads_; }
   /// The flat gradient buffer (same layout as the parameters).
   [[nodiscard]] const basic_buffer<T, Kind>& gradients() const noexcept { return grads_; }
+  /// The rows this model keeps for weight gradients formed once per accumulated update (see
+  /// deferral.hpp; empty unless a run_to_run strategy accumulated on a host replica).
+  [[nodiscard]] const gradient_deferral& deferral() const noexcept { return deferral_; }
   /// Largest batch the workspace holds without growing.
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
 
@@ -222,6 +233,7 @@ private:
   basic_buffer<T, Kind> workspace_;
   basic_buffer<T, Kind> output_;
   basic_buffer<T, Kind> accum_;  // the running gradient sum, for layers that do not accumulate themselves
+  gradient_deferral deferral_;   // kept rows for weight gradients formed once per accumulated update
   std::size_t capacity_ = 0;
   bool reserved_ = false;  // the batch-independent workspace exists (even for an empty first batch)
   const T* last_x_ = nullptr;

@@ -6,7 +6,8 @@
 /// waits for its buckets and makes the same update (the strategy's finish: epilogue, optimiser,
 /// EMA; sharded, a second phase copies the others' slices). Under gradient accumulation the
 /// batches before an update's last one add into each replica's own gradients, with no
-/// collective. Summation order is the reducer's (fixed for a given replica and worker
+/// collective (a host replica's dense layers keep their rows instead and form their weight
+/// gradients at the last batch, within strategy_options::deferred_gradient_bytes). Summation order is the reducer's (fixed for a given replica and worker
 /// count), so repeated runs are bitwise equal. Across workers the reducer spans every worker, and
 /// the step's loss and hits are summed over the workers in rank order. With a trace recording
 /// (pass_info::trace), each bucket's reduction is a span from its start to the end of its wait,
@@ -41,7 +42,8 @@ public:
   /// The policy of a strategy with `replicas` local replicas in `world`. A lone replica of a lone
   /// worker skips the reducer; batch-coupled layers exchange rows through the world's row span.
   overlapped_step(std::size_t replicas, const strategy_options& o, World& world)
-      : loss_(replicas), world_(&world), exchange_(replicas, o.timeout, world.row_span()) {}
+      : loss_(replicas), world_(&world), exchange_(replicas, o.timeout, world.row_span()),
+        deferral_budget_(o.deferred_gradient_bytes) {}
 
   /// One batch of an update of `m` on `b` through `ex` and `reducer` (see step_policy.hpp).
   /// Before the update's last batch each replica only adds its gradients to its own buffer (no
@@ -62,6 +64,8 @@ public:
       info_r.trace_thread = r;
       info_r.update_offset = part.offset;
       info_r.accumulate = !part.first;
+      info_r.last_of_update = part.last;
+      info_r.deferral_budget = deferral_budget_;  // dense weight gradients once per update (deferral.hpp)
       const auto& layout = m.buckets();
       auto* grads = rep.model().gradients().data();
       begin_device_spans(ctx, info.trace);
@@ -135,6 +139,7 @@ private:
   std::vector<loss_sum> loss_;
   World* world_;
   detail::host_row_exchange exchange_;
+  std::size_t deferral_budget_;
 };
 
 static_assert(detail::check_step_policy_shape<overlapped_step<local_world>, local_world>());
