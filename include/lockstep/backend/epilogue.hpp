@@ -14,6 +14,18 @@
 
 #include <lockstep/config.hpp>
 
+/// 1 where chunk_sum_of_squares carries a copy compiled for AVX2 and picks it at run time: x86-64
+/// host code under g++ or clang++ (not nvcc) that does not already target AVX2, unless
+/// LOCKSTEP_NO_AVX2_LOOPS is defined (as for the host's elementwise loops).
+#if !defined(LOCKSTEP_EPILOGUE_AVX2)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(__AVX2__) && \
+    !defined(LOCKSTEP_NO_AVX2_LOOPS)
+#define LOCKSTEP_EPILOGUE_AVX2 1
+#else
+#define LOCKSTEP_EPILOGUE_AVX2 0
+#endif
+#endif
+
 namespace lockstep {
 
 /// Elements per chunk of the epilogue's grid over the flat parameter vector (chunk c holds
@@ -73,10 +85,10 @@ struct epilogue_result {
   bool skip = false;     ///< the update changes nothing
 };
 
-/// The sum of squares of `len` (at most epilogue_chunk) elements in double, the grid's chunk
-/// arithmetic (16 lanes in index order, then added pairwise).
+namespace detail {
+/// chunk_sum_of_squares' arithmetic, inlined into each copy of it below.
 template <class T>
-[[nodiscard]] inline double chunk_sum_of_squares(const T* x, std::size_t len) noexcept {
+[[gnu::always_inline]] inline double chunk_sum_of_squares_body(const T* x, std::size_t len) noexcept {
   double acc[epilogue_lanes] = {};
   std::size_t i = 0;
   for (; i + epilogue_lanes <= len; i += epilogue_lanes)
@@ -91,6 +103,34 @@ template <class T>
   for (std::size_t w = epilogue_lanes / 2; w > 0; w /= 2)
     for (std::size_t l = 0; l < w; ++l) acc[l] += acc[l + w];
   return acc[0];
+}
+
+/// chunk_sum_of_squares for any CPU (the translation unit's instruction set).
+template <class T>
+[[nodiscard]] inline double chunk_sum_of_squares_any(const T* x, std::size_t len) noexcept {
+  return chunk_sum_of_squares_body(x, len);
+}
+
+#if LOCKSTEP_EPILOGUE_AVX2
+/// chunk_sum_of_squares compiled for AVX2, without FMA, so every product and sum is rounded as in
+/// chunk_sum_of_squares_any (the same bits); called only where the CPU has AVX2.
+template <class T>
+[[nodiscard, gnu::target("avx2")]] inline double chunk_sum_of_squares_avx2(const T* x, std::size_t len) noexcept {
+  return chunk_sum_of_squares_body(x, len);
+}
+#endif
+}  // namespace detail
+
+/// The sum of squares of `len` (at most epilogue_chunk) elements in double, the grid's chunk
+/// arithmetic (16 lanes in index order, then added pairwise); through a copy compiled for AVX2
+/// where the CPU has it and the translation unit does not already target it (x86-64 baseline
+/// code spent 120 µs on config M's 670 000 gradients, the AVX2 copy 50 µs, on a Zen 4 core).
+template <class T>
+[[nodiscard]] inline double chunk_sum_of_squares(const T* x, std::size_t len) noexcept {
+#if LOCKSTEP_EPILOGUE_AVX2
+  if (__builtin_cpu_supports("avx2")) return detail::chunk_sum_of_squares_avx2(x, len);
+#endif
+  return detail::chunk_sum_of_squares_any(x, len);
 }
 
 /// Lane `lane` of chunk `chunk` of the `n` elements of g: the squares (as doubles) of the chunk's
