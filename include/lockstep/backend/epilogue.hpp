@@ -14,18 +14,6 @@
 
 #include <lockstep/config.hpp>
 
-/// 1 where chunk_sum_of_squares carries a copy compiled for AVX2 and picks it at run time: x86-64
-/// host code under g++ or clang++ (not nvcc) that does not already target AVX2, unless
-/// LOCKSTEP_NO_AVX2_LOOPS is defined (as for the host's elementwise loops).
-#if !defined(LOCKSTEP_EPILOGUE_AVX2)
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(__AVX2__) && \
-    !defined(LOCKSTEP_NO_AVX2_LOOPS)
-#define LOCKSTEP_EPILOGUE_AVX2 1
-#else
-#define LOCKSTEP_EPILOGUE_AVX2 0
-#endif
-#endif
-
 namespace lockstep {
 
 /// Elements per chunk of the epilogue's grid over the flat parameter vector (chunk c holds
@@ -111,7 +99,7 @@ template <class T>
   return chunk_sum_of_squares_body(x, len);
 }
 
-#if LOCKSTEP_EPILOGUE_AVX2
+#if LOCKSTEP_HOST_AVX2_LOOPS
 /// chunk_sum_of_squares compiled for AVX2, without FMA, so every product and sum is rounded as in
 /// chunk_sum_of_squares_any (the same bits); called only where the CPU has AVX2.
 template <class T>
@@ -127,7 +115,7 @@ template <class T>
 /// code spent 120 µs on config M's 670 000 gradients, the AVX2 copy 50 µs, on a Zen 4 core).
 template <class T>
 [[nodiscard]] inline double chunk_sum_of_squares(const T* x, std::size_t len) noexcept {
-#if LOCKSTEP_EPILOGUE_AVX2
+#if LOCKSTEP_HOST_AVX2_LOOPS
   if (__builtin_cpu_supports("avx2")) return detail::chunk_sum_of_squares_avx2(x, len);
 #endif
   return detail::chunk_sum_of_squares_any(x, len);

@@ -17,19 +17,6 @@
 #include <lockstep/backend/host/onednn_gemm.hpp>
 #endif
 
-/// 1 where for_each_index also carries a copy of its loop compiled for AVX2 (for the functors that
-/// declare `avx2_copy`) and picks it at run time on CPUs that have it: x86-64 under g++ or clang++
-/// (not nvcc), when the translation unit does not already target AVX2 (-mavx2, -march=native) and
-/// LOCKSTEP_NO_AVX2_LOOPS is not defined.
-#if !defined(LOCKSTEP_HOST_AVX2_LOOPS)
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(__AVX2__) && \
-    !defined(LOCKSTEP_NO_AVX2_LOOPS)
-#define LOCKSTEP_HOST_AVX2_LOOPS 1
-#else
-#define LOCKSTEP_HOST_AVX2_LOOPS 0
-#endif
-#endif
-
 namespace lockstep::backend {
 
 /// Transposition flag of a GEMM operand.
