@@ -31,11 +31,6 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__linux__)
-#include <pthread.h>
-#include <sched.h>
-#endif
-
 #include <fmt/core.h>
 
 #include <lockstep/lockstep.hpp>
@@ -127,16 +122,8 @@ struct run {
 // Pins the calling thread to the `i`-th CPU this process may run on (best effort, as the
 // strategy's own replica threads are pinned).
 void pin_to_allowed_cpu(std::size_t i) {
-#if defined(__linux__)
   const std::vector<int> cpus = ls::backend::allowed_cpus();
-  if (i >= cpus.size()) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpus[i], &set);
-  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-#else
-  (void)i;
-#endif
+  if (i < cpus.size()) ls::backend::pin_this_thread(cpus[i]);
 }
 
 // Two independent one-device runs of Net, each on half of the global batch `g`, stepped

@@ -16,6 +16,7 @@
 #include <vector>
 
 #if defined(__linux__)
+#include <pthread.h>
 #include <sched.h>
 #endif
 #if defined(__x86_64__) || defined(__SSE2__)
@@ -52,6 +53,17 @@ inline std::vector<int> allowed_cpus() {
       if (CPU_ISSET(c, &set)) cpus.push_back(c);
 #endif
   return cpus;
+}
+
+/// Pins the calling thread to CPU `cpu` (best effort: where the system refuses or cannot pin, the
+/// thread stays where it may run).
+inline void pin_this_thread([[maybe_unused]] int cpu) noexcept {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+#endif
 }
 
 /// Number of cores this process may run on (its affinity mask; the hardware threads where the
@@ -220,6 +232,7 @@ using backend::allowed_cpus;
 using backend::blas_core_name;
 using backend::blas_kernel_warning;
 using backend::hardware_threads;
+using backend::pin_this_thread;
 using backend::host_gemm_name;
 using backend::host_gemm_warning;
 using backend::host_context;

@@ -17,11 +17,6 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__linux__)
-#include <pthread.h>
-#include <sched.h>
-#endif
-
 #include <lockstep/backend/host/context.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/distribute/detail/host_comm.hpp>
@@ -91,15 +86,7 @@ private:
 
   // Pins worker r to the r-th allowed CPU (best effort: a refusal leaves it unpinned).
   void pin(std::size_t r) const noexcept {
-#if defined(__linux__)
-    if (r >= cpus_.size()) return;
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpus_[r], &set);
-    (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-#else
-    (void)r;
-#endif
+    if (r < cpus_.size()) backend::pin_this_thread(cpus_[r]);
   }
 
   void loop(std::size_t r) {
