@@ -156,7 +156,8 @@ result measure(const std::vector<std::size_t>& widths, std::size_t batch, int st
   // As a strategy's run_to_run step does, the dense layers keep their rows and form their weight
   // gradients once per update (strategy_options::deferred_gradient_bytes); deferral=off adds them
   // batch by batch instead.
-  std::size_t deferral_budget = ls::strategy_options{}.deferred_gradient_bytes;
+  const std::size_t default_budget = ls::strategy_options{}.deferred_gradient_bytes;
+  std::size_t deferral_budget = default_budget;
   auto accumulated_update = [&] {
     ++step;
     for (std::size_t q = 0; q < quarters.size(); ++q) {
@@ -209,7 +210,7 @@ result measure(const std::vector<std::size_t>& widths, std::size_t batch, int st
     t0 = clock_type::now();
     for (int i = 0; i < steps_per_repeat; ++i) accumulated_update();
     r.accumulate_undeferred_s = std::min(r.accumulate_undeferred_s, seconds_since(t0) / steps_per_repeat);
-    deferral_budget = ls::strategy_options{}.deferred_gradient_bytes;
+    deferral_budget = default_budget;
     for (std::size_t g = 0; g < ops.size(); ++g) {
       t0 = clock_type::now();
       for (int i = 0; i < steps_per_repeat; ++i) ops[g].run(gemm_ctx);

@@ -85,6 +85,15 @@ std::vector<std::vector<std::size_t>> plan(std::size_t updates, std::size_t rows
   return p;
 }
 
+/// The largest |a[i] - ref[i]| / max(|ref[i]|, 1e-3) (parameters near 0 compared absolutely).
+double worst_relative(const std::vector<float>& a, const std::vector<float>& ref) {
+  REQUIRE(a.size() == ref.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - ref[i]) / std::max(std::fabs(static_cast<double>(ref[i])), 1e-3));
+  return worst;
+}
+
 void check_same(const run_out& a, const run_out& b) {
   REQUIRE(a.params.size() == b.params.size());
   CHECK(std::memcmp(a.params.data(), b.params.data(), a.params.size() * sizeof(float)) == 0);
@@ -159,9 +168,7 @@ TEST_CASE("accumulation, run_to_run: bitwise run to run, and within 1e-5 per par
   const auto big = train(1, 1);
   const auto a = train(2, 4), again = train(2, 4);
   CHECK(a == again);  // run to run
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - big[i]) / std::max(std::fabs(static_cast<double>(big[i])), 1e-3));
+  const double worst = worst_relative(a, big);
   CAPTURE(worst);
   CHECK(worst <= 1e-5);
   CHECK(a != big);  // not bitwise: the sums' order differs
@@ -215,10 +222,7 @@ TEST_CASE("accumulation, run_to_run: weight gradients formed once per update fro
     CHECK(deferred.reserved.front() == deferred.rows0 * ((784 + 1344) + (1344 + 800)) * sizeof(float));
     CHECK(std::all_of(deferred.reserved.begin(), deferred.reserved.end(), [&](std::size_t b) { return b == deferred.reserved.front(); }));
     CHECK(added.reserved.back() == 0);
-    double worst = 0;
-    for (std::size_t i = 0; i < added.params.size(); ++i)
-      worst = std::max(worst, std::fabs(static_cast<double>(deferred.params[i]) - added.params[i]) /
-                                  std::max(std::fabs(static_cast<double>(added.params[i])), 1e-3));
+    const double worst = worst_relative(deferred.params, added.params);
     CAPTURE(worst);
     CHECK(worst <= 1e-5);
     CHECK(deferred.params != added.params);  // the kept rows were used: one GEMM, not three

@@ -12,11 +12,9 @@
 /// policy of determinism::run_to_run turns it on (strategy_options::deferred_gradient_bytes);
 /// the replica_count_invariant policy, whose micro-shards already add in a fixed order, does not.
 
-#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <memory>
-#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -151,9 +149,9 @@ void flush_stash(const host_context& ctx, gradient_deferral::stash& s, T* dw) {
 /// dimension out) = x^T dy over this batch's `rows` rows (x: rows x in, dy: rows x out), written,
 /// or added under info.accumulate. Where info.deferral is set (a host replica in an accumulated
 /// update of the run_to_run policy) and the gradient has at least its min_gradient_bytes(), the
-/// rows are kept instead and the product is formed over all
-/// the update's kept rows at its last batch (info.last_of_update), so that dw holds the sum when
-/// that batch's backward returns, as without deferral; in between dw is not final.
+/// rows are kept instead and the product is formed over all the update's kept rows at its last
+/// batch (info.last_of_update), so that dw holds the sum when that batch's backward returns, as
+/// without deferral; in between dw is not final.
 template <class T, class Ctx>
 void weight_gradient(Ctx& ctx, const pass_info& info, const void* key, const T* x, const T* dy, std::size_t rows,
                      std::size_t in, std::size_t out, T* dw) {

@@ -6,9 +6,10 @@
 /// waits for its buckets and makes the same update (the strategy's finish: epilogue, optimiser,
 /// EMA; sharded, a second phase copies the others' slices). Under gradient accumulation the
 /// batches before an update's last one add into each replica's own gradients, with no
-/// collective (a host replica's dense layers keep their rows instead and form their weight
-/// gradients at the last batch, within strategy_options::deferred_gradient_bytes). Summation order is the reducer's (fixed for a given replica and worker
-/// count), so repeated runs are bitwise equal. Across workers the reducer spans every worker, and
+/// collective (a host replica's large dense layers keep their rows instead and form their weight
+/// gradients at the last batch, within strategy_options::deferred_gradient_bytes). Summation
+/// order is the reducer's (fixed for a given replica and worker count), so repeated runs are
+/// bitwise equal. Across workers the reducer spans every worker, and
 /// the step's loss and hits are summed over the workers in rank order. With a trace recording
 /// (pass_info::trace), each bucket's reduction is a span from its start to the end of its wait,
 /// and the update and its gather are spans of each replica.
