@@ -79,6 +79,15 @@ declare -A feature_pattern=([batch_norm]='\[batch_norm\]' [batched_conv]='\[batc
 field() { sed -n "s/.*[[:space:]]$1=\\([^[:space:]]*\\).*/\\1/p" | head -n1; }  # value of key=value
 rc_of() { if [ -f "$1" ]; then cat "$1"; else echo none; fi; }
 nlines() { if [ -f "$1" ]; then grep -c . "$1"; else echo 0; fi; }  # non-empty lines of a file
+# The cases that failed in doctest log $1, one name per line: a block (from one line of '=' to the
+# next) that reports an error or a crash names its case on its "TEST CASE:" line. Under
+# --duration=true every case prints such a header, so a header alone is no failure.
+failed_cases() {
+  awk '/^=+$/ { if (name != "" && bad) print name; name = ""; bad = 0; next }
+       /^TEST CASE:/ { sub(/^TEST CASE: */, ""); name = $0; next }
+       /ERROR:|FATAL ERROR|SIGSEGV|SIGABRT|SIGBUS|SIGFPE|THREW exception/ { bad = 1 }
+       END { if (name != "" && bad) print name }' "$1" 2>/dev/null | sort -u
+}
 verdict() {
   local d=$1 code=0 failed=() line
   set_fail() { [ "$code" -eq 0 ] && code=$1; failed+=("$2"); }
@@ -108,7 +117,7 @@ verdict() {
   fi
   # core: every expected GPU case that is not a feature's ran, and none of them failed (a failing
   # feature case is the feature's verdict, not the core's); a crash fails the core.
-  local trc expected ran missing nmiss failing all_features
+  local trc expected ran missing nmiss failing failed_list all_features
   all_features=$(printf '%s|' "${feature_pattern[@]}"); all_features=${all_features%|}
   trc=$(rc_of "$d/tests.rc")
   expected=0 ran=0 missing=()
@@ -119,8 +128,8 @@ verdict() {
     if grep -qF "lockstep-gpu-case: ran $name (" "$d/tests.log" 2>/dev/null; then ran=$((ran + 1)); else missing+=("$name"); fi
   done < <(cat "$d/expected-gpu.txt" 2>/dev/null)
   nmiss=${#missing[@]}
-  failing=$(grep -h '^TEST CASE:' "$d/tests.log" 2>/dev/null | sed 's/^TEST CASE: *//' | grep -viE "$all_features" | sort -u |
-            head -n 3 | paste -sd ';' -)
+  failed_list=$(failed_cases "$d/tests.log")
+  failing=$(grep -viE "$all_features" <<<"$failed_list" | grep . | head -n 3 | paste -sd ';' -)
   if [ "$expected" -eq 0 ]; then
     echo "core: FAIL (test_cuda lists no GPU case)"; set_fail 5 core
   elif [ "$trc" = 124 ] || [ "$trc" = 137 ]; then
@@ -140,7 +149,8 @@ verdict() {
   local brc absent bad
   brc=$(rc_of "$d/bench.rc")
   absent=""
-  for key in 'gpu_config=L precision=fp32' 'gpu_config=L precision=tf32' 'gpu_config=L precision=bf16' 'gpu_cnn ' 'cublas_sgemm_ceiling ' 'same_device_reducer ' 'device_memcpy_gb_per_s='; do
+  for key in 'gpu_config=L precision=fp32' 'gpu_config=L precision=tf32' 'gpu_config=L precision=bf16' 'gpu_cnn ' \
+             'gpu_cnn_bn ' 'gpu_replicas ' 'cublas_sgemm_ceiling ' 'same_device_reducer ' 'device_memcpy_gb_per_s='; do
     grep -q "^$key" "$d/bench.log" 2>/dev/null || absent+=" '${key% }'"
   done
   bad=$(grep -h 'check=' "$d/bench.log" 2>/dev/null | grep -v 'check=pass' | awk '{print $1}' | paste -sd ' ' -)
@@ -169,7 +179,7 @@ verdict() {
   for tool in "${sanitizers[@]}"; do
     src=$(rc_of "$d/$tool.rc")
     want=$(cat "$d/$tool.expected" 2>/dev/null || echo "")
-    got=$(grep -c '^lockstep-gpu-case: ran ' "$d/$tool.log" 2>/dev/null)
+    got=$(grep '^lockstep-gpu-case: ran ' "$d/$tool.log" 2>/dev/null | sort -u | grep -c .)  # distinct cases (subcases repeat)
     errs=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$d/$tool.log" 2>/dev/null | tail -n1)
     if [ "$src" = none ] || [ -z "$want" ]; then
       echo "$tool: FAIL (not run$( [ -f "$d/$tool.skip" ] && echo ": $(cat "$d/$tool.skip")"))"; set_fail 7 "$tool"
@@ -195,7 +205,7 @@ verdict() {
     fran=0 ffail=0
     while IFS= read -r name; do
       grep -qF "lockstep-gpu-case: ran $name (" "$d/tests.log" && fran=$((fran + 1))
-      grep -qF "TEST CASE:  $name" "$d/tests.log" && ffail=$((ffail + 1))
+      grep -qxF "$name" <<<"$failed_list" && ffail=$((ffail + 1))
     done <<<"$names"
     local fn
     fn=$(grep -c . <<<"$names")
@@ -216,6 +226,10 @@ verdict() {
     mine=$(grep -h '^gpu_cnn ' "$d/bench.log" 2>/dev/null | field samples_per_s)
     if [ -n "$mine" ] && [ -n "$theirs" ]; then line+=" cnn_fp32=$(awk -v a="$mine" -v b="$theirs" 'BEGIN{printf "%.2f", a/b}')x"
     else line+=" cnn_fp32=n/a"; fi
+    theirs=$(grep -h '^torch_cnn_bn ' "$d/torch.log" | field samples_per_s)
+    mine=$(grep -h '^gpu_cnn_bn ' "$d/bench.log" 2>/dev/null | field samples_per_s)
+    if [ -n "$mine" ] && [ -n "$theirs" ]; then line+=" cnn_bn_fp32=$(awk -v a="$mine" -v b="$theirs" 'BEGIN{printf "%.2f", a/b}')x"
+    else line+=" cnn_bn_fp32=n/a"; fi
     echo "$line (lockstep samples/s over PyTorch's)"
   else
     echo "baseline: not measured ($(head -n1 "$d/torch.log" 2>/dev/null || echo 'PyTorch not run'))"
@@ -400,7 +414,7 @@ LD_LIBRARY_PATH="$lockstep_ld" "$bin/test_cuda" --list-test-cases --test-case="$
 run tests 150 "$core_deadline" lockstep "$bin/test_cuda" --duration=true --no-colors
 run bench 60 "$core_deadline" lockstep "$bin/bench_cuda_mlp"
 run example 45 "$core_deadline" lockstep "$bin/fashion_mnist_cuda" --device gpu --epochs 1 --quiet --data "$data"
-grep -hE '^(device|gpu_config|gpu_cnn|cublas|same_device_reducer|device_memcpy)' "$work/bench.log" >"$work/figures.txt" 2>/dev/null
+grep -hE '^(device|gpu_config|gpu_cnn|gpu_replicas|cublas|same_device_reducer|device_memcpy)' "$work/bench.log" >"$work/figures.txt" 2>/dev/null
 grep -h '^test_accuracy=' "$work/example.log" 2>/dev/null | sed 's/^/fashion_mnist gpu: /' >>"$work/figures.txt"
 verdict "$work" | grep -E '^(environment|core|bench|example):' >"$work/verdict.txt"
 publish

@@ -87,7 +87,8 @@ void check_layer(const char* name, std::size_t batch, bool training) {
   constexpr std::size_t In = S::size;
   constexpr std::size_t out = B::output_size, np = B::param_count, nw = B::workspace_per_sample;
   constexpr std::size_t nf = ls::workspace_fixed_v<B>;
-  CAPTURE(name);
+  const std::string label(name);  // doctest prints a const char* as an address
+  CAPTURE(label);
   CAPTURE(batch);
   CAPTURE(training);
   std::vector<float> params(np);
@@ -206,7 +207,8 @@ void check_batch_norm(std::size_t rows, std::size_t shards, bool training, bool 
 // Three updates of optimiser `opt` on n parameters, host against device.
 template <class Opt>
 void check_optimizer(const char* name, const Opt& opt, std::size_t n) {
-  CAPTURE(name);
+  const std::string label(name);  // doctest prints a const char* as an address
+  CAPTURE(label);
   CAPTURE(n);
   auto p = random_vector(n, 10);
   const auto g = random_vector(n, 11, -5.0f, 5.0f);

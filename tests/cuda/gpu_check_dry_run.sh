@@ -30,6 +30,16 @@ variant() { cp -r "$fixture" "$tmp/$1"; }
 variant all_ran
 expect all_ran 0 "gpu-check: PASSED"
 expect all_ran 0 "core: PASS (5 of 5 expected GPU cases ran, 0 failed)"
+# test_cuda runs with --duration=true: every case, passing or not, prints a "TEST CASE:" header.
+expect all_ran 0 "batch_norm: PASS (1 case(s))"
+expect all_ran 0 "cnn_bn_fp32="
+
+variant case_threw  # an exception out of a passing-looking case, as doctest reports it inside its block
+sed -i '/^TEST CASE:  gpu: losses match/a\
+\
+tests/cuda/backend_test.cu:160: ERROR: test case THREW exception: evaluate_cols: bad width' "$tmp/case_threw/tests.log"
+echo 1 >"$tmp/case_threw/tests.rc"
+expect case_threw 4 "core: FAIL (failing: gpu: losses match the host, and a bad label is a data_error on the device too; 5 of 5"
 
 variant one_missing  # a case the list names never printed that it ran
 sed -i '/lockstep-gpu-case: ran gpu: staged shards/d' "$tmp/one_missing/tests.log"

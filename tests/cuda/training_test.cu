@@ -10,8 +10,10 @@
 
 #include <chrono>
 #include <cstdint>
-#include <memory>
+#include <exception>
 #include <initializer_list>
+#include <memory>
+#include <string>
 #include <vector>
 
 using namespace lockstep_test;
@@ -72,9 +74,10 @@ run_result train(S& s) {
     out.skipped.push_back(st.skipped);
   }
   out.params = m.parameters_to_host();
-  // Every replica holds the same parameters.
+  // Every replica holds the same parameters and non-trainable state (batch norm's running
+  // statistics follow the parameters: stored_count in all).
   for (std::size_t r = 1; r < s.num_replicas(); ++r) {
-    std::vector<float> pr(m.param_count);
+    std::vector<float> pr(m.stored_count);
     auto& rep = m.replica(r);
     copy_to_host(rep.context(), pr.data(), rep.model().parameters().data(), pr.size());
     CHECK(pr == out.params);
@@ -84,7 +87,8 @@ run_result train(S& s) {
 
 template <class S, class Net = net>
 void check_against_host(const char* name) {
-  CAPTURE(name);
+  const std::string label(name);  // doctest prints a const char* as an address
+  CAPTURE(label);
   ls::one_device<ls::cpu<0>> host;
   const run_result want = train<float, Net>(host);
   S gpu{ls::strategy_options{.bucket_bytes = 1024}};  // several buckets
@@ -123,18 +127,31 @@ void check_exact_sums_and_release(std::initializer_list<std::size_t> counts = {0
         distribute(b, 3));
     for (const auto& got : results) CHECK(got == want);
   }
-  CHECK_THROWS_AS(s.run(
-                      [&](std::size_t r, const ls::data::shard&) {
-                        if (r == 1) throw ls::data_error("injected failure");
-                        auto& ctx = m.replica(r).context();
-                        ctx.activate();
-                        ls::buffer<float, ls::gpu<0>> d(4);
-                        fill(ctx, d.data(), 4, 1.0f);
-                        s.all_reduce(r, ctx, d.data(), 4);
-                        return 0;
-                      },
-                      distribute(b, 3)),
-                  ls::data_error);
+  // The caller sees a replica_error naming replica 1, with the replica's own error nested.
+  bool named = false, nested = false;
+  try {
+    (void)s.run(
+        [&](std::size_t r, const ls::data::shard&) {
+          if (r == 1) throw ls::data_error("injected failure");
+          auto& ctx = m.replica(r).context();
+          ctx.activate();
+          ls::buffer<float, ls::gpu<0>> d(4);
+          fill(ctx, d.data(), 4, 1.0f);
+          s.all_reduce(r, ctx, d.data(), 4);
+          return 0;
+        },
+        distribute(b, 3));
+  } catch (const ls::replica_error& e) {
+    named = e.replica() == 1;
+    try {
+      std::rethrow_if_nested(e);
+    } catch (const ls::data_error& inner) {
+      nested = std::string(inner.what()).find("injected failure") != std::string::npos;
+    } catch (...) {
+    }
+  }
+  CHECK(named);
+  CHECK(nested);
   const auto st = ls::train_step(s, m, ls::sgd{}, ls::softmax_cross_entropy{}, distribute(b, 3));
   CHECK(st.count == b->rows());
 }
@@ -171,7 +188,8 @@ namespace {
 // their last fp32 bits, from sums in another order, is what may differ).
 template <class P, class HostP, class G>
 void check_policy_against_host(const char* name, double rel) {
-  CAPTURE(name);
+  const std::string label(name);  // doctest prints a const char* as an address
+  CAPTURE(label);
   ls::one_device<ls::cpu<0>> host;
   const run_result want = train<HostP>(host);
   G gpu{ls::strategy_options{.bucket_bytes = 1024}};
@@ -332,7 +350,8 @@ run_result train_adamw(ls::strategy_options options, std::vector<float>& state) 
 
 template <class S>
 void check_sharded_is_unsharded(const char* name) {
-  CAPTURE(name);
+  const std::string label(name);  // doctest prints a const char* as an address
+  CAPTURE(label);
   std::vector<float> plain_state, sharded_state;
   const run_result plain = train_adamw<S>(ls::strategy_options{.bucket_bytes = 1024}, plain_state);
   const run_result sharded = train_adamw<S>(ls::strategy_options{.bucket_bytes = 1024, .shard_optimizer = true}, sharded_state);
@@ -399,7 +418,8 @@ bool same_stats(const ls::step_stats& a, const ls::step_stats& b) {
 
 template <class S>
 void check_deferred_readback(const char* name) {
-  CAPTURE(name);
+  const std::string label(name);  // doctest prints a const char* as an address
+  CAPTURE(label);
   for (double clip : {0.0, 0.05}) {
     CAPTURE(clip);
     const readback_run eager = run_readback<S>(false, clip);
@@ -412,7 +432,7 @@ void check_deferred_readback(const char* name) {
     }
     CHECK(eager.stats[steps].count == 0);
     CHECK(late.params == eager.params);
-    MESSAGE(name << ": host syncs per steady step " << eager.max_syncs << " undeferred, " << late.max_syncs
+    MESSAGE(label << ": host syncs per steady step " << eager.max_syncs << " undeferred, " << late.max_syncs
                  << " with defer_readback");
     CHECK(eager.max_syncs > 0);  // the counter sees the loss's wait
     CHECK(late.max_syncs == 0);

@@ -18,7 +18,7 @@
 
 namespace xent_ref {
 
-/// loss.evaluate on `rows` rows of `cols` outputs, with cols (1..16 or a width of wide_rows()) known here only at run time
+/// loss.evaluate on `rows` rows of `cols` outputs, with cols (1..16, 37 or a width of wide_rows()) known here only at run time
 /// (a loss sees the model's output shape at compile time).
 template <class Loss, class Ctx, class T>
 lockstep::loss_sum evaluate_cols(const Loss& loss, Ctx& ctx, const T* z, std::size_t rows, std::size_t cols,
@@ -32,14 +32,14 @@ lockstep::loss_sum evaluate_cols(const Loss& loss, Ctx& ctx, const T* z, std::si
                     : false),
      ...);
   }(std::make_index_sequence<16>{});
-  [&]<std::size_t... C>(std::index_sequence<C...>) {  // the widths of wide_rows()
+  [&]<std::size_t... C>(std::index_sequence<C...>) {  // the widths of wide_rows(), and 37 (tests/cuda)
     ((!done && cols == C ? (r = loss.evaluate(ctx, lockstep::loss_args<T, Ctx, lockstep::shape<C>>{
                                                         {z, rows}, t, {grad, rows}, scratch}),
                              done = true)
                           : false),
      ...);
-  }(std::index_sequence<31, 32, 33, 70, 129>{});
-  if (!done) throw std::invalid_argument("evaluate_cols: cols must be 1..16, 31, 32, 33, 70 or 129");
+  }(std::index_sequence<31, 32, 33, 37, 70, 129>{});
+  if (!done) throw std::invalid_argument("evaluate_cols: cols must be 1..16, 31, 32, 33, 37, 70 or 129");
   return r;
 }
 
