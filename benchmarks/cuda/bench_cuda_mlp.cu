@@ -8,11 +8,16 @@
 //    is measured against);
 //  - gpu_cnn: the Fashion-MNIST example's CNN (TensorFlow's tutorial CNN) at batch 256, FP32, and
 //    the device operations (kernels, cuBLAS calls, copies) one step queues; check as for the MLP;
+//  - gpu_cnn_bn: the same CNN with batch norm after each convolution (statistics over the batch);
+//  - gpu_replicas config=M: MLP config M (784-512-512-10, batch 256) on mirrored<gpu<0>, gpu<0>>
+//    against one_device<gpu<0>> at the same global batch (ratio_to_one; the best of three runs of
+//    each); check as for the MLP;
 //  - same_device_reducer: same_device_allreduce, the reducer mirrored<gpu<0>, gpu<0>> uses, on two
 //    replicas' 256 MiB buckets, against the device's copy bandwidth measured in the same run;
 //    check: the summed value is the exact expected one.
+// Options: --only reducer|mlp|cnn|cnn_bn|replicas runs that part alone (to profile one of them).
 // Exit code: 0 with every figure printed and every check passed, 4 when a check failed, 3 when
-// there is no CUDA device ("no CUDA device: ..."), 1 on an error.
+// there is no CUDA device ("no CUDA device: ..."), 1 on an error (2: a bad option).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,6 +26,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <lockstep/cuda.hpp>
@@ -110,14 +116,14 @@ struct timed_run {
   [[nodiscard]] bool ok() const { return std::isfinite(first) && std::isfinite(last) && last < first && host_syncs == 0; }
 };
 
-// Trains `steps` timed steps (after 3 untimed) of Net under precision policy P on
-// one_device<gpu<0>> with strategy_options::defer_readback (each step returns the previous
-// one's loss, so the host never waits for the step it queues), SGD, on one fixed batch of random
-// features and labels in [0, classes).
-template <class Net, class P = ls::fp32>
+// Trains `steps` timed steps (after 3 untimed) of Net under precision policy P with Strategy
+// (one_device<gpu<0>> unless named) and strategy_options::defer_readback (each step returns the
+// previous one's loss, so the host never waits for the step it queues), SGD, on one fixed global
+// batch of random features and labels in [0, classes).
+template <class Net, class P = ls::fp32, class Strategy = ls::one_device<ls::gpu<0>>>
 timed_run train_timed(std::size_t batch, std::size_t classes, int steps) {
-  ls::one_device<ls::gpu<0>> strategy{ls::strategy_options{.defer_readback = true}};
-  auto model = strategy.replicate<Net, P>(ls::seed{1});
+  Strategy strategy{ls::strategy_options{.defer_readback = true}};
+  auto model = strategy.template replicate<Net, P>(ls::seed{1});
   constexpr std::size_t width = decltype(model)::model_type::input_size;
   auto b = std::make_shared<ls::data::batch>();
   b->width = width;
@@ -130,20 +136,25 @@ timed_run train_timed(std::size_t batch, std::size_t classes, int steps) {
     b->labels[i] = static_cast<std::int32_t>(rng.u32(i) % classes);
     b->indices[i] = i;
   }
-  const ls::data::distributed_batch db{b, ls::data::split(*b, 1)};
+  const ls::data::distributed_batch db{b, ls::data::split(*b, strategy.num_replicas())};
   const ls::sgd opt{.lr = 0.01f};
   const ls::softmax_cross_entropy loss;
   for (int i = 0; i < 3; ++i) (void)ls::train_step(strategy, model, opt, loss, db);
   (void)strategy.flush_stats(model);
   const auto& ctx = model.replica(0).context();
+  const auto syncs_so_far = [&] {  // host waits of every replica's context
+    std::uint64_t n = 0;
+    for (std::size_t k = 0; k < strategy.num_replicas(); ++k) n += model.replica(k).context().host_syncs();
+    return n;
+  };
   timed_run r;
-  const std::uint64_t launched = ctx.launches(), synced = ctx.host_syncs();
+  const std::uint64_t launched = ctx.launches(), synced = syncs_so_far();
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) {
     const ls::step_stats st = ls::train_step(strategy, model, opt, loss, db);  // the previous step's
     if (i == 1) r.first = st.mean_loss();
   }
-  const std::uint64_t launches = ctx.launches() - launched, syncs = ctx.host_syncs() - synced;
+  const std::uint64_t launches = ctx.launches() - launched, syncs = syncs_so_far() - synced;
   r.last = strategy.flush_stats(model).mean_loss();  // waits for the last step
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.launches = launches / static_cast<std::uint64_t>(steps);
@@ -154,7 +165,7 @@ timed_run train_timed(std::size_t batch, std::size_t classes, int steps) {
 void mlp(bool& all_ok) {
   using net = ls::sequential<ls::dense<1024, 4096>, ls::relu, ls::dense<4096, 4096>, ls::relu, ls::dense<4096, 1024>>;
   constexpr std::size_t batch = 512;
-  const int steps = 20;
+  const int steps = 50;
   // FLOPs per step: forward 2 B (1024*4096 + 4096*4096 + 4096*1024); backward twice that, less
   // the first layer's input gradient, which is not computed.
   const double fwd = 2.0 * batch * (1024.0 * 4096 + 4096.0 * 4096 + 4096.0 * 1024);
@@ -202,23 +213,67 @@ void mlp(bool& all_ok) {
               steps * batch / (ms * 1e-3), steps * flops / (ms * 1e-3) / 1e12, ms / steps, (ms * 1e-3) / fp32_seconds);
 }
 
-// The Fashion-MNIST example's CNN (TensorFlow's layers tutorial) at batch 256.
-void cnn(bool& all_ok) {
+// The Fashion-MNIST example's CNN (TensorFlow's layers tutorial) at batch 256, without and with
+// batch norm after each convolution.
+void cnn(bool& all_ok, bool plain, bool with_batch_norm) {
   using net = ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<32, 5, 1, 2>, ls::relu, ls::max_pool2d<2>,
                              ls::conv2d<64, 5, 1, 2>, ls::relu, ls::max_pool2d<2>, ls::flatten,
                              ls::dense<3136, 1024>, ls::relu, ls::dense<1024, 10>>;
+  using bn_net = ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<32, 5, 1, 2>, ls::batch_norm<>, ls::relu,
+                                ls::max_pool2d<2>, ls::conv2d<64, 5, 1, 2>, ls::batch_norm<>, ls::relu,
+                                ls::max_pool2d<2>, ls::flatten, ls::dense<3136, 1024>, ls::relu, ls::dense<1024, 10>>;
   constexpr std::size_t batch = 256;
-  const int steps = 10;
-  const timed_run r = train_timed<net>(batch, 10, steps);
-  std::printf("gpu_cnn batch=%zu precision=fp32 samples_per_s=%.0f step_ms=%.3f launches_per_step=%llu "
-              "host_syncs_per_step=%.2f loss_first=%.4f loss_last=%.4f check=%s\n",
-              batch, steps * batch / r.seconds, 1e3 * r.seconds / steps, static_cast<unsigned long long>(r.launches),
-              r.host_syncs, r.first, r.last, verdict(r.ok(), all_ok));
+  const int steps = 50;
+  const auto report = [&](const char* name, const timed_run& r) {
+    std::printf("%s batch=%zu precision=fp32 samples_per_s=%.0f step_ms=%.3f launches_per_step=%llu "
+                "host_syncs_per_step=%.2f loss_first=%.4f loss_last=%.4f check=%s\n",
+                name, batch, steps * batch / r.seconds, 1e3 * r.seconds / steps,
+                static_cast<unsigned long long>(r.launches), r.host_syncs, r.first, r.last, verdict(r.ok(), all_ok));
+  };
+  if (plain) report("gpu_cnn", train_timed<net>(batch, 10, steps));
+  if (with_batch_norm) report("gpu_cnn_bn", train_timed<bn_net>(batch, 10, steps));
+}
+
+// Two replicas sharing gpu<0> against one at the same global batch: MLP config M, the best of
+// three alternating runs of each (a step takes a fraction of a millisecond).
+void replicas(bool& all_ok) {
+  using net = ls::sequential<ls::dense<784, 512>, ls::relu, ls::dense<512, 512>, ls::relu, ls::dense<512, 10>>;
+  constexpr std::size_t batch = 256;
+  const int steps = 300;
+  double one_s = 1e300, two_s = 1e300;
+  bool ok = true;
+  timed_run two;
+  for (int round = 0; round < 3; ++round) {
+    const timed_run one = train_timed<net>(batch, 10, steps);
+    two = train_timed<net, ls::fp32, ls::mirrored<ls::gpu<0>, ls::gpu<0>>>(batch, 10, steps);
+    one_s = std::min(one_s, one.seconds);
+    two_s = std::min(two_s, two.seconds);
+    ok = ok && one.ok() && two.ok();
+  }
+  std::printf("gpu_replicas config=M batch=%zu replicas=2 samples_per_s=%.0f one_replica_samples_per_s=%.0f "
+              "ratio_to_one=%.2f host_syncs_per_step=%.2f loss_first=%.4f loss_last=%.4f check=%s\n",
+              batch, steps * batch / two_s, steps * batch / one_s, one_s / two_s, two.host_syncs, two.first, two.last,
+              verdict(ok, all_ok));
 }
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--only" && i + 1 < argc) only = argv[++i];
+    else {
+      std::fprintf(stderr, "bench_cuda_mlp: unknown option %s (usage: bench_cuda_mlp [--only reducer|mlp|cnn|cnn_bn|replicas])\n",
+                   arg.c_str());
+      return 2;
+    }
+  }
+  if (!only.empty() && only != "reducer" && only != "mlp" && only != "cnn" && only != "cnn_bn" && only != "replicas") {
+    std::fprintf(stderr, "bench_cuda_mlp: --only takes reducer, mlp, cnn, cnn_bn or replicas, not %s\n", only.c_str());
+    return 2;
+  }
+  const auto part = [&](const char* name) { return only.empty() || only == name; };
   try {
     if (ls::backend::cuda_device_count() == 0) {
       std::printf("no CUDA device: %s\n", ls::backend::cuda_unavailable_reason().c_str());
@@ -228,9 +283,10 @@ int main() {
     LOCKSTEP_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
     std::printf("device=%s sm=%d%d\n", p.name, p.major, p.minor);
     bool all_ok = true;
-    reducer_bandwidth(all_ok);
-    mlp(all_ok);
-    cnn(all_ok);
+    if (part("reducer")) reducer_bandwidth(all_ok);
+    if (part("mlp")) mlp(all_ok);
+    if (part("cnn") || part("cnn_bn")) cnn(all_ok, part("cnn"), part("cnn_bn"));
+    if (part("replicas")) replicas(all_ok);
     if (!all_ok) {
       std::printf("bench_cuda_mlp: a check failed (check=fail above)\n");
       return 4;
