@@ -1,9 +1,9 @@
-// batch_norm's kernels over the index spaces GPUs run them on. The host layer runs the row sums,
-// the per-channel combinations and the input gradient through the very functors a GPU launches
-// (one call per row-channel or per channel); its elementwise passes (normalisation, and the
-// evaluation-mode input gradient) it runs one row-channel per call, where a GPU runs one element
-// per call. Here: the per-element form gives the bits of the row form, at shapes whose positions
-// per channel are 1, primes and a full image, and both match a double reference of the formula.
+// batch_norm's kernels over the index spaces GPUs run them on. The host layer runs the row sums
+// (one call per row-channel, or per lane of a row-channel's positions) and the per-channel
+// combinations through the very functors a GPU launches; its elementwise passes (normalisation,
+// the input gradients) it runs one row-channel per call, where a GPU runs one element per call.
+// Here: the per-element form gives the bits of the row form, at shapes whose positions per
+// channel are 1, primes and a full image, and both match a double reference of the formula.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include <lockstep/backend/host/context.hpp>
 #include <lockstep/layers/batch_norm.hpp>
 #include <lockstep/testing/report.hpp>
 
@@ -67,10 +68,34 @@ void check_elementwise(std::size_t rows) {
     dx_report.close(i, double(dx_element[i]), want, 1e-6 * (1 + std::abs(want)));
   }
   CHECK_MESSAGE(dx_report.ok(), dx_report.text());
+
+  // Training-mode input gradient from the per-channel constants (γ/σ, mean(dy), mean(dy x̂)).
+  std::vector<T> grad_k(3 * C);
+  for (std::size_t c = 0; c < C; ++c) {
+    grad_k[c] = T(double(gamma[c]) * double(inv[c]));
+    grad_k[C + c] = mean[c];  // any values: the form, not the statistics, is checked here
+    grad_k[2 * C + c] = beta[c];
+  }
+  std::vector<T> tdx_element(n, T(7)), tdx_row(n, T(8));
+  using train_grad = ls::detail::bn_input_grad_op<T, C>;
+  const train_grad te{x.data(), dy.data(), tdx_element.data(), grad_k.data(), mean.data(), inv.data()};
+  const train_grad tr{x.data(), dy.data(), tdx_row.data(), grad_k.data(), mean.data(), inv.data()};
+  for (std::size_t i = 0; i < n; ++i) ls::detail::bn_elements_op<train_grad, C, P>{te}(i);
+  for (std::size_t i = 0; i < rows * C; ++i) ls::detail::bn_rows_op<train_grad, C, P>{tr}(i);
+  CHECK(std::memcmp(tdx_element.data(), tdx_row.data(), n * sizeof(T)) == 0);
+  ls::testing::element_report tdx_report("training-mode input gradient vs a double reference", "kernel", "reference");
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t c = (i / P) % C;
+    const double xhat = (double(x[i]) - double(mean[c])) * double(inv[c]);
+    const double want = double(grad_k[c]) * (double(dy[i]) - double(grad_k[C + c]) - xhat * double(grad_k[2 * C + c]));
+    tdx_report.close(i, double(tdx_element[i]), want, 1e-6 * (1 + std::abs(want)));
+  }
+  CHECK_MESSAGE(tdx_report.ok(), tdx_report.text());
 }
 
-// Each row's statistics (one call per row-channel) and their combination (one call per channel)
-// against a two-pass double reference over the whole batch.
+// Each row's statistics (one call per row-channel, or lane sums for 64 positions or more) and
+// their combination (one call per channel) against two-pass double references of each row and
+// of the whole batch.
 template <class T, std::size_t C, std::size_t P>
 void check_statistics(std::size_t rows) {
   CAPTURE(C);
@@ -78,7 +103,20 @@ void check_statistics(std::size_t rows) {
   CAPTURE(rows);
   const auto x = random_vector<T>(rows * C * P, 98, T(-3), T(9));
   std::vector<T> ws(rows * 2 * C), mean(C), inv(C), run_mean(C, T(0.5)), run_var(C, T(2));
-  for (std::size_t i = 0; i < rows * C; ++i) ls::detail::bn_row_stats_op<T, C, P>{x.data(), ws.data()}(i);
+  std::vector<T> lanes(2 * rows * C * ls::detail::bn_lanes<P>);
+  ls::host_context ctx;
+  ls::detail::bn_row_statistics<T, C, P>(ctx, x.data(), rows, ws.data(), lanes.data());
+  // Each row's own statistics against a double reference of that row.
+  for (std::size_t r = 0; r < rows * C; ++r) {
+    CAPTURE(r);
+    double s = 0, q = 0;
+    for (std::size_t j = 0; j < P; ++j) s += double(x[r * P + j]);
+    const double m = s / double(P);
+    for (std::size_t j = 0; j < P; ++j) q += (double(x[r * P + j]) - m) * (double(x[r * P + j]) - m);
+    const std::size_t b = r / C, c = r % C;
+    CHECK(std::abs(double(ws[b * 2 * C + c]) - m) <= 1e-6 * (1 + std::abs(m)));
+    CHECK(std::abs(double(ws[b * 2 * C + C + c]) - q) <= 1e-6 * (1 + q));
+  }
   for (std::size_t c = 0; c < C; ++c)
     ls::detail::bn_combine_op<T, C, P>{ws.data(), rows, mean.data(), inv.data(), run_mean.data(), run_var.data(), 0.25, 1e-5}(c);
   for (std::size_t c = 0; c < C; ++c) {
@@ -109,9 +147,55 @@ TEST_CASE("batch_norm's elementwise kernels: one call per element (GPUs) gives t
 }
 
 TEST_CASE("batch_norm's row statistics and their combination in row order match a two-pass reference") {
+  static_assert(ls::detail::bn_lanes<49> == 1 && ls::detail::bn_lanes<64> == 32 && ls::detail::bn_lanes<784> == 32);
   for (std::size_t rows : {1u, 2u, 3u, 17u}) {
     check_statistics<float, 3, 1>(rows);
     check_statistics<float, 4, 49>(rows);
     check_statistics<double, 2, 13>(rows);
+    check_statistics<float, 3, 64>(rows);    // lanes of two positions each
+    check_statistics<float, 2, 97>(rows);    // uneven lanes (a prime)
+    check_statistics<float, 2, 784>(rows);   // the CNN's first layer
+    check_statistics<double, 2, 196>(rows);  // the CNN's second layer
+  }
+}
+
+namespace {
+// Each row's sums of dy and dy x̂ per channel (lanes or not) against a double reference.
+template <class T, std::size_t C, std::size_t P>
+void check_row_gradients(std::size_t rows) {
+  CAPTURE(C);
+  CAPTURE(P);
+  CAPTURE(rows);
+  const auto x = random_vector<T>(rows * C * P, 99, T(-3), T(9));
+  const auto dy = random_vector<T>(rows * C * P, 100);
+  const auto mean = random_vector<T>(C, 101);
+  const auto inv = random_vector<T>(C, 102, T(0.2), T(3));
+  std::vector<T> ws(rows * 2 * C), lanes(2 * rows * C * ls::detail::bn_lanes<P>);
+  ls::host_context ctx;
+  ls::detail::bn_row_gradients<T, C, P>(ctx, x.data(), dy.data(), mean.data(), inv.data(), rows, ws.data(), lanes.data());
+  for (std::size_t r = 0; r < rows * C; ++r) {
+    CAPTURE(r);
+    const std::size_t b = r / C, c = r % C;
+    double a = 0, q = 0, scale = 0;
+    for (std::size_t j = 0; j < P; ++j) {
+      const double g = double(dy[r * P + j]), xhat = (double(x[r * P + j]) - double(mean[c])) * double(inv[c]);
+      a += g;
+      q += g * xhat;
+      scale += std::abs(g * xhat) + std::abs(g);
+    }
+    CHECK(std::abs(double(ws[b * 2 * C + c]) - a) <= 1e-6 * (1 + scale));
+    CHECK(std::abs(double(ws[b * 2 * C + C + c]) - q) <= 1e-6 * (1 + scale));
+  }
+}
+}  // namespace
+
+TEST_CASE("batch_norm's row gradient sums, one sum or lanes of positions, match a double reference") {
+  for (std::size_t rows : {1u, 3u, 17u}) {
+    check_row_gradients<float, 3, 1>(rows);
+    check_row_gradients<float, 4, 49>(rows);
+    check_row_gradients<float, 3, 64>(rows);
+    check_row_gradients<float, 2, 97>(rows);
+    check_row_gradients<float, 2, 784>(rows);
+    check_row_gradients<double, 2, 196>(rows);
   }
 }

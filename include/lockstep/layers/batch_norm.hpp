@@ -11,9 +11,10 @@
 /// zeros, so the strategy's sum over replicas returns them exactly. Running mean and variance are
 /// non-trainable state (identical on every replica, saved in checkpoints).
 ///
-/// Every pass is a few kernels over index spaces (each row's sums per channel, each channel's
-/// combination in row order, each element's normalisation), written once as LOCKSTEP_HD functors:
-/// the host runs them as loops, GPUs as kernels. A GPU replica among others stages its rows' sums
+/// Every pass is a few kernels over index spaces (each row's sums per channel, over 32 lanes of
+/// its positions when a channel has 64 or more, each channel's combination in row order, each
+/// element's normalisation or input gradient), written once as LOCKSTEP_HD functors: the host
+/// runs them as loops, GPUs as kernels. A GPU replica among others stages its rows' sums
 /// through page-locked host memory for the exchange (one wait per pass); a lone replica keeps
 /// everything on its device.
 
@@ -72,6 +73,98 @@ struct bn_row_stats_op {
   }
 };
 
+/// Lanes a row-channel's P positions are summed in when P is large: lane l adds positions l,
+/// l + L, l + 2L, ... in order, in double, and the lanes' sums are added in lane order. A GPU runs
+/// one thread per lane (reads that neighbouring threads make side by side), the host the same
+/// calls in a loop: the same bits. Small P (flat rows: P = 1) keeps one sum per row-channel.
+template <std::size_t P>
+inline constexpr std::size_t bn_lanes = P >= 64 ? 32 : 1;
+
+/// The sum, in lane order, of the L lane sums of one row-channel.
+template <class T, std::size_t L>
+LOCKSTEP_HD double bn_lane_total(const T* lanes) {
+  double s = 0;
+  for (std::size_t l = 0; l < L; ++l) s += static_cast<double>(lanes[l]);
+  return s;
+}
+
+/// Lane sums of x: call i = (r, l), r = i / L the row-channel; into sums[i].
+template <class T, std::size_t P, std::size_t L>
+struct bn_lane_sum_op {
+  const T* x;  ///< batch x C x P
+  T* sums;     ///< batch x C x L
+  /// Lane i % L of row-channel i / L.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const T* v = x + (i / L) * P;
+    double s = 0;
+    for (std::size_t j = i % L; j < P; j += L) s += static_cast<double>(v[j]);
+    sums[i] = static_cast<T>(s);
+  }
+};
+
+/// Lane sums of squared deviations from the row-channel's mean (its lane sums over P): call i =
+/// (r, l); into devs[i].
+template <class T, std::size_t P, std::size_t L>
+struct bn_lane_deviation_op {
+  const T* x;     ///< batch x C x P
+  const T* sums;  ///< batch x C x L, from bn_lane_sum_op
+  T* devs;        ///< batch x C x L
+  /// Lane i % L of row-channel i / L.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const std::size_t r = i / L;
+    const T* v = x + r * P;
+    const double m = bn_lane_total<T, L>(sums + r * L) / static_cast<double>(P);
+    double q = 0;
+    for (std::size_t j = i % L; j < P; j += L) q += (static_cast<double>(v[j]) - m) * (static_cast<double>(v[j]) - m);
+    devs[i] = static_cast<T>(q);
+  }
+};
+
+/// Row-channel r's two lane-summed totals into ws row b (the first divided by P: the mean, as
+/// bn_row_stats_op writes it; or not: bn_row_grad's sums). Call r = (b, c).
+template <class T, std::size_t C, std::size_t P, std::size_t L>
+struct bn_lane_combine_op {
+  const T* first;   ///< batch x C x L
+  const T* second;  ///< batch x C x L
+  T* ws;            ///< batch x 2C
+  bool mean;        ///< divide the first total by P
+  /// Row-channel r.
+  LOCKSTEP_HD void operator()(std::size_t r) const {
+    const std::size_t b = r / C, c = r % C;
+    const double a = bn_lane_total<T, L>(first + r * L);
+    ws[b * 2 * C + c] = static_cast<T>(mean ? a / static_cast<double>(P) : a);
+    ws[b * 2 * C + C + c] = static_cast<T>(bn_lane_total<T, L>(second + r * L));
+  }
+};
+
+/// Lane sums of dy and of dy x̂: call i = (r, l); into dys[i] and dyxs[i].
+template <class T, std::size_t C, std::size_t P, std::size_t L>
+struct bn_lane_grad_op {
+  const T* x;     ///< batch x C x P
+  const T* dy;    ///< batch x C x P
+  const T* mean;  ///< C
+  const T* inv;   ///< C
+  T* dys;         ///< batch x C x L
+  T* dyxs;        ///< batch x C x L
+  /// Lane i % L of row-channel i / L.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const std::size_t r = i / L, c = r % C;
+    double a = 0, q = 0;
+    for (std::size_t j = i % L; j < P; j += L) {
+      const double g = static_cast<double>(dy[r * P + j]);
+      a += g;
+      q += g * bn_xhat(x[r * P + j], mean[c], inv[c]);
+    }
+    dys[i] = static_cast<T>(a);
+    dyxs[i] = static_cast<T>(q);
+  }
+};
+
+/// Rows of the row-channel table `all` (total x 2C) read ahead of their use: a per-channel loop
+/// over rows in row order issues the loads of this many rows at once (a GPU thread would
+/// otherwise wait for each row's load in turn). The arithmetic order is unchanged.
+inline constexpr std::size_t bn_rows_ahead = 8;
+
 /// The global batch's mean and 1/σ of channel c from every row's (mean, sum of squared
 /// deviations), combined in row order (Chan's pairwise update), and the running statistics moved
 /// toward them. Call c.
@@ -88,11 +181,19 @@ struct bn_combine_op {
   /// Channel c.
   LOCKSTEP_HD void operator()(std::size_t c) const {
     double n_mean = 0, m2 = 0;
-    for (std::size_t r = 0; r < total; ++r) {
-      const double na = static_cast<double>(r * P), nb = static_cast<double>(P), n = na + nb;
-      const double delta = static_cast<double>(all[r * 2 * C + c]) - n_mean;
-      n_mean += delta * nb / n;
-      m2 += static_cast<double>(all[r * 2 * C + C + c]) + delta * delta * na * nb / n;
+    for (std::size_t r0 = 0; r0 < total; r0 += bn_rows_ahead) {
+      T means[bn_rows_ahead], devs[bn_rows_ahead];
+      for (std::size_t k = 0; k < bn_rows_ahead; ++k) {
+        const bool in = r0 + k < total;
+        means[k] = in ? all[(r0 + k) * 2 * C + c] : T(0);
+        devs[k] = in ? all[(r0 + k) * 2 * C + C + c] : T(0);
+      }
+      for (std::size_t k = 0; k < bn_rows_ahead && r0 + k < total; ++k) {
+        const double na = static_cast<double>((r0 + k) * P), nb = static_cast<double>(P), n = na + nb;
+        const double delta = static_cast<double>(means[k]) - n_mean;
+        n_mean += delta * nb / n;
+        m2 += static_cast<double>(devs[k]) + delta * delta * na * nb / n;
+      }
     }
     const double count = static_cast<double>(total * P);
     const double var = m2 / count;
@@ -171,51 +272,68 @@ template <class T, std::size_t C>
 LOCKSTEP_HD void bn_channel_sums(const T* all, std::size_t total, std::size_t c, double& s1, double& s2) {
   s1 = 0;
   s2 = 0;
-  for (std::size_t r = 0; r < total; ++r) {
-    s1 += static_cast<double>(all[r * 2 * C + c]);
-    s2 += static_cast<double>(all[r * 2 * C + C + c]);
+  for (std::size_t r0 = 0; r0 < total; r0 += bn_rows_ahead) {
+    T a[bn_rows_ahead], q[bn_rows_ahead];
+    for (std::size_t k = 0; k < bn_rows_ahead; ++k) {
+      const bool in = r0 + k < total;
+      a[k] = in ? all[(r0 + k) * 2 * C + c] : T(0);
+      q[k] = in ? all[(r0 + k) * 2 * C + C + c] : T(0);
+    }
+    for (std::size_t k = 0; k < bn_rows_ahead && r0 + k < total; ++k) {
+      s1 += static_cast<double>(a[k]);
+      s2 += static_cast<double>(q[k]);
+    }
   }
 }
 
-/// dγ = Σ dy x̂ and dβ = Σ dy over the global batch (zeros unless `writes`). Call c.
-template <class T, std::size_t C>
+/// dγ = Σ dy x̂ and dβ = Σ dy over the global batch (zeros unless `writes`), and what every
+/// element of channel c needs for its input gradient: γ/σ, mean(dy) and mean(dy x̂) over the
+/// global batch's values of the channel (into grad_k). Call c.
+template <class T, std::size_t C, std::size_t P>
 struct bn_param_grad_op {
-  const T* all;       ///< total x 2C, from bn_row_grad_op over the global batch
+  const T* all;       ///< total x 2C, from the rows' sums over the global batch
   std::size_t total;  ///< rows of the global batch
   T* dparams;         ///< dγ (C) then dβ (C)
   bool writes;        ///< this replica contributes the sums (the others zeros)
   bool accumulate;    ///< add to dparams
+  const T* gamma;     ///< C
+  const T* inv;       ///< C
+  T* grad_k;          ///< 3C: γ/σ, mean(dy), mean(dy x̂)
   /// Channel c.
   LOCKSTEP_HD void operator()(std::size_t c) const {
     double s1, s2;
     bn_channel_sums<T, C>(all, total, c, s1, s2);
     bn_put(dparams[c], writes ? s2 : 0.0, accumulate);
     bn_put(dparams[C + c], writes ? s1 : 0.0, accumulate);
+    const double count = static_cast<double>(total * P);
+    grad_k[c] = static_cast<T>(static_cast<double>(gamma[c]) * static_cast<double>(inv[c]));
+    grad_k[C + c] = static_cast<T>(s1 / count);
+    grad_k[2 * C + c] = static_cast<T>(s2 / count);
   }
 };
 
-/// dx = γ/σ (dy - mean(dy) - x̂ mean(dy x̂)), means over the global batch's `count` values per
-/// channel. Call i = (b, c): its P elements (the channel's sums are taken again, in the same order).
-template <class T, std::size_t C, std::size_t P>
+/// dx = γ/σ (dy - mean(dy) - x̂ mean(dy x̂)) with channel c's constants from bn_param_grad_op.
+template <class T, std::size_t C>
 struct bn_input_grad_op {
-  const T* x;         ///< batch x C x P
-  const T* dy;        ///< batch x C x P
-  T* dx;              ///< batch x C x P
-  const T* all;       ///< total x 2C, from bn_row_grad_op over the global batch
-  std::size_t total;  ///< rows of the global batch
-  const T* mean;      ///< C
-  const T* inv;       ///< C
-  const T* gamma;     ///< C
-  /// Channel i % C of row i / C.
-  LOCKSTEP_HD void operator()(std::size_t i) const {
-    const std::size_t c = i % C;
-    double s1, s2;
-    bn_channel_sums<T, C>(all, total, c, s1, s2);
-    const double count = static_cast<double>(total * P);
-    const double k = static_cast<double>(gamma[c]) * static_cast<double>(inv[c]);
-    const double m1 = s1 / count, m2 = s2 / count;
-    for (std::size_t j = 0; j < P; ++j)
-      dx[i * P + j] = static_cast<T>(k * (static_cast<double>(dy[i * P + j]) - m1 - bn_xhat(x[i * P + j], mean[c], inv[c]) * m2));
+  /// Channel c's γ/σ, mean(dy), mean(dy x̂), mean and 1/σ.
+  struct constants {
+    double k, m1, m2;
+    T mean, inv;
+  };
+  const T* x;       ///< batch x C x P
+  const T* dy;      ///< batch x C x P
+  T* dx;            ///< batch x C x P
+  const T* grad_k;  ///< 3C, from bn_param_grad_op
+  const T* mean;    ///< C
+  const T* inv;     ///< C
+  /// What element i of channel c needs.
+  LOCKSTEP_HD constants channel(std::size_t c) const {
+    return {static_cast<double>(grad_k[c]), static_cast<double>(grad_k[C + c]), static_cast<double>(grad_k[2 * C + c]),
+            mean[c], inv[c]};
+  }
+  /// Element i.
+  LOCKSTEP_HD void element(std::size_t i, const constants& k) const {
+    dx[i] = static_cast<T>(k.k * (static_cast<double>(dy[i]) - k.m1 - bn_xhat(x[i], k.mean, k.inv) * k.m2));
   }
 };
 
@@ -291,6 +409,39 @@ struct bn_rows_op {
   }
 };
 
+/// Each row's mean and sum of squared deviations per channel into ws (batch x 2C): one call per
+/// row-channel when P is small, else lane sums (bn_lanes) in `lanes` (2 batch C L values).
+template <class T, std::size_t C, std::size_t P, class Ctx>
+void bn_row_statistics(Ctx& ctx, const T* x, std::size_t batch, T* ws, T* lanes) {
+  constexpr std::size_t L = bn_lanes<P>;
+  if constexpr (L == 1) {
+    (void)lanes;
+    for_each_index(ctx, batch * C, bn_row_stats_op<T, C, P>{x, ws});
+  } else {
+    T* const sums = lanes;
+    T* const devs = lanes + batch * C * L;
+    for_each_index(ctx, batch * C * L, bn_lane_sum_op<T, P, L>{x, sums});
+    for_each_index(ctx, batch * C * L, bn_lane_deviation_op<T, P, L>{x, sums, devs});
+    for_each_index(ctx, batch * C, bn_lane_combine_op<T, C, P, L>{sums, devs, ws, true});
+  }
+}
+
+/// Each row's sums of dy and of dy x̂ per channel into ws (batch x 2C), as bn_row_statistics.
+template <class T, std::size_t C, std::size_t P, class Ctx>
+void bn_row_gradients(Ctx& ctx, const T* x, const T* dy, const T* mean, const T* inv, std::size_t batch, T* ws,
+                      T* lanes) {
+  constexpr std::size_t L = bn_lanes<P>;
+  if constexpr (L == 1) {
+    (void)lanes;
+    for_each_index(ctx, batch * C, bn_row_grad_op<T, C, P>{x, dy, mean, inv, ws});
+  } else {
+    T* const dys = lanes;
+    T* const dyxs = lanes + batch * C * L;
+    for_each_index(ctx, batch * C * L, bn_lane_grad_op<T, C, P, L>{x, dy, mean, inv, dys, dyxs});
+    for_each_index(ctx, batch * C, bn_lane_combine_op<T, C, P, L>{dys, dyxs, ws, false});
+  }
+}
+
 /// Runs elementwise pass `op` over `rows` row-channels of P elements each: bn_rows_op on the
 /// host, bn_elements_op elsewhere.
 template <std::size_t C, std::size_t P, class Ctx, class Op>
@@ -335,9 +486,12 @@ struct batch_norm {
     static constexpr std::size_t param_count = 2 * C;      ///< γ then β
     static constexpr bool accumulates_gradients = true;    ///< adds into dparams under pass_info::accumulate
     static constexpr std::size_t state_count = 2 * C;      ///< running mean, running var
-    static constexpr std::size_t workspace_per_sample = 2 * C;  ///< each row's two sums per channel
+    static constexpr std::size_t lanes = detail::bn_lanes<P>;  ///< lanes of a row-channel's sums (detail::bn_lanes)
+    /// Each row's two sums per channel, and their lane sums when there are lanes.
+    static constexpr std::size_t workspace_per_sample = 2 * C + (lanes > 1 ? 2 * C * lanes : 0);
     static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
-    static constexpr std::size_t workspace_fixed = 2 * C;       ///< the batch's mean and 1/σ, kept for backward
+    /// The batch's mean and 1/σ, kept for backward; the input gradient's three constants per channel.
+    static constexpr std::size_t workspace_fixed = 5 * C;
     static constexpr bool couples_rows = true;              ///< training statistics span the global batch
 
     /// γ = 1, β = 0.
@@ -376,7 +530,7 @@ struct batch_norm {
       }
       const std::size_t total = rows_of(info, batch);
       if (total == 0) return;
-      for_each_index(ctx, batch * C, detail::bn_row_stats_op<T, C, P>{a.x.data(), a.workspace});
+      detail::bn_row_statistics<T, C, P>(ctx, a.x.data(), batch, a.workspace, a.workspace + batch * 2 * C);
       const T* all = gather(ctx, a.workspace, batch, total, info);
       for_each_index(ctx, C, detail::bn_combine_op<T, C, P>{all, total, mean, inv, run_mean, run_var, momentum, epsilon});
       detail::bn_for_each_element<C, P>(ctx, batch * C,
@@ -411,11 +565,14 @@ struct batch_norm {
         if (!info.accumulate) fill(ctx, dparams, 2 * C, T(0));
         return;
       }
-      for_each_index(ctx, batch * C, detail::bn_row_grad_op<T, C, P>{x, dy, mean, inv, ws});
+      T* const grad_k = ws + batch * workspace_per_sample + 2 * C;
+      detail::bn_row_gradients<T, C, P>(ctx, x, dy, mean, inv, batch, ws, ws + batch * 2 * C);
       const T* all = gather(ctx, ws, batch, total, info);
       const bool writes_sums = info.exchange == nullptr || info.exchange->leads(info.rank);
-      for_each_index(ctx, C, detail::bn_param_grad_op<T, C>{all, total, dparams, writes_sums, info.accumulate});
-      if (dx) for_each_index(ctx, batch * C, detail::bn_input_grad_op<T, C, P>{x, dy, dx, all, total, mean, inv, gamma});
+      for_each_index(ctx, C,
+                     detail::bn_param_grad_op<T, C, P>{all, total, dparams, writes_sums, info.accumulate, gamma, inv, grad_k});
+      if (dx)
+        detail::bn_for_each_element<C, P>(ctx, batch * C, detail::bn_input_grad_op<T, C>{x, dy, dx, grad_k, mean, inv});
     }
 
   private:
