@@ -47,6 +47,11 @@ void check_kernels(std::size_t rows) {
   std::vector<float> cols((Q + 1) * n, 7.0f);
   ls::host_context hc;
   for (std::size_t i = 0; i < cols.size(); ++i) ls::detail::im2col_batched_op<float, g>{x.data(), cols.data(), n}(i);
+  // The 64-bit index form (taken past 2^32 elements) writes the bits of the 32-bit one.
+  std::vector<float> cols64((Q + 1) * n, 9.0f);
+  const ls::detail::im2col_batched_op<float, g> wide{x.data(), cols64.data(), n};
+  for (std::size_t i = 0; i < cols64.size(); ++i) wide.template element<std::size_t>(i);
+  CHECK(std::memcmp(cols.data(), cols64.data(), cols.size() * sizeof(float)) == 0);
   std::vector<float> xp(C * ph * pw), one(Q * P);
   std::size_t mismatched = 0;
   for (std::size_t b = 0; b < rows; ++b) {

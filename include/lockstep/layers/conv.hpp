@@ -17,6 +17,7 @@
 #include <lockstep/config.hpp>
 #include <lockstep/layers/init.hpp>
 #include <lockstep/layers/layer.hpp>
+#include <lockstep/core/index_divider.hpp>
 #include <lockstep/core/shape.hpp>
 
 namespace lockstep {
@@ -155,22 +156,42 @@ struct gradient_from_transpose_op {
 /// kernel for the whole shard).
 template <class T, window2d G>
 struct im2col_batched_op {
-  const T* x;     ///< batch x C x H x W
-  T* cols;        ///< (Q + 1) x n
-  std::size_t n;  ///< batch OH OW
-  /// Writes element i of cols.
+  const T* x;          ///< batch x C x H x W
+  T* cols;             ///< (Q + 1) x n
+  std::size_t n;       ///< batch OH OW
+  index_divider by_n;  ///< division by n for 32-bit indices (a GPU has no integer divider)
+  /// Columns of the images at x into cols, n columns per row.
+  im2col_batched_op(const T* x_, T* cols_, std::size_t n_)
+      : x(x_), cols(cols_), n(n_), by_n(n_ <= 0xffffffffu ? static_cast<std::uint32_t>(n_) : 1u) {}
+  /// Writes element i of cols: with 32-bit index arithmetic when i and n fit (a GPU runs it at
+  /// several times the speed of 64-bit divisions), else with 64-bit.
   LOCKSTEP_HD void operator()(std::size_t i) const {
-    constexpr std::size_t P = G.oh * G.ow, Q = G.c * G.k * G.k;
-    const std::size_t q = i / n, col = i % n;
+    if (i <= 0xffffffffu && n <= 0xffffffffu) element<std::uint32_t>(static_cast<std::uint32_t>(i));
+    else element<std::size_t>(i);
+  }
+  /// Writes element i of cols with index type I (std::uint32_t: i and n below 2^32).
+  template <class I>
+  LOCKSTEP_HD void element(I i) const {
+    constexpr I P = static_cast<I>(G.oh * G.ow), Q = static_cast<I>(G.c * G.k * G.k), K = static_cast<I>(G.k);
+    constexpr I OW = static_cast<I>(G.ow), S = static_cast<I>(G.stride);
+    I q, col;
+    if constexpr (std::is_same_v<I, std::uint32_t>) {
+      by_n.divmod(i, q, col);
+    } else {
+      q = i / n;
+      col = i % n;
+    }
     if (q == Q) {
       cols[i] = T(1);
       return;
     }
-    const std::size_t b = col / P, p = col % P;
-    const std::size_t kc = q % G.k, kr = (q / G.k) % G.k, c = q / (G.k * G.k);
-    const long iy = G.in_row(p / G.ow, kr), ix = G.in_col(p % G.ow, kc);
+    const I b = col / P, p = col % P;
+    const I kc = q % K, kr = (q / K) % K, c = q / (K * K);
+    const long iy = static_cast<long>((p / OW) * S + kr) - static_cast<long>(G.pad);
+    const long ix = static_cast<long>((p % OW) * S + kc) - static_cast<long>(G.pad);
     cols[i] = iy >= 0 && iy < static_cast<long>(G.h) && ix >= 0 && ix < static_cast<long>(G.w)
-                  ? x[((b * G.c + c) * G.h + static_cast<std::size_t>(iy)) * G.w + static_cast<std::size_t>(ix)]
+                  ? x[((static_cast<std::size_t>(b) * G.c + c) * G.h + static_cast<std::size_t>(iy)) * G.w +
+                      static_cast<std::size_t>(ix)]
                   : T(0);
   }
 };
