@@ -26,8 +26,8 @@ enum class pool { max, avg };
 
 /// max_pool2d or avg_pool2d<K, S, P> on float images of shape<C, H, W> at `rows` rows, through the
 /// layer on the host (its row loops with a constant geometry) against the per-element kernels
-/// that other devices run (max_pool_op and max_pool_grad_op, avg_pool_op and avg_pool_grad_op),
-/// called one index at a time: y, max pooling's argmax workspace and dx equal bit for bit. Inputs
+/// that other devices run (max_pool_op, max_pool_grad_op and its per-element form, avg_pool_op
+/// and avg_pool_grad_op), called one index at a time: y, max pooling's argmax workspace and dx equal bit for bit. Inputs
 /// and output gradients drawn from few values (ties everywhere), with signed zeros and NaNs
 /// sprinkled in, so the first-maximum rule, NaN handling and the sign of zero sums are exercised.
 template <pool Kind, std::size_t K, std::size_t S, std::size_t P, std::size_t C, std::size_t H, std::size_t W>
@@ -62,6 +62,12 @@ void check_pool_rows_match(std::size_t rows) {
     for (std::size_t i = 0; i < y.size(); ++i) fwd(i);
     const ls::detail::max_pool_grad_op<float> bwd{dy.data(), ws_ref.data(), dx_ref.data(), g};
     for (std::size_t i = 0; i < rows * C * H; ++i) bwd(i);
+    // The GPU's form, one call per input element, gives the same bits.
+    std::vector<float> dx_element(dx.size(), 5.0f);
+    const ls::detail::max_pool_grad_element_op<float, g> by_element{dy.data(), ws_ref.data(), dx_element.data()};
+    for (std::size_t i = 0; i < dx_element.size(); ++i) by_element(i);
+    CHECK(dx_element.size() == dx_ref.size());
+    CHECK((dx_element.empty() || std::memcmp(dx_element.data(), dx_ref.data(), dx_ref.size() * sizeof(float)) == 0));
   } else {
     const ls::detail::avg_pool_op<float> fwd{x.data(), y_ref.data(), g};
     for (std::size_t i = 0; i < y.size(); ++i) fwd(i);

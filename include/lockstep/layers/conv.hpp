@@ -588,6 +588,31 @@ struct max_pool_grad_op {
   }
 };
 
+/// Max pooling backward in gather form, one call per input element (the GPU's form: threads
+/// side by side write dx side by side), with the geometry G a constant: element i of dx, the sum
+/// max_pool_grad_op forms for it, in the same order.
+template <class T, window2d G>
+struct max_pool_grad_element_op {
+  const T* dy;      ///< batch x C x OH x OW
+  const T* argmax;  ///< from forward
+  T* dx;            ///< batch x C x H x W
+  /// Input element i = (b, c, yy, xx).
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    const std::size_t xx = i % G.w, yy = (i / G.w) % G.h, bc = i / (G.w * G.h);
+    const T* d = dy + bc * G.oh * G.ow;
+    const T* a = argmax + bc * G.oh * G.ow;
+    std::size_t oy0, oy1, ox0, ox1;
+    G.covering(yy, G.oh, oy0, oy1);
+    G.covering(xx, G.ow, ox0, ox1);
+    const T self = static_cast<T>(yy * G.w + xx);
+    T s = T(0);
+    for (std::size_t oy = oy0; oy < oy1; ++oy)
+      for (std::size_t ox = ox0; ox < ox1; ++ox)
+        if (a[oy * G.ow + ox] == self) s += d[oy * G.ow + ox];
+    dx[i] = s;
+  }
+};
+
 /// `c ? a : b` through the bits, so that the compiler emits a select and never a branch (the
 /// pooling loops' conditions are data, unpredictable). T is float or double.
 template <class T>
@@ -898,7 +923,8 @@ struct max_pool2d {
         for_each_index(ctx, a.batch() * C * H,
                        detail::max_pool_grad_rows_op<T, geometry()>{a.dy.data(), a.workspace, a.dx.data()});
       else
-        for_each_index(ctx, a.batch() * C * H, detail::max_pool_grad_op<T>{a.dy.data(), a.workspace, a.dx.data(), geometry()});
+        for_each_index(ctx, a.dx.size(),
+                       detail::max_pool_grad_element_op<T, geometry()>{a.dy.data(), a.workspace, a.dx.data()});
     }
   };
 };
