@@ -1,7 +1,7 @@
-// batch_norm's kernels over the index spaces GPUs run them on. The host layer runs the row sums
-// (one call per row-channel, or per lane of a row-channel's positions) and the per-channel
-// combinations through the very functors a GPU launches; its elementwise passes (normalisation,
-// the input gradients) it runs one row-channel per call, where a GPU runs one element per call.
+// batch_norm's kernels over the index spaces GPUs run them on. The host layer runs the
+// per-channel combinations through the very functors a GPU launches; its row sums (over lanes of
+// the positions when there are 64 or more) and its elementwise passes (normalisation, the input
+// gradients) it runs one row-channel per call, where a GPU runs one lane or one element per call.
 // Here: the per-element form gives the bits of the row form, at shapes whose positions per
 // channel are 1, primes and a full image, and both match a double reference of the formula.
 #include <doctest/doctest.h>
@@ -106,6 +106,16 @@ void check_statistics(std::size_t rows) {
   std::vector<T> lanes(2 * rows * C * ls::detail::bn_lanes<P>);
   ls::host_context ctx;
   ls::detail::bn_row_statistics<T, C, P>(ctx, x.data(), rows, ws.data(), lanes.data());
+  constexpr std::size_t L = ls::detail::bn_lanes<P>;
+  if constexpr (L > 1) {  // the GPU's form, one call per lane, gives the host's bits
+    std::vector<T> ws_lanes(ws.size(), T(-1));
+    T* const sums = lanes.data();
+    T* const devs = lanes.data() + rows * C * L;
+    for (std::size_t i = 0; i < rows * C * L; ++i) ls::detail::bn_lane_sum_op<T, P, L>{x.data(), sums}(i);
+    for (std::size_t i = 0; i < rows * C * L; ++i) ls::detail::bn_lane_deviation_op<T, P, L>{x.data(), sums, devs}(i);
+    for (std::size_t r = 0; r < rows * C; ++r) ls::detail::bn_lane_combine_op<T, C, P, L>{sums, devs, ws_lanes.data(), true}(r);
+    CHECK(std::memcmp(ws_lanes.data(), ws.data(), ws.size() * sizeof(T)) == 0);
+  }
   // Each row's own statistics against a double reference of that row.
   for (std::size_t r = 0; r < rows * C; ++r) {
     CAPTURE(r);
@@ -173,6 +183,16 @@ void check_row_gradients(std::size_t rows) {
   std::vector<T> ws(rows * 2 * C), lanes(2 * rows * C * ls::detail::bn_lanes<P>);
   ls::host_context ctx;
   ls::detail::bn_row_gradients<T, C, P>(ctx, x.data(), dy.data(), mean.data(), inv.data(), rows, ws.data(), lanes.data());
+  constexpr std::size_t L = ls::detail::bn_lanes<P>;
+  if constexpr (L > 1) {  // the GPU's form, one call per lane, gives the host's bits
+    std::vector<T> ws_lanes(ws.size(), T(-1));
+    T* const dys = lanes.data();
+    T* const dyxs = lanes.data() + rows * C * L;
+    for (std::size_t i = 0; i < rows * C * L; ++i)
+      ls::detail::bn_lane_grad_op<T, C, P, L>{x.data(), dy.data(), mean.data(), inv.data(), dys, dyxs}(i);
+    for (std::size_t r = 0; r < rows * C; ++r) ls::detail::bn_lane_combine_op<T, C, P, L>{dys, dyxs, ws_lanes.data(), false}(r);
+    CHECK(std::memcmp(ws_lanes.data(), ws.data(), ws.size() * sizeof(T)) == 0);
+  }
   for (std::size_t r = 0; r < rows * C; ++r) {
     CAPTURE(r);
     const std::size_t b = r / C, c = r % C;

@@ -160,6 +160,53 @@ struct bn_lane_grad_op {
   }
 };
 
+/// The host's form of the lane sums, one call per row-channel r = (b, c): all L lanes at once
+/// (the inner loop runs over neighbouring positions, which the compiler vectorises), each lane
+/// added in its own order and rounded to T as the lane kernels do, so ws gets the bits of
+/// bn_lane_sum_op and bn_lane_deviation_op then bn_lane_combine_op (with mean), or of
+/// bn_lane_grad_op then bn_lane_combine_op (with `grad`).
+template <class T, std::size_t C, std::size_t P, std::size_t L>
+struct bn_lane_rows_op {
+  const T* x;     ///< batch x C x P
+  const T* dy;    ///< batch x C x P (grad only)
+  const T* mean;  ///< C (grad only)
+  const T* inv;   ///< C (grad only)
+  T* ws;          ///< batch x 2C
+  bool grad;      ///< Σ dy and Σ dy x̂ instead of the mean and Σ (x - mean)²
+  /// Row-channel r.
+  void operator()(std::size_t r) const {
+    const std::size_t b = r / C, c = r % C;
+    const T* v = x + r * P;
+    double a[L] = {}, q[L] = {};
+    if (grad) {
+      const T* g = dy + r * P;
+      for (std::size_t j0 = 0; j0 < P; j0 += L)
+        for (std::size_t l = 0; l < L && j0 + l < P; ++l) {
+          const double d = static_cast<double>(g[j0 + l]);
+          a[l] += d;
+          q[l] += d * bn_xhat(v[j0 + l], mean[c], inv[c]);
+        }
+      ws[b * 2 * C + c] = static_cast<T>(rounded_total(a));
+      ws[b * 2 * C + C + c] = static_cast<T>(rounded_total(q));
+      return;
+    }
+    for (std::size_t j0 = 0; j0 < P; j0 += L)
+      for (std::size_t l = 0; l < L && j0 + l < P; ++l) a[l] += static_cast<double>(v[j0 + l]);
+    const double m = rounded_total(a) / static_cast<double>(P);
+    for (std::size_t j0 = 0; j0 < P; j0 += L)
+      for (std::size_t l = 0; l < L && j0 + l < P; ++l)
+        q[l] += (static_cast<double>(v[j0 + l]) - m) * (static_cast<double>(v[j0 + l]) - m);
+    ws[b * 2 * C + c] = static_cast<T>(m);
+    ws[b * 2 * C + C + c] = static_cast<T>(rounded_total(q));
+  }
+  /// The lanes' sums rounded to T, then added in lane order (bn_lane_total of the stored lanes).
+  static double rounded_total(const double (&lanes)[L]) {
+    double s = 0;
+    for (std::size_t l = 0; l < L; ++l) s += static_cast<double>(static_cast<T>(lanes[l]));
+    return s;
+  }
+};
+
 /// Rows of the row-channel table `all` (total x 2C) read ahead of their use: a per-channel loop
 /// over rows in row order issues the loads of this many rows at once (a GPU thread would
 /// otherwise wait for each row's load in turn). The arithmetic order is unchanged.
@@ -410,13 +457,17 @@ struct bn_rows_op {
 };
 
 /// Each row's mean and sum of squared deviations per channel into ws (batch x 2C): one call per
-/// row-channel when P is small, else lane sums (bn_lanes) in `lanes` (2 batch C L values).
+/// row-channel when P is small, else lane sums (bn_lanes): on the host one call per row-channel
+/// for all its lanes, elsewhere one call per lane through `lanes` (2 batch C L values).
 template <class T, std::size_t C, std::size_t P, class Ctx>
 void bn_row_statistics(Ctx& ctx, const T* x, std::size_t batch, T* ws, T* lanes) {
   constexpr std::size_t L = bn_lanes<P>;
   if constexpr (L == 1) {
     (void)lanes;
     for_each_index(ctx, batch * C, bn_row_stats_op<T, C, P>{x, ws});
+  } else if constexpr (host_context_v<Ctx>) {
+    (void)lanes;
+    for_each_index(ctx, batch * C, bn_lane_rows_op<T, C, P, L>{x, nullptr, nullptr, nullptr, ws, false});
   } else {
     T* const sums = lanes;
     T* const devs = lanes + batch * C * L;
@@ -434,6 +485,9 @@ void bn_row_gradients(Ctx& ctx, const T* x, const T* dy, const T* mean, const T*
   if constexpr (L == 1) {
     (void)lanes;
     for_each_index(ctx, batch * C, bn_row_grad_op<T, C, P>{x, dy, mean, inv, ws});
+  } else if constexpr (host_context_v<Ctx>) {
+    (void)lanes;
+    for_each_index(ctx, batch * C, bn_lane_rows_op<T, C, P, L>{x, dy, mean, inv, ws, true});
   } else {
     T* const dys = lanes;
     T* const dyxs = lanes + batch * C * L;
