@@ -212,6 +212,18 @@ struct bn_lane_rows_op {
 /// otherwise wait for each row's load in turn). The arithmetic order is unchanged.
 inline constexpr std::size_t bn_rows_ahead = 8;
 
+/// Channel c's two values (columns c and C + c of `all`) of rows r0 .. r0 + bn_rows_ahead - 1,
+/// zeros past `total` rows: the loads of one block of a per-channel loop, issued together.
+template <class T, std::size_t C>
+LOCKSTEP_HD void bn_load_rows(const T* all, std::size_t total, std::size_t r0, std::size_t c, T (&first)[bn_rows_ahead],
+                              T (&second)[bn_rows_ahead]) {
+  for (std::size_t k = 0; k < bn_rows_ahead; ++k) {
+    const bool in = r0 + k < total;
+    first[k] = in ? all[(r0 + k) * 2 * C + c] : T(0);
+    second[k] = in ? all[(r0 + k) * 2 * C + C + c] : T(0);
+  }
+}
+
 /// The global batch's mean and 1/σ of channel c from every row's (mean, sum of squared
 /// deviations), combined in row order (Chan's pairwise update), and the running statistics moved
 /// toward them. Call c.
@@ -230,11 +242,7 @@ struct bn_combine_op {
     double n_mean = 0, m2 = 0;
     for (std::size_t r0 = 0; r0 < total; r0 += bn_rows_ahead) {
       T means[bn_rows_ahead], devs[bn_rows_ahead];
-      for (std::size_t k = 0; k < bn_rows_ahead; ++k) {
-        const bool in = r0 + k < total;
-        means[k] = in ? all[(r0 + k) * 2 * C + c] : T(0);
-        devs[k] = in ? all[(r0 + k) * 2 * C + C + c] : T(0);
-      }
+      bn_load_rows<T, C>(all, total, r0, c, means, devs);
       for (std::size_t k = 0; k < bn_rows_ahead && r0 + k < total; ++k) {
         const double na = static_cast<double>((r0 + k) * P), nb = static_cast<double>(P), n = na + nb;
         const double delta = static_cast<double>(means[k]) - n_mean;
@@ -321,11 +329,7 @@ LOCKSTEP_HD void bn_channel_sums(const T* all, std::size_t total, std::size_t c,
   s2 = 0;
   for (std::size_t r0 = 0; r0 < total; r0 += bn_rows_ahead) {
     T a[bn_rows_ahead], q[bn_rows_ahead];
-    for (std::size_t k = 0; k < bn_rows_ahead; ++k) {
-      const bool in = r0 + k < total;
-      a[k] = in ? all[(r0 + k) * 2 * C + c] : T(0);
-      q[k] = in ? all[(r0 + k) * 2 * C + C + c] : T(0);
-    }
+    bn_load_rows<T, C>(all, total, r0, c, a, q);
     for (std::size_t k = 0; k < bn_rows_ahead && r0 + k < total; ++k) {
       s1 += static_cast<double>(a[k]);
       s2 += static_cast<double>(q[k]);

@@ -560,6 +560,18 @@ struct max_pool_op {
   }
 };
 
+/// The sum of dy (d, rows of ow windows) over the windows [oy0, oy1) x [ox0, ox1) whose argmax
+/// (a) is input element `self`, in window order from 0: max pooling's gradient at that element.
+template <class T>
+LOCKSTEP_HD T max_pool_grad_sum(const T* d, const T* a, std::size_t ow, std::size_t oy0, std::size_t oy1,
+                                std::size_t ox0, std::size_t ox1, T self) {
+  T s = T(0);
+  for (std::size_t oy = oy0; oy < oy1; ++oy)
+    for (std::size_t ox = ox0; ox < ox1; ++ox)
+      if (a[oy * ow + ox] == self) s += d[oy * ow + ox];
+  return s;
+}
+
 /// Max pooling backward in gather form: dx at each input element is the sum of dy over the
 /// windows that picked it. One call per input row (b, c, y).
 template <class T>
@@ -578,12 +590,7 @@ struct max_pool_grad_op {
     for (std::size_t xx = 0; xx < g.w; ++xx) {
       std::size_t ox0, ox1;
       g.covering(xx, g.ow, ox0, ox1);
-      const T self = static_cast<T>(yy * g.w + xx);
-      T s = T(0);
-      for (std::size_t oy = oy0; oy < oy1; ++oy)
-        for (std::size_t ox = ox0; ox < ox1; ++ox)
-          if (a[oy * g.ow + ox] == self) s += d[oy * g.ow + ox];
-      dx[(bc * g.h + yy) * g.w + xx] = s;
+      dx[(bc * g.h + yy) * g.w + xx] = max_pool_grad_sum(d, a, g.ow, oy0, oy1, ox0, ox1, static_cast<T>(yy * g.w + xx));
     }
   }
 };
@@ -604,12 +611,7 @@ struct max_pool_grad_element_op {
     std::size_t oy0, oy1, ox0, ox1;
     G.covering(yy, G.oh, oy0, oy1);
     G.covering(xx, G.ow, ox0, ox1);
-    const T self = static_cast<T>(yy * G.w + xx);
-    T s = T(0);
-    for (std::size_t oy = oy0; oy < oy1; ++oy)
-      for (std::size_t ox = ox0; ox < ox1; ++ox)
-        if (a[oy * G.ow + ox] == self) s += d[oy * G.ow + ox];
-    dx[i] = s;
+    dx[i] = max_pool_grad_sum(d, a, G.ow, oy0, oy1, ox0, ox1, static_cast<T>(yy * G.w + xx));
   }
 };
 
