@@ -79,14 +79,26 @@ declare -A feature_pattern=([batch_norm]='\[batch_norm\]' [batched_conv]='\[batc
 field() { sed -n "s/.*[[:space:]]$1=\\([^[:space:]]*\\).*/\\1/p" | head -n1; }  # value of key=value
 rc_of() { if [ -f "$1" ]; then cat "$1"; else echo none; fi; }
 nlines() { if [ -f "$1" ]; then grep -c . "$1"; else echo 0; fi; }  # non-empty lines of a file
-# The cases that failed in doctest log $1, one name per line: a block (from one line of '=' to the
-# next) that reports an error or a crash names its case on its "TEST CASE:" line. Under
-# --duration=true every case prints such a header, so a header alone is no failure.
+# A line of a doctest block (from one line of '=' to the next) that makes it a failure.
+doctest_failure_re='ERROR:|FATAL ERROR|SIGSEGV|SIGABRT|SIGBUS|SIGFPE|THREW exception'
+# The cases that failed in doctest log $1, one name per line: a failing block names its case on
+# its "TEST CASE:" line. Under --duration=true every case prints such a header, so a header alone
+# is no failure.
 failed_cases() {
-  awk '/^=+$/ { if (name != "" && bad) print name; name = ""; bad = 0; next }
+  awk -v re="$doctest_failure_re" '
+       /^=+$/ { if (name != "" && bad) print name; name = ""; bad = 0; next }
        /^TEST CASE:/ { sub(/^TEST CASE: */, ""); name = $0; next }
-       /ERROR:|FATAL ERROR|SIGSEGV|SIGABRT|SIGBUS|SIGFPE|THREW exception/ { bad = 1 }
+       $0 ~ re { bad = 1 }
        END { if (name != "" && bad) print name }' "$1" 2>/dev/null | sort -u
+}
+# Appends " <label>=<ratio>x" to $line: lockstep's samples/s (the first bench.log line starting
+# with $3) over PyTorch's (torch.log, $2), from folder $d; n/a with what was missing.
+add_ratio() {
+  local label=$1 mine theirs
+  theirs=$(grep -h "^$2" "$d/torch.log" 2>/dev/null | field samples_per_s)
+  mine=$(grep -h "^$3" "$d/bench.log" 2>/dev/null | field samples_per_s)
+  if [ -n "$mine" ] && [ -n "$theirs" ]; then line+=" $label=$(awk -v a="$mine" -v b="$theirs" 'BEGIN{printf "%.2f", a/b}')x"
+  else line+=" $label=n/a(lockstep ${mine:-none}, torch ${theirs:-none})"; fi
 }
 verdict() {
   local d=$1 code=0 failed=() line
@@ -213,23 +225,12 @@ verdict() {
     else echo "$f: FAIL ($fran of $fn case(s) ran, $ffail failed)"; fi
   done
   # baseline ratios: informational
-  local mine theirs p
+  local p
   if [ -s "$d/torch.log" ] && grep -q '^torch_config=L precision=' "$d/torch.log"; then
     line="baseline:"
-    for p in fp32 tf32 bf16; do
-      theirs=$(grep -h "^torch_config=L precision=$p" "$d/torch.log" | field samples_per_s)
-      mine=$(grep -h "^gpu_config=L precision=$p" "$d/bench.log" 2>/dev/null | field samples_per_s)
-      if [ -n "$mine" ] && [ -n "$theirs" ]; then line+=" mlp_$p=$(awk -v a="$mine" -v b="$theirs" 'BEGIN{printf "%.2f", a/b}')x"
-      else line+=" mlp_$p=n/a(lockstep ${mine:-none}, torch ${theirs:-none})"; fi
-    done
-    theirs=$(grep -h '^torch_cnn ' "$d/torch.log" | field samples_per_s)
-    mine=$(grep -h '^gpu_cnn ' "$d/bench.log" 2>/dev/null | field samples_per_s)
-    if [ -n "$mine" ] && [ -n "$theirs" ]; then line+=" cnn_fp32=$(awk -v a="$mine" -v b="$theirs" 'BEGIN{printf "%.2f", a/b}')x"
-    else line+=" cnn_fp32=n/a"; fi
-    theirs=$(grep -h '^torch_cnn_bn ' "$d/torch.log" | field samples_per_s)
-    mine=$(grep -h '^gpu_cnn_bn ' "$d/bench.log" 2>/dev/null | field samples_per_s)
-    if [ -n "$mine" ] && [ -n "$theirs" ]; then line+=" cnn_bn_fp32=$(awk -v a="$mine" -v b="$theirs" 'BEGIN{printf "%.2f", a/b}')x"
-    else line+=" cnn_bn_fp32=n/a"; fi
+    for p in fp32 tf32 bf16; do add_ratio "mlp_$p" "torch_config=L precision=$p" "gpu_config=L precision=$p"; done
+    add_ratio cnn_fp32 'torch_cnn ' 'gpu_cnn '
+    add_ratio cnn_bn_fp32 'torch_cnn_bn ' 'gpu_cnn_bn '
     echo "$line (lockstep samples/s over PyTorch's)"
   else
     echo "baseline: not measured ($(head -n1 "$d/torch.log" 2>/dev/null || echo 'PyTorch not run'))"
@@ -283,10 +284,10 @@ publish() {
   {
     for f in "$work"/tests.log "$work"/memcheck.log "$work"/racecheck.log "$work"/initcheck.log "$work"/synccheck.log; do
       [ -f "$f" ] || continue
-      awk -v src="$(basename "$f")" '
+      awk -v src="$(basename "$f")" -v re="$doctest_failure_re" '
         /^=+$/ { if (block != "" && keep) print "[" src "]\n" block; block = $0 "\n"; keep = 0; next }
         { block = block $0 "\n" }
-        /ERROR:|FATAL ERROR|SIGSEGV|SIGABRT|SIGBUS|SIGFPE/ { keep = 1 }
+        $0 ~ re { keep = 1 }
         END { if (block != "" && keep) print "[" src "]\n" block }' "$f"
       grep -h -A12 -E '^========= (Invalid|Uninitialized|Race|Barrier|Error|Program hit)' "$f" 2>/dev/null | head -n 200
     done
