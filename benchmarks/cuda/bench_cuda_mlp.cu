@@ -259,18 +259,20 @@ void replicas(bool& all_ok) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::vector<std::string> parts{"reducer", "mlp", "cnn", "cnn_bn", "replicas"};  // what --only may name
   std::string only;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--only" && i + 1 < argc) only = argv[++i];
     else {
-      std::fprintf(stderr, "bench_cuda_mlp: unknown option %s (usage: bench_cuda_mlp [--only reducer|mlp|cnn|cnn_bn|replicas])\n",
-                   arg.c_str());
+      std::fprintf(stderr, "bench_cuda_mlp: unknown option %s (usage: bench_cuda_mlp [--only PART])\n", arg.c_str());
       return 2;
     }
   }
-  if (!only.empty() && only != "reducer" && only != "mlp" && only != "cnn" && only != "cnn_bn" && only != "replicas") {
-    std::fprintf(stderr, "bench_cuda_mlp: --only takes reducer, mlp, cnn, cnn_bn or replicas, not %s\n", only.c_str());
+  if (!only.empty() && std::find(parts.begin(), parts.end(), only) == parts.end()) {
+    std::string names;
+    for (const auto& p : parts) names += (names.empty() ? "" : ", ") + p;
+    std::fprintf(stderr, "bench_cuda_mlp: --only takes one of %s, not %s\n", names.c_str(), only.c_str());
     return 2;
   }
   const auto part = [&](const char* name) { return only.empty() || only == name; };
