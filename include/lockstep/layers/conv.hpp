@@ -173,7 +173,7 @@ struct im2col_batched_op {
   template <class I>
   LOCKSTEP_HD void element(I i) const {
     constexpr I P = static_cast<I>(G.oh * G.ow), Q = static_cast<I>(G.c * G.k * G.k), K = static_cast<I>(G.k);
-    constexpr I OW = static_cast<I>(G.ow), S = static_cast<I>(G.stride);
+    constexpr I OW = static_cast<I>(G.ow);
     I q, col;
     if constexpr (std::is_same_v<I, std::uint32_t>) {
       by_n.divmod(i, q, col);
@@ -187,8 +187,7 @@ struct im2col_batched_op {
     }
     const I b = col / P, p = col % P;
     const I kc = q % K, kr = (q / K) % K, c = q / (K * K);
-    const long iy = static_cast<long>((p / OW) * S + kr) - static_cast<long>(G.pad);
-    const long ix = static_cast<long>((p % OW) * S + kc) - static_cast<long>(G.pad);
+    const long iy = G.in_row(p / OW, kr), ix = G.in_col(p % OW, kc);
     cols[i] = iy >= 0 && iy < static_cast<long>(G.h) && ix >= 0 && ix < static_cast<long>(G.w)
                   ? x[((static_cast<std::size_t>(b) * G.c + c) * G.h + static_cast<std::size_t>(iy)) * G.w +
                       static_cast<std::size_t>(ix)]
