@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include <lockstep/backend/host/context.hpp>
@@ -21,6 +23,28 @@ namespace ls = lockstep;
 using test_support::random_vector;
 
 namespace {
+
+// Elementwise pass `make(out)` (an op writing into `out`) run one call per element and one call
+// per row-channel over n = rows C P elements: the same bits, and within 1e-6 of want(i).
+template <std::size_t C, std::size_t P, class T, class Make, class Want>
+void check_forms(const char* what, std::size_t rows, const Make& make, const Want& want) {
+  const std::string label(what);  // doctest prints a const char* as an address
+  CAPTURE(label);
+  const std::size_t n = rows * C * P;
+  std::vector<T> by_element(n, T(7)), by_row(n, T(8));
+  const auto e = make(by_element.data());
+  const auto r = make(by_row.data());
+  using Op = std::remove_cv_t<decltype(e)>;
+  for (std::size_t i = 0; i < n; ++i) ls::detail::bn_elements_op<Op, C, P>{e}(i);
+  for (std::size_t i = 0; i < rows * C; ++i) ls::detail::bn_rows_op<Op, C, P>{r}(i);
+  CHECK(std::memcmp(by_element.data(), by_row.data(), n * sizeof(T)) == 0);
+  ls::testing::element_report report(label + " vs a double reference", "kernel", "reference");
+  for (std::size_t i = 0; i < n; ++i) {
+    const double w = want(i, (i / P) % C);
+    report.close(i, double(by_element[i]), w, 1e-6 * (1 + std::abs(w)));
+  }
+  CHECK_MESSAGE(report.ok(), report.text());
+}
 
 template <class T, std::size_t C, std::size_t P>
 void check_elementwise(std::size_t rows) {
@@ -37,37 +61,16 @@ void check_elementwise(std::size_t rows) {
   const auto var = random_vector<T>(C, 97, T(0.01), T(4));
   const double eps = 1e-5;
 
-  // Normalisation: one call per element against one call per row-channel.
-  std::vector<T> by_element(n, T(7)), by_row(n, T(8));
-  using normalise = ls::detail::bn_normalise_op<T>;
-  const normalise e{x.data(), by_element.data(), mean.data(), inv.data(), gamma.data(), beta.data()};
-  const normalise r{x.data(), by_row.data(), mean.data(), inv.data(), gamma.data(), beta.data()};
-  for (std::size_t i = 0; i < n; ++i) ls::detail::bn_elements_op<normalise, C, P>{e}(i);
-  for (std::size_t i = 0; i < rows * C; ++i) ls::detail::bn_rows_op<normalise, C, P>{r}(i);
-  CHECK(std::memcmp(by_element.data(), by_row.data(), n * sizeof(T)) == 0);
-  ls::testing::element_report y_report("normalised output vs a double reference", "kernel", "reference");
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::size_t c = (i / P) % C;
-    const double want = double(gamma[c]) * (double(x[i]) - double(mean[c])) * double(inv[c]) + double(beta[c]);
-    y_report.close(i, double(by_element[i]), want, 1e-6 * (1 + std::abs(want)));
-  }
-  CHECK_MESSAGE(y_report.ok(), y_report.text());
-
-  // Evaluation-mode input gradient.
-  std::vector<T> dx_element(n, T(7)), dx_row(n, T(8));
-  using eval_grad = ls::detail::bn_eval_input_grad_op<T>;
-  const eval_grad ge{dy.data(), dx_element.data(), var.data(), gamma.data(), eps};
-  const eval_grad gr{dy.data(), dx_row.data(), var.data(), gamma.data(), eps};
-  for (std::size_t i = 0; i < n; ++i) ls::detail::bn_elements_op<eval_grad, C, P>{ge}(i);
-  for (std::size_t i = 0; i < rows * C; ++i) ls::detail::bn_rows_op<eval_grad, C, P>{gr}(i);
-  CHECK(std::memcmp(dx_element.data(), dx_row.data(), n * sizeof(T)) == 0);
-  ls::testing::element_report dx_report("evaluation-mode input gradient vs a double reference", "kernel", "reference");
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::size_t c = (i / P) % C;
-    const double want = double(dy[i]) * double(gamma[c]) / std::sqrt(double(var[c]) + eps);
-    dx_report.close(i, double(dx_element[i]), want, 1e-6 * (1 + std::abs(want)));
-  }
-  CHECK_MESSAGE(dx_report.ok(), dx_report.text());
+  check_forms<C, P, T>(
+      "normalised output", rows,
+      [&](T* out) { return ls::detail::bn_normalise_op<T>{x.data(), out, mean.data(), inv.data(), gamma.data(), beta.data()}; },
+      [&](std::size_t i, std::size_t c) {
+        return double(gamma[c]) * (double(x[i]) - double(mean[c])) * double(inv[c]) + double(beta[c]);
+      });
+  check_forms<C, P, T>(
+      "evaluation-mode input gradient", rows,
+      [&](T* out) { return ls::detail::bn_eval_input_grad_op<T>{dy.data(), out, var.data(), gamma.data(), eps}; },
+      [&](std::size_t i, std::size_t c) { return double(dy[i]) * double(gamma[c]) / std::sqrt(double(var[c]) + eps); });
 
   // Training-mode input gradient from the per-channel constants (γ/σ, mean(dy), mean(dy x̂)).
   std::vector<T> grad_k(3 * C);
@@ -76,21 +79,15 @@ void check_elementwise(std::size_t rows) {
     grad_k[C + c] = mean[c];  // any values: the form, not the statistics, is checked here
     grad_k[2 * C + c] = beta[c];
   }
-  std::vector<T> tdx_element(n, T(7)), tdx_row(n, T(8));
-  using train_grad = ls::detail::bn_input_grad_op<T, C>;
-  const train_grad te{x.data(), dy.data(), tdx_element.data(), grad_k.data(), mean.data(), inv.data()};
-  const train_grad tr{x.data(), dy.data(), tdx_row.data(), grad_k.data(), mean.data(), inv.data()};
-  for (std::size_t i = 0; i < n; ++i) ls::detail::bn_elements_op<train_grad, C, P>{te}(i);
-  for (std::size_t i = 0; i < rows * C; ++i) ls::detail::bn_rows_op<train_grad, C, P>{tr}(i);
-  CHECK(std::memcmp(tdx_element.data(), tdx_row.data(), n * sizeof(T)) == 0);
-  ls::testing::element_report tdx_report("training-mode input gradient vs a double reference", "kernel", "reference");
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::size_t c = (i / P) % C;
-    const double xhat = (double(x[i]) - double(mean[c])) * double(inv[c]);
-    const double want = double(grad_k[c]) * (double(dy[i]) - double(grad_k[C + c]) - xhat * double(grad_k[2 * C + c]));
-    tdx_report.close(i, double(tdx_element[i]), want, 1e-6 * (1 + std::abs(want)));
-  }
-  CHECK_MESSAGE(tdx_report.ok(), tdx_report.text());
+  check_forms<C, P, T>(
+      "training-mode input gradient", rows,
+      [&](T* out) {
+        return ls::detail::bn_input_grad_op<T, C>{x.data(), dy.data(), out, grad_k.data(), mean.data(), inv.data()};
+      },
+      [&](std::size_t i, std::size_t c) {
+        const double xhat = (double(x[i]) - double(mean[c])) * double(inv[c]);
+        return double(grad_k[c]) * (double(dy[i]) - double(grad_k[C + c]) - xhat * double(grad_k[2 * C + c]));
+      });
 }
 
 // Each row's statistics (one call per row-channel, or lane sums for 64 positions or more) and
