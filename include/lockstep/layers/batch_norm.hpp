@@ -13,8 +13,9 @@
 ///
 /// Every pass is a few kernels over index spaces (each row's sums per channel, over 32 lanes of
 /// its positions when a channel has 64 or more, each channel's combination in row order, each
-/// element's normalisation or input gradient), written once as LOCKSTEP_HD functors: the host
-/// runs them as loops, GPUs as kernels. A GPU replica among others stages its rows' sums
+/// element's normalisation or input gradient), written once as LOCKSTEP_HD functors: GPUs run
+/// them as kernels, the host as loops (a row-channel's lanes, or its elements, in one call, with
+/// the bits of the one-lane and one-element calls). A GPU replica among others stages its rows' sums
 /// through page-locked host memory for the exchange (one wait per pass); a lone replica keeps
 /// everything on its device.
 
