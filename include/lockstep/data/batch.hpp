@@ -72,7 +72,8 @@ struct distributed_batch {
 };
 
 namespace detail {
-/// Refuses a batch that does not hold every row, naming `what` needs them.
+/// Refuses a batch that does not hold every row, naming `what` needs them, and one whose
+/// features, labels or targets do not hold exactly its rows (shape_error).
 inline void require_every_row(const batch& b, const char* what) {
   if (!b.holds_every_row())
     throw config_error(std::string("lockstep::data::") + what + ": the global batch holds the values of rows " +
@@ -80,6 +81,18 @@ inline void require_every_row(const batch& b, const char* what) {
                        std::to_string(b.rows()) +
                        " rows only (an index-first pipeline decodes only the rows of this process's shards); "
                        "a step that reads every row of the global batch cannot run on it");
+  // Every row is read through `indices`: features, labels and targets must hold exactly its rows,
+  // or rows would be dropped (a batch filled by hand without indices) or read past the end.
+  const std::size_t rows = b.rows();
+  const auto mismatch = [&](const char* field, std::size_t have, std::size_t want, const char* per_row) {
+    throw shape_error(std::string("lockstep::data::") + what + ": the batch has " + std::to_string(rows) +
+                      " rows (its indices) but `" + field + "` holds " + std::to_string(have) + " values, not " +
+                      std::to_string(want) + " (" + per_row + "); fill `indices` with one dataset index per row");
+  };
+  if (b.features.size() != rows * b.width) mismatch("features", b.features.size(), rows * b.width, "rows x width");
+  if (!b.labels.empty() && b.labels.size() != rows) mismatch("labels", b.labels.size(), rows, "one per row");
+  if (!b.targets.empty() && b.targets.size() != rows * b.target_width)
+    mismatch("targets", b.targets.size(), rows * b.target_width, "rows x target_width");
 }
 }  // namespace detail
 
@@ -101,7 +114,8 @@ inline shard rows_of(const batch& b, std::size_t first, std::size_t count) noexc
 
 /// Cuts a global batch into n contiguous shards whose sizes differ by at most one (the first
 /// `rows % n` shards get one extra row). Requires n >= 1.
-/// @throws config_error when the batch does not hold every row (see batch::first_held).
+/// @throws config_error when the batch does not hold every row (see batch::first_held), and
+/// shape_error when its features, labels or targets do not hold exactly rows() rows.
 inline std::vector<shard> split(const batch& b, std::size_t n) {
   detail::require_every_row(b, "split");
   std::vector<shard> out(n);
@@ -116,7 +130,8 @@ inline std::vector<shard> split(const batch& b, std::size_t n) {
 }
 
 /// The whole batch as a single shard (what one-device training consumes).
-/// @throws config_error when the batch does not hold every row (see batch::first_held).
+/// @throws config_error when the batch does not hold every row (see batch::first_held), and
+/// shape_error when its features, labels or targets do not hold exactly rows() rows.
 inline shard whole(const batch& b) {
   detail::require_every_row(b, "whole");
   return rows_of(b, 0, b.rows());
