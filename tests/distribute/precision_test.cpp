@@ -13,6 +13,7 @@
 #include <string>
 #include <cstddef>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -271,4 +272,70 @@ TEST_CASE("mixed<fp16> trains as fp32 does within fp16's precision, and a checkp
   CHECK(resumed.scaler().scale() == h16.scaler().scale());
   CHECK(resumed.scaler().good_updates() == h16.scaler().good_updates());
   fs::remove_all(dir);
+}
+
+namespace {
+/// The bytes of replica 0 of bench_step's config L (1024-4096-4096-1024, ReLU) after one SGD step
+/// of a global batch of 512 under policy P, on one replica.
+template <class P>
+ls::memory_use config_l_bytes() {
+  using config_l = ls::sequential<ls::dense<1024, 4096>, ls::relu, ls::dense<4096, 4096>, ls::relu, ls::dense<4096, 1024>>;
+  ls::mirrored<ls::cpus> s(ls::device_selection::first(1));
+  auto m = s.replicate<config_l, P>(ls::seed{3});
+  ls::data::batch b;
+  b.width = 1024;
+  b.features.assign(512 * 1024, 0.25f);
+  b.targets.assign(512 * 1024, 0.5f);
+  b.target_width = 1024;
+  for (std::uint64_t i = 0; i < 512; ++i) b.indices.push_back(i);
+  (void)ls::train_step(s, m, ls::sgd{.lr = 1e-4f}, ls::mse{}, distributed(b, 1));
+  return std::as_const(m.replica(0)).memory();
+}
+
+std::string mib(std::size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", static_cast<double>(bytes) / (1u << 20));
+  return text;
+}
+}  // namespace
+
+TEST_CASE("bytes per replica of config L under fp32 and mixed<bf16>: the bf16 weight copy and the GEMM operand buffers are the difference") {
+  const ls::memory_use fp = config_l_bytes<ls::fp32>();
+  const ls::memory_use bf = config_l_bytes<ls::mixed<ls::bf16>>();
+  constexpr std::size_t params = 1024 * 4096 + 4096 + 4096 * 4096 + 4096 + 4096 * 1024 + 1024;
+  // The masters, gradients and activations are fp32 under both policies.
+  CHECK(fp.parameters == params * 4);
+  CHECK(bf.parameters == fp.parameters);
+  CHECK(bf.gradients == fp.gradients);
+  CHECK(bf.activations == fp.activations);
+  CHECK(bf.optimizer_state == fp.optimizer_state);
+  CHECK(bf.other == fp.other);
+  CHECK(fp.weight_copy == 0);
+  CHECK(fp.gemm_operands == 0);
+  if (ls::host_bf16_native()) {
+    // The weights are read from the copy: only activations and output gradients are converted,
+    // to 16 bits, the largest 512 x 4096.
+    CHECK(bf.weight_copy == params * 2);
+    CHECK(bf.gemm_operands == 2 * 512 * 4096 * 2);
+  } else {
+    // Emulated: no copy, and the operands rounded into fp32 buffers (the largest B a weight).
+    CHECK(bf.weight_copy == 0);
+    CHECK(bf.gemm_operands == (512 * 4096 + 4096 * 4096) * 4);
+  }
+  CHECK(bf.total() - fp.total() == bf.weight_copy + bf.gemm_operands);
+  std::string table = "config L (1024-4096-4096-1024, batch 512, SGD), MiB per replica:\n";
+  const auto row = [&table](const char* part, std::size_t a, std::size_t b) {
+    char line[96];
+    std::snprintf(line, sizeof line, "  %-14s %8s %12s\n", part, mib(a).c_str(), mib(b).c_str());
+    table += line;
+  };
+  table += "  part               fp32  mixed<bf16>\n";
+  row("parameters", fp.parameters, bf.parameters);
+  row("gradients", fp.gradients, bf.gradients);
+  row("activations", fp.activations, bf.activations);
+  row("weight copy", fp.weight_copy, bf.weight_copy);
+  row("GEMM operands", fp.gemm_operands, bf.gemm_operands);
+  row("other", fp.other, bf.other);
+  row("total", fp.total(), bf.total());
+  MESSAGE(table);
 }

@@ -133,6 +133,17 @@ public:
     opt.update(ctx_, model_.parameters().data() + lo, model_.gradients().data() + lo, state_.data(), n, u);
   }
 
+  /// The bytes this replica holds on its device, by purpose (the model's buffers, the optimiser
+  /// state, the EMA, the loss's and the input's buffers, the context's GEMM operand buffers).
+  [[nodiscard]] memory_use memory() const noexcept {
+    memory_use m = model_.memory();
+    m.optimizer_state = state_.size() * sizeof(T);
+    if constexpr (requires { ctx_.gemm_operand_bytes(); }) m.gemm_operands = ctx_.gemm_operand_bytes();
+    m.other += (ema_.size() + dout_.size() + scratch_.size() + input_.size() + targets_.size()) * sizeof(T) +
+               labels_.size() * sizeof(std::int32_t);
+    return m;
+  }
+
   /// The model instance.
   [[nodiscard]] model_type& model() noexcept { return model_; }
   /// The model instance.

@@ -168,27 +168,35 @@ public:
       for_each_index(ctx, state_count,
                      detail::ema_op<value_type>{average + (hi - lo), rep.model().parameters().data() + param_count, keep,
                                                 take, u.decision});
+    if constexpr (device_memory<kind_type>::host_accessible)  // the slice's bf16 weight copy, from the updated values
+      rep.model().update_weight_copy(ctx, lo, hi, !sharded_);
     if constexpr (device_ordered)
       if (sharded_) ctx.mark_update();  // the others' copies of this slice wait for it
   }
 
   /// After every replica updated its slice: copies the other replicas' slices into replica r's
   /// parameters (an all-gather: through host memory, or on the GPUs with each copy queued after
-  /// the mark of the replica that updated the slice; call on replica r's worker).
+  /// the mark of the replica that updated the slice; call on replica r's worker), and on the
+  /// host their slices of the bf16 weight copy (basic_model::has_weight_copy). The other
+  /// replicas are only read (their models taken read-only: another worker owns them).
   void gather(replicas_view reps, std::size_t r) const {
     if (!sharded_) return;
     if constexpr (shardable) {
-      value_type* mine = reps[r]->model().parameters().data();
+      auto& me = reps[r]->model();
+      value_type* mine = me.parameters().data();
       for (std::size_t s = 0; s < reps.size(); ++s) {
         if (s == r) continue;
         const auto [lo, hi] = slice(s);
+        const auto& theirs = std::as_const(*reps[s]).model();
         if constexpr (device_ordered) {
           reps[r]->context().wait_for_update_of(reps[s]->context());
-          copy_from(reps[r]->context(), mine + lo, reps[s]->context(), reps[s]->model().parameters().data() + lo, hi - lo);
+          copy_from(reps[r]->context(), mine + lo, reps[s]->context(), theirs.parameters().data() + lo, hi - lo);
         } else {
-          copy(reps[r]->context(), mine + lo, reps[s]->model().parameters().data() + lo, hi - lo);
+          copy(reps[r]->context(), mine + lo, theirs.parameters().data() + lo, hi - lo);
+          me.take_weight_copy(reps[r]->context(), theirs, std::as_const(*reps[s]).context(), lo, hi);
         }
       }
+      if constexpr (!device_ordered) me.weight_copy_complete(reps[r]->context());
     }
   }
 

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <concepts>
@@ -66,6 +67,23 @@ std::vector<std::string> layers_in_fp32() {
   return out;
 }
 
+/// Bytes one replica holds, by purpose (basic_replica::memory(), basic_model::memory()): what
+/// a precision policy, sharding or accumulation changes. Counted in the device's memory, as
+/// allocated (buffers grow to the largest batch seen and are reused).
+struct memory_use {
+  std::size_t parameters = 0;       ///< the master parameters and the non-trainable state
+  std::size_t gradients = 0;        ///< the gradient buffer, and the running sum of layers that do not accumulate
+  std::size_t optimizer_state = 0;  ///< the optimiser's state (the replica's slice when sharded)
+  std::size_t activations = 0;      ///< the layers' workspace (activations kept for backward) and the output
+  std::size_t weight_copy = 0;      ///< the bf16 weight copy (mixed<bf16> on host replicas)
+  std::size_t gemm_operands = 0;    ///< buffers the context converts GEMM operands into (mixed policies)
+  std::size_t other = 0;            ///< the EMA, the loss's buffers, staged inputs, rows kept for accumulated weight gradients
+  /// The sum of every part.
+  [[nodiscard]] std::size_t total() const noexcept {
+    return parameters + gradients + optimizer_state + activations + weight_copy + gemm_operands + other;
+  }
+};
+
 /// The no-op backward hook: called after each top-level layer's gradients are final.
 struct no_layer_hook {
   /// Does nothing.
@@ -116,6 +134,7 @@ public:
     if constexpr (state_count > 0) bound::init_state(host.data() + param_count);
     copy_from_host(ctx, params_.data(), host.data(), stored_count);
     fill(ctx, grads_.data(), param_count, T(0));
+    copy_fresh_ = false;
   }
 
   /// Grows the workspace for batches of up to `rows` rows (forward does this on demand).
@@ -141,6 +160,7 @@ public:
       }
     }
     const detail::layer_precision_scope<bound, context_type> precision(ctx);
+    const weight_copy_scope copy(*this, ctx);
     bound::forward(ctx, forward_args_for<T, context_type, bound>{params_.data(),
                                                              {x, rows},
                                                              {output_.data(), rows},
@@ -192,6 +212,7 @@ private:
                                                   workspace_.data(),
                                                   last_info_};
     const detail::layer_precision_scope<bound, context_type> precision(ctx);
+    const weight_copy_scope copy(*this, ctx);
     if constexpr (requires { bound::layer_count; })
       bound::backward(ctx, a, on_layer_done);
     else {
@@ -200,11 +221,45 @@ private:
     }
   }
 
+  // Host float models may keep a bf16 weight copy (has_weight_copy).
+  static constexpr bool keeps_weight_copy = std::is_same_v<T, float> && std::is_same_v<Kind, cpus>;
+
+  // Gives the context this model's weight copy for one pass (rewritten first when stale), and
+  // takes it back after.
+  class weight_copy_scope {
+  public:
+    weight_copy_scope(basic_model& m, context_type& ctx) : ctx_(ctx) {
+      if constexpr (keeps_weight_copy) {
+        saved_ = ctx.weight_copy();
+        bf16_weight_copy_view v{};
+        if (has_weight_copy(ctx)) {
+          if (!m.copy_fresh_) m.update_weight_copy(ctx, 0, param_count, true);
+          v = bf16_weight_copy_view{m.params_.data(), param_count, m.copy_.data()};
+        }
+        ctx.set_weight_copy(v);
+      }
+    }
+    weight_copy_scope(const weight_copy_scope&) = delete;
+    weight_copy_scope& operator=(const weight_copy_scope&) = delete;
+    ~weight_copy_scope() {
+      if constexpr (keeps_weight_copy) ctx_.set_weight_copy(saved_);
+    }
+
+  private:
+    context_type& ctx_;
+    std::conditional_t<keeps_weight_copy, bf16_weight_copy_view, bool> saved_{};
+  };
+
 public:
 
   /// The flat parameter buffer: param_count trainable parameters, then state_count elements of
-  /// non-trainable state (batch-norm running statistics), stored_count in all.
-  [[nodiscard]] basic_buffer<T, Kind>& parameters() noexcept { return params_; }
+  /// non-trainable state (batch-norm running statistics), stored_count in all. Writable access
+  /// marks the bf16 weight copy stale (rewritten at the next pass; see has_weight_copy), so write
+  /// the parameters through a pointer taken from this call, not one kept from an earlier one.
+  [[nodiscard]] basic_buffer<T, Kind>& parameters() noexcept {
+    copy_fresh_ = false;
+    return params_;
+  }
   /// The flat parameter buffer (parameters, then state).
   [[nodiscard]] const basic_buffer<T, Kind>& parameters() const noexcept { return params_; }
   /// The flat gradient buffer (same layout as the parameters).
@@ -216,6 +271,67 @@ public:
   [[nodiscard]] const gradient_deferral& deferral() const noexcept { return deferral_; }
   /// Largest batch the workspace holds without growing.
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+
+  /// True when a model of this type keeps a bf16 copy of its trainable parameters on context
+  /// `ctx`: a host float model whose context computes under `mixed<bf16>` with
+  /// host_context::bf16_weight_copy() on. The copy's GEMMs then read a weight operand from it
+  /// instead of converting the weights at every GEMM. The update rewrites it from the updated
+  /// parameters (sharded_update: each replica its slice, right after the optimiser, then the
+  /// others' slices with theirs), and a pass rewrites it whole when it is stale (after writable
+  /// access to parameters(), init or load). It is never checkpointed: the fp32 parameters are
+  /// the master copy, and the GEMMs compute the same bits from either.
+  [[nodiscard]] static bool has_weight_copy([[maybe_unused]] const context_type& ctx) noexcept {
+    if constexpr (keeps_weight_copy)
+      return ctx.policy() == compute_precision::bf16 && ctx.bf16_weight_copy();
+    else
+      return false;
+  }
+  /// Bytes the bf16 weight copy holds (0 without one).
+  [[nodiscard]] std::size_t weight_copy_bytes() const noexcept { return copy_.size() * sizeof(std::uint16_t); }
+  /// The bytes this model holds (its part of basic_replica::memory(): parameters, gradients,
+  /// activations, weight copy, kept rows).
+  [[nodiscard]] memory_use memory() const noexcept {
+    memory_use m;
+    m.parameters = params_.size() * sizeof(T);
+    m.gradients = (grads_.size() + accum_.size()) * sizeof(T);
+    m.activations = (workspace_.size() + output_.size()) * sizeof(T);
+    m.weight_copy = weight_copy_bytes();
+    m.other = deferral_.reserved_bytes();
+    return m;
+  }
+
+  /// After an update of parameters [lo, hi) on `ctx`: rewrites that slice of the weight copy
+  /// (when the model keeps one); `complete` when no other slice changed (an unsharded update).
+  void update_weight_copy([[maybe_unused]] const context_type& ctx, [[maybe_unused]] std::size_t lo,
+                          [[maybe_unused]] std::size_t hi, [[maybe_unused]] bool complete) {
+    if constexpr (keeps_weight_copy) {
+      if (!has_weight_copy(ctx) || hi <= lo) return;
+      if (copy_.size() != param_count) copy_.assign(param_count, 0);
+      backend::to_bf16_weights(params_.data() + lo, hi - lo, copy_.data() + lo);
+      if (complete) copy_fresh_ = true;
+    }
+  }
+  /// A sharded update's gather on `ctx`: slice [lo, hi) of the weight copy taken from `other`
+  /// (on `other_ctx`), which updated that slice and rewrote its copy of it; converted from this
+  /// model's parameters (just gathered) where `other` keeps no copy.
+  void take_weight_copy([[maybe_unused]] const context_type& ctx, [[maybe_unused]] const basic_model& other,
+                        [[maybe_unused]] const context_type& other_ctx, [[maybe_unused]] std::size_t lo,
+                        [[maybe_unused]] std::size_t hi) {
+    if constexpr (keeps_weight_copy) {
+      if (!has_weight_copy(ctx) || hi <= lo) return;
+      if (copy_.size() != param_count) copy_.assign(param_count, 0);
+      const auto at = [](auto& v, std::size_t i) { return v.begin() + static_cast<std::ptrdiff_t>(i); };
+      if (has_weight_copy(other_ctx) && other.copy_.size() == param_count)
+        std::copy(at(other.copy_, lo), at(other.copy_, hi), at(copy_, lo));
+      else
+        backend::to_bf16_weights(params_.data() + lo, hi - lo, copy_.data() + lo);
+    }
+  }
+  /// After a sharded update's gather on `ctx` (every slice rewritten or taken): the weight copy is
+  /// current.
+  void weight_copy_complete([[maybe_unused]] const context_type& ctx) noexcept {
+    if constexpr (keeps_weight_copy) copy_fresh_ = has_weight_copy(ctx) && copy_.size() == param_count;
+  }
 
   /// Moves the gradients into `storage`: param_count elements of memory kind Kind that `storage`
   /// keeps alive (a worker's shared-memory window, which the other workers' all-reduce reads and
@@ -234,6 +350,8 @@ private:
   basic_buffer<T, Kind> output_;
   basic_buffer<T, Kind> accum_;  // the running gradient sum, for layers that do not accumulate themselves
   gradient_deferral deferral_;   // kept rows for weight gradients formed once per accumulated update
+  std::vector<std::uint16_t> copy_;  // the bf16 weight copy (has_weight_copy), param_count encodings
+  bool copy_fresh_ = false;          // copy_ holds the current parameters' encodings
   std::size_t capacity_ = 0;
   bool reserved_ = false;  // the batch-independent workspace exists (even for an empty first batch)
   const T* last_x_ = nullptr;

@@ -363,6 +363,9 @@ public:
     return state_->operands.get();
   }
 
+  /// Bytes of device memory gemm_operands() holds.
+  [[nodiscard]] std::size_t gemm_operand_bytes() const noexcept { return state_->operands.size(); }
+
   /// Page-locked host memory of at least `bytes` bytes, reused across calls (grows, never
   /// shrinks): where layers stage device rows for a host-side exchange (batch_norm's statistics
   /// across replicas). Valid until the next call that grows it; copies through it must have

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -97,10 +99,34 @@ public:
     return v.data();
   }
 
+  /// Bytes the buffers hold.
+  [[nodiscard]] std::size_t bytes() const noexcept { return (a_.capacity() + b_.capacity()) * sizeof(float); }
+
 private:
   mutable std::vector<float> a_, b_;
 };
 }  // namespace detail
+
+/// The bf16 copy of a model's trainable parameters that the bf16 GEMMs of its layers read in place
+/// of converting a weight operand on every call (basic_model keeps it under `mixed<bf16>` and
+/// rewrites it after each update); `bits[i]` is `params[i]` rounded to bf16 by the conversion the
+/// GEMMs use (backend::to_bf16_weights). Empty (count 0): no copy.
+struct bf16_weight_copy_view {
+  const float* params = nullptr;        ///< the fp32 parameters the copy follows
+  std::size_t count = 0;                ///< how many it holds
+  const std::uint16_t* bits = nullptr;  ///< their bf16 encodings
+
+  /// The bf16 encodings of the dense run [p, p + n) of the parameters, or null when the run is
+  /// not wholly inside them.
+  [[nodiscard]] const std::uint16_t* find(const float* p, std::size_t n) const noexcept {
+    if (count == 0 || n == 0) return nullptr;
+    const auto base = reinterpret_cast<std::uintptr_t>(params), at = reinterpret_cast<std::uintptr_t>(p);
+    if (at < base) return nullptr;
+    const std::uintptr_t offset = (at - base) / sizeof(float);
+    if ((at - base) % sizeof(float) != 0 || offset > count || n > count - offset) return nullptr;
+    return bits + offset;
+  }
+};
 
 /// Execution context of a host (cpu<I>) replica. Kernels are found by argument-dependent lookup
 /// on the context type, so contexts and their kernels share namespace lockstep::backend.
@@ -130,6 +156,41 @@ public:
   void set_gemm_precision(compute_precision p) noexcept { active_ = p; }
   /// The buffers emulated bf16 and fp16 GEMMs round their operands into.
   [[nodiscard]] const detail::rounding_scratch& rounding() const noexcept { return rounding_; }
+  /// Bytes of the buffers this context converts GEMM operands into under a mixed policy (the
+  /// emulation's rounded copies, and the oneDNN build's bf16 operands): grown to the largest
+  /// operands seen, then reused.
+  [[nodiscard]] std::size_t gemm_operand_bytes() const noexcept {
+    std::size_t bytes = rounding_.bytes();
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+    if (const auto* cache = gemm_cache_.peek()) bytes += cache->operand_bytes();
+#endif
+    return bytes;
+  }
+
+  /// True when a float model under `mixed<bf16>` keeps a bf16 copy of its weights, written after
+  /// each update, for its GEMMs to read (see basic_model); false converts each weight operand at
+  /// every GEMM, with the same bits. By default, where the bf16 GEMMs are native
+  /// (host_bf16_native): the emulation widens a weight into an fp32 buffer either way, so a copy
+  /// would only add memory there.
+  [[nodiscard]] bool bf16_weight_copy() const noexcept { return weight_copy_mode_ >= 0 ? weight_copy_mode_ != 0 : native_bf16(); }
+  /// Sets bf16_weight_copy() on or off, whatever the GEMMs (a model then starts or drops its copy
+  /// at its next pass).
+  void set_bf16_weight_copy(bool on) noexcept { weight_copy_mode_ = on ? 1 : 0; }
+  /// The weight copy the running pass's GEMMs may read (set by the model around its passes).
+  [[nodiscard]] const bf16_weight_copy_view& weight_copy() const noexcept { return weight_copy_; }
+  /// Sets weight_copy() (an empty view: none).
+  void set_weight_copy(const bf16_weight_copy_view& v) noexcept { weight_copy_ = v; }
+  /// GEMM operands this context has read from a weight copy instead of converting them.
+  [[nodiscard]] std::uint64_t weight_copy_reads() const noexcept { return weight_copy_reads_; }
+  /// The bf16 encodings of the rows x cols operand at `p` (leading dimension ld) from the weight
+  /// copy, counted in weight_copy_reads(), or null when it is not a dense run of the copy.
+  [[nodiscard]] const std::uint16_t* weight_copy_of(const float* p, std::size_t rows, std::size_t cols,
+                                                     std::size_t ld) const noexcept {
+    if (ld != cols && rows > 1) return nullptr;
+    const std::uint16_t* bits = weight_copy_.find(p, rows * cols);
+    if (bits) ++weight_copy_reads_;
+    return bits;
+  }
 
   /// True (the default) when a convolution that can run through oneDNN's primitives does (the
   /// oneDNN build; see conv2d); false keeps every convolution on im2col + GEMM, to compare the two.
@@ -171,11 +232,23 @@ public:
 #endif
 
 private:
+  // Whether the bf16 GEMMs run natively (the oneDNN build on a CPU with bf16 instructions).
+  static bool native_bf16() noexcept {
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+    return detail::onednn_native_bf16();
+#else
+    return false;
+#endif
+  }
+
   int blas_threads_;
   bool flush_denormals_;
   compute_precision policy_;
   compute_precision active_ = compute_precision::fp32;
   bool onednn_convolutions_ = true;
+  signed char weight_copy_mode_ = -1;  // set_bf16_weight_copy's choice; -1: where bf16 is native
+  bf16_weight_copy_view weight_copy_{};
+  mutable std::uint64_t weight_copy_reads_ = 0;
   detail::rounding_scratch rounding_;
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
   detail::onednn_gemm_slot gemm_cache_;
@@ -228,6 +301,7 @@ inline std::string host_gemm_warning() {
 }  // namespace backend
 
 using backend::allowed_cpu_count;
+using backend::bf16_weight_copy_view;
 using backend::allowed_cpus;
 using backend::blas_core_name;
 using backend::blas_kernel_warning;

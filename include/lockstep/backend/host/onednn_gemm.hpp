@@ -170,24 +170,37 @@ public:
   /// The same product with A and B rounded to bf16 (round to nearest even) and multiplied by
   /// oneDNN's bf16 kernels, accumulated and written in fp32; call only where onednn_native_bf16().
   /// The operands are converted into this cache's bf16 buffers (grown, never shrunk), so a
-  /// steady-state call allocates nothing.
+  /// steady-state call allocates nothing; an operand whose dense bf16 encodings are given
+  /// (`a_bits`, `b_bits`: a model's weight copy, written by the same conversion) is read from them.
   void bf16gemm(int threads, bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha,
                 const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c,
-                std::size_t ldc) {
+                std::size_t ldc, const std::uint16_t* a_bits = nullptr, const std::uint16_t* b_bits = nullptr) {
     onednn_set_threads(threads);
     scale_c(m, n, beta, c, ldc);
     // Stored shapes: A is m x k (k x m when transposed), B is k x n (n x k); converted densely.
     const std::size_t a_rows = ta ? k : m, a_cols = ta ? m : k;
     const std::size_t b_rows = tb ? n : k, b_cols = tb ? k : n;
-    std::uint16_t* a16 = bf16_buffer(0, a_rows * a_cols);
-    std::uint16_t* b16 = bf16_buffer(1, b_rows * b_cols);
-    convert(a, a_rows, a_cols, lda, a16);
-    convert(b, b_rows, b_cols, ldb, b16);
+    const std::uint16_t* a16 = a_bits;
+    const std::uint16_t* b16 = b_bits;
+    if (!a16) {
+      std::uint16_t* buffer = bf16_buffer(0, a_rows * a_cols);
+      convert(a, a_rows, a_cols, lda, buffer);
+      a16 = buffer;
+    }
+    if (!b16) {
+      std::uint16_t* buffer = bf16_buffer(1, b_rows * b_cols);
+      convert(b, b_rows, b_cols, ldb, buffer);
+      b16 = buffer;
+    }
     run(make_key(m, n, k, a_cols, b_cols, ldc, ta, tb, alpha, beta, true), alpha, a16, b16, c);
   }
 
   /// Whether this machine's oneDNN runs bf16 natively (onednn_native_bf16, read once per cache).
   [[nodiscard]] bool native_bf16() const noexcept { return native_bf16_; }
+  /// Bytes of the buffers the bf16 GEMMs convert their operands into (grown, never shrunk).
+  [[nodiscard]] std::size_t operand_bytes() const noexcept {
+    return (bf16_[0].size + bf16_[1].size) * sizeof(std::uint16_t);
+  }
 
   /// Number of cached primitives (GEMM shapes seen).
   [[nodiscard]] std::size_t primitives() const noexcept { return entries_.size(); }
@@ -417,6 +430,8 @@ public:
     if (!cache_) cache_ = std::make_unique<Cache>();
     return *cache_;
   }
+  /// The cache, or null before its first use.
+  [[nodiscard]] const Cache* peek() const noexcept { return cache_.get(); }
 
 private:
   mutable std::unique_ptr<Cache> cache_;

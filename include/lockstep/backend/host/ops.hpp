@@ -7,6 +7,7 @@
 #include <cblas.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include <lockstep/backend/host/context.hpp>
@@ -56,19 +57,33 @@ inline void round_rows(const float* src, std::size_t rows, std::size_t cols, std
   }
 }
 
+/// An operand rounded to bf16 ahead of the GEMM, dense (a weight copy, bf16_weight_copy_view): its
+/// values, widened exactly to fp32, into `dst`.
+inline void widen_bf16(const std::uint16_t* __restrict bits, std::size_t n, float* __restrict dst) noexcept {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = from_bf16_bits(bits[i]);
+}
+
 /// The GEMM (m, n, k > 0) on operands rounded by Round (to bf16 or fp16) into the context's
 /// scratch, by the fp32 kernels: the products of such values are exact in fp32, so this
-/// accumulates the products of the rounded operands in fp32.
+/// accumulates the products of the rounded operands in fp32. `a_bits` / `b_bits` (bf16 only, else
+/// null): the operand's bf16 encodings from a weight copy, widened instead of rounded (same values).
 template <float (*Round)(float)>
 inline void rounded_gemm(const host_context& ctx, trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k,
                          float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta,
-                         float* c, std::size_t ldc) {
+                         float* c, std::size_t ldc, const std::uint16_t* a_bits = nullptr,
+                         const std::uint16_t* b_bits = nullptr) {
   const std::size_t a_rows = ta == trans::yes ? k : m, a_cols = ta == trans::yes ? m : k;
   const std::size_t b_rows = tb == trans::yes ? n : k, b_cols = tb == trans::yes ? k : n;
   float* ra = ctx.rounding().get(0, a_rows * a_cols);
   float* rb = ctx.rounding().get(1, b_rows * b_cols);
-  round_rows<Round>(a, a_rows, a_cols, lda, ra);
-  round_rows<Round>(b, b_rows, b_cols, ldb, rb);
+  if (a_bits)
+    widen_bf16(a_bits, a_rows * a_cols, ra);
+  else
+    round_rows<Round>(a, a_rows, a_cols, lda, ra);
+  if (b_bits)
+    widen_bf16(b_bits, b_rows * b_cols, rb);
+  else
+    round_rows<Round>(b, b_rows, b_cols, ldb, rb);
   sgemm(ctx, ta, tb, m, n, k, alpha, ra, a_cols, rb, b_cols, beta, c, ldc);
 }
 
@@ -78,15 +93,37 @@ inline void rounded_gemm(const host_context& ctx, trans ta, trans tb, std::size_
 inline void bf16gemm(const host_context& ctx, trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k,
                      float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta,
                      float* c, std::size_t ldc) {
+  // An operand that is a dense run of the model's weight copy is read from it, not converted.
+  const std::uint16_t* a_bits =
+      ctx.weight_copy_of(a, ta == trans::yes ? k : m, ta == trans::yes ? m : k, lda);
+  const std::uint16_t* b_bits =
+      ctx.weight_copy_of(b, tb == trans::yes ? n : k, tb == trans::yes ? k : n, ldb);
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
   if (ctx.gemm_cache().native_bf16()) {
     ctx.gemm_cache().bf16gemm(ctx.blas_threads(), ta == trans::yes, tb == trans::yes, m, n, k, alpha, a, lda, b, ldb,
-                              beta, c, ldc);
+                              beta, c, ldc, a_bits, b_bits);
     return;
   }
 #endif
-  rounded_gemm<round_to_bf16>(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  rounded_gemm<round_to_bf16>(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, a_bits, b_bits);
 }
+}  // namespace detail
+
+/// Writes src[0, n) rounded to bf16 into dst with the conversion this process's bf16 GEMMs apply
+/// to their operands (the CPU's AVX512-BF16 instructions where oneDNN runs bf16 natively, else
+/// to_bf16_bits), so a GEMM reading the encodings computes the bits it computes from src: what a
+/// model's bf16 weight copy is written with.
+inline void to_bf16_weights(const float* src, std::size_t n, std::uint16_t* dst) noexcept {
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+  if (detail::onednn_native_bf16()) {
+    detail::to_bf16_row(src, n, dst);
+    return;
+  }
+#endif
+  for (std::size_t i = 0; i < n; ++i) dst[i] = to_bf16_bits(src[i]);
+}
+
+namespace detail {
 }  // namespace detail
 
 /// Whether this process computes `mixed<bf16>` GEMMs with native bf16 instructions (oneDNN build
