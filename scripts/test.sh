@@ -40,8 +40,9 @@ run_tests() {
 #    (CUDA, the fuzz harnesses, MPI and interop ran above): every header alone with -Wpedantic,
 #    tests, examples and benchmarks built at -O1 (clang's warnings come from its front end; the
 #    g++ build runs the tests at -O3), the tests run;
-#  - tsan: the pipeline tests and the reducer and stage conformance suites (test_threads) under
-#    ThreadSanitizer (the pipeline's stages and the reducers use threads).
+#  - tsan: the pipeline tests, the reducer and stage conformance suites and the bf16 weight
+#    copy's tests (test_threads) under ThreadSanitizer (the pipeline's stages, the reducers and
+#    the sharded update use threads).
 declare -A passed skipped_of
 for preset in gcc clang tsan; do
   dir="$build"

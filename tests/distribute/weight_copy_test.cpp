@@ -3,7 +3,8 @@
 // training with the copy gives the bits of training without it (1, 2 and 3 replicas, the update
 // whole or sharded, both determinism policies, accumulated updates, clipping and an EMA), the
 // copy is read, it follows every write of the parameters (loads, writes through parameters(),
-// skipped updates), and a GEMM finds only operands wholly inside it.
+// skipped updates), a GEMM finds only operands wholly inside it, and the conversion that writes it
+// treats an element the same wherever it sits in a row.
 
 #include <doctest/doctest.h>
 
@@ -11,6 +12,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,8 +40,22 @@ struct copy_run {
 /// Five updates of mlp_dropout under mixed<bf16> on `replicas` replicas of strategy S, with the copy
 /// on or off; `accumulate` batches per update; an EMA and clipping when `recipe`; between updates 2
 /// and 3 a load of new parameters, and between 3 and 4 a write of one weight through parameters().
-template <class S>
-copy_run train_copy(std::size_t replicas, bool copy, bool shard, std::size_t accumulate, bool recipe) {
+/// A user's optimiser: plain SGD that applies no recipe (so the strategy writes the weight copy in
+/// a pass of its own after it).
+struct plain_sgd {
+  using optimizer_concept = ls::optimizer_tag;
+  static constexpr bool elementwise = true;
+  float lr = 0.05f;
+  [[nodiscard]] std::size_t state_size(std::size_t) const noexcept { return 0; }
+  template <class T, class Ctx>
+  void update(Ctx&, T* p, const T* g, T*, std::size_t n, const ls::update_info& u) const {
+    for (std::size_t i = 0; i < n; ++i) p[i] -= static_cast<T>(u.lr) * g[i] * static_cast<T>(u.grad_scale);
+  }
+};
+
+template <class S, class Opt = ls::adamw>
+copy_run train_copy(std::size_t replicas, bool copy, bool shard, std::size_t accumulate, bool recipe,
+                    const Opt& opt = ls::adamw{.lr = 3e-3f}) {
   S s(ls::device_selection::first(replicas), ls::strategy_options{.micro_shard_rows = 4, .shard_optimizer = shard});
   auto m = s.template replicate<mlp_dropout, ls::mixed<ls::bf16>>(ls::seed{5});
   for (std::size_t r = 0; r < m.size(); ++r) m.replica(r).context().set_bf16_weight_copy(copy);
@@ -58,8 +75,8 @@ copy_run train_copy(std::size_t replicas, bool copy, bool shard, std::size_t acc
       for (std::size_t r = 0; r < m.size(); ++r) m.replica(r).model().parameters().data()[7] = 0.3125f;
     for (std::size_t j = 0; j + 1 < accumulate; ++j)
       (void)ls::accumulate(s, m, ls::softmax_cross_entropy{}, distributed(make_batch(24 + j, 300 + key++), replicas));
-    (void)ls::train_step(s, m, ls::adamw{.lr = 3e-3f}, ls::softmax_cross_entropy{},
-                         distributed(make_batch(37, 300 + key++), replicas), rec);
+    (void)ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distributed(make_batch(37, 300 + key++), replicas),
+                         rec);
   }
   copy_run out;
   out.params = m.parameters_to_host();
@@ -105,6 +122,27 @@ TEST_CASE("mixed<bf16>'s weight copy trains to the bits of converting the weight
 
 TEST_CASE("mixed<bf16>'s weight copy trains to the bits of converting the weights at every GEMM (replica_count_invariant)") {
   check_same_bits<invariant>("replica_count_invariant");
+}
+
+TEST_CASE("mixed<bf16>'s weight copy trains to the same bits under SGD with momentum and under a user's optimiser that applies no recipe") {
+  const auto check = [](const auto& opt, const char* name) {
+    for (const std::size_t replicas : {1, 2})
+      for (const bool shard : {false, true})
+        for (const bool recipe : {false, true}) {
+          CAPTURE(std::string(name));
+          CAPTURE(replicas);
+          CAPTURE(shard);
+          CAPTURE(recipe);
+          const auto off = train_copy<run_to_run>(replicas, false, shard, 2, recipe, opt);
+          const auto on = train_copy<run_to_run>(replicas, true, shard, 2, recipe, opt);
+          CHECK(on.identical);
+          CHECK(on.params == off.params);
+          CHECK(on.ema == off.ema);
+          CHECK(on.reads > 0);
+        }
+  };
+  check(ls::sgd{.lr = 0.05f, .momentum = 0.9f}, "sgd with momentum");
+  check(plain_sgd{}, "a user's optimiser");
 }
 
 TEST_CASE("the weight copy is kept only under mixed<bf16>, by default where bf16 is native, and the GEMMs of every dense layer read it") {
@@ -206,4 +244,37 @@ TEST_CASE("a bf16 GEMM reading an operand from a weight copy computes the bits o
               CHECK(std::abs(double(c2[i * n + j]) - ref) <= 1e-5 * (1.0 + double(k)));
             }
         }
+}
+
+namespace {
+/// Parameters that exercise the bf16 conversion: subnormals of both signs, halfway cases (ties to
+/// even both ways), NaNs, infinities, the largest floats, and ordinary values.
+std::vector<float> awkward_values(std::size_t n) {
+  std::vector<float> v;
+  const ls::counter_rng rng(5, n);
+  const float specials[] = {0x1p-149f, -0x1p-149f, 0x1.fffffcp-127f, -0x1.0p-130f, 0x1p-126f, 0.0f, -0.0f,
+                            1.0f + 0x1p-8f, 1.0f + 0x3p-8f, -(1.0f + 0x1p-8f), 3.4e38f, -3.4e38f,
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), 65504.0f, 1e-30f};
+  for (std::size_t i = 0; i < n; ++i)
+    v.push_back(i < std::size(specials) ? specials[i] : (rng.uniform(i) * 2 - 1) * std::ldexp(1.0f, static_cast<int>(i % 60) - 30));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("the weight copy's conversion reads subnormals as the bf16 GEMMs' conversion does, wherever they sit in a row") {
+  // Element by element, the vectorised conversion (where bf16 is native) is to_bf16_bits_daz, in the
+  // vector body and in the tail alike, so an element's bits do not depend on its position.
+  // The special values open each row: in the tail for rows under 32, in the vector body above.
+  for (const std::size_t n : {1, 17, 31, 32, 33, 4099}) {
+    CAPTURE(n);
+    const auto v = awkward_values(n);
+    std::vector<std::uint16_t> row(v.size());
+    ls::backend::to_bf16_weights(v.data(), v.size(), row.data());
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      CAPTURE(i);
+      CHECK(row[i] == ls::to_bf16_bits_daz(v[i], ls::host_bf16_native()));
+    }
+  }
 }

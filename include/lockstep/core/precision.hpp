@@ -130,6 +130,19 @@ LOCKSTEP_HD inline std::uint16_t to_bf16_bits(float x) noexcept {
   return static_cast<std::uint16_t>(u >> 16);
 }
 
+/// to_bf16_bits(x), except that with `daz` a subnormal x reads as a zero of its sign, as the
+/// CPU's AVX512-BF16 conversion reads it (what the host's native bf16 conversion gives for every
+/// element, backend::to_bf16_weights).
+LOCKSTEP_HD inline std::uint16_t to_bf16_bits_daz(float x, bool daz) noexcept {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const bool subnormal = (u & 0x7f800000u) == 0;
+  const std::uint32_t v = daz && subnormal ? (u & 0x80000000u) : u;
+  float y;
+  std::memcpy(&y, &v, sizeof y);
+  return to_bf16_bits(y);
+}
+
 /// The fp32 value of bf16 encoding `bits` (exact).
 LOCKSTEP_HD inline float from_bf16_bits(std::uint16_t bits) noexcept {
   const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;

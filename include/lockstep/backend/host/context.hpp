@@ -107,6 +107,16 @@ private:
 };
 }  // namespace detail
 
+/// Whether this process computes `mixed<bf16>` GEMMs with native bf16 instructions (oneDNN build
+/// on a CPU with AVX512-BF16 or AMX) rather than by rounding the operands for the fp32 kernels.
+inline bool host_bf16_native() noexcept {
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+  return detail::onednn_native_bf16();
+#else
+  return false;
+#endif
+}
+
 /// The bf16 copy of a model's trainable parameters that the bf16 GEMMs of its layers read in place
 /// of converting a weight operand on every call (basic_model keeps it under `mixed<bf16>` and
 /// rewrites it after each update); `bits[i]` is `params[i]` rounded to bf16 by the conversion the
@@ -172,7 +182,9 @@ public:
   /// every GEMM, with the same bits. By default, where the bf16 GEMMs are native
   /// (host_bf16_native): the emulation widens a weight into an fp32 buffer either way, so a copy
   /// would only add memory there.
-  [[nodiscard]] bool bf16_weight_copy() const noexcept { return weight_copy_mode_ >= 0 ? weight_copy_mode_ != 0 : native_bf16(); }
+  [[nodiscard]] bool bf16_weight_copy() const noexcept {
+    return weight_copy_mode_ >= 0 ? weight_copy_mode_ != 0 : host_bf16_native();
+  }
   /// Sets bf16_weight_copy() on or off, whatever the GEMMs (a model then starts or drops its copy
   /// at its next pass).
   void set_bf16_weight_copy(bool on) noexcept { weight_copy_mode_ = on ? 1 : 0; }
@@ -232,15 +244,6 @@ public:
 #endif
 
 private:
-  // Whether the bf16 GEMMs run natively (the oneDNN build on a CPU with bf16 instructions).
-  static bool native_bf16() noexcept {
-#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
-    return detail::onednn_native_bf16();
-#else
-    return false;
-#endif
-  }
-
   int blas_threads_;
   bool flush_denormals_;
   compute_precision policy_;

@@ -64,9 +64,9 @@ inline std::string onednn_name() {
          " (" + std::string(isa) + ")";
 }
 
-/// dst[i] = to_bf16_bits(src[i]) for n values with the CPU's AVX512-BF16 conversion (round to
-/// nearest even; subnormal inputs read as zero, as the thread's DAZ mode reads them anyway); only
-/// where the CPU has those instructions (onednn_native_bf16).
+/// dst[i] = to_bf16_bits_daz(src[i], true) for n values with the CPU's AVX512-BF16 conversion
+/// (round to nearest even; subnormal inputs read as zero, as the thread's DAZ mode reads them
+/// anyway); only where the CPU has those instructions (onednn_native_bf16).
 #if defined(__x86_64__) && !defined(__CUDACC__)
 __attribute__((target("avx512f,avx512bf16"))) inline void to_bf16_row(const float* src, std::size_t n,
                                                                       std::uint16_t* dst) noexcept {
@@ -76,9 +76,10 @@ __attribute__((target("avx512f,avx512bf16"))) inline void to_bf16_row(const floa
     std::memcpy(dst + i, &v, sizeof v);
   }
   // The tail by its count (under 32): g++ -O2 -march=native, inlining this into convert, warned
-  // that a loop on i < n might run 2^62 times.
+  // that a loop on i < n might run 2^62 times. Subnormals read as zero there too, as the
+  // instruction reads them, so an element's bits do not depend on its position in the row.
   const std::size_t rest = n - i;
-  for (std::size_t j = 0; j < rest; ++j) dst[i + j] = to_bf16_bits(src[i + j]);
+  for (std::size_t j = 0; j < rest; ++j) dst[i + j] = to_bf16_bits_daz(src[i + j], true);
 }
 #else
 inline void to_bf16_row(const float* src, std::size_t n, std::uint16_t* dst) noexcept {

@@ -112,10 +112,11 @@ inline void bf16gemm(const host_context& ctx, trans ta, trans tb, std::size_t m,
 /// Writes src[0, n) rounded to bf16 into dst with the conversion this process's bf16 GEMMs apply
 /// to their operands (the CPU's AVX512-BF16 instructions where oneDNN runs bf16 natively, else
 /// to_bf16_bits), so a GEMM reading the encodings computes the bits it computes from src: what a
-/// model's bf16 weight copy is written with.
+/// model's bf16 weight copy is written with. Element i is to_bf16_bits_daz(src[i],
+/// host_bf16_native()): the native conversion reads subnormal values as zero.
 inline void to_bf16_weights(const float* src, std::size_t n, std::uint16_t* dst) noexcept {
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
-  if (detail::onednn_native_bf16()) {
+  if (host_bf16_native()) {
     detail::to_bf16_row(src, n, dst);
     return;
   }
@@ -125,16 +126,6 @@ inline void to_bf16_weights(const float* src, std::size_t n, std::uint16_t* dst)
 
 namespace detail {
 }  // namespace detail
-
-/// Whether this process computes `mixed<bf16>` GEMMs with native bf16 instructions (oneDNN build
-/// on a CPU with AVX512-BF16 or AMX) rather than by rounding the operands for the fp32 kernels.
-inline bool host_bf16_native() {
-#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
-  return detail::onednn_native_bf16();
-#else
-  return false;
-#endif
-}
 
 /// How a host replica's GEMMs compute under `policy`, for start-up lines: "fp32", "mixed<bf16>
 /// (native bf16 GEMMs)", "mixed<bf16> (emulated: operands rounded to bf16, fp32 GEMMs)" or
