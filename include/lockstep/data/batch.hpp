@@ -72,8 +72,7 @@ struct distributed_batch {
 };
 
 namespace detail {
-/// Refuses a batch that does not hold every row, naming `what` needs them, and one whose
-/// features, labels or targets do not hold exactly its rows (shape_error).
+/// Refuses a batch that does not hold every row, naming `what` needs them.
 inline void require_every_row(const batch& b, const char* what) {
   if (!b.holds_every_row())
     throw config_error(std::string("lockstep::data::") + what + ": the global batch holds the values of rows " +
@@ -81,8 +80,12 @@ inline void require_every_row(const batch& b, const char* what) {
                        std::to_string(b.rows()) +
                        " rows only (an index-first pipeline decodes only the rows of this process's shards); "
                        "a step that reads every row of the global batch cannot run on it");
-  // Every row is read through `indices`: features, labels and targets must hold exactly its rows,
-  // or rows would be dropped (a batch filled by hand without indices) or read past the end.
+}
+
+/// Refuses (shape_error, naming `what` reads them) a batch whose features, labels or targets do
+/// not hold exactly its rows: every row is read through `indices`, so rows would be dropped (a
+/// batch filled by hand without indices) or read past the end.
+inline void require_consistent(const batch& b, const char* what) {
   const std::size_t rows = b.rows();
   const auto mismatch = [&](const char* field, std::size_t have, std::size_t want, const char* per_row) {
     throw shape_error(std::string("lockstep::data::") + what + ": the batch has " + std::to_string(rows) +
@@ -118,6 +121,7 @@ inline shard rows_of(const batch& b, std::size_t first, std::size_t count) noexc
 /// shape_error when its features, labels or targets do not hold exactly rows() rows.
 inline std::vector<shard> split(const batch& b, std::size_t n) {
   detail::require_every_row(b, "split");
+  detail::require_consistent(b, "split");
   std::vector<shard> out(n);
   const std::size_t rows = b.rows(), base = rows / n, extra = rows % n;
   std::size_t offset = 0;
@@ -134,6 +138,7 @@ inline std::vector<shard> split(const batch& b, std::size_t n) {
 /// shape_error when its features, labels or targets do not hold exactly rows() rows.
 inline shard whole(const batch& b) {
   detail::require_every_row(b, "whole");
+  detail::require_consistent(b, "whole");
   return rows_of(b, 0, b.rows());
 }
 

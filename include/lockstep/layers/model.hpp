@@ -4,9 +4,9 @@
 /// buffer, the flat gradient buffer of the same layout, and the activation workspace (grown to
 /// the largest batch seen, then reused: a steady-state step allocates nothing).
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
-#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <concepts>

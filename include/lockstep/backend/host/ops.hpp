@@ -124,9 +124,6 @@ inline void to_bf16_weights(const float* src, std::size_t n, std::uint16_t* dst)
   for (std::size_t i = 0; i < n; ++i) dst[i] = to_bf16_bits(src[i]);
 }
 
-namespace detail {
-}  // namespace detail
-
 /// How a host replica's GEMMs compute under `policy`, for start-up lines: "fp32", "mixed<bf16>
 /// (native bf16 GEMMs)", "mixed<bf16> (emulated: operands rounded to bf16, fp32 GEMMs)" or
 /// "mixed<fp16> (emulated: ...; dynamic loss scale)".
