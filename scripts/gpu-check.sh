@@ -27,7 +27,7 @@
 #
 # Verdict: one line per part (environment, core, bench, example, memcheck, racecheck, initcheck,
 # synccheck), one per GPU feature whose cases test_cuda has (batch_norm, batched_conv,
-# no_host_wait, graph_capture, zero1: cases that name one in brackets, "gpu: [batch_norm] ..."; outside the exit code, so
+# no_host_wait, graph_capture, zero1, weight_copy: cases that name one in brackets, "gpu: [batch_norm] ..."; outside the exit code, so
 # a broken feature cannot hide whether the core works), and the baseline ratios. The core passes
 # only when every other case that `test_cuda --list-test-cases --test-case='gpu: *'` lists (and
 # 'multigpu: *' with two GPUs) printed "lockstep-gpu-case: ran <name>" and none failed; bench only
@@ -68,9 +68,10 @@ declare -A san_filter=(
 declare -A san_limit=([memcheck]=60 [racecheck]=30 [initcheck]=25 [synccheck]=25)
 sanitizers=(memcheck racecheck initcheck synccheck)
 # GPU features: a case that tests one names it in brackets ("gpu: [batch_norm] ...").
-features=(batch_norm batched_conv no_host_wait graph_capture zero1)
+features=(batch_norm batched_conv no_host_wait graph_capture zero1 weight_copy)
 declare -A feature_pattern=([batch_norm]='\[batch_norm\]' [batched_conv]='\[batched_conv\]'
-                            [no_host_wait]='\[no_host_wait\]' [graph_capture]='\[graph_capture\]' [zero1]='\[zero1\]')
+                            [no_host_wait]='\[no_host_wait\]' [graph_capture]='\[graph_capture\]' [zero1]='\[zero1\]'
+                            [weight_copy]='\[weight_copy\]')
 
 # ------------------------------------------------------------------------------------------------
 # The verdict of the raw logs in folder $1 (see the file comment): prints the verdict lines,

@@ -3,7 +3,8 @@
 //  - gpu_config=L precision=fp32|tf32|bf16: training throughput of MLP config L
 //    (1024-4096-4096-1024, ReLU, batch 512, one step = forward + backward + SGD) on
 //    one_device<gpu<0>>, under the fp32, tf32 and mixed<bf16> policies; check: the loss is finite
-//    and falls over the timed steps;
+//    and falls over the timed steps; then bf16 once more with `weight_copy=off` (the weights packed
+//    at every GEMM instead of read from the bf16 weight copy; copy_speedup: its time over the copy's);
 //  - cublas_sgemm_ceiling: the same step's GEMMs alone, through cuBLAS SGEMM (the ceiling config L
 //    is measured against);
 //  - gpu_cnn: the Fashion-MNIST example's CNN (TensorFlow's tutorial CNN) at batch 256, FP32, and
@@ -119,11 +120,13 @@ struct timed_run {
 // Trains `steps` timed steps (after 3 untimed) of Net under precision policy P with Strategy
 // (one_device<gpu<0>> unless named) and strategy_options::defer_readback (each step returns the
 // previous one's loss, so the host never waits for the step it queues), SGD, on one fixed global
-// batch of random features and labels in [0, classes).
+// batch of random features and labels in [0, classes). `weight_copy`: whether a mixed<bf16>
+// model keeps its bf16 weight copy (the default) or packs its weights at every GEMM.
 template <class Net, class P = ls::fp32, class Strategy = ls::one_device<ls::gpu<0>>>
-timed_run train_timed(std::size_t batch, std::size_t classes, int steps) {
+timed_run train_timed(std::size_t batch, std::size_t classes, int steps, bool weight_copy = true) {
   Strategy strategy{ls::strategy_options{.defer_readback = true}};
   auto model = strategy.template replicate<Net, P>(ls::seed{1});
+  for (std::size_t k = 0; k < strategy.num_replicas(); ++k) model.replica(k).context().set_bf16_weight_copy(weight_copy);
   constexpr std::size_t width = decltype(model)::model_type::input_size;
   auto b = std::make_shared<ls::data::batch>();
   b->width = width;
@@ -180,7 +183,13 @@ void mlp(bool& all_ok) {
   const double fp32_seconds = fp32.seconds;
   report("fp32", fp32);
   report("tf32", train_timed<net, ls::tf32>(batch, 1024, steps));
-  report("bf16", train_timed<net, ls::mixed<ls::bf16>>(batch, 1024, steps));
+  const timed_run bf16 = train_timed<net, ls::mixed<ls::bf16>>(batch, 1024, steps);
+  report("bf16", bf16);
+  // The same without the bf16 weight copy (every GEMM packs its weight operand): what the copy gains.
+  const timed_run packed = train_timed<net, ls::mixed<ls::bf16>>(batch, 1024, steps, false);
+  std::printf("gpu_config=L precision=bf16 weight_copy=off samples_per_s=%.0f step_ms=%.3f copy_speedup=%.3f check=%s\n",
+              steps * batch / packed.seconds, 1e3 * packed.seconds / steps, packed.seconds / bf16.seconds,
+              verdict(packed.ok(), all_ok));
 
   // The ceiling: the step's GEMMs alone (forward, weight gradients, input gradients but the first),
   // with the same shapes, through the same cuBLAS SGEMM calls.

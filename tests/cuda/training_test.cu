@@ -14,6 +14,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace lockstep_test;
@@ -211,6 +212,78 @@ TEST_CASE("gpu: mixed<bf16> and mixed<fp16> on GPUs train like the host under th
   check_policy_against_host<ls::mixed<ls::bf16>, ls::mixed<ls::bf16>, two>("mixed<bf16> two replicas", 2e-2);
   check_policy_against_host<ls::mixed<ls::fp16>, ls::mixed<ls::fp16>, two>("mixed<fp16> two replicas", 5e-3);
   check_policy_against_host<ls::tf32, float, one>("tf32 against fp32", 2e-2);
+}
+
+namespace {
+// Strategy S under mixed<bf16>, trained with the bf16 weight copy and without it (the weights
+// packed at every GEMM): both multiply the same bf16 values, so every few updates the copy's
+// evaluation equals the packed one's up to the order of fp32 sums (a copy one update stale would
+// differ by the update), each training step reads five operands from the copy per replica, and the
+// two runs train alike.
+template <class S>
+void check_weight_copy(const char* name, const ls::strategy_options& o) {
+  const std::string label(name);  // doctest prints a const char* as an address
+  CAPTURE(label);
+  const auto b = make_batch(3);
+  const auto pipeline = [&b] {
+    return ls::data::from_memory(std::vector<float>(b->features), b->width, std::vector<std::int32_t>(b->labels)) |
+           ls::data::batched(8);
+  };
+  const ls::softmax_cross_entropy loss;
+  std::vector<double> losses[2];
+  std::vector<float> params[2];
+  for (const bool copy : {true, false}) {
+    CAPTURE(copy);
+    S s{o};
+    auto m = s.template replicate<net, ls::mixed<ls::bf16>>(ls::seed{3});
+    const auto set_copy = [&](bool on) {
+      for (std::size_t r = 0; r < s.num_replicas(); ++r) m.replica(r).context().set_bf16_weight_copy(on);
+    };
+    const auto reads = [&] {
+      std::uint64_t n = 0;
+      for (std::size_t r = 0; r < s.num_replicas(); ++r) n += m.replica(r).context().weight_copy_reads();
+      return n;
+    };
+    for (std::size_t r = 0; r < s.num_replicas(); ++r) CHECK(m.replica(r).context().bf16_weight_copy());  // the default
+    set_copy(copy);
+    const ls::sgd opt{.lr = 0.05f, .momentum = 0.9f};
+    std::uint64_t train_reads = 0;
+    for (std::size_t k = 0; k < steps; ++k) {
+      CAPTURE(k);
+      const std::uint64_t before = reads();
+      const auto st = ls::train_step(s, m, opt, loss, distribute(make_batch(k), s.num_replicas()));
+      train_reads += reads() - before;
+      losses[copy].push_back(st.loss_sum);
+      if (copy && k % 5 == 4) {
+        const auto with = ls::evaluate(s, m, loss, pipeline());
+        set_copy(false);
+        const auto without = ls::evaluate(s, m, loss, pipeline());
+        set_copy(true);
+        CHECK(with.samples == b->rows());
+        CHECK(std::abs(with.loss - without.loss) <= 1e-4 * (1.0 + std::abs(without.loss)));
+      }
+    }
+    // Per replica and step: the three dense layers' W in forward, the last two's in backward (the
+    // first computes no input gradient).
+    CHECK(train_reads == (copy ? 5 * steps * s.num_replicas() : 0));
+    for (std::size_t r = 0; r < s.num_replicas(); ++r)
+      CHECK(std::as_const(m.replica(r)).model().weight_copy_bytes() == (copy ? m.stored_count * sizeof(std::uint16_t) : 0));
+    params[copy] = m.parameters_to_host();
+  }
+  for (std::size_t k = 0; k < steps; ++k) {
+    CAPTURE(k);
+    CHECK(std::abs(losses[1][k] - losses[0][k]) <= 2e-2 * (1.0 + std::abs(losses[0][k])));
+  }
+  check_close(params[1], params[0], 2e-2, "parameters after 20 steps, with the copy and without");
+}
+}  // namespace
+
+TEST_CASE("gpu: [weight_copy] under mixed<bf16> GPU GEMMs read the weights from a bf16 copy rewritten after every update, sharded or not") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  check_weight_copy<ls::one_device<ls::gpu<0>>>("one_device<gpu<0>>", {});
+  check_weight_copy<ls::mirrored<ls::gpu<0>, ls::gpu<0>>>("mirrored<gpu<0> x 2>", {.bucket_bytes = 1024});
+  check_weight_copy<ls::mirrored<ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>>(
+      "mirrored<gpu<0> x 3>, sharded update", {.bucket_bytes = 1024, .shard_optimizer = true});
 }
 
 TEST_CASE("gpu: mirrored<gpu<0>, gpu<0>> (on-device reducer) trains like one host device over 20 steps") {

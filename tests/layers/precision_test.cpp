@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -471,6 +472,34 @@ TEST_CASE("pack16_op packs strided matrices element by element as their bf16 or 
         CHECK(b.back() == 0xabcdu);  // nothing written past rows x cols
         CHECK(f.back() == 0xabcdu);
       }
+}
+
+TEST_CASE("bf16_encode_op writes over a flat run the encodings pack16_op packs, so a GPU weight copy holds the packed GEMM's operands") {
+  const float specials[] = {0.0f, -0.0f, 1.0f, -1.5f, 1.00390625f, 1.01171875f,  // ties to even, both ways
+                            std::numeric_limits<float>::denorm_min(), -1e-39f, std::numeric_limits<float>::min(),
+                            std::numeric_limits<float>::max(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  for (const std::size_t n : {0u, 1u, 2u, 13u, 31u, 64u, 1031u}) {
+    CAPTURE(n);
+    auto src = matrix(1, n, n, 21);
+    for (std::size_t i = 0; i < n; ++i)
+      if (i % 3 == 0) src[i] = specials[(i / 3) % std::size(specials)];
+    std::vector<std::uint16_t> copy(n + 1, 0xabcdu), packed(n + 1, 0xabcdu), sliced(n + 1, 0xabcdu);
+    ls::host_context ctx(1);
+    for_each_index(ctx, n, ls::backend::bf16_encode_op{src.data(), copy.data()});
+    for_each_index(ctx, n, ls::backend::pack16_op<ls::compute_precision::bf16>{src.data(), std::max<std::size_t>(n, 1), n, packed.data()});
+    // Written slice by slice (an update's slices), the same encodings.
+    for (std::size_t lo = 0; lo < n; lo += 7) {
+      const std::size_t hi = std::min(n, lo + 7);
+      for_each_index(ctx, hi - lo, ls::backend::bf16_encode_op{src.data() + lo, sliced.data() + lo});
+    }
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < n; ++i) bad += copy[i] != ls::to_bf16_bits(src[i]);
+    CHECK(bad == 0);
+    CHECK(copy == packed);
+    CHECK(copy == sliced);
+    CHECK(copy.back() == 0xabcdu);  // nothing written past n
+  }
 }
 
 TEST_CASE("the GPU's packed bf16 and fp16 GEMM, run on the host, is the host's GEMM under the policy within fp32's sums") {

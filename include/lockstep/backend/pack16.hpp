@@ -86,6 +86,16 @@ struct pack16_op {
   LOCKSTEP_HD void operator()(std::size_t i) const noexcept { dst[i] = to_bits16<P>(src[(i / cols) * ld + i % cols]); }
 };
 
+/// dst[i] = the bf16 encoding of src[i], rounded as pack16_op<bf16> rounds (to_bf16_bits): what
+/// a GPU model's bf16 weight copy is written with, so a GEMM reading the copy multiplies the
+/// values it would have packed. Trivially copyable, for for_each_index on either backend.
+struct bf16_encode_op {
+  const float* src;    ///< the fp32 values
+  std::uint16_t* dst;  ///< their encodings
+  /// Encodes element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const noexcept { dst[i] = to_bf16_bits(src[i]); }
+};
+
 /// Where a packed GEMM keeps its operands: op(A) is m x k and op(B) k x n, each packed densely as
 /// stored (A: m x k, or k x m when transposed; its row stride becomes its column count), B
 /// starting at the 256-byte boundary after A.

@@ -168,7 +168,9 @@ public:
       for_each_index(ctx, state_count,
                      detail::ema_op<value_type>{average + (hi - lo), rep.model().parameters().data() + param_count, keep,
                                                 take, u.decision});
-    if constexpr (device_memory<kind_type>::host_accessible)  // the slice's bf16 weight copy, from the updated values
+    // The slice's bf16 weight copy, from the updated values (on GPUs the update left the copy
+    // stale, and the next pass rewrites it whole in one kernel).
+    if constexpr (device_memory<kind_type>::host_accessible)
       rep.model().update_weight_copy(ctx, lo, hi, !sharded_);
     if constexpr (device_ordered)
       if (sharded_) ctx.mark_update();  // the others' copies of this slice wait for it

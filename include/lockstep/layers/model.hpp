@@ -16,6 +16,7 @@
 
 #include <lockstep/backend/context.hpp>
 #include <lockstep/backend/host/ops.hpp>
+#include <lockstep/backend/pack16.hpp>
 #include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/core/random.hpp>
@@ -221,8 +222,9 @@ private:
     }
   }
 
-  // Host float models may keep a bf16 weight copy (has_weight_copy).
-  static constexpr bool keeps_weight_copy = std::is_same_v<T, float> && std::is_same_v<Kind, cpus>;
+  // Float models may keep a bf16 weight copy (has_weight_copy).
+  static constexpr bool keeps_weight_copy =
+      std::is_same_v<T, float> && (std::is_same_v<Kind, cpus> || std::is_same_v<Kind, gpus>);
 
   // Gives the context this model's weight copy for one pass (rewritten first when stale), and
   // takes it back after.
@@ -273,13 +275,14 @@ public:
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
 
   /// True when a model of this type keeps a bf16 copy of its trainable parameters on context
-  /// `ctx`: a host float model whose context computes under `mixed<bf16>` with
-  /// host_context::bf16_weight_copy() on. The copy's GEMMs then read a weight operand from it
-  /// instead of converting the weights at every GEMM. The update rewrites it from the updated
-  /// parameters (sharded_update: each replica its slice, right after the optimiser, then the
-  /// others' slices with theirs), and a pass rewrites it whole when it is stale (after writable
-  /// access to parameters(), init or load). It is never checkpointed: the fp32 parameters are
-  /// the master copy, and the GEMMs compute the same bits from either.
+  /// `ctx`: a float model whose context computes under `mixed<bf16>` with bf16_weight_copy() on
+  /// (host_context's or cuda_context's). The copy's GEMMs then read a weight operand from it
+  /// instead of converting the weights at every GEMM. On the host the update rewrites it from the
+  /// updated parameters (sharded_update: each replica its slice, right after the optimiser, then
+  /// the others' slices with theirs); a pass rewrites it whole when it is stale (after writable
+  /// access to parameters(), init or load, and on GPUs after every update: one kernel on the
+  /// compute stream). It is never checkpointed: the fp32 parameters are the master copy, and the
+  /// GEMMs multiply the same values from either.
   [[nodiscard]] static bool has_weight_copy([[maybe_unused]] const context_type& ctx) noexcept {
     if constexpr (keeps_weight_copy)
       return ctx.policy() == compute_precision::bf16 && ctx.bf16_weight_copy();
@@ -306,23 +309,35 @@ public:
                           [[maybe_unused]] std::size_t hi, [[maybe_unused]] bool complete) {
     if constexpr (keeps_weight_copy) {
       if (!has_weight_copy(ctx) || hi <= lo) return;
-      if (copy_.size() != param_count) copy_.assign(param_count, 0);
-      backend::to_bf16_weights(params_.data() + lo, hi - lo, copy_.data() + lo);
+      reserve_weight_copy(ctx);
+      if constexpr (device_memory<Kind>::host_accessible)
+        backend::to_bf16_weights(params_.data() + lo, hi - lo, copy_.data() + lo);
+      else  // the encodings the GPU's packed GEMMs would write (pack16_op), on the compute stream
+        for_each_index(ctx, hi - lo, backend::bf16_encode_op{params_.data() + lo, copy_.data() + lo});
       if (complete) copy_fresh_ = true;
     }
   }
+
+private:
+  // Allocates the weight copy's param_count encodings on ctx's device (once).
+  void reserve_weight_copy(const context_type& ctx) {
+    if (copy_.size() == param_count) return;
+    ctx.activate();
+    copy_ = basic_buffer<std::uint16_t, Kind>(param_count);
+  }
+
+public:
   /// A sharded update's gather on `ctx`: slice [lo, hi) of the weight copy taken from `other`
   /// (on `other_ctx`), which updated that slice and rewrote its copy of it; converted from this
   /// model's parameters (just gathered) where `other` keeps no copy.
   void take_weight_copy([[maybe_unused]] const context_type& ctx, [[maybe_unused]] const basic_model& other,
                         [[maybe_unused]] const context_type& other_ctx, [[maybe_unused]] std::size_t lo,
                         [[maybe_unused]] std::size_t hi) {
-    if constexpr (keeps_weight_copy) {
+    if constexpr (keeps_weight_copy && device_memory<Kind>::host_accessible) {
       if (!has_weight_copy(ctx) || hi <= lo) return;
-      if (copy_.size() != param_count) copy_.assign(param_count, 0);
-      const auto at = [](auto& v, std::size_t i) { return v.begin() + static_cast<std::ptrdiff_t>(i); };
+      reserve_weight_copy(ctx);
       if (has_weight_copy(other_ctx) && other.copy_.size() == param_count)
-        std::copy(at(other.copy_, lo), at(other.copy_, hi), at(copy_, lo));
+        std::copy(other.copy_.data() + lo, other.copy_.data() + hi, copy_.data() + lo);
       else
         backend::to_bf16_weights(params_.data() + lo, hi - lo, copy_.data() + lo);
     }
@@ -330,7 +345,8 @@ public:
   /// After a sharded update's gather on `ctx` (every slice rewritten or taken): the weight copy is
   /// current.
   void weight_copy_complete([[maybe_unused]] const context_type& ctx) noexcept {
-    if constexpr (keeps_weight_copy) copy_fresh_ = has_weight_copy(ctx) && copy_.size() == param_count;
+    if constexpr (keeps_weight_copy && device_memory<Kind>::host_accessible)
+      copy_fresh_ = has_weight_copy(ctx) && copy_.size() == param_count;
   }
 
   /// Moves the gradients into `storage`: param_count elements of memory kind Kind that `storage`
@@ -350,7 +366,7 @@ private:
   basic_buffer<T, Kind> output_;
   basic_buffer<T, Kind> accum_;  // the running gradient sum, for layers that do not accumulate themselves
   gradient_deferral deferral_;   // kept rows for weight gradients formed once per accumulated update
-  std::vector<std::uint16_t> copy_;  // the bf16 weight copy (has_weight_copy), param_count encodings
+  basic_buffer<std::uint16_t, Kind> copy_;  // the bf16 weight copy (has_weight_copy), param_count encodings
   bool copy_fresh_ = false;          // copy_ holds the current parameters' encodings
   std::size_t capacity_ = 0;
   bool reserved_ = false;  // the batch-independent workspace exists (even for an empty first batch)

@@ -195,6 +195,8 @@ struct cuda_context_state {
   device_trace trace;
   std::uint64_t launches = 0;  // device operations queued through this context
   std::uint64_t host_syncs = 0;  // host waits for work of the current step
+  std::uint64_t weight_copy_reads = 0;  // GEMM operands read from a model's bf16 weight copy
+  bool weight_copy = true;       // set_bf16_weight_copy's choice
   readback_page pages[2];        // deferred readback: the current step's page and the one before
   int page = 0;                  // the current step's page
   bool defer = false;            // losses defer their readback (set_defer_readback)
@@ -272,6 +274,29 @@ public:
   [[nodiscard]] compute_precision gemm_precision() const noexcept { return active_; }
   /// Sets what the next float GEMMs compute in (fp32, tf32, bf16 or fp16).
   void set_gemm_precision(compute_precision p) noexcept { active_ = p; }
+
+  /// True (the default) when a float model under `mixed<bf16>` keeps a bf16 copy of its weights
+  /// on this device for its GEMMs to read (see basic_model), rewritten by one kernel at the first
+  /// pass after the parameters change; false packs each weight operand at every GEMM.
+  [[nodiscard]] bool bf16_weight_copy() const noexcept { return state_->weight_copy; }
+  /// Sets bf16_weight_copy() (a model then starts or drops its copy at its next pass).
+  void set_bf16_weight_copy(bool on) noexcept { state_->weight_copy = on; }
+  /// The weight copy the running pass's GEMMs may read (set by the model around its passes; per
+  /// copy of the context, like gemm_precision()).
+  [[nodiscard]] const bf16_weight_copy_view& weight_copy() const noexcept { return weight_copy_; }
+  /// Sets weight_copy() (an empty view: none).
+  void set_weight_copy(const bf16_weight_copy_view& v) noexcept { weight_copy_ = v; }
+  /// GEMM operands this context's bf16 GEMMs have read from a weight copy instead of packing them.
+  [[nodiscard]] std::uint64_t weight_copy_reads() const noexcept { return state_->weight_copy_reads; }
+  /// The bf16 encodings (device memory) of the rows x cols operand at `p` (leading dimension ld)
+  /// from the weight copy, counted in weight_copy_reads(), or null when it is not a dense run of
+  /// the copy.
+  [[nodiscard]] const std::uint16_t* weight_copy_of(const float* p, std::size_t rows, std::size_t cols,
+                                                     std::size_t ld) const noexcept {
+    const std::uint16_t* bits = weight_copy_.find_operand(p, rows, cols, ld);
+    if (bits) ++state_->weight_copy_reads;
+    return bits;
+  }
   /// The stream every kernel of this replica runs on.
   [[nodiscard]] cudaStream_t compute_stream() const noexcept { return state_->compute.get(); }
   /// The stream collectives run on.
@@ -556,6 +581,7 @@ public:
 private:
   std::shared_ptr<detail::cuda_context_state> state_;
   compute_precision active_ = compute_precision::fp32;
+  bf16_weight_copy_view weight_copy_{};
 };
 
 }  // namespace backend

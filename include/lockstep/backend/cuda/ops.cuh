@@ -267,7 +267,8 @@ inline void gemm_fp32_compute(const cuda_context& ctx, cublasComputeType_t compu
 }
 
 /// A float GEMM on 16-bit operands (P: bf16 or fp16): A and B are packed, rounded to P, into the
-/// context's operand memory (packed_layout_of; pack16_op, one grid each), then cuBLAS multiplies
+/// context's operand memory (packed_layout_of; pack16_op, one grid each) unless the model's bf16
+/// weight copy holds them (cuda_context::weight_copy_of), then cuBLAS multiplies
 /// them on the tensor cores with fp32 accumulation (CUBLAS_COMPUTE_32F) into the fp32 C. The
 /// result is that of the host's emulation (operands rounded to P, fp32 products and sums) up to
 /// the order of the sums.
@@ -280,10 +281,18 @@ void gemm_packed16(const cuda_context& ctx, trans ta, trans tb, std::size_t m, s
     return;
   }
   const packed_layout l = packed_layout_of(ta, tb, m, n, k);
+  // An operand that is a dense run of the model's bf16 weight copy is read from it, not packed
+  // (the copy holds the encodings pack16_op writes: bf16_encode_op).
+  const std::uint16_t* ca = nullptr;
+  const std::uint16_t* cb = nullptr;
+  if constexpr (P == compute_precision::bf16) {
+    ca = ctx.weight_copy_of(a, l.a_count / l.a_cols, l.a_cols, lda);
+    cb = ctx.weight_copy_of(b, l.b_count / l.b_cols, l.b_cols, ldb);
+  }
   auto* pa = static_cast<std::uint16_t*>(ctx.gemm_operands(l.total() * sizeof(std::uint16_t)));
   std::uint16_t* pb = pa + l.b_offset;
-  for_each_index(ctx, l.a_count, pack16_op<P>{a, l.a_cols, lda, pa});
-  for_each_index(ctx, l.b_count, pack16_op<P>{b, l.b_cols, ldb, pb});
+  if (!ca) for_each_index(ctx, l.a_count, pack16_op<P>{a, l.a_cols, lda, pa});
+  if (!cb) for_each_index(ctx, l.b_count, pack16_op<P>{b, l.b_cols, ldb, pb});
   constexpr cudaDataType_t type = P == compute_precision::bf16 ? CUDA_R_16BF : CUDA_R_16F;
   const auto call = [](cublasHandle_t h, cublasOperation_t ob, cublasOperation_t oa, int cm, int cn, int ck,
                        const float* al, const std::uint16_t* qb, int lb, const std::uint16_t* qa, int la,
@@ -291,8 +300,8 @@ void gemm_packed16(const cuda_context& ctx, trans ta, trans tb, std::size_t m, s
     return cublasGemmEx(h, ob, oa, cm, cn, ck, al, qb, type, lb, qa, type, la, be, pc, CUDA_R_32F, lc,
                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   };
-  gemm_row_major(ctx, call, ta, tb, m, n, k, alpha, static_cast<const std::uint16_t*>(pa), l.a_cols,
-                 static_cast<const std::uint16_t*>(pb), l.b_cols, beta, c, ldc);
+  gemm_row_major(ctx, call, ta, tb, m, n, k, alpha, ca ? ca : static_cast<const std::uint16_t*>(pa), l.a_cols,
+                 cb ? cb : static_cast<const std::uint16_t*>(pb), l.b_cols, beta, c, ldc);
 }
 
 }  // namespace detail

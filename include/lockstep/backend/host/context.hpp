@@ -136,6 +136,13 @@ struct bf16_weight_copy_view {
     if ((at - base) % sizeof(float) != 0 || offset > count || n > count - offset) return nullptr;
     return bits + offset;
   }
+  /// The bf16 encodings of a GEMM operand, the rows x cols matrix at `p` with leading dimension
+  /// ld, or null unless it is a dense run of the parameters (ld == cols, or a single row).
+  [[nodiscard]] const std::uint16_t* find_operand(const float* p, std::size_t rows, std::size_t cols,
+                                                  std::size_t ld) const noexcept {
+    if (ld != cols && rows > 1) return nullptr;
+    return find(p, rows * cols);
+  }
 };
 
 /// Execution context of a host (cpu<I>) replica. Kernels are found by argument-dependent lookup
@@ -198,8 +205,7 @@ public:
   /// copy, counted in weight_copy_reads(), or null when it is not a dense run of the copy.
   [[nodiscard]] const std::uint16_t* weight_copy_of(const float* p, std::size_t rows, std::size_t cols,
                                                      std::size_t ld) const noexcept {
-    if (ld != cols && rows > 1) return nullptr;
-    const std::uint16_t* bits = weight_copy_.find(p, rows * cols);
+    const std::uint16_t* bits = weight_copy_.find_operand(p, rows, cols, ld);
     if (bits) ++weight_copy_reads_;
     return bits;
   }
