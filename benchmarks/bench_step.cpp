@@ -94,9 +94,12 @@ struct gemm_operands {
 
 // The GEMMs of one step of a dense stack with widths w[0..L] at `batch` rows, in the order the
 // step runs them; `dw_beta` 1 is a batch after the first of an accumulated update (dW added).
+// The forward of a layer followed by ReLU writes x.W (beta 0: it adds the bias as it applies the
+// ReLU); the last layer's adds x.W onto its broadcast bias (beta 1).
 std::vector<gemm_shape> step_gemms(const std::vector<std::size_t>& w, std::size_t batch, float dw_beta = 0.0f) {
   std::vector<gemm_shape> g;
-  for (std::size_t l = 0; l + 1 < w.size(); ++l) g.push_back({"fwd x.W", false, false, batch, w[l + 1], w[l], 1.0f});
+  for (std::size_t l = 0; l + 1 < w.size(); ++l)
+    g.push_back({"fwd x.W", false, false, batch, w[l + 1], w[l], l + 2 < w.size() ? 0.0f : 1.0f});
   for (std::size_t l = w.size() - 1; l-- > 0;) {
     g.push_back({"bwd dW=xT.dy", true, false, w[l], w[l + 1], batch, dw_beta});
     if (l > 0) g.push_back({"bwd dx=dy.WT", false, true, batch, w[l], w[l + 1], 0.0f});

@@ -308,6 +308,9 @@ TEST_CASE("bytes per replica of config L under fp32 and mixed<bf16>: the bf16 we
   CHECK(bf.parameters == fp.parameters);
   CHECK(bf.gradients == fp.gradients);
   CHECK(bf.activations == fp.activations);
+  // Activations: the two ReLUs' outputs (each dense layer applies its ReLU in its forward, so its
+  // own output is not kept), the two gradient buffers, and the model's output.
+  CHECK(fp.activations == (512 * (2 * 4096 + 2 * 4096) + 512 * 1024) * 4);
   CHECK(bf.optimizer_state == fp.optimizer_state);
   CHECK(bf.other == fp.other);
   CHECK(fp.weight_copy == 0);

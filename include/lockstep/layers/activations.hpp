@@ -40,6 +40,17 @@ struct activation_backward_op {
       dx[i] = dy[i] * Fn::df(x[i], y[i]);
   }
 };
+/// dx[i] = Fn::grad_from_output(y[i], dy[i]): the input gradient from the output alone, for an
+/// activation a preceding layer applied in its own forward (its input was never written).
+template <class Fn, class T>
+struct activation_output_backward_op {
+  static constexpr bool avx2_copy = true;  ///< one element per call: for_each_index may run its AVX2 copy
+  const T* y;   ///< forward output
+  const T* dy;  ///< output gradient
+  T* dx;        ///< input gradient
+  /// Computes element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const { dx[i] = Fn::grad_from_output(y[i], dy[i]); }
+};
 }  // namespace detail
 
 /// An elementwise activation layer from a functor type Fn with static `f(x)` and `df(x, y)`
@@ -61,6 +72,9 @@ struct activation {
     static constexpr std::size_t param_count = 0;           ///< no parameters
     static constexpr std::size_t workspace_per_sample = 0;  ///< no scratch
     static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
+    /// The scalar functions a preceding layer may apply in its own forward (fuses_activation_v:
+    /// when Fn has `grad_from_output`).
+    using fused_activation = activation_fusion<Fn, bind>;
 
     /// Nothing to initialise.
     template <class T>
@@ -79,6 +93,14 @@ struct activation {
         for_each_index(ctx, a.x.size(),
                        detail::activation_backward_op<Fn, T>{a.x.data(), a.y.data(), a.dy.data(), a.dx.data()});
     }
+    /// dx = dy * f'(x) from y alone (Fn::grad_from_output), reading neither x nor anything else:
+    /// the backward of an activation that the preceding layer applied in its forward.
+    template <class T, class Ctx>
+    static void backward_from_output(Ctx& ctx, const backward_args<T, Ctx, shape<I>, shape<I>>& a) {
+      if (a.dx)
+        for_each_index(ctx, a.y.size(),
+                       detail::activation_output_backward_op<Fn, T>{a.y.data(), a.dy.data(), a.dx.data()});
+    }
   };
 };
 
@@ -90,6 +112,9 @@ struct relu_fn {
   template <class T> LOCKSTEP_HD static T df(T x, T) { return x > T(0) ? T(1) : T(0); }
   /// The input gradient dy * df(x) as a select (dy where x > 0, else 0), which vectorises.
   template <class T> LOCKSTEP_HD static T grad(T x, T, T dy) { return x > T(0) ? dy : T(0); }
+  /// The same from the output alone (y > 0 exactly where x > 0, NaN included): what lets a
+  /// preceding layer apply relu in its own forward (fuses_activation_v).
+  template <class T> LOCKSTEP_HD static T grad_from_output(T y, T dy) { return y > T(0) ? dy : T(0); }
 };
 
 /// x for x > 0, (Num / Den) * x otherwise.

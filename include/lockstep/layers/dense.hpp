@@ -43,6 +43,30 @@ void add_column_sums(Ctx& ctx, const T* x, std::size_t rows, std::size_t cols, T
     for_each_index(ctx, cols, column_sums_add_op<T>{x, rows, cols, out});
   }
 }
+/// y[i] = Fn::f(y[i] + b[i % cols]): the bias and a following activation in one pass over a
+/// GEMM's output (one element per call).
+template <class Fn, class T>
+struct bias_activation_op {
+  T* y;              ///< rows x cols, the GEMM's products
+  const T* b;        ///< cols biases
+  std::size_t cols;  ///< columns
+  /// Finishes element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const { y[i] = Fn::f(y[i] + b[i % cols]); }
+};
+
+/// bias_activation_op over the rows x cols matrix y: row by row on the host (a loop the compiler
+/// vectorises), one element per call elsewhere.
+template <class Fn, class Ctx, class T>
+void bias_activation(Ctx& ctx, T* y, const T* b, std::size_t rows, std::size_t cols) {
+  if constexpr (std::is_same_v<std::remove_cv_t<Ctx>, backend::host_context>) {
+    for (std::size_t r = 0; r < rows; ++r) {
+      T* row = y + r * cols;
+      for (std::size_t c = 0; c < cols; ++c) row[c] = Fn::f(row[c] + b[c]);
+    }
+  } else {
+    for_each_index(ctx, rows * cols, bias_activation_op<Fn, T>{y, b, cols});
+  }
+}
 }  // namespace detail
 
 /// Fully connected layer from In to Out features. Parameters: W (In x Out, row-major) then b (Out).
@@ -63,6 +87,7 @@ struct dense {
     static constexpr std::size_t workspace_per_sample = 0;        ///< needs no scratch
     static constexpr bool mixed_precision = true;  ///< its GEMMs compute in the model's precision policy
     static constexpr bool accumulates_gradients = true;           ///< adds into dparams under pass_info::accumulate
+    using fuses_activation = bind;  ///< applies a following activation in its forward (forward_activated; fuses_activation_v)
 
     /// Initialises W with Init and b with zeros (host memory).
     template <class T>
@@ -77,6 +102,16 @@ struct dense {
       using backend::trans;
       broadcast_rows(ctx, a.y.data(), a.params + In * Out, a.batch(), Out);
       gemm(ctx, trans::no, trans::no, a.batch(), Out, In, T(1), a.x.data(), In, a.params, Out, T(1), a.y.data(), Out);
+    }
+
+    /// y = Fn::f(x W + b): the GEMM writes x W (beta = 0), and one pass adds the bias and applies
+    /// the activation Fn of the layer that follows (fuses_activation_v), in place of the bias's
+    /// broadcast before the GEMM and the activation's own pass over y. Backward never reads y.
+    template <class Fn, class T, class Ctx>
+    static void forward_activated(Ctx& ctx, const forward_args<T, Ctx, shape<In>, shape<Out>>& a) {
+      using backend::trans;
+      gemm(ctx, trans::no, trans::no, a.batch(), Out, In, T(1), a.x.data(), In, a.params, Out, T(0), a.y.data(), Out);
+      detail::bias_activation<Fn>(ctx, a.y.data(), a.params + In * Out, a.batch(), Out);
     }
 
     /// dW = x^T dy, db = column sums of dy (both added to dparams under pass_info::accumulate:

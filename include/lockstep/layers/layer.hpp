@@ -137,6 +137,35 @@ struct bound_input_shape<B> {
 template <class B>
 using bound_input_shape_t = typename bound_input_shape<B>::type;
 
+/// What a bound activation layer `Layer` declares as its `fused_activation` so that the layer
+/// before it may apply it: its scalar functions Fn (with `grad_from_output(y, dy)`, the input
+/// gradient from the output alone) and the declaring layer itself.
+template <class Fn, class Layer>
+struct activation_fusion {
+  using function = Fn;  ///< f, and grad_from_output
+  using layer = Layer;  ///< the bound layer that declares it
+};
+
+/// True when bound layer B applies the elementwise activation of the bound layer N that follows
+/// it in its own forward, in the pass that writes its output: B declares `using fuses_activation
+/// = B;` (its `forward_activated<Fn>` writes Fn of its output, and its backward never reads its
+/// output), and N declares `using fused_activation = activation_fusion<Fn, N>;` with an Fn that has
+/// `grad_from_output`. Both name themselves, so a layer derived from either (which may change its
+/// forward or backward) inherits no fusion. A sequential then runs B's forward_activated into N's
+/// output and N's `backward_from_output`: B's own output is neither written nor kept.
+template <class B, class N>
+inline constexpr bool fuses_activation_v = [] {
+  if constexpr (requires {
+                  typename B::fuses_activation;
+                  typename N::fused_activation::function;
+                  typename N::fused_activation::layer;
+                })
+    return std::is_same_v<typename B::fuses_activation, B> && std::is_same_v<typename N::fused_activation::layer, N> &&
+           requires(float y) { N::fused_activation::function::grad_from_output(y, y); };
+  else
+    return false;
+}();
+
 /// The shape of an output row of bound layer B: its `output_shape`, or `shape<output_size>`.
 template <class B>
 struct bound_output_shape {

@@ -212,6 +212,24 @@ concept composable = sizeof...(Ls) > 0 && (layer<Ls> && ...) &&
 
 namespace detail {
 
+/// For each of the bound layers Bs..., whether it applies the next layer's activation in its own
+/// forward (fuses_activation_v of it and its successor; false for the last).
+template <class... Bs>
+constexpr std::array<bool, sizeof...(Bs)> fused_pairs() {
+  using list = std::tuple<Bs...>;
+  std::array<bool, sizeof...(Bs)> f{};
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((f[I] = [] {
+       if constexpr (I + 1 < sizeof...(Bs))
+         return fuses_activation_v<std::tuple_element_t<I, list>, std::tuple_element_t<I + 1, list>>;
+       else
+         return false;
+     }()),
+     ...);
+  }(std::make_index_sequence<sizeof...(Bs)>{});
+  return f;
+}
+
 template <class S, class Out, class List>
 struct bound_sequential;
 
@@ -231,6 +249,10 @@ struct bound_sequential<S, Out, type_list<Bs...>> {
   static constexpr bool couples_rows = (couples_rows_v<Bs> || ...);                  ///< some layer couples rows
   static constexpr bool mixed_precision = true;  ///< transparent: each layer runs in its own precision
   static constexpr bool accumulates_gradients = (accumulates_gradients_v<Bs> && ...);  ///< every layer adds under pass_info::accumulate
+  /// Whether layer i applies layer i + 1's activation in its own forward (fuses_activation_v): it
+  /// writes layer i + 1's output, layer i + 1's forward is skipped and its backward reads its
+  /// output only, and layer i's own output is neither written nor kept (no workspace).
+  static constexpr std::array<bool, layer_count> fused = fused_pairs<Bs...>();
 
   /// Offset of each layer's parameters in the flat buffer (also the gradient layout).
   static constexpr std::array<std::size_t, layer_count> param_offsets = [] {
@@ -250,9 +272,10 @@ struct bound_sequential<S, Out, type_list<Bs...>> {
 private:
   static constexpr std::array<std::size_t, layer_count> scratch{Bs::workspace_per_sample...};
   static constexpr std::array<std::size_t, layer_count> fixed{workspace_fixed_v<Bs>...};
-  // Workspace layout for a batch of b rows: b * (activations of layers 0..N-2), then each layer's
-  // own region (b * its per-row scratch + its fixed scratch), then two ping-pong gradient buffers
-  // of b * the widest inner activation.
+  // Workspace layout for a batch of b rows: b * (activations of layers 0..N-2, none for a layer
+  // fused with the next: its output slot is the next one's), then each layer's own region
+  // (b * its per-row scratch + its fixed scratch), then two ping-pong gradient buffers of b * the
+  // widest inner activation.
   static constexpr std::size_t max_inner = [] {
     std::size_t m = 0;
     for (std::size_t i = 0; i + 1 < layer_count; ++i) m = std::max(m, outputs[i]);
@@ -263,7 +286,7 @@ private:
     std::size_t acc = 0;
     for (std::size_t i = 0; i < layer_count; ++i) {
       o[i] = acc;
-      if (i + 1 < layer_count) acc += outputs[i];
+      if (i + 1 < layer_count && !fused[i]) acc += outputs[i];
     }
     return o;
   }();
@@ -291,6 +314,13 @@ public:
   /// The I-th bound layer.
   template <std::size_t I>
   using layer_type = std::tuple_element_t<I, std::tuple<Bs...>>;
+
+  /// True when layer I applies layer I + 1's activation in its own forward (`fused`).
+  template <std::size_t I>
+  static constexpr bool fused_with_next = fused[I];
+  /// True when layer I's forward is applied by layer I - 1 (fused_with_next<I - 1>).
+  template <std::size_t I>
+  static constexpr bool fused_into_previous = I > 0 && fused[I == 0 ? 0 : I - 1];
 
   /// Checks every layer member by member for element type T and context Ctx (the model calls
   /// this, so that a layer missing a member is named however deep it is nested).
@@ -382,11 +412,23 @@ private:
   static void forward_one(Ctx& ctx, const forward_args<T, Ctx, S, Out>& a, T* ws, std::size_t batch) {
     const work_span<Ctx> span(ctx, a.info.trace, a.info.trace_thread, "forward", "compute", "layer",
                               static_cast<std::int64_t>(I));
-    const layer_precision_scope<layer_type<I>, Ctx> precision(ctx);
-    layer_type<I>::forward(ctx, forward_args_for<T, Ctx, layer_type<I>>{a.params + param_offsets[I],
-                                                                     {input_of<I>(a.x.data(), ws, batch), batch},
-                                                                     {output_of<I>(a.y.data(), ws, batch), batch},
-                                                                     scratch_of<I>(ws, batch), child(a.info, I)});
+    if constexpr (fused_into_previous<I>) {
+      return;  // layer I - 1 wrote this layer's output
+    } else {
+      const layer_precision_scope<layer_type<I>, Ctx> precision(ctx);
+      if constexpr (fused_with_next<I>) {
+        layer_type<I>::template forward_activated<typename layer_type<I + 1>::fused_activation::function>(
+            ctx, forward_args_for<T, Ctx, layer_type<I>>{a.params + param_offsets[I],
+                                                        {input_of<I>(a.x.data(), ws, batch), batch},
+                                                        {output_of<I + 1>(a.y.data(), ws, batch), batch},
+                                                        scratch_of<I>(ws, batch), child(a.info, I)});
+      } else {
+        layer_type<I>::forward(ctx, forward_args_for<T, Ctx, layer_type<I>>{a.params + param_offsets[I],
+                                                                         {input_of<I>(a.x.data(), ws, batch), batch},
+                                                                         {output_of<I>(a.y.data(), ws, batch), batch},
+                                                                         scratch_of<I>(ws, batch), child(a.info, I)});
+      }
+    }
   }
   template <std::size_t J, class T, class Ctx, class Hook>
   static void backward_one(Ctx& ctx, const backward_args<T, Ctx, S, Out>& a, const Hook& on_layer_done) {
@@ -409,15 +451,18 @@ private:
     if constexpr (J == 0) g_in = a.dx.data();
     else g_in = nothing_below ? nullptr : pingpong(ws, batch, (J - 1) % 2);
     const layer_precision_scope<layer_type<J>, Ctx> precision(ctx);
-    layer_type<J>::backward(
-        ctx, backward_args_for<T, Ctx, layer_type<J>>{a.params + param_offsets[J],
-                                                  {input_of<J>(a.x.data(), ws, batch), batch},
-                                                  {output_of<J>(a.y.data(), ws, batch), batch},
-                                                  {g_out, batch},
-                                                  {g_in, batch},
-                                                  a.dparams + param_offsets[J],
-                                                  scratch_of<J>(ws, batch),
-                                                  child(a.info, J)});
+    const backward_args_for<T, Ctx, layer_type<J>> args{a.params + param_offsets[J],
+                                                       {input_of<J>(a.x.data(), ws, batch), batch},
+                                                       {output_of<J>(a.y.data(), ws, batch), batch},
+                                                       {g_out, batch},
+                                                       {g_in, batch},
+                                                       a.dparams + param_offsets[J],
+                                                       scratch_of<J>(ws, batch),
+                                                       child(a.info, J)};
+    if constexpr (fused_into_previous<J>)
+      layer_type<J>::backward_from_output(ctx, args);  // its input was never written
+    else
+      layer_type<J>::backward(ctx, args);
     on_layer_done(J, param_offsets[J], params[J]);
   }
 };

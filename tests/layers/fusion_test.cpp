@@ -1,0 +1,138 @@
+// A dense layer applies the relu after it in its own forward (fuses_activation_v): which pairs
+// fuse, the workspace the fused outputs no longer take, and a fused network against the same
+// network with a relu that does not fuse, in float and double, for outputs, input gradients and
+// parameter gradients over many batch sizes; the GPU's per-element form of the fused pass against
+// the host's.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <lockstep/layers.hpp>
+
+#include "../support/random.hpp"
+
+namespace ls = lockstep;
+
+namespace fusion_test {  // named: the layers' members are used only in unevaluated contexts
+
+// relu without grad_from_output: the same function and gradient, never fused.
+struct plain_relu_fn {
+  template <class T> static T f(T x) { return ls::relu_fn::f(x); }
+  template <class T> static T df(T x, T y) { return ls::relu_fn::df(x, y); }
+  template <class T> static T grad(T x, T y, T dy) { return ls::relu_fn::grad(x, y, dy); }
+};
+using plain_relu = ls::activation<plain_relu_fn>;
+
+// A user layer built on dense's bound layer (it could change forward or backward): it inherits
+// no fusion.
+struct derived_dense {
+  using layer_concept = ls::layer_tag;
+  static constexpr std::size_t expected_input = 4;
+  template <std::size_t In>
+  struct bind : ls::bind_t<ls::dense<4, 3>, In> {};
+};
+
+// A user activation built on relu's bound layer: it inherits no fusion either.
+struct derived_relu {
+  using layer_concept = ls::layer_tag;
+  static constexpr std::size_t expected_input = 0;
+  template <std::size_t In>
+  struct bind : ls::bind_t<ls::relu, In> {};
+};
+
+template <class Relu>
+using net_with = ls::sequential<ls::dense<6, 5>, Relu, ls::dropout<1, 4>, ls::dense<5, 4>, ls::tanh, ls::dense<4, 3>, Relu>;
+using fused_net = net_with<ls::relu>;
+using plain_net = net_with<plain_relu>;
+
+}  // namespace fusion_test
+
+using fusion_test::derived_dense;
+using fusion_test::derived_relu;
+using fusion_test::fused_net;
+using fusion_test::plain_net;
+using fusion_test::plain_relu;
+
+using dense43 = ls::bind_t<ls::dense<4, 3>, 4>;
+static_assert(ls::fuses_activation_v<dense43, ls::bind_t<ls::relu, 3>>);
+static_assert(!ls::fuses_activation_v<dense43, ls::bind_t<ls::tanh, 3>>);  // tanh has no grad_from_output
+static_assert(!ls::fuses_activation_v<dense43, ls::bind_t<plain_relu, 3>>);
+static_assert(!ls::fuses_activation_v<ls::bind_t<derived_dense, 4>, ls::bind_t<ls::relu, 3>>);
+static_assert(!ls::fuses_activation_v<dense43, ls::bind_t<derived_relu, 3>>);
+static_assert(!ls::fuses_activation_v<ls::bind_t<ls::relu, 3>, ls::bind_t<ls::relu, 3>>);
+// Which pairs of the network fuse: dense<6, 5> with its relu and dense<4, 3> with the last one
+// (the model's output); dense<5, 4> is followed by tanh.
+static_assert(ls::bind_t<fused_net, 6>::fused == std::array<bool, 7>{true, false, false, false, false, true, false});
+static_assert(ls::bind_t<plain_net, 6>::fused == std::array<bool, 7>{});
+// The fused dense layers' outputs take no workspace: 5 + 3 values per row (the last relu's output
+// is the model's, kept outside the workspace either way).
+static_assert(ls::bind_t<plain_net, 6>::workspace_per_sample - ls::bind_t<fused_net, 6>::workspace_per_sample == 5 + 3);
+
+namespace {
+
+template <class T>
+void check_fused_against_plain(double tolerance) {
+  for (const std::size_t rows : {0u, 1u, 2u, 7u, 31u, 64u}) {
+    CAPTURE(rows);
+    ls::model<fused_net, T> fused(ls::seed{7});
+    ls::model<plain_net, T> plain(ls::seed{7});
+    REQUIRE(fused.param_count == plain.param_count);
+    // The same random parameters in both, biases included (they start at zero).
+    const auto p = test_support::random_vector<T>(fused.param_count, 5, T(-0.9), T(0.9));
+    for (std::size_t i = 0; i < fused.param_count; ++i) fused.parameters()[i] = plain.parameters()[i] = p[i];
+    ls::host_context ctx;
+    auto x = test_support::random_vector<T>(rows * 6, 40 + rows, T(-2), T(2));
+    for (std::size_t i = 0; i < x.size(); i += 11) x[i] = T(0);  // exact zeros reach the relus' edge
+    const auto dy = test_support::random_vector<T>(rows * 3, 90 + rows);
+    const ls::pass_info train{true, 11, 4, 0, 0};  // dropout active, the same masks in both
+    const T* yf = fused.forward(ctx, x.data(), rows, train);
+    const T* yp = plain.forward(ctx, x.data(), rows, train);
+    std::size_t bad = 0;
+    const auto close = [&](T a, T b) { return std::fabs(static_cast<double>(a) - b) <= tolerance * (1 + std::fabs(static_cast<double>(b))); };
+    for (std::size_t i = 0; i < rows * 3; ++i) bad += !close(yf[i], yp[i]);
+    CHECK(bad == 0);
+    fused.backward(ctx, dy.data());
+    plain.backward(ctx, dy.data());
+    bad = 0;
+    for (std::size_t i = 0; i < fused.param_count; ++i) bad += !close(fused.gradients()[i], plain.gradients()[i]);
+    CHECK(bad == 0);
+    if (rows > 0) {  // a layer had something to learn from
+      double norm = 0;
+      for (std::size_t i = 0; i < fused.param_count; ++i) norm += std::fabs(static_cast<double>(fused.gradients()[i]));
+      CHECK(norm > 0);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a dense layer followed by relu applies it in its forward: outputs and gradients are the unfused network's, float and double") {
+  check_fused_against_plain<float>(1e-5);
+  check_fused_against_plain<double>(1e-12);
+}
+
+TEST_CASE("the fused bias and activation pass: the GPU's per-element form is bitwise the host's row loop") {
+  for (const std::size_t rows : {0u, 1u, 3u, 17u})
+    for (const std::size_t cols : {1u, 5u, 64u}) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      auto y = test_support::random_vector<float>(rows * cols, 7 + rows * 100 + cols, -3.0f, 3.0f);
+      const auto b = test_support::random_vector<float>(cols, 3 + cols, -1.0f, 1.0f);
+      if (!y.empty()) y[0] = std::nanf("");
+      auto by_rows = y, by_element = y;
+      ls::host_context ctx;
+      ls::detail::bias_activation<ls::relu_fn>(ctx, by_rows.data(), b.data(), rows, cols);
+      for_each_index(ctx, rows * cols, ls::detail::bias_activation_op<ls::relu_fn, float>{by_element.data(), b.data(), cols});
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < y.size(); ++i) {
+        const float want = ls::relu_fn::f(y[i] + b[i % cols]);
+        bad += by_rows[i] != want || by_element[i] != want;
+      }
+      CHECK(bad == 0);
+    }
+}
