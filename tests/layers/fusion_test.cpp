@@ -1,8 +1,8 @@
-// A dense layer applies the relu after it in its own forward (fuses_activation_v): which pairs
-// fuse, the workspace the fused outputs no longer take, and a fused network against the same
-// network with a relu that does not fuse, in float and double, for outputs, input gradients and
-// parameter gradients over many batch sizes; the GPU's per-element form of the fused pass against
-// the host's.
+// A dense layer or a convolution applies the relu after it in its own forward
+// (fuses_activation_v): which pairs fuse, the workspace the fused outputs no longer take, and a
+// fused network against the same network with a relu that does not fuse, in float and double, for
+// outputs and parameter gradients over many batch sizes (a convolution's, bit for bit); the GPU's
+// per-element form of the dense layer's fused pass against the host's.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -50,11 +50,21 @@ using net_with = ls::sequential<ls::dense<6, 5>, Relu, ls::dropout<1, 4>, ls::de
 using fused_net = net_with<ls::relu>;
 using plain_net = net_with<plain_relu>;
 
+// Convolutions followed by relu: the first on 2 channels (im2col + GEMM), the second on 8 (oneDNN's
+// primitives where oneDNN is the host GEMM).
+template <class Relu>
+using conv_net_with = ls::sequential<ls::reshape<2, 6, 6>, ls::conv2d<8, 3, 1, 1>, Relu, ls::conv2d<4, 3, 1, 1>, Relu,
+                                     ls::max_pool2d<2>, ls::flatten, ls::dense<36, 3>>;
+using fused_conv_net = conv_net_with<ls::relu>;
+using plain_conv_net = conv_net_with<plain_relu>;
+
 }  // namespace fusion_test
 
 using fusion_test::derived_dense;
 using fusion_test::derived_relu;
+using fusion_test::fused_conv_net;
 using fusion_test::fused_net;
+using fusion_test::plain_conv_net;
 using fusion_test::plain_net;
 using fusion_test::plain_relu;
 
@@ -72,6 +82,13 @@ static_assert(ls::bind_t<plain_net, 6>::fused == std::array<bool, 7>{});
 // The fused dense layers' outputs take no workspace: 5 + 3 values per row (the last relu's output
 // is the model's, kept outside the workspace either way).
 static_assert(ls::bind_t<plain_net, 6>::workspace_per_sample - ls::bind_t<fused_net, 6>::workspace_per_sample == 5 + 3);
+
+// A convolution applies the relu after it too; its output is the same bits either way.
+static_assert(ls::bind_t<fused_conv_net, 72>::fused ==
+              std::array<bool, 8>{false, true, false, true, false, false, false, false});
+static_assert(ls::bind_t<plain_conv_net, 72>::workspace_per_sample -
+                  ls::bind_t<fused_conv_net, 72>::workspace_per_sample ==
+              (8 + 4) * 6 * 6);
 
 namespace {
 
@@ -114,6 +131,34 @@ void check_fused_against_plain(double tolerance) {
 TEST_CASE("a dense layer followed by relu applies it in its forward: outputs and gradients are the unfused network's, float and double") {
   check_fused_against_plain<float>(1e-5);
   check_fused_against_plain<double>(1e-12);
+}
+
+TEST_CASE("a convolution followed by relu applies it in its forward: outputs and gradients are the unfused network's bit for bit") {
+  for (const std::size_t rows : {0u, 1u, 3u, 8u}) {
+    CAPTURE(rows);
+    ls::model<fused_conv_net> fused(ls::seed{3});
+    ls::model<plain_conv_net> plain(ls::seed{3});
+    const auto p = test_support::random_vector<float>(fused.param_count, 8, -0.5f, 0.5f);
+    for (std::size_t i = 0; i < fused.param_count; ++i) fused.parameters()[i] = plain.parameters()[i] = p[i];
+    ls::host_context ctx;
+    const auto x = test_support::random_vector<float>(rows * 72, 60 + rows, -2.0f, 2.0f);
+    const auto dy = test_support::random_vector<float>(rows * 3, 70 + rows);
+    const float* yf = fused.forward(ctx, x.data(), rows, {});
+    const float* yp = plain.forward(ctx, x.data(), rows, {});
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < rows * 3; ++i) bad += yf[i] != yp[i];
+    CHECK(bad == 0);
+    fused.backward(ctx, dy.data());
+    plain.backward(ctx, dy.data());
+    bad = 0;
+    double norm = 0;
+    for (std::size_t i = 0; i < fused.param_count; ++i) {
+      bad += fused.gradients()[i] != plain.gradients()[i];
+      norm += std::fabs(static_cast<double>(fused.gradients()[i]));
+    }
+    CHECK(bad == 0);
+    CHECK((rows == 0 || norm > 0));
+  }
 }
 
 TEST_CASE("the fused bias and activation pass: the GPU's per-element form is bitwise the host's row loop") {

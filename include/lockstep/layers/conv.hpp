@@ -15,6 +15,7 @@
 
 #include <lockstep/backend/host/ops.hpp>
 #include <lockstep/config.hpp>
+#include <lockstep/layers/activations.hpp>
 #include <lockstep/layers/init.hpp>
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/core/index_divider.hpp>
@@ -314,6 +315,7 @@ struct conv2d {
     static constexpr std::size_t workspace_per_sample = 0;  ///< nothing is kept per image: backward recomputes
     static constexpr bool mixed_precision = true;  ///< its GEMMs compute in the model's precision policy
     static constexpr bool accumulates_gradients = true;      ///< adds into dparams under pass_info::accumulate
+    using fuses_activation = bind_shape;  ///< applies a following activation in its forward (forward_activated)
     /// One image's columns and a row of ones (the columns are reused for their gradient), one
     /// padded image (reused for col2im's sums) and the filters with their biases (reused for the
     /// transposed parameter gradient).
@@ -343,6 +345,28 @@ struct conv2d {
     /// oneDNN's forward convolution over the whole batch; on GPUs forward_batched.
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a) {
+      forward_then<void>(ctx, a);
+    }
+
+    /// forward, then the activation Fn of the layer that follows (fuses_activation_v) applied to
+    /// y in place: each image's output right after its GEMM on the host's im2col path (still in
+    /// cache), the whole output after oneDNN's or the GPU's convolution. The same bits as the two
+    /// layers apart; backward never reads y.
+    template <class Fn, class T, class Ctx>
+    static void forward_activated(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a) {
+      forward_then<Fn>(ctx, a);
+    }
+
+  private:
+    // Fn applied in place to the n values at y (nothing for Fn = void).
+    template <class Fn, class T, class Ctx>
+    static void activate(Ctx& ctx, T* y, std::size_t n) {
+      if constexpr (!std::is_void_v<Fn>) for_each_index(ctx, n, detail::activation_forward_op<Fn, T>{y, y});
+    }
+
+    // forward, then activate<Fn> over the output.
+    template <class Fn, class T, class Ctx>
+    static void forward_then(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a) {
       using backend::trans;
       constexpr std::size_t P = OH * OW;
       const std::size_t batch = a.batch();
@@ -351,6 +375,7 @@ struct conv2d {
       if constexpr (onednn_capable<T, Ctx>) {
         if (const auto g = onednn_geometry(ctx, batch); g && ctx.conv_cache().available(*g)) {
           ctx.conv_cache().forward(ctx.blas_threads(), *g, a.x.data(), a.params, a.params + Filters * patch, a.y.data());
+          activate<Fn>(ctx, a.y.data(), a.y.size());
           return;
         }
       }
@@ -359,6 +384,7 @@ struct conv2d {
         over_chunks<T>(ctx, batch, [&](std::size_t first, std::size_t images, T* work) {
           forward_batched(ctx, a, first, images, work);
         });
+        activate<Fn>(ctx, a.y.data(), a.y.size());
         return;
       }
       const T* params = a.params;
@@ -368,9 +394,11 @@ struct conv2d {
       for (std::size_t b = 0; b < batch; ++b) {
         columns(ctx, a.x.row(b), s);
         gemm(ctx, trans::no, trans::no, Filters, P, patch + 1, T(1), s.wb, patch + 1, s.cols, P, T(0), a.y.row(b), P);
+        activate<Fn>(ctx, a.y.row(b), Filters * P);
       }
     }
 
+  public:
     /// [dW dbias]^T = the sum over images (in order) of [cols(x[b]); 1...1] dy[b]^T, with the
     /// columns computed again and the biases' gradient given by the row of ones (the transposed
     /// product is the faster GEMM shape; one transposition at the end), and, when dx is not empty,
