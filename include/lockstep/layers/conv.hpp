@@ -334,7 +334,7 @@ struct conv2d {
     template <class T, class Ctx>
     static constexpr bool onednn_capable =
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
-        std::is_same_v<T, float> && std::is_same_v<std::remove_cv_t<Ctx>, backend::host_context> &&
+        std::is_same_v<T, float> && detail::host_context_v<Ctx> &&
         C >= onednn_conv_min_channels;
 #else
         false;

@@ -34,7 +34,7 @@ struct column_sums_add_op {
 /// the host, one column per element elsewhere.
 template <class Ctx, class T>
 void add_column_sums(Ctx& ctx, const T* x, std::size_t rows, std::size_t cols, T* out) {
-  if constexpr (std::is_same_v<std::remove_cv_t<Ctx>, backend::host_context>) {
+  if constexpr (detail::host_context_v<Ctx>) {
     for (std::size_t r = 0; r < rows; ++r) {
       const T* row = x + r * cols;
       for (std::size_t c = 0; c < cols; ++c) out[c] += row[c];
@@ -58,7 +58,7 @@ struct bias_activation_op {
 /// vectorises), one element per call elsewhere.
 template <class Fn, class Ctx, class T>
 void bias_activation(Ctx& ctx, T* y, const T* b, std::size_t rows, std::size_t cols) {
-  if constexpr (std::is_same_v<std::remove_cv_t<Ctx>, backend::host_context>) {
+  if constexpr (detail::host_context_v<Ctx>) {
     for (std::size_t r = 0; r < rows; ++r) {
       T* row = y + r * cols;
       for (std::size_t c = 0; c < cols; ++c) row[c] = Fn::f(row[c] + b[c]);

@@ -156,7 +156,7 @@ struct dropout {
       const counter_rng rng(info.seed, layer_rng_stream(info.layer_stream, rng_purpose::dropout, info.step));
       const detail::dropout_op<T> op{a.x.data(), a.y.data(), a.workspace, rng, (info.update_offset + info.sample_offset) * I, a.x.size(),
                                      static_cast<float>(rate), scale<T>()};
-      if constexpr (std::is_same_v<std::remove_cv_t<Ctx>, backend::host_context>)
+      if constexpr (detail::host_context_v<Ctx>)
         detail::dropout_host(op);
       else
         for_each_index(ctx, op.blocks(), op);
