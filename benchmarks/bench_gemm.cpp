@@ -6,7 +6,9 @@
 //   shape=<m>x<n>x<k> trans=<NN|NT|TN|TT> beta=<0|1> openblas_us=<t> openblas_gflops=<r>
 //     lockstep_us=<t> lockstep_gflops=<r> [dnnl_sgemm_us=<t>] speedup=<openblas time / lockstep time>
 // Times are the thread's CPU time; every shape and kernel is timed in short interleaved repeats
-// and keeps its best one. Options: --repeats N (default 30), --shape MxNxK (repeatable; N,N).
+// and keeps its best one. Options: --repeats N (default 30), --shape MxNxK[:TT[:BETA]] (repeatable;
+// TT the transpositions of A and B, each N or T, default NN; BETA 0 or 1, default 0), for example
+// --shape 512x4096x4096:NN:1 --shape 4096x4096x512:TN.
 
 #include <algorithm>
 #include <cstddef>
@@ -84,10 +86,21 @@ int main(int argc, char** argv) {
     std::size_t m = 0, n = 0, k = 0;
     if (arg == "--repeats" && i + 1 < argc) {
       repeats = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--shape" && i + 1 < argc && std::sscanf(argv[++i], "%zux%zux%zu", &m, &n, &k) == 3) {
-      shapes.push_back({m, n, k, false, false, 0.0f});
+    } else if (arg == "--shape" && i + 1 < argc) {
+      const std::string spec = argv[++i];
+      char ta = 'N', tb = 'N';
+      int beta = 0, used = 0;
+      const int got = std::sscanf(spec.c_str(), "%zux%zux%zu%n:%c%c%n:%d%n", &m, &n, &k, &used, &ta, &tb, &used, &beta, &used);
+      const bool ok = got >= 3 && m > 0 && n > 0 && k > 0 && static_cast<std::size_t>(used) == spec.size() &&
+                      (ta == 'N' || ta == 'T') && (tb == 'N' || tb == 'T') && (beta == 0 || beta == 1);
+      if (!ok) {
+        std::fprintf(stderr, "bench_gemm: --shape %s: expected MxNxK[:TT[:BETA]], for example 512x4096x1024:TN:1\n",
+                     spec.c_str());
+        return 2;
+      }
+      shapes.push_back({m, n, k, ta == 'T', tb == 'T', static_cast<float>(beta)});
     } else {
-      std::fprintf(stderr, "usage: %s [--repeats N] [--shape MxNxK]...\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--repeats N] [--shape MxNxK[:TT[:BETA]]]...\n", argv[0]);
       return 2;
     }
   }

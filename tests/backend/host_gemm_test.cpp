@@ -255,6 +255,95 @@ TEST_CASE("a repeated bf16 or fp16 gemm shape allocates nothing (native kernels 
   }
 }
 
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+namespace {
+/// The GEMM of g on ctx (a fresh primitive of its shape); returns the implementation oneDNN ran and
+/// checks `samples` elements of C spread over it (all when samples is 0) against a double product
+/// of the operands as the kernels read them: rounded to bf16 first when `bf16`.
+std::string run_and_check(const ls::host_context& ctx, const gemm_case& g, bool bf16, std::size_t samples) {
+  CAPTURE(describe(g));
+  operands<float> o(g, 42);
+  if (bf16) {
+    for (float& v : o.a) v = ls::round_to_bf16(v);
+    for (float& v : o.b) v = ls::round_to_bf16(v);
+  }
+  const std::vector<float> before = o.c;
+  gemm(ctx, g.ta, g.tb, g.m, g.n, g.k, static_cast<float>(g.alpha), o.a.data(), o.lda, o.b.data(), o.ldb,
+       static_cast<float>(g.beta), o.c.data(), o.ldc);
+  const std::size_t total = g.m * g.n;
+  const std::size_t step = samples == 0 || samples >= total ? 1 : total / samples + 1;
+  std::size_t bad = 0, checked = 0;
+  for (std::size_t e = 0; e < total; e += step) {
+    const std::size_t i = e / g.n, j = e % g.n;
+    double ref = 0, magnitude = 0;
+    for (std::size_t p = 0; p < g.k; ++p) {
+      const double term = at(o.a, o.lda, g.ta, i, p) * at(o.b, o.ldb, g.tb, p, j);
+      ref += term;
+      magnitude += std::abs(term);
+    }
+    ref *= g.alpha;
+    magnitude *= std::abs(g.alpha);
+    if (g.beta != 0) {
+      const double old = static_cast<double>(before[i * o.ldc + j]);
+      ref += g.beta * old;
+      magnitude += std::abs(g.beta * old);
+    }
+    const double got = static_cast<double>(o.c[i * o.ldc + j]);
+    if (!(std::abs(got - ref) <= 4e-6 * (static_cast<double>(g.k) + 2) * (magnitude + 1e-30))) ++bad;
+    ++checked;
+  }
+  CHECK(checked > 0);
+  CHECK(bad == 0);
+  return ctx.gemm_cache().last_implementation();
+}
+}  // namespace
+
+TEST_CASE("onednn: the float and bf16 GEMMs of the shapes where oneDNN's gemm-based matmul measured faster than its "
+          "AVX-512 brgemm run it, every other shape runs oneDNN's first choice, and all match a double product") {
+  // NT keeps oneDNN's first choice whatever the shape: it names the kernels this machine's oneDNN
+  // prefers. Where that is the AVX-512 brgemm, the large NN shapes must have left it.
+  {
+    const ls::host_context ctx(1);
+    ctx.activate();
+    const std::string first = run_and_check(ctx, {trans::no, trans::yes, 256, 256, 256, 0, 1, 0}, false, 0);
+    const std::string large = run_and_check(ctx, {trans::no, trans::no, 256, 256, 256, 0, 1, 0}, false, 0);
+    const std::string large_acc = run_and_check(ctx, {trans::no, trans::no, 256, 256, 257, 3, 1, 1}, false, 0);
+    const std::string small = run_and_check(ctx, {trans::no, trans::no, 64, 128, 784, 0, 1, 0}, false, 0);
+    const std::string narrow = run_and_check(ctx, {trans::no, trans::no, 256, 10, 8192, 0, 1, 1}, false, 2000);
+    const std::string transposed = run_and_check(ctx, {trans::yes, trans::no, 256, 256, 256, 0, 1, 0}, false, 0);
+    MESSAGE("float: first choice " << first << "; NN 256x256x256 " << large << "; NN 64x128x784 " << small
+                                   << "; NN 256x10x8192 " << narrow << "; TN 256x256x256 " << transposed);
+    if (first == "brg:avx512_core") {
+      CHECK(large.starts_with("gemm:"));
+      CHECK(large_acc.starts_with("gemm:"));
+      CHECK(small == first);
+      CHECK(narrow == first);
+      CHECK(transposed == first);
+    } else {
+      CHECK(large == first);  // any other first choice is kept
+    }
+  }
+  if (ls::backend::detail::onednn_native_bf16()) {
+    ls::host_context ctx(1, true, ls::compute_precision::bf16);
+    ctx.set_gemm_precision(ls::compute_precision::bf16);
+    ctx.activate();
+    const std::string first = run_and_check(ctx, {trans::no, trans::yes, 256, 1024, 4096, 0, 1, 0}, true, 3000);
+    const std::string deep = run_and_check(ctx, {trans::no, trans::no, 256, 1024, 4096, 0, 1, 0}, true, 3000);
+    const std::string shallow = run_and_check(ctx, {trans::no, trans::no, 1024, 1024, 1024, 0, 1, 0}, true, 3000);
+    const std::string smaller = run_and_check(ctx, {trans::no, trans::no, 128, 1024, 4096, 0, 1, 1}, true, 3000);
+    MESSAGE("bf16: first choice " << first << "; NN 256x1024x4096 " << deep << "; NN 1024x1024x1024 " << shallow
+                                  << "; NN 128x1024x4096 " << smaller);
+    if (first == "brg:avx512_core_bf16") {
+      CHECK(deep.starts_with("gemm:"));
+      CHECK(shallow == first);
+      CHECK(smaller == first);
+    } else {
+      CHECK(deep == first);
+    }
+  }
+}
+#endif
+
 TEST_CASE("activate gives the calling thread the context's GEMM thread budget") {
   const ls::host_context two(2), one(1);
   two.activate();

@@ -5,8 +5,11 @@
 /// GEMM of `mixed<bf16>` on CPUs with bf16 instructions (the operands converted by those
 /// instructions, fp32 accumulation and output). A primitive is created on the first GEMM of each
 /// shape and kept, with its memory objects, in a cache that its host_context owns; later calls of
-/// the shape only re-point the memory objects at the operands. oneDNN 2.x has no f64 matmul on
-/// CPUs, so double GEMMs stay on CBLAS.
+/// the shape only re-point the memory objects at the operands. The implementation is oneDNN's
+/// first choice, except for the shapes where its gemm-based matmul measured faster than its AVX-512
+/// brgemm one (onednn_gemm_cache::prefers_gemm_based); that one packs its operands into blocks it
+/// allocates inside each call (oneDNN's own allocations, which the steady-state tests count apart
+/// from lockstep's). oneDNN 2.x has no f64 matmul on CPUs, so double GEMMs stay on CBLAS.
 
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -118,6 +121,7 @@ struct onednn_deleter {
   void operator()(dnnl_stream_t p) const noexcept { dnnl_stream_destroy(p); }
   void operator()(dnnl_primitive_t p) const noexcept { dnnl_primitive_destroy(p); }
   void operator()(dnnl_primitive_desc_t p) const noexcept { dnnl_primitive_desc_destroy(p); }
+  void operator()(dnnl_primitive_desc_iterator_t p) const noexcept { dnnl_primitive_desc_iterator_destroy(p); }
   void operator()(dnnl_primitive_attr_t p) const noexcept { dnnl_primitive_attr_destroy(p); }
   void operator()(dnnl_post_ops_t p) const noexcept { dnnl_post_ops_destroy(p); }
   void operator()(dnnl_memory_t p) const noexcept { dnnl_memory_destroy(p); }
@@ -319,6 +323,52 @@ private:
            " transa=" + (k.ta ? "yes" : "no") + " transb=" + (k.tb ? "yes" : "no");
   }
 
+  // True when the GEMM of key k runs oneDNN's gemm-based matmul ("gemm:jit", the kernels of
+  // dnnl_sgemm) rather than oneDNN's first choice `first`, where that is its AVX-512 brgemm matmul
+  // and the shape is one where the gemm-based one measured faster (bench_gemm --shape M x N x K:TT
+  // prints lockstep's GEMM beside dnnl_sgemm; one Zen 4 core, oneDNN 2.6): neither operand
+  // transposed, at least 64 columns, and in fp32 at least 2^24 multiply-adds (config L's forward
+  // GEMMs 4-10 % faster, the CNN's dense forward 16 %, the main job's first layer at 64 rows 9 %),
+  // in bf16 a depth of at least 2048 and 2^30 multiply-adds (config L's 512 x 4096 x 4096: 18 %).
+  // Everywhere else the first choice measured as fast or faster (B transposed: up to 5 %; a
+  // 10-class layer's GEMM: 10-20 %; config S's 64 x 128 x 784 and bf16 at smaller depths), and any
+  // other first choice (AMX, AVX2 kernels) is kept. A rule on the shape and the machine alone, so a
+  // shape always runs the same kernels (run to run bitwise).
+  static bool prefers_gemm_based(const key& k, std::string_view first) noexcept {
+    if (k.ta || k.tb || k.n < 64) return false;
+    const dnnl_dim_t products = k.m * k.n * k.k;
+    if (k.bf16) return first == "brg:avx512_core_bf16" && k.k >= 2048 && products >= (dnnl_dim_t{1} << 30);
+    return first == "brg:avx512_core" && products >= (dnnl_dim_t{1} << 24);
+  }
+
+  // The matmul's primitive descriptor: oneDNN's first choice for `matmul`, or the first gemm-based
+  // implementation it offers where prefers_gemm_based says so (never its reference implementation).
+  onednn_ptr<dnnl_primitive_desc_t> choose_implementation(const dnnl_matmul_desc_t& matmul,
+                                                          const_dnnl_primitive_attr_t attr, const key& k,
+                                                          const std::string& what) {
+    dnnl_primitive_desc_iterator_t raw_it = nullptr;
+    onednn_check(dnnl_primitive_desc_iterator_create(&raw_it, &matmul, attr, on_.engine.get(), nullptr),
+                 "dnnl_primitive_desc_iterator_create", what);
+    const onednn_ptr<dnnl_primitive_desc_iterator_t> it(raw_it);
+    onednn_ptr<dnnl_primitive_desc_t> first(dnnl_primitive_desc_iterator_fetch(it.get()));
+    if (!first) throw device_error("lockstep: oneDNN offers no implementation of the " + what);
+    if (!prefers_gemm_based(k, implementation_of(first.get()))) return first;
+    // A few implementations at most come before the reference one; the walk stops there.
+    for (int i = 0; i < 16 && dnnl_primitive_desc_iterator_next(it.get()) == dnnl_success; ++i) {
+      onednn_ptr<dnnl_primitive_desc_t> next(dnnl_primitive_desc_iterator_fetch(it.get()));
+      if (!next) break;
+      const std::string_view impl = implementation_of(next.get());
+      if (impl.starts_with("gemm:")) return next;
+      if (impl.starts_with("ref")) break;
+    }
+    return first;
+  }
+  static std::string_view implementation_of(const_dnnl_primitive_desc_t pd) noexcept {
+    const char* impl = nullptr;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl) return {};
+    return impl;
+  }
+
   entry& find_or_create(const key& k) {
     if (const auto it = entries_.find(k); it != entries_.end()) return *it->second;
     return create(k);
@@ -357,10 +407,7 @@ private:
       onednn_check(dnnl_post_ops_append_sum(ops.get(), 1.0f), "dnnl_post_ops_append_sum");
       onednn_check(dnnl_primitive_attr_set_post_ops(attr.get(), ops.get()), "dnnl_primitive_attr_set_post_ops");
     }
-    dnnl_primitive_desc_t raw_pd = nullptr;
-    onednn_check(dnnl_primitive_desc_create(&raw_pd, &matmul, attr.get(), on_.engine.get(), nullptr),
-                 "dnnl_primitive_desc_create", what);
-    const onednn_ptr<dnnl_primitive_desc_t> pd(raw_pd);
+    const onednn_ptr<dnnl_primitive_desc_t> pd = choose_implementation(matmul, attr.get(), k, what);
 
     auto e = std::make_unique<entry>();
     dnnl_primitive_t raw_primitive = nullptr;
