@@ -161,23 +161,35 @@ TEST_CASE("a convolution followed by relu applies it in its forward: outputs and
   }
 }
 
-TEST_CASE("the fused bias and activation pass: the GPU's per-element form is bitwise the host's row loop") {
-  for (const std::size_t rows : {0u, 1u, 3u, 17u})
-    for (const std::size_t cols : {1u, 5u, 64u}) {
-      CAPTURE(rows);
-      CAPTURE(cols);
-      auto y = test_support::random_vector<float>(rows * cols, 7 + rows * 100 + cols, -3.0f, 3.0f);
-      const auto b = test_support::random_vector<float>(cols, 3 + cols, -1.0f, 1.0f);
-      if (!y.empty()) y[0] = std::nanf("");
-      auto by_rows = y, by_element = y;
-      ls::host_context ctx;
-      ls::detail::bias_activation<ls::relu_fn>(ctx, by_rows.data(), b.data(), rows, cols);
-      for_each_index(ctx, rows * cols, ls::detail::bias_activation_op<ls::relu_fn, float>{by_element.data(), b.data(), cols});
-      std::size_t bad = 0;
-      for (std::size_t i = 0; i < y.size(); ++i) {
-        const float want = ls::relu_fn::f(y[i] + b[i % cols]);
-        bad += by_rows[i] != want || by_element[i] != want;
-      }
-      CHECK(bad == 0);
+namespace fusion_test {
+/// The pass over rows x Cols by rows (the host's loop) and by element (the GPU's functor, run
+/// here), both against the formula.
+template <std::size_t Cols>
+void check_bias_activation() {
+  for (const std::size_t rows : {0u, 1u, 3u, 17u}) {
+    CAPTURE(rows);
+    CAPTURE(Cols);
+    auto y = test_support::random_vector<float>(rows * Cols, 7 + rows * 100 + Cols, -3.0f, 3.0f);
+    const auto b = test_support::random_vector<float>(Cols, 3 + Cols, -1.0f, 1.0f);
+    if (!y.empty()) y[0] = std::nanf("");
+    auto by_rows = y, by_element = y;
+    ls::host_context ctx;
+    ls::detail::bias_activation<ls::relu_fn, Cols>(ctx, by_rows.data(), b.data(), rows);
+    for_each_index(ctx, rows * Cols, ls::detail::bias_activation_op<ls::relu_fn, float, Cols>{by_element.data(), b.data()});
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      const float want = ls::relu_fn::f(y[i] + b[i % Cols]);
+      bad += by_rows[i] != want || by_element[i] != want;
     }
+    CHECK(bad == 0);
+  }
+}
+}  // namespace fusion_test
+
+TEST_CASE("the fused bias and activation pass: the GPU's per-element form is bitwise the host's row loop") {
+  fusion_test::check_bias_activation<1>();
+  fusion_test::check_bias_activation<5>();
+  fusion_test::check_bias_activation<10>();
+  fusion_test::check_bias_activation<64>();
+  fusion_test::check_bias_activation<1031>();
 }

@@ -43,28 +43,29 @@ void add_column_sums(Ctx& ctx, const T* x, std::size_t rows, std::size_t cols, T
     for_each_index(ctx, cols, column_sums_add_op<T>{x, rows, cols, out});
   }
 }
-/// y[i] = Fn::f(y[i] + b[i % cols]): the bias and a following activation in one pass over a
-/// GEMM's output (one element per call).
-template <class Fn, class T>
+/// y[i] = Fn::f(y[i] + b[i % Cols]): the bias and a following activation in one pass over a
+/// GEMM's output of Cols columns (one element per call; the column count a constant, so the
+/// remainder is a multiply and a shift rather than a division per element).
+template <class Fn, class T, std::size_t Cols>
 struct bias_activation_op {
-  T* y;              ///< rows x cols, the GEMM's products
-  const T* b;        ///< cols biases
-  std::size_t cols;  ///< columns
+  static_assert(Cols > 0, "bias_activation_op: at least one column");
+  T* y;              ///< rows x Cols, the GEMM's products
+  const T* b;        ///< Cols biases
   /// Finishes element i.
-  LOCKSTEP_HD void operator()(std::size_t i) const { y[i] = Fn::f(y[i] + b[i % cols]); }
+  LOCKSTEP_HD void operator()(std::size_t i) const { y[i] = Fn::f(y[i] + b[i % Cols]); }
 };
 
-/// bias_activation_op over the rows x cols matrix y: row by row on the host (a loop the compiler
+/// bias_activation_op over the rows x Cols matrix y: row by row on the host (a loop the compiler
 /// vectorises), one element per call elsewhere.
-template <class Fn, class Ctx, class T>
-void bias_activation(Ctx& ctx, T* y, const T* b, std::size_t rows, std::size_t cols) {
+template <class Fn, std::size_t Cols, class Ctx, class T>
+void bias_activation(Ctx& ctx, T* y, const T* b, std::size_t rows) {
   if constexpr (detail::host_context_v<Ctx>) {
     for (std::size_t r = 0; r < rows; ++r) {
-      T* row = y + r * cols;
-      for (std::size_t c = 0; c < cols; ++c) row[c] = Fn::f(row[c] + b[c]);
+      T* row = y + r * Cols;
+      for (std::size_t c = 0; c < Cols; ++c) row[c] = Fn::f(row[c] + b[c]);
     }
   } else {
-    for_each_index(ctx, rows * cols, bias_activation_op<Fn, T>{y, b, cols});
+    for_each_index(ctx, rows * Cols, bias_activation_op<Fn, T, Cols>{y, b});
   }
 }
 }  // namespace detail
@@ -111,7 +112,7 @@ struct dense {
     static void forward_activated(Ctx& ctx, const forward_args<T, Ctx, shape<In>, shape<Out>>& a) {
       using backend::trans;
       gemm(ctx, trans::no, trans::no, a.batch(), Out, In, T(1), a.x.data(), In, a.params, Out, T(0), a.y.data(), Out);
-      detail::bias_activation<Fn>(ctx, a.y.data(), a.params + In * Out, a.batch(), Out);
+      detail::bias_activation<Fn, Out>(ctx, a.y.data(), a.params + In * Out, a.batch());
     }
 
     /// dW = x^T dy, db = column sums of dy (both added to dparams under pass_info::accumulate:
