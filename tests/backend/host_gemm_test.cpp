@@ -74,6 +74,27 @@ struct operands {
   }
 };
 
+// Element (i, j) of alpha op(A) op(B) + beta C_before in double, and the sum of its terms'
+// magnitudes (what the rounding of a float sum is relative to).
+template <class T>
+std::pair<double, double> reference_element(const gemm_case& g, const operands<T>& o, const std::vector<T>& before,
+                                            std::size_t i, std::size_t j) {
+  double ref = 0, magnitude = 0;
+  for (std::size_t p = 0; p < g.k; ++p) {
+    const double term = at(o.a, o.lda, g.ta, i, p) * at(o.b, o.ldb, g.tb, p, j);
+    ref += term;
+    magnitude += std::abs(term);
+  }
+  ref *= g.alpha;
+  magnitude *= std::abs(g.alpha);
+  if (g.beta != 0) {
+    const double old = static_cast<double>(before[i * o.ldc + j]);
+    ref += g.beta * old;
+    magnitude += std::abs(g.beta * old);
+  }
+  return {ref, magnitude};
+}
+
 // Runs one GEMM and checks every element of C (and that C's padding is untouched).
 template <class T>
 void check_gemm(const ls::host_context& ctx, const gemm_case& g, operands<T>& o) {
@@ -90,19 +111,9 @@ void check_gemm(const ls::host_context& ctx, const gemm_case& g, operands<T>& o)
         if (got != T(-99)) ++bad;
         continue;
       }
-      double ref = 0, magnitude = 0;
-      for (std::size_t p = 0; p < g.k; ++p) {
-        const double term = at(o.a, o.lda, g.ta, i, p) * at(o.b, o.ldb, g.tb, p, j);
-        ref += term;
-        magnitude += std::abs(term);
-      }
-      ref *= g.alpha;
-      magnitude *= std::abs(g.alpha);
-      if (g.beta != 0) {
-        const double old = static_cast<double>(before[i * o.ldc + j]);
-        ref += g.beta * old;
-        magnitude += std::abs(g.beta * old);
-      }
+      // Named variables, not a structured binding: CAPTURE below reads them from a lambda.
+      const std::pair<double, double> r = reference_element(g, o, before, i, j);
+      const double ref = r.first, magnitude = r.second;
       const double tol = 4 * eps * (static_cast<double>(g.k) + 2) * (magnitude + 1e-30);
       if (!(std::abs(static_cast<double>(got) - ref) <= tol)) {
         if (bad == 0) {
@@ -275,19 +286,7 @@ std::string run_and_check(const ls::host_context& ctx, const gemm_case& g, bool 
   std::size_t bad = 0, checked = 0;
   for (std::size_t e = 0; e < total; e += step) {
     const std::size_t i = e / g.n, j = e % g.n;
-    double ref = 0, magnitude = 0;
-    for (std::size_t p = 0; p < g.k; ++p) {
-      const double term = at(o.a, o.lda, g.ta, i, p) * at(o.b, o.ldb, g.tb, p, j);
-      ref += term;
-      magnitude += std::abs(term);
-    }
-    ref *= g.alpha;
-    magnitude *= std::abs(g.alpha);
-    if (g.beta != 0) {
-      const double old = static_cast<double>(before[i * o.ldc + j]);
-      ref += g.beta * old;
-      magnitude += std::abs(g.beta * old);
-    }
+    const auto [ref, magnitude] = reference_element(g, o, before, i, j);
     const double got = static_cast<double>(o.c[i * o.ldc + j]);
     if (!(std::abs(got - ref) <= 4e-6 * (static_cast<double>(g.k) + 2) * (magnitude + 1e-30))) ++bad;
     ++checked;
