@@ -325,15 +325,15 @@ private:
 
   // True when the GEMM of key k runs oneDNN's gemm-based matmul ("gemm:jit", the kernels of
   // dnnl_sgemm) rather than oneDNN's first choice `first`, where that is its AVX-512 brgemm matmul
-  // and the shape is one where the gemm-based one measured faster (bench_gemm --shape M x N x K:TT
-  // prints lockstep's GEMM beside dnnl_sgemm; one Zen 4 core, oneDNN 2.6): neither operand
-  // transposed, at least 64 columns, and in fp32 at least 2^24 multiply-adds (config L's forward
-  // GEMMs 4-10 % faster, the CNN's dense forward 16 %, the main job's first layer at 64 rows 9 %),
-  // in bf16 a depth of at least 2048 and 2^30 multiply-adds (config L's 512 x 4096 x 4096: 18 %).
-  // Everywhere else the first choice measured as fast or faster (B transposed: up to 5 %; a
-  // 10-class layer's GEMM: 10-20 %; config S's 64 x 128 x 784 and bf16 at smaller depths), and any
-  // other first choice (AMX, AVX2 kernels) is kept. A rule on the shape and the machine alone, so a
-  // shape always runs the same kernels (run to run bitwise).
+  // and the shape is one where the gemm-based one measured faster on one Zen 4 core with oneDNN 2.6
+  // (docs/benchmarks.md, "oneDNN's gemm-based matmul ..."): neither operand transposed, at least
+  // 64 columns, and in fp32 at least 2^24 multiply-adds (config L's forward GEMMs 1.11-1.12x, the
+  // CNN's dense forward 1.22x, the main job's first layer at 64 rows 1.06x), in bf16 a depth of at
+  // least 2048 and 2^30 multiply-adds (config L's 512 x 4096 x 4096). Elsewhere the first choice
+  // measured as fast or faster (B transposed: up to 5 %; a 10-class layer's GEMM: 10-20 %; config
+  // S's 64 x 128 x 784; bf16 at smaller depths), and any other first choice (AMX, the AVX2 kernels)
+  // is kept. A rule on the shape and the machine alone, so a shape always runs the same kernels
+  // (run to run bitwise).
   static bool prefers_gemm_based(const key& k, std::string_view first) noexcept {
     if (k.ta || k.tb || k.n < 64) return false;
     const dnnl_dim_t products = k.m * k.n * k.k;
