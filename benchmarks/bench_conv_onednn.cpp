@@ -1,4 +1,4 @@
-// bench_conv_onednn: oneDNN's convolution primitives beside lockstep's conv2d, in the same run,
+// bench_conv_onednn: oneDNN's convolution and pooling primitives beside lockstep's layers, in the same run,
 // on the convolutions of TensorFlow's layers-tutorial CNN at batch 64 with one thread:
 //   conv2 = 64 filters 5 x 5, stride 1, padding 2 on 32 x 14 x 14 (and conv1 = 32 filters 5 x 5 on
 //   1 x 28 x 28).
@@ -15,9 +15,13 @@
 // runs on OpenMP: the benchmark asks for one OpenMP thread (omp_set_num_threads when OpenMP is
 // linked; otherwise run it with OMP_NUM_THREADS=1). Not part of the library: a yardstick only.
 //
+// Also its two max_pool2d<2> layers (pool1 on 32 x 28 x 28, pool2 on 64 x 14 x 14) beside
+// oneDNN's max pooling primitives, forward training + backward, in nChw16c and in NCHW.
+//
 // Prints `openblas_core=... cpu=...`, `onednn_version=... onednn_isa=...`, the sgemm lines, then per
 // layer and implementation
 //   layer=<conv1|conv2> impl=<lockstep|onednn|onednn_nchw> gflops=<n> fraction_of_sgemm_peak=<f> ms=<t> ...
+//   layer=<pool1|pool2> impl=<lockstep|onednn|onednn_nchw> ms=<t> forward_ms=<t> backward_ms=<t>
 //   layer=<...> onednn_over_lockstep=<x>   (oneDNN's speed over lockstep's, > 1: oneDNN faster)
 // Options: --repeats N (default 15).
 
@@ -28,6 +32,7 @@
 #include <exception>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -138,20 +143,57 @@ conv_bench::pass_times time_onednn(int n, int c, int h, int w, int f, int k, int
     bwd_wei.execute(st, bw_args);
     st.wait();
   };
-  forward();
-  backward();
-  std::vector<double> tf, tb, tt;
-  for (int r = 0; r < repeats; ++r) {
-    const double t0 = conv_bench::thread_seconds();
-    forward();
-    const double t1 = conv_bench::thread_seconds();
-    backward();
-    const double t2 = conv_bench::thread_seconds();
-    tf.push_back(t1 - t0);
-    tb.push_back(t2 - t1);
-    tt.push_back(t2 - t0);
-  }
-  return {conv_bench::median(tt), conv_bench::median(tf), conv_bench::median(tb)};
+  return conv_bench::time_passes(forward, backward, repeats);
+}
+
+// Times max pooling over 2 x 2 windows moved by 2 (forward training, with oneDNN's workspace of
+// the maxima's positions, then backward) on C x H x W images, batch N, with oneDNN; `blocked`:
+// nChw16c (as in a network that stays blocked from the convolution on), else NCHW.
+conv_bench::pass_times time_onednn_pool(int n, int c, int h, int w, bool blocked, int repeats, const char* name) {
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream st(eng);
+  const tag act = blocked ? tag::nChw16c : tag::nchw;
+  const dnnl::memory::desc src_md({n, c, h, w}, dt::f32, act), dst_md({n, c, h / 2, w / 2}, dt::f32, act);
+  const dnnl::memory::dims window{2, 2}, none{0, 0};
+  const dnnl::pooling_forward::primitive_desc fwd_pd(
+      dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::pooling_max, src_md, dst_md,
+                                  window, window, none, none),
+      eng);
+  const dnnl::pooling_backward::primitive_desc bwd_pd(
+      dnnl::pooling_backward::desc(dnnl::algorithm::pooling_max, src_md, dst_md, window, window, none, none), eng,
+      fwd_pd);
+  fmt::print("onednn layer={} layout={} forward={} backward={}\n", name, blocked ? "nChw16c" : "nchw",
+             fwd_pd.impl_info_str(), bwd_pd.impl_info_str());
+  dnnl::memory src = filled(fwd_pd.src_desc(), eng, 1), dst(fwd_pd.dst_desc(), eng);
+  dnnl::memory workspace(fwd_pd.workspace_desc(), eng), diff_dst = filled(bwd_pd.diff_dst_desc(), eng, 2);
+  dnnl::memory diff_src(bwd_pd.diff_src_desc(), eng);
+  const dnnl::pooling_forward fwd(fwd_pd);
+  const dnnl::pooling_backward bwd(bwd_pd);
+  auto forward = [&] {
+    fwd.execute(st, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}, {DNNL_ARG_WORKSPACE, workspace}});
+    st.wait();
+  };
+  auto backward = [&] {
+    bwd.execute(st, {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_SRC, diff_src}, {DNNL_ARG_WORKSPACE, workspace}});
+    st.wait();
+  };
+  return conv_bench::time_passes(forward, backward, repeats);
+}
+
+// lockstep's max_pool2d<2> on C x H x W images beside oneDNN's pooling primitives, blocked and NCHW.
+template <std::size_t C, std::size_t H, std::size_t W>
+void compare_pool(const char* name, int n, int repeats) {
+  const conv_bench::pass_times ours =
+      conv_bench::time_lockstep_layer<ls::max_pool2d<2>, ls::shape<C, H, W>>(static_cast<std::size_t>(n), repeats);
+  const int c = static_cast<int>(C), h = static_cast<int>(H), w = static_cast<int>(W);
+  const conv_bench::pass_times blocked = time_onednn_pool(n, c, h, w, true, repeats, name);
+  const conv_bench::pass_times plain = time_onednn_pool(n, c, h, w, false, repeats, name);
+  for (const auto& [impl, t] : {std::pair{"lockstep", ours}, std::pair{"onednn", blocked}, std::pair{"onednn_nchw", plain}})
+    fmt::print("layer={} impl={} ms={:.3f} forward_ms={:.3f} backward_ms={:.3f}\n", name, impl, t.total * 1e3,
+               t.forward * 1e3, t.backward * 1e3);
+  fmt::print("layer={} onednn_over_lockstep={:.2f} onednn_nchw_over_lockstep={:.2f}\n", name, ours.total / blocked.total,
+             ours.total / plain.total);
+  std::fflush(stdout);
 }
 
 template <class L, class S>
@@ -198,6 +240,8 @@ int main(int argc, char** argv) {
     const double peak = conv_bench::sgemm_peak(repeats);
     compare<ls::conv2d<64, 5, 1, 2>, ls::shape<32, 14, 14>>("conv2", 64, 32, 14, 14, 64, 5, 2, repeats, peak);
     compare<ls::conv2d<32, 5, 1, 2>, ls::shape<1, 28, 28>>("conv1", 64, 1, 28, 28, 32, 5, 2, repeats, peak);
+    compare_pool<32, 28, 28>("pool1", 64, repeats);
+    compare_pool<64, 14, 14>("pool2", 64, repeats);
   } catch (const dnnl::error& e) {
     std::fprintf(stderr, "bench_conv_onednn: oneDNN: %s (status %d)\n", e.what(), static_cast<int>(e.status));
     return 1;

@@ -97,6 +97,26 @@ struct pass_times {
   double total, forward, backward;  ///< seconds
 };
 
+/// Times forward() then backward(), one warm-up pass and `repeats` timed ones (the calling thread's
+/// CPU time): the medians of both together and of each.
+template <class Forward, class Backward>
+pass_times time_passes(const Forward& forward, const Backward& backward, int repeats) {
+  forward();
+  backward();
+  std::vector<double> tf, tb, tt;
+  for (int r = 0; r < repeats; ++r) {
+    const double t0 = thread_seconds();
+    forward();
+    const double t1 = thread_seconds();
+    backward();
+    const double t2 = thread_seconds();
+    tf.push_back(t1 - t0);
+    tb.push_back(t2 - t1);
+    tt.push_back(t2 - t0);
+  }
+  return {median(tt), median(tf), median(tb)};
+}
+
 /// Times lockstep's L on inputs of shape S at `batch` (forward, then backward, with the input
 /// gradient dx unless `with_dx` is false, as for a network's first layer), one BLAS thread, after
 /// one warm-up pass; with `onednn` false, the context keeps convolutions on im2col + GEMM.
@@ -120,24 +140,12 @@ pass_times time_lockstep_layer(std::size_t batch, int repeats, bool with_dx = tr
     lockstep::testing::run_backward<B>(ctx, params.data(), x.data(), y.data(), dy.data(), with_dx ? dx.data() : nullptr,
                                         dparams.data(), ws.data(), batch, info);
   };
-  fwd();
-  bwd();
-  std::vector<double> tf, tb, tt;
-  for (int r = 0; r < repeats; ++r) {
-    const double t0 = thread_seconds();
-    fwd();
-    const double t1 = thread_seconds();
-    bwd();
-    const double t2 = thread_seconds();
-    tf.push_back(t1 - t0);
-    tb.push_back(t2 - t1);
-    tt.push_back(t2 - t0);
-  }
+  const pass_times t = time_passes(fwd, bwd, repeats);
   double check = 0;
   for (float v : dparams) check += static_cast<double>(v);
   for (float v : dx) check += static_cast<double>(v);
   if (check != check) fmt::print("lockstep convolution produced NaN\n");
-  return {median(tt), median(tf), median(tb)};
+  return t;
 }
 
 /// Prints one layer line: `layer=<name> [impl=<impl>] gflops=... fraction_of_sgemm_peak=... ms=...`.

@@ -2,12 +2,14 @@
 // row) against the per-element kernels that other devices run, bit for bit, over geometries with
 // and without overlap, padding and dropped rows, on inputs full of ties, signed zeros and NaNs.
 // Also built with -O3 -mavx2 (layers/conv_avx2), where g++ 12 has miscompiled such loops before.
+// The 2 x 2 pooling loops for AVX2 (backend/host/pool_2x2.hpp) are checked the same way.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -80,6 +82,23 @@ void check_pool_rows_match(std::size_t rows) {
   CHECK(same_bits(y, y_ref));
   CHECK(same_bits(ws, ws_ref));
   CHECK(same_bits(dx, dx_ref));
+  // The row loops called directly: where the layer ran the AVX2 loops of 2 x 2 windows above,
+  // these are what CPUs without AVX2 run.
+  std::vector<float> y_rows(y.size(), 3.0f), ws_rows(ws.size(), 3.0f), dx_rows(dx.size(), 3.0f);
+  if constexpr (Kind == pool::max) {
+    const ls::detail::max_pool_rows_op<float, g> fwd{x.data(), y_rows.data(), ws_rows.data()};
+    for (std::size_t i = 0; i < rows * C * g.oh; ++i) fwd(i);
+    const ls::detail::max_pool_grad_rows_op<float, g> bwd{dy.data(), ws_rows.data(), dx_rows.data()};
+    for (std::size_t i = 0; i < rows * C * H; ++i) bwd(i);
+  } else {
+    const ls::detail::avg_pool_rows_op<float, g> fwd{x.data(), y_rows.data()};
+    for (std::size_t i = 0; i < rows * C * g.oh; ++i) fwd(i);
+    const ls::detail::avg_pool_grad_rows_op<float, g> bwd{dy.data(), dx_rows.data()};
+    for (std::size_t i = 0; i < rows * C * H; ++i) bwd(i);
+  }
+  CHECK(same_bits(y_rows, y_ref));
+  CHECK(same_bits(ws_rows, ws_ref));
+  CHECK(same_bits(dx_rows, dx_ref));
 }
 
 template <std::size_t K, std::size_t S, std::size_t P, std::size_t C, std::size_t H, std::size_t W>
@@ -93,7 +112,16 @@ void check_pool_rows_match_batches() {
 }  // namespace
 
 TEST_CASE("max_pool2d and avg_pool2d: the host's row loops give the bits of the per-element kernels, ties, signed zeros and NaNs included") {
+  // 2 x 2 windows moved by 2 run the AVX2 pooling loops where the CPU has them (eight windows per
+  // vector, a masked tail): rows of 1 to 17 windows, odd sizes dropping a row and a column.
+  const std::string loops = ls::backend::host_pool_avx2() ? "AVX2 (eight windows per vector)" : "row loops";
+  MESSAGE("2 x 2 pooling's host loops: " << loops);
   check_pool_rows_match_batches<2, 2, 0, 3, 28, 28>();  // the tutorial CNN's pooling
+  check_pool_rows_match_batches<2, 2, 0, 2, 14, 14>();  // its second pooling: 7 windows a row, all in the tail
+  check_pool_rows_match_batches<2, 2, 0, 2, 16, 17>();  // 8 windows a row, no tail, a dropped column
+  check_pool_rows_match_batches<2, 2, 0, 1, 35, 34>();  // 17 windows a row, a dropped row
+  check_pool_rows_match_batches<2, 2, 0, 1, 2, 2>();    // one window
+  check_pool_rows_match_batches<2, 2, 0, 2, 3, 3>();    // one window, a dropped row and column
   check_pool_rows_match_batches<2, 2, 0, 2, 7, 5>();    // a dropped last row and column
   check_pool_rows_match_batches<3, 3, 0, 2, 11, 13>();  // a dropped last row and column of a wider window
   check_pool_rows_match_batches<2, 3, 0, 3, 8, 8>();    // a stride beyond the kernel: rows and columns no window reads

@@ -218,7 +218,8 @@ inline void for_each_index(const host_context&, std::size_t n, const F& f) {
 }
 
 /// The instruction set of the host's elementwise loops (for_each_index over the functors that
-/// declare `avx2_copy`: the optimiser updates, the activations, dropout's backward mask): "avx2
+/// declare `avx2_copy`: the optimiser updates, the activations, dropout's backward mask; and
+/// the 2 x 2 pooling windows, backend::host_pool_avx2): "avx2
 /// (chosen at run time)" where the CPU has AVX2 and the loops carry their AVX2 copy, "sse2" for
 /// x86-64's baseline, otherwise "compiler's target" (the translation unit's flags decide, for
 /// example -march=native).
