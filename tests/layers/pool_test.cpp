@@ -26,6 +26,28 @@ using bound = ls::bind_shape_t<L, ls::shape<Dims...>>;
 
 enum class pool { max, avg };
 
+/// The value of the guard element past an output's rows.
+constexpr float pool_guard = 12345.0f;
+
+/// n elements of `fill` and a guard element after them: nothing may be written beyond the rows.
+std::vector<float> guarded(std::size_t n, float fill) {
+  std::vector<float> v(n + 1, fill);
+  v.back() = pool_guard;
+  return v;
+}
+
+/// Checks the guard element after an output's rows, then drops it.
+void drop_guard(std::vector<float>& v) {
+  CHECK(v.back() == pool_guard);
+  v.pop_back();
+}
+
+/// drop_guard for each output.
+template <class... V>
+void drop_guards(V&... outputs) {
+  (drop_guard(outputs), ...);
+}
+
 /// max_pool2d or avg_pool2d<K, S, P> on float images of shape<C, H, W> at `rows` rows, through the
 /// layer on the host (its row loops with a constant geometry) against the per-element kernels
 /// that other devices run (max_pool_op, max_pool_grad_op and its per-element form, avg_pool_op
@@ -53,11 +75,13 @@ void check_pool_rows_match(std::size_t rows) {
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = draw(i);
   for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = draw(x.size() + i) * 0.375f;
   ls::host_context ctx{1};
-  std::vector<float> y(dy.size(), -7.0f), ws(rows * B::workspace_per_sample, -7.0f), dx(x.size(), -7.0f);
+  std::vector<float> y = guarded(dy.size(), -7.0f), ws = guarded(rows * B::workspace_per_sample, -7.0f),
+                     dx = guarded(x.size(), -7.0f);
   const ls::pass_info info{.training = true};
   lockstep::testing::run_forward<B>(ctx, static_cast<const float*>(nullptr), x.data(), y.data(), ws.data(), rows, info);
   lockstep::testing::run_backward<B>(ctx, static_cast<const float*>(nullptr), x.data(), y.data(), dy.data(), dx.data(),
                                      static_cast<float*>(nullptr), ws.data(), rows, info);
+  drop_guards(y, ws, dx);
   std::vector<float> y_ref(y.size(), 7.0f), ws_ref(ws.size(), 7.0f), dx_ref(dx.size(), 7.0f);
   if constexpr (Kind == pool::max) {
     const ls::detail::max_pool_op<float> fwd{x.data(), y_ref.data(), ws_ref.data(), g};
@@ -84,7 +108,8 @@ void check_pool_rows_match(std::size_t rows) {
   CHECK(same_bits(dx, dx_ref));
   // The row loops called directly: where the layer ran the AVX2 loops of 2 x 2 windows above,
   // these are what CPUs without AVX2 run.
-  std::vector<float> y_rows(y.size(), 3.0f), ws_rows(ws.size(), 3.0f), dx_rows(dx.size(), 3.0f);
+  std::vector<float> y_rows = guarded(y.size(), 3.0f), ws_rows = guarded(ws.size(), 3.0f),
+                     dx_rows = guarded(dx.size(), 3.0f);
   if constexpr (Kind == pool::max) {
     const ls::detail::max_pool_rows_op<float, g> fwd{x.data(), y_rows.data(), ws_rows.data()};
     for (std::size_t i = 0; i < rows * C * g.oh; ++i) fwd(i);
@@ -96,6 +121,7 @@ void check_pool_rows_match(std::size_t rows) {
     const ls::detail::avg_pool_grad_rows_op<float, g> bwd{dy.data(), dx_rows.data()};
     for (std::size_t i = 0; i < rows * C * H; ++i) bwd(i);
   }
+  drop_guards(y_rows, ws_rows, dx_rows);
   CHECK(same_bits(y_rows, y_ref));
   CHECK(same_bits(ws_rows, ws_ref));
   CHECK(same_bits(dx_rows, dx_ref));

@@ -669,12 +669,17 @@ inline void pool_grad_row(std::size_t i, T* dx, T none, const Value& value) {
   }
   const std::size_t window = (bc * G.oh + oy) * G.ow;
   const auto row = static_cast<std::int32_t>(yy * G.w);
-  for (std::size_t ox = 0; ox < G.ow; ++ox)
+  for (std::size_t ox = 0; ox + 1 < G.ow; ++ox)  // each window but the last, and the gap after it
     for (std::size_t kc = 0; kc < G.stride; ++kc) {
       const auto xx = static_cast<std::int32_t>(ox * G.stride + kc);
       out[xx] = kc < G.k ? value(window + ox, row + xx) : none;
     }
-  for (std::size_t xx = G.ow * G.stride; xx < G.w; ++xx) out[xx] = none;  // columns no window reads
+  // The last window, then the columns no window reads up to the row's end (the last gap can be
+  // shorter than the stride's).
+  constexpr std::size_t last = (G.ow - 1) * G.stride;
+  for (std::size_t kc = 0; kc < G.k; ++kc)
+    out[last + kc] = value(window + G.ow - 1, row + static_cast<std::int32_t>(last + kc));
+  for (std::size_t xx = last + G.k; xx < G.w; ++xx) out[xx] = none;
 }
 
 /// Max pooling forward on the host, one call per output row (b, c, oy), with the geometry G a
