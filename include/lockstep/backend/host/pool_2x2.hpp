@@ -74,11 +74,16 @@ template <std::size_t W, int Count>
     lo1 = _mm256_loadu_ps(r1);
     hi1 = _mm256_loadu_ps(r1 + 8);
   } else {
-    const __m256i mlo = pool_lanes(2 * Count), mhi = pool_lanes(2 * Count - 8);
+    const __m256i mlo = pool_lanes(2 * Count);
     lo0 = _mm256_maskload_ps(r0, mlo);
-    hi0 = _mm256_maskload_ps(r0 + 8, mhi);
     lo1 = _mm256_maskload_ps(r1, mlo);
-    hi1 = _mm256_maskload_ps(r1 + 8, mhi);
+    if constexpr (2 * Count > 8) {
+      const __m256i mhi = pool_lanes(2 * Count - 8);
+      hi0 = _mm256_maskload_ps(r0 + 8, mhi);
+      hi1 = _mm256_maskload_ps(r1 + 8, mhi);
+    } else {  // no pointer past the windows' cells is formed
+      hi0 = hi1 = _mm256_setzero_ps();
+    }
   }
   return {pool_deinterleave<false>(lo0, hi0), pool_deinterleave<true>(lo0, hi0), pool_deinterleave<false>(lo1, hi1),
           pool_deinterleave<true>(lo1, hi1)};
@@ -122,7 +127,7 @@ template <int Count>
     _mm256_storeu_ps(p + 8, v.hi);
   } else {
     _mm256_maskstore_ps(p, pool_lanes(2 * Count), v.lo);
-    _mm256_maskstore_ps(p + 8, pool_lanes(2 * Count - 8), v.hi);
+    if constexpr (2 * Count > 8) _mm256_maskstore_ps(p + 8, pool_lanes(2 * Count - 8), v.hi);
   }
 }
 
