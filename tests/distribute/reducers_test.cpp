@@ -43,7 +43,7 @@ void check_all_reduce(std::size_t replicas, std::size_t length) {
     });
   for (auto& t : threads) t.join();
   for (std::size_t r = 0; r < replicas; ++r)
-    CHECK(std::memcmp(data[r].data(), expect.data(), length * sizeof(float)) == 0);
+    CHECK((length == 0 || std::memcmp(data[r].data(), expect.data(), length * sizeof(float)) == 0));
 }
 
 template <class Reducer>
