@@ -2,8 +2,10 @@
 /// @file conv.hpp
 /// Layers on images `shape<C, H, W>` (NCHW rows): `conv2d`, `max_pool2d`, `avg_pool2d`,
 /// `global_avg_pool`, and the shape layers `reshape<Dims...>` and `flatten`. Each is written with
-/// the backend's primitives only (gemm, for_each_index, fill, copy), so one definition runs on the
-/// host and on GPUs. Every gradient is computed in gather form (each output element sums its own
+/// the backend's primitives (gemm, for_each_index, fill, copy), so one definition runs on the host
+/// and on GPUs; on the host, convolutions may run through oneDNN's primitives and 2 x 2 poolings
+/// through AVX2 loops (backend/host/pool_2x2.hpp), with the bits of the host's own loops for the
+/// poolings. Every gradient is computed in gather form (each output element sums its own
 /// contributions in a fixed order): no atomics, bitwise deterministic on every device.
 
 #include <algorithm>
