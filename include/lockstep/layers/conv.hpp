@@ -894,9 +894,9 @@ struct global_avg_grad_op {
 }  // namespace detail
 
 namespace detail {
-/// True when a float pooling layer of these window parameters runs its host loops through
-/// backend/host/pool_2x2.hpp (2 x 2 windows moved by 2, no padding; eight windows per AVX2 vector
-/// where the CPU has AVX2, chosen at run time: backend::host_pool_avx2).
+/// True when a float pooling layer of these window parameters tries the host loops of
+/// backend/host/pool_2x2.hpp first (2 x 2 windows moved by 2, no padding; eight windows per AVX2
+/// vector, where the CPU has AVX2: they return false elsewhere, and the row loops run).
 template <class T, std::size_t Kernel, std::size_t Stride, std::size_t Padding>
 inline constexpr bool pool_2x2_avx2 = std::is_same_v<T, float> && Kernel == 2 && Stride == 2 && Padding == 0;
 
@@ -952,11 +952,8 @@ struct max_pool2d {
     static void forward(Ctx& ctx, const forward_args<T, Ctx, S, typename pool::output_shape>& a) {
       static_assert(H * pool::W < (std::size_t{1} << 24), "lockstep::max_pool2d: channels of 2^24 elements or more");
       if constexpr (detail::host_context_v<Ctx>) {
-#if LOCKSTEP_HOST_POOL_AVX2
         if constexpr (detail::pool_2x2_avx2<T, Kernel, Stride, Padding>)
-          if (backend::host_pool_avx2())
-            return backend::max_pool_2x2_forward<H, pool::W>(a.x.data(), a.y.data(), a.workspace, a.batch() * C);
-#endif
+          if (backend::pool_2x2_forward<true, H, pool::W>(a.x.data(), a.y.data(), a.workspace, a.batch() * C)) return;
         for_each_index(ctx, a.batch() * C * pool::OH,
                        detail::max_pool_rows_op<T, geometry()>{a.x.data(), a.y.data(), a.workspace});
       } else
@@ -968,11 +965,8 @@ struct max_pool2d {
     static void backward(Ctx& ctx, const backward_args<T, Ctx, S, typename pool::output_shape>& a) {
       if (!a.dx) return;
       if constexpr (detail::host_context_v<Ctx>) {
-#if LOCKSTEP_HOST_POOL_AVX2
         if constexpr (detail::pool_2x2_avx2<T, Kernel, Stride, Padding>)
-          if (backend::host_pool_avx2())
-            return backend::max_pool_2x2_backward<H, pool::W>(a.dy.data(), a.workspace, a.dx.data(), a.batch() * C);
-#endif
+          if (backend::pool_2x2_backward<true, H, pool::W>(a.dy.data(), a.workspace, a.dx.data(), a.batch() * C)) return;
         for_each_index(ctx, a.batch() * C * H,
                        detail::max_pool_grad_rows_op<T, geometry()>{a.dy.data(), a.workspace, a.dx.data()});
       } else
@@ -1008,11 +1002,8 @@ struct avg_pool2d {
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const forward_args<T, Ctx, S, typename pool::output_shape>& a) {
       if constexpr (detail::host_context_v<Ctx>) {
-#if LOCKSTEP_HOST_POOL_AVX2
         if constexpr (detail::pool_2x2_avx2<T, Kernel, Stride, Padding>)
-          if (backend::host_pool_avx2())
-            return backend::avg_pool_2x2_forward<H, pool::W>(a.x.data(), a.y.data(), a.batch() * C);
-#endif
+          if (backend::pool_2x2_forward<false, H, pool::W>(a.x.data(), a.y.data(), nullptr, a.batch() * C)) return;
         for_each_index(ctx, a.batch() * C * pool::OH, detail::avg_pool_rows_op<T, geometry()>{a.x.data(), a.y.data()});
       } else
         for_each_index(ctx, a.y.size(), detail::avg_pool_op<T>{a.x.data(), a.y.data(), geometry()});
@@ -1023,11 +1014,8 @@ struct avg_pool2d {
     static void backward(Ctx& ctx, const backward_args<T, Ctx, S, typename pool::output_shape>& a) {
       if (!a.dx) return;
       if constexpr (detail::host_context_v<Ctx>) {
-#if LOCKSTEP_HOST_POOL_AVX2
         if constexpr (detail::pool_2x2_avx2<T, Kernel, Stride, Padding>)
-          if (backend::host_pool_avx2())
-            return backend::avg_pool_2x2_backward<H, pool::W>(a.dy.data(), a.dx.data(), a.batch() * C);
-#endif
+          if (backend::pool_2x2_backward<false, H, pool::W>(a.dy.data(), nullptr, a.dx.data(), a.batch() * C)) return;
         for_each_index(ctx, a.batch() * C * H, detail::avg_pool_grad_rows_op<T, geometry()>{a.dy.data(), a.dx.data()});
       } else
         for_each_index(ctx, a.batch() * C * H, detail::avg_pool_grad_op<T>{a.dy.data(), a.dx.data(), geometry()});

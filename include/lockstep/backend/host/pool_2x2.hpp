@@ -190,37 +190,38 @@ template <int Count>
   pool_store_columns<Count>(dx, pool_spread_of(g));
 }
 
-}  // namespace detail
-
-/// Max pooling forward over `channels` channels of H x W floats (x), 2 x 2 windows moved by 2
-/// without padding: y and argmax (positions within the channel, as floats) are channels x (H / 2)
-/// x (W / 2). Call only where host_pool_avx2() is true.
-template <std::size_t H, std::size_t W>
-[[gnu::target("avx2")]] inline void max_pool_2x2_forward(const float* x, float* y, float* argmax,
-                                                         std::size_t channels) noexcept {
-  static_assert(H >= 2 && W >= 2 && H * W < (std::size_t{1} << 24), "max_pool_2x2: 2 <= H, W and H W < 2^24");
+/// The forward pass of max (Max) or average pooling over `channels` channels of H x W floats x:
+/// y and, for max pooling, argmax are channels x (H / 2) x (W / 2); each output row in runs of
+/// eight windows, then its last OW mod 8.
+template <bool Max, std::size_t H, std::size_t W>
+[[gnu::target("avx2")]] inline void pool_2x2_forward_avx2(const float* x, float* y, float* argmax,
+                                                     std::size_t channels) noexcept {
   constexpr std::size_t OH = H / 2, OW = W / 2, full = OW / 8 * 8;
   for (std::size_t c = 0; c < channels; ++c) {
     const float* in = x + c * H * W;
     for (std::size_t oy = 0; oy < OH; ++oy) {
-      float* yr = y + (c * OH + oy) * OW;
-      float* ar = argmax + (c * OH + oy) * OW;
+      const std::size_t out = (c * OH + oy) * OW;
       const auto row = static_cast<std::int32_t>(oy);
       for (std::size_t ox = 0; ox < full; ox += 8)
-        detail::max_pool_2x2_windows<W, 8>(in, yr + ox, ar + ox, row, static_cast<std::int32_t>(ox));
-      if constexpr (OW % 8 != 0)
-        detail::max_pool_2x2_windows<W, static_cast<int>(OW % 8)>(in, yr + full, ar + full, row,
-                                                                  static_cast<std::int32_t>(full));
+        if constexpr (Max)
+          max_pool_2x2_windows<W, 8>(in, y + out + ox, argmax + out + ox, row, static_cast<std::int32_t>(ox));
+        else
+          avg_pool_2x2_windows<W, 8>(in, y + out + ox, row, static_cast<std::int32_t>(ox));
+      constexpr int tail = static_cast<int>(OW % 8);
+      if constexpr (tail != 0 && Max)
+        max_pool_2x2_windows<W, tail>(in, y + out + full, argmax + out + full, row, static_cast<std::int32_t>(full));
+      else if constexpr (tail != 0)
+        avg_pool_2x2_windows<W, tail>(in, y + out + full, row, static_cast<std::int32_t>(full));
     }
   }
 }
 
-/// Its gradient: dx (channels x H x W) from dy and argmax (channels x (H / 2) x (W / 2)), every
-/// element written once. Call only where host_pool_avx2() is true.
-template <std::size_t H, std::size_t W>
-[[gnu::target("avx2")]] inline void max_pool_2x2_backward(const float* dy, const float* argmax, float* dx,
-                                                          std::size_t channels) noexcept {
-  static_assert(H >= 2 && W >= 2 && H * W < (std::size_t{1} << 24), "max_pool_2x2: 2 <= H, W and H W < 2^24");
+/// The backward pass of max (Max) or average pooling: dx (channels x H x W) from dy and, for max
+/// pooling, argmax (channels x (H / 2) x (W / 2)), every element written once; the rows and
+/// columns no window reads get +0.
+template <bool Max, std::size_t H, std::size_t W>
+[[gnu::target("avx2")]] inline void pool_2x2_backward_avx2(const float* dy, const float* argmax, float* dx,
+                                                      std::size_t channels) noexcept {
   constexpr std::size_t OH = H / 2, OW = W / 2, full = OW / 8 * 8;
   for (std::size_t c = 0; c < channels; ++c)
     for (std::size_t yy = 0; yy < H; ++yy) {
@@ -232,53 +233,54 @@ template <std::size_t H, std::size_t W>
       const std::size_t window = (c * OH + yy / 2) * OW;
       const auto row = static_cast<std::int32_t>(yy);
       for (std::size_t ox = 0; ox < full; ox += 8)
-        detail::max_pool_2x2_grad_windows<W, 8>(dy + window + ox, argmax + window + ox, out + 2 * ox, row,
-                                                static_cast<std::int32_t>(ox));
-      if constexpr (OW % 8 != 0)
-        detail::max_pool_2x2_grad_windows<W, static_cast<int>(OW % 8)>(dy + window + full, argmax + window + full,
-                                                                       out + 2 * full, row, static_cast<std::int32_t>(full));
+        if constexpr (Max)
+          max_pool_2x2_grad_windows<W, 8>(dy + window + ox, argmax + window + ox, out + 2 * ox, row,
+                                          static_cast<std::int32_t>(ox));
+        else
+          avg_pool_2x2_grad_windows<8>(dy + window + ox, out + 2 * ox);
+      constexpr int tail = static_cast<int>(OW % 8);
+      if constexpr (tail != 0 && Max)
+        max_pool_2x2_grad_windows<W, tail>(dy + window + full, argmax + window + full, out + 2 * full, row,
+                                           static_cast<std::int32_t>(full));
+      else if constexpr (tail != 0)
+        avg_pool_2x2_grad_windows<tail>(dy + window + full, out + 2 * full);
       if constexpr (W % 2 != 0) out[W - 1] = 0.0f;  // the last column of an odd W
     }
 }
-
-/// Average pooling forward over `channels` channels of H x W floats (x), 2 x 2 windows moved by
-/// 2 without padding: y is channels x (H / 2) x (W / 2). Call only where host_pool_avx2() is true.
-template <std::size_t H, std::size_t W>
-[[gnu::target("avx2")]] inline void avg_pool_2x2_forward(const float* x, float* y, std::size_t channels) noexcept {
-  static_assert(H >= 2 && W >= 2, "avg_pool_2x2: 2 <= H, W");
-  constexpr std::size_t OH = H / 2, OW = W / 2, full = OW / 8 * 8;
-  for (std::size_t c = 0; c < channels; ++c) {
-    const float* in = x + c * H * W;
-    for (std::size_t oy = 0; oy < OH; ++oy) {
-      float* yr = y + (c * OH + oy) * OW;
-      const auto row = static_cast<std::int32_t>(oy);
-      for (std::size_t ox = 0; ox < full; ox += 8)
-        detail::avg_pool_2x2_windows<W, 8>(in, yr + ox, row, static_cast<std::int32_t>(ox));
-      if constexpr (OW % 8 != 0)
-        detail::avg_pool_2x2_windows<W, static_cast<int>(OW % 8)>(in, yr + full, row, static_cast<std::int32_t>(full));
-    }
-  }
-}
-
-/// Its gradient: dx (channels x H x W) from dy (channels x (H / 2) x (W / 2)), every element
-/// written once (0 / 4 = +0 where no window reads it). Call only where host_pool_avx2() is true.
-template <std::size_t H, std::size_t W>
-[[gnu::target("avx2")]] inline void avg_pool_2x2_backward(const float* dy, float* dx, std::size_t channels) noexcept {
-  static_assert(H >= 2 && W >= 2, "avg_pool_2x2: 2 <= H, W");
-  constexpr std::size_t OH = H / 2, OW = W / 2, full = OW / 8 * 8;
-  for (std::size_t c = 0; c < channels; ++c)
-    for (std::size_t yy = 0; yy < H; ++yy) {
-      float* out = dx + (c * H + yy) * W;
-      if (yy / 2 >= OH) {
-        for (std::size_t xx = 0; xx < W; ++xx) out[xx] = 0.0f;
-        continue;
-      }
-      const float* d = dy + (c * OH + yy / 2) * OW;
-      for (std::size_t ox = 0; ox < full; ox += 8) detail::avg_pool_2x2_grad_windows<8>(d + ox, out + 2 * ox);
-      if constexpr (OW % 8 != 0) detail::avg_pool_2x2_grad_windows<static_cast<int>(OW % 8)>(d + full, out + 2 * full);
-      if constexpr (W % 2 != 0) out[W - 1] = 0.0f;
-    }
-}
+}  // namespace detail
 #endif
+
+/// Max (Max true) or average pooling forward over `channels` channels of H x W floats (x), 2 x 2
+/// windows moved by 2 without padding, where host_pool_avx2(): y and, for max pooling, argmax
+/// (positions within the channel, as floats) are channels x (H / 2) x (W / 2). False, and nothing
+/// written, elsewhere.
+template <bool Max, std::size_t H, std::size_t W>
+inline bool pool_2x2_forward([[maybe_unused]] const float* x, [[maybe_unused]] float* y,
+                             [[maybe_unused]] float* argmax, [[maybe_unused]] std::size_t channels) noexcept {
+  static_assert(H >= 2 && W >= 2 && (!Max || H * W < (std::size_t{1} << 24)), "pool_2x2: 2 <= H, W and H W < 2^24");
+#if LOCKSTEP_HOST_POOL_AVX2
+  if (!host_pool_avx2()) return false;
+  detail::pool_2x2_forward_avx2<Max, H, W>(x, y, argmax, channels);
+  return true;
+#else
+  return false;
+#endif
+}
+
+/// Its gradient, where host_pool_avx2(): dx (channels x H x W) from dy and, for max pooling,
+/// argmax (channels x (H / 2) x (W / 2)), every element written once (+0 where no window reads
+/// it). False, and nothing written, elsewhere.
+template <bool Max, std::size_t H, std::size_t W>
+inline bool pool_2x2_backward([[maybe_unused]] const float* dy, [[maybe_unused]] const float* argmax,
+                              [[maybe_unused]] float* dx, [[maybe_unused]] std::size_t channels) noexcept {
+  static_assert(H >= 2 && W >= 2 && (!Max || H * W < (std::size_t{1} << 24)), "pool_2x2: 2 <= H, W and H W < 2^24");
+#if LOCKSTEP_HOST_POOL_AVX2
+  if (!host_pool_avx2()) return false;
+  detail::pool_2x2_backward_avx2<Max, H, W>(dy, argmax, dx, channels);
+  return true;
+#else
+  return false;
+#endif
+}
 
 }  // namespace lockstep::backend
