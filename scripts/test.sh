@@ -3,10 +3,11 @@
 # tests with CTest (including a 20 s run of each fuzz harness of tests/fuzz under ASan and UBSan,
 # CTest label `fuzz`, built with clang in <build>/fuzz, and the interop tests, label `interop`,
 # which read lockstep's files with TensorBoard and PyTorch in <build>/interop/venv and report
-# themselves skipped when Python's packages cannot be had), builds the host tests, examples and
-# benchmarks with clang++ and the oneDNN host GEMM (LOCKSTEP_HOST_GEMM=onednn) and runs those
-# tests, then runs the input-pipeline tests and the reducer and stage conformance suites once more
-# under ThreadSanitizer. CTest runs as many tests at once as there are cores.
+# themselves skipped when Python's packages cannot be had), builds the host tests and examples
+# with clang++ and the oneDNN host GEMM (LOCKSTEP_HOST_GEMM=onednn) under AddressSanitizer and
+# UndefinedBehaviorSanitizer and runs those tests, then runs the input-pipeline tests and the
+# reducer and stage conformance suites once more under ThreadSanitizer. CTest runs as many tests
+# at once as there are cores.
 # The CUDA targets are built (compiled and linked) whenever nvcc is present; GPU tests skip
 # themselves when no GPU is usable, and the GPU bundle (scripts/gpu-bundle.sh) is collected from
 # them and checked. Exit code: 0 when everything passed.
@@ -38,8 +39,9 @@ run_tests() {
 #    bundle made from them); every test;
 #  - clang: the host path with clang++ and the host float GEMM through oneDNN's matmul primitive
 #    (CUDA, the fuzz harnesses, MPI and interop ran above): every header alone with -Wpedantic,
-#    tests, examples and benchmarks built at -O1 (clang's warnings come from its front end; the
-#    g++ build runs the tests at -O3), the tests run;
+#    tests and examples built at -O1 under AddressSanitizer and UndefinedBehaviorSanitizer (any
+#    report ends the test that made it; clang's warnings come from its front end; the g++ build
+#    runs the tests at -O3), the tests run;
 #  - tsan: the pipeline tests, the reducer and stage conformance suites and the bf16 weight
 #    copy's tests (test_threads) under ThreadSanitizer (the pipeline's stages, the reducers and
 #    the sharded update use threads).
@@ -53,7 +55,7 @@ for preset in gcc clang tsan; do
   case "$preset" in
     gcc | clang)
       cmake --build "$dir" -j "$jobs"
-      [ "$preset" = gcc ] || echo "lockstep: running the host tests built with clang++ and the oneDNN host GEMM"
+      [ "$preset" = gcc ] || echo "lockstep: running the host tests built with clang++ and the oneDNN host GEMM, under ASan and UBSan"
       run_tests "$dir"
       ;;
     tsan)
