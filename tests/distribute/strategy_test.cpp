@@ -3,6 +3,15 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
+
 #include "distribute/common.hpp"
 
 namespace ls = lockstep;
@@ -129,6 +138,60 @@ TEST_CASE("replicate makes identical replicas and checkpoints round-trip") {
   std::vector<float> wrong(3);
   CHECK_THROWS_AS(m.load_parameters(wrong), ls::shape_error);
 }
+
+TEST_CASE("replica 0 runs on the caller's thread, every other replica on a thread of its own") {
+  for (const std::size_t n : {1u, 2u, 3u, 5u}) {
+    CAPTURE(n);
+    ls::mirrored<ls::cpus> s(ls::device_selection::first(n));
+    for (int round = 0; round < 3; ++round) {  // the same threads job after job
+      std::vector<std::thread::id> ids(n);
+      s.run_each([&](std::size_t r) { ids[r] = std::this_thread::get_id(); });
+      CHECK(ids[0] == std::this_thread::get_id());
+      for (std::size_t r = 1; r < n; ++r)
+        for (std::size_t q = 0; q < r; ++q) CHECK(ids[r] != ids[q]);
+    }
+    // A failure of replica 0 (the caller's) still waits for the others and names replica 0.
+    std::atomic<std::size_t> finished{0};
+    try {
+      s.run_each([&](std::size_t r) {
+        if (r == 0) throw std::runtime_error("replica 0 fails");
+        finished.fetch_add(1);
+      });
+      FAIL("no exception");
+    } catch (const ls::replica_error& e) {
+      CHECK(e.replica() == 0);
+      CHECK(finished.load() == n - 1);
+    }
+  }
+}
+
+#if defined(__x86_64__) || defined(__SSE2__)
+TEST_CASE("the caller's thread keeps its floating-point mode: replicas flush subnormals only on their own work") {
+  const unsigned saved = _mm_getcsr();
+  const unsigned ieee = saved & ~0x8040u;  // gradual underflow: no FTZ (bit 15), no DAZ (bit 6)
+  const auto mode = [] { return _mm_getcsr() & ~0x3Fu; };  // the control bits (0-5 are exception flags)
+  for (const std::size_t n : {1u, 2u, 3u}) {
+    CAPTURE(n);
+    _mm_setcsr(ieee);
+    ls::mirrored<ls::cpus> s(ls::device_selection::first(n));  // flush_denormals: on by default
+    auto m = s.replicate<dist_test::mlp>(ls::seed{4});
+    CHECK(mode() == (ieee & ~0x3Fu));
+    std::vector<unsigned> inside(n);
+    s.run_each([&](std::size_t r) {
+      m.replica(r).context().activate();
+      inside[r] = _mm_getcsr();
+    });
+    for (std::size_t r = 0; r < n; ++r) CHECK((inside[r] & 0x8040u) == 0x8040u);  // each replica's work flushes
+    CHECK(mode() == (ieee & ~0x3Fu));
+    const auto b = dist_test::make_batch(12, 1);
+    ls::train_step(s, m, ls::adam{}, ls::softmax_cross_entropy{}, dist_test::distributed(b, n));
+    CHECK(mode() == (ieee & ~0x3Fu));
+    m.load_optimizer_state(m.optimizer_state_to_host());
+    CHECK(mode() == (ieee & ~0x3Fu));
+  }
+  _mm_setcsr(saved);
+}
+#endif
 
 TEST_CASE("a reduce-to-one strategy aggregates on the FIRST replica of its aggregation device") {
   using std::vector;

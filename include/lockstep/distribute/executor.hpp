@@ -1,8 +1,7 @@
 #pragma once
 /// @file executor.hpp
-/// The executor of a strategy: one persistent worker thread per replica (the single replica of a
-/// one-replica strategy runs on the caller's thread), running per-replica jobs and combining
-/// per-replica values. It knows nothing of models, kinds or reducers, so it is compiled once.
+/// The executor of a strategy: replica 0 runs on the caller's thread and every other replica on a
+/// persistent worker thread of its own, running per-replica jobs and combining per-replica values. It knows nothing of models, kinds or reducers, so it is compiled once.
 ///
 /// Failure: the first exception of a job reaches the caller as a replica_error naming the
 /// replica (and the step), with the original nested; the owner's abort hook runs at once on the
@@ -33,8 +32,8 @@ public:
   /// A hook of the owner: `abort` releases blocked collectives, `reset` re-arms them.
   using hook = void (*)(void*) noexcept;
 
-  /// Starts the workers of `replicas` replicas (none when 1), pinned to the allowed CPUs when
-  /// `pin`; `abort(owner)` runs when a job fails, `reset(owner)` once every worker has returned.
+  /// Starts the workers of replicas 1 to `replicas` - 1 (replica 0 runs on the caller's thread),
+  /// worker r pinned to the r-th allowed CPU when `pin`; `abort(owner)` runs when a job fails, `reset(owner)` once every worker has returned.
   executor(std::size_t replicas, bool pin, hook abort, hook reset, void* owner)
       : abort_(abort), reset_(reset), owner_(owner), pool_(replicas, &on_abort, this, pin) {}
   executor(const executor&) = delete;

@@ -232,6 +232,7 @@ public:
                         " elements of optimiser state are not a whole number of arrays of " + std::to_string(param_count) +
                         " (the update is sharded, which needs an elementwise optimiser)");
     const std::size_t k = param_count ? in.size() / param_count : 0;
+    const backend::caller_thread_state keep;  // activate() below only places device memory
     for (std::size_t s = 0; s < reps.size(); ++s) {
       Replica& r = *reps[s];
       auto& st = r.optimizer_state();
@@ -276,6 +277,7 @@ public:
     if (!in.empty() && in.size() != stored_count)
       throw shape_error("lockstep::replicated::load_ema: the span has " + std::to_string(in.size()) +
                         " elements but the model stores " + std::to_string(stored_count));
+    const backend::caller_thread_state keep;  // activate() below only places device memory
     for (std::size_t s = 0; s < reps.size(); ++s) {
       Replica& r = *reps[s];
       const auto [lo, hi] = slice(s);

@@ -236,6 +236,7 @@ public:
                   "lockstep: the tf32 policy is for gpu replicas (TF32 tensor cores); cpu replicas compute in fp32, or "
                   "in bf16 under lockstep::mixed<lockstep::bf16>");
     world_.check_usable();
+    const backend::caller_thread_state keep;  // the replicas' contexts are activated here to place memory
     std::vector<context_type> contexts;
     contexts.reserve(num_replicas());
     for (const std::size_t o : ordinals_)
@@ -811,6 +812,7 @@ private:
     const std::size_t bytes = reducer_.workspace_bytes(max_bucket_bytes);
     if (bytes > workspace_bytes_) {
       workspaces_.clear();
+      const backend::caller_thread_state keep;  // activate() below only places device memory
       for (std::size_t r = 0; r < num_replicas(); ++r) {
         m.replica(r).context().activate();  // device memory lands on the current device: replica r's
         workspaces_.emplace_back(bytes);

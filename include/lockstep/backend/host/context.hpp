@@ -68,6 +68,39 @@ inline void pin_this_thread([[maybe_unused]] int cpu) noexcept {
 #endif
 }
 
+/// Keeps the calling thread's floating-point mode (the SSE control register on x86: FTZ and DAZ)
+/// and, in the oneDNN build, its OpenMP thread count as they were when it was made, restoring
+/// them when it goes: a replica that runs on the caller's thread (host_context::activate and the
+/// GEMMs set both) leaves the caller's thread as it found it.
+class caller_thread_state {
+public:
+  /// Records the calling thread's mode and thread count.
+  caller_thread_state() noexcept {
+#if defined(__x86_64__) || defined(__SSE2__)
+    csr_ = _mm_getcsr();
+#endif
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN) && DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
+    omp_threads_ = omp_get_max_threads();
+#endif
+  }
+  caller_thread_state(const caller_thread_state&) = delete;
+  caller_thread_state& operator=(const caller_thread_state&) = delete;
+  /// Restores them (on the thread that made it); the register's exception flags (bits 0-5) stay
+  /// as the work left them.
+  ~caller_thread_state() {
+#if defined(__x86_64__) || defined(__SSE2__)
+    _mm_setcsr((csr_ & ~0x3Fu) | (_mm_getcsr() & 0x3Fu));
+#endif
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN) && DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
+    if (omp_get_max_threads() != omp_threads_) omp_set_num_threads(omp_threads_);
+#endif
+  }
+
+private:
+  [[maybe_unused]] unsigned csr_ = 0;
+  [[maybe_unused]] int omp_threads_ = 0;
+};
+
 /// Number of cores this process may run on (its affinity mask; the hardware threads where the
 /// platform cannot tell): the default number of host replicas.
 inline int allowed_cpu_count() {

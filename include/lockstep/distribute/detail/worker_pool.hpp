@@ -1,8 +1,10 @@
 #pragma once
 /// @file worker_pool.hpp
-/// Internal: the persistent worker threads of a strategy, one per replica. A job is a function
-/// of the replica index; run() hands it to every worker, waits for all of them, and rethrows the
-/// first real failure as a replica_error naming the replica, with the original nested (a replica
+/// Internal: the persistent worker threads of a strategy. A job is a function of the replica
+/// index; run() hands it to the workers of replicas 1 to N - 1, runs replica 0 itself on the
+/// caller's thread (one thread fewer to wake and to put to sleep per job, and no thread left
+/// waiting beside the replicas for a core), waits for all of them, and rethrows the first real
+/// failure as a replica_error naming the replica, with the original nested (a replica
 /// released by an abort reports collective_aborted, which is only rethrown when nothing else
 /// failed). A failing worker calls the abort callback at once so that replicas blocked in a
 /// collective are released.
@@ -24,19 +26,21 @@
 
 namespace lockstep::detail {
 
-/// N persistent worker threads (none when N == 1: the single replica runs on the caller's thread).
+/// N - 1 persistent worker threads, for replicas 1 to N - 1; replica 0 runs on the caller's thread.
 class worker_pool {
 public:
   /// Callback run (on the failing thread) when a job throws: releases the other replicas.
   using abort_fn = void (*)(void*) noexcept;
 
-  /// Starts `n` workers (when n > 1); `on_abort(ctx)` releases blocked collectives.
+  /// Starts the workers of replicas 1 to n - 1 (worker r pinned to the r-th allowed CPU when `pin`
+  /// and there are n of them; the caller's thread, which runs replica 0, is left as it is);
+  /// `on_abort(ctx)` releases blocked collectives.
   worker_pool(std::size_t n, abort_fn on_abort, void* ctx, bool pin = false)
       : n_(n), on_abort_(on_abort), abort_ctx_(ctx), errors_(n), stamps_(n), cpus_(pin ? allowed_cpus(n) : std::vector<int>{}),
-        hub_(n < std::max(1u, std::thread::hardware_concurrency()) ? 1024u : 0u) {
+        hub_(n <= std::max(1u, std::thread::hardware_concurrency()) ? 1024u : 0u) {
     if (n_ > 1) {
-      threads_.reserve(n_);
-      for (std::size_t r = 0; r < n_; ++r) threads_.emplace_back([this, r] { loop(r); });
+      threads_.reserve(n_ - 1);
+      for (std::size_t r = 1; r < n_; ++r) threads_.emplace_back([this, r] { loop(r); });
     }
   }
   worker_pool(const worker_pool&) = delete;
@@ -51,11 +55,13 @@ public:
   /// Number of replicas.
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
 
-  /// Runs f(r) for every replica r on its worker and waits for all; rethrows the first failure
-  /// as a replica_error naming its replica and `step` (replica_error::no_step outside training).
+  /// Runs f(r) for every replica r (f(0) on the caller's thread, the others on their workers) and
+  /// waits for all; rethrows the first failure as a replica_error naming its replica and `step`
+  /// (replica_error::no_step outside training).
   template <class F>
   void run(F& f, std::uint64_t step = replica_error::no_step) {
     step_ = step;
+    const backend::caller_thread_state keep;  // replica 0 runs here: the caller's mode is restored
     if (n_ == 1) {
       try {
         f(std::size_t{0});
@@ -68,9 +74,10 @@ public:
     job_obj_ = static_cast<void*>(std::addressof(f));
     for (auto& e : errors_) e = nullptr;
     next_stamp_.store(0, std::memory_order_relaxed);
-    remaining_.store(n_, std::memory_order_relaxed);
+    remaining_.store(n_ - 1, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
     hub_.notify();
+    run_job(0);
     hub_.wait([&] { return remaining_.load(std::memory_order_acquire) == 0; });
     rethrow_first();
   }
@@ -98,14 +105,19 @@ private:
       });
       if (stop_.load(std::memory_order_acquire)) return;
       seen = generation_.load(std::memory_order_acquire);
-      try {
-        job_fn_(job_obj_, r);
-      } catch (...) {
-        errors_[r] = std::current_exception();
-        stamps_[r] = next_stamp_.fetch_add(1, std::memory_order_relaxed);
-        on_abort_(abort_ctx_);
-      }
+      run_job(r);
       if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) hub_.notify();
+    }
+  }
+
+  // Runs the current job for replica r, keeping its failure (and releasing the other replicas).
+  void run_job(std::size_t r) noexcept {
+    try {
+      job_fn_(job_obj_, r);
+    } catch (...) {
+      errors_[r] = std::current_exception();
+      stamps_[r] = next_stamp_.fetch_add(1, std::memory_order_relaxed);
+      on_abort_(abort_ctx_);
     }
   }
 
