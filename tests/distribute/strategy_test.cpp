@@ -11,6 +11,10 @@
 #if defined(__x86_64__) || defined(__SSE2__)
 #include <xmmintrin.h>
 #endif
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
 
 #include "distribute/common.hpp"
 
@@ -164,6 +168,36 @@ TEST_CASE("replica 0 runs on the caller's thread, every other replica on a threa
     }
   }
 }
+
+#if defined(__linux__)
+TEST_CASE("pin_replicas pins replica 0's thread to the first allowed CPU for the length of a job only") {
+  const std::vector<int> cpus = ls::allowed_cpus();
+  cpu_set_t before;
+  REQUIRE(pthread_getaffinity_np(pthread_self(), sizeof before, &before) == 0);
+  for (const bool pin : {true, false}) {
+    for (const std::size_t n : {2u, 3u, 5u}) {
+      CAPTURE(pin);
+      CAPTURE(n);
+      ls::mirrored<ls::cpus> s(ls::device_selection::first(n), ls::strategy_options{.pin_replicas = pin});
+      std::vector<cpu_set_t> inside(n);
+      s.run_each([&](std::size_t r) { (void)pthread_getaffinity_np(pthread_self(), sizeof inside[r], &inside[r]); });
+      cpu_set_t after;
+      REQUIRE(pthread_getaffinity_np(pthread_self(), sizeof after, &after) == 0);
+      CHECK(CPU_EQUAL(&after, &before));  // the caller's own mask is back
+      const bool pinned = pin && cpus.size() >= n;  // pinning needs a CPU per replica
+      for (std::size_t r = 0; r < n; ++r) {
+        CAPTURE(r);
+        if (pinned) {
+          CHECK(CPU_COUNT(&inside[r]) == 1);
+          CHECK(CPU_ISSET(cpus[r], &inside[r]));
+        } else {
+          CHECK(CPU_EQUAL(&inside[r], &before));
+        }
+      }
+    }
+  }
+}
+#endif
 
 #if defined(__x86_64__) || defined(__SSE2__)
 TEST_CASE("the caller's thread keeps its floating-point mode: replicas flush subnormals only on their own work") {

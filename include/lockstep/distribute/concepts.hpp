@@ -71,7 +71,7 @@ struct strategy_options {
   /// accumulated update, reused after it.
   std::size_t deferred_gradient_bytes = 64u << 20;
   int blas_threads = 1;                       ///< BLAS threads per host replica (replicas × threads <= cores)
-  bool pin_replicas = true;                   ///< pin host replica r's worker (r >= 1; replica 0 runs on the caller's thread) to the r-th allowed CPU (when there are enough)
+  bool pin_replicas = true;                   ///< pin host replica r's thread to the r-th allowed CPU (when there are enough; replica 0's, the caller's, only while a job runs)
   bool flush_denormals = true;                ///< host replicas flush subnormal floats to zero (see host_context)
   /// Splits the optimiser update and its state over the replicas (as ZeRO stage 1): replica r
   /// updates its 1/N of the parameters, then each copies the others' slices; optimiser state

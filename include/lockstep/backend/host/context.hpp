@@ -101,6 +101,38 @@ private:
   [[maybe_unused]] int omp_threads_ = 0;
 };
 
+/// Pins the calling thread to CPU `cpu` while it lives, and gives the thread its CPU mask back
+/// when it goes (best effort: where the system refuses or cannot pin, nothing changes; a negative
+/// `cpu` does nothing). For work that runs for a while on a thread the program owns.
+class pin_scope {
+public:
+  /// Pins the calling thread to `cpu` (none when negative).
+  explicit pin_scope([[maybe_unused]] int cpu) noexcept {
+#if defined(__linux__)
+    if (cpu >= 0 && pthread_getaffinity_np(pthread_self(), sizeof saved_, &saved_) == 0) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      pinned_ = pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0;
+    }
+#endif
+  }
+  pin_scope(const pin_scope&) = delete;
+  pin_scope& operator=(const pin_scope&) = delete;
+  /// Restores the thread's mask (on the thread that made it).
+  ~pin_scope() {
+#if defined(__linux__)
+    if (pinned_) (void)pthread_setaffinity_np(pthread_self(), sizeof saved_, &saved_);
+#endif
+  }
+
+private:
+#if defined(__linux__)
+  cpu_set_t saved_{};
+#endif
+  bool pinned_ = false;
+};
+
 /// Number of cores this process may run on (its affinity mask; the hardware threads where the
 /// platform cannot tell): the default number of host replicas.
 inline int allowed_cpu_count() {

@@ -33,7 +33,8 @@ public:
   using abort_fn = void (*)(void*) noexcept;
 
   /// Starts the workers of replicas 1 to n - 1 (worker r pinned to the r-th allowed CPU when `pin`
-  /// and there are n of them; the caller's thread, which runs replica 0, is left as it is);
+  /// and there are n of them; the caller's thread, which runs replica 0, is then pinned to the
+  /// first for the length of each job and gets its own mask back after it);
   /// `on_abort(ctx)` releases blocked collectives.
   worker_pool(std::size_t n, abort_fn on_abort, void* ctx, bool pin = false)
       : n_(n), on_abort_(on_abort), abort_ctx_(ctx), errors_(n), stamps_(n), cpus_(pin ? allowed_cpus(n) : std::vector<int>{}),
@@ -77,6 +78,7 @@ public:
     remaining_.store(n_ - 1, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
     hub_.notify();
+    const backend::pin_scope pinned(cpus_.empty() ? -1 : cpus_[0]);  // replica 0's CPU, for this job only
     run_job(0);
     hub_.wait([&] { return remaining_.load(std::memory_order_acquire) == 0; });
     rethrow_first();
