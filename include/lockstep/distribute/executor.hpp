@@ -1,7 +1,8 @@
 #pragma once
 /// @file executor.hpp
 /// The executor of a strategy: replica 0 runs on the caller's thread and every other replica on a
-/// persistent worker thread of its own, running per-replica jobs and combining per-replica values. It knows nothing of models, kinds or reducers, so it is compiled once.
+/// persistent worker thread of its own, running per-replica jobs and combining per-replica values.
+/// It knows nothing of models, kinds or reducers, so it is compiled once.
 ///
 /// Failure: the first exception of a job reaches the caller as a replica_error naming the
 /// replica (and the step), with the original nested; the owner's abort hook runs at once on the
@@ -33,7 +34,8 @@ public:
   using hook = void (*)(void*) noexcept;
 
   /// Starts the workers of replicas 1 to `replicas` - 1 (replica 0 runs on the caller's thread),
-  /// worker r pinned to the r-th allowed CPU when `pin`; `abort(owner)` runs when a job fails, `reset(owner)` once every worker has returned.
+  /// worker r pinned to the r-th allowed CPU when `pin`; `abort(owner)` runs when a job fails,
+  /// `reset(owner)` once every worker has returned.
   executor(std::size_t replicas, bool pin, hook abort, hook reset, void* owner)
       : abort_(abort), reset_(reset), owner_(owner), pool_(replicas, &on_abort, this, pin) {}
   executor(const executor&) = delete;

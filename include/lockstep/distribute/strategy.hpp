@@ -807,12 +807,13 @@ private:
     s->step_.reset();
   }
 
+  // Called by replicate, whose caller_thread_state gives the caller's thread its mode back after
+  // the activate() calls below.
   template <class Model>
   void bind_workspaces(Model& m, std::size_t max_bucket_bytes) {
     const std::size_t bytes = reducer_.workspace_bytes(max_bucket_bytes);
     if (bytes > workspace_bytes_) {
       workspaces_.clear();
-      const backend::caller_thread_state keep;  // activate() below only places device memory
       for (std::size_t r = 0; r < num_replicas(); ++r) {
         m.replica(r).context().activate();  // device memory lands on the current device: replica r's
         workspaces_.emplace_back(bytes);

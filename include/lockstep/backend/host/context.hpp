@@ -58,13 +58,15 @@ inline std::vector<int> allowed_cpus() {
 }
 
 /// Pins the calling thread to CPU `cpu` (best effort: where the system refuses or cannot pin, the
-/// thread stays where it may run).
-inline void pin_this_thread([[maybe_unused]] int cpu) noexcept {
+/// thread stays where it may run); returns whether it did.
+inline bool pin_this_thread([[maybe_unused]] int cpu) noexcept {
 #if defined(__linux__)
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
-  (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+#else
+  return false;
 #endif
 }
 
@@ -92,7 +94,7 @@ public:
     _mm_setcsr((csr_ & ~0x3Fu) | (_mm_getcsr() & 0x3Fu));
 #endif
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN) && DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
-    if (omp_get_max_threads() != omp_threads_) omp_set_num_threads(omp_threads_);
+    detail::onednn_set_threads(omp_threads_);
 #endif
   }
 
@@ -109,12 +111,7 @@ public:
   /// Pins the calling thread to `cpu` (none when negative).
   explicit pin_scope([[maybe_unused]] int cpu) noexcept {
 #if defined(__linux__)
-    if (cpu >= 0 && pthread_getaffinity_np(pthread_self(), sizeof saved_, &saved_) == 0) {
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(cpu, &one);
-      pinned_ = pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0;
-    }
+    pinned_ = cpu >= 0 && pthread_getaffinity_np(pthread_self(), sizeof saved_, &saved_) == 0 && pin_this_thread(cpu);
 #endif
   }
   pin_scope(const pin_scope&) = delete;
