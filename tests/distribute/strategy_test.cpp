@@ -222,7 +222,41 @@ TEST_CASE("the caller's thread keeps its floating-point mode: replicas flush sub
     CHECK(mode() == (ieee & ~0x3Fu));
     m.load_optimizer_state(m.optimizer_state_to_host());
     CHECK(mode() == (ieee & ~0x3Fu));
+    m.load_ema(std::vector<float>(m.stored_count, 0.5f), 3);  // allocates every replica's EMA here
+    CHECK(mode() == (ieee & ~0x3Fu));
+    // A mixed<bf16> model's weight copy is allocated, and written, at its first pass.
+    auto half = s.replicate<dist_test::mlp, ls::mixed<ls::bf16>>(ls::seed{4});
+    CHECK(mode() == (ieee & ~0x3Fu));
+    ls::train_step(s, half, ls::adam{}, ls::softmax_cross_entropy{}, dist_test::distributed(b, n));
+    CHECK(mode() == (ieee & ~0x3Fu));
   }
+  _mm_setcsr(saved);
+}
+
+TEST_CASE("backend::place_memory places a replica's memory without setting the thread's compute mode") {
+  struct only_activate {  // a context without place_memory: activate() does both
+    mutable int activated = 0;
+    void activate() const noexcept { ++activated; }
+  };
+  struct both {
+    mutable int activated = 0, placed = 0;
+    void activate() const noexcept { ++activated; }
+    void place_memory() const noexcept { ++placed; }
+  };
+  const only_activate a;
+  ls::backend::place_memory(a);
+  CHECK(a.activated == 1);
+  const both b;
+  ls::backend::place_memory(b);
+  CHECK(b.placed == 1);
+  CHECK(b.activated == 0);
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved & ~0x8040u);
+  const ls::host_context ctx(1, true);
+  ls::backend::place_memory(ctx);
+  CHECK((_mm_getcsr() & 0x8040u) == 0u);  // placing leaves FTZ and DAZ off
+  ctx.activate();
+  CHECK((_mm_getcsr() & 0x8040u) == 0x8040u);  // computing for the replica sets them
   _mm_setcsr(saved);
 }
 #endif

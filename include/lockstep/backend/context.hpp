@@ -25,6 +25,22 @@
 
 namespace lockstep {
 
+namespace backend {
+
+/// Makes the calling thread's device allocations land on `ctx`'s device without changing how the
+/// thread computes: `ctx.place_memory()` where the context has one (host_context: nothing;
+/// cuda_context: its device made current), else `ctx.activate()`. For the caller's thread, which
+/// allocates replicas' buffers (replicate, state loads) but computes for none of them.
+template <class Ctx>
+void place_memory(const Ctx& ctx) {
+  if constexpr (requires { ctx.place_memory(); })
+    ctx.place_memory();
+  else
+    ctx.activate();
+}
+
+}  // namespace backend
+
 /// Run-time settings a strategy hands to backend_traits<K>::make_context for each replica.
 struct replica_settings {
   int blas_threads = 1;          ///< host kinds: threads one replica's GEMMs may use

@@ -33,9 +33,11 @@ public:
   /// A replica with parameters initialised from `s`.
   basic_replica(context_type ctx, lockstep::seed s) : ctx_(std::move(ctx)), model_(on_device(ctx_), s) {}
 
-  /// Grows every buffer for shards of up to `rows` rows, so later steps allocate nothing.
+  /// Grows every buffer for shards of up to `rows` rows, so later steps allocate nothing. The
+  /// calling thread computes for this replica from here (forward_backward and predict start with
+  /// it): its context is activated (the device made current; on the host the thread's mode set).
   void reserve(std::size_t rows) {
-    on_device(ctx_);
+    ctx_.activate();
     model_.reserve(rows);
     if (rows <= capacity_) return;
     dout_.reserve_discard(rows * model_type::output_size);
@@ -188,9 +190,10 @@ private:
   static constexpr bool host_memory = device_memory<Kind>::host_accessible;
   static constexpr bool direct_input = host_memory && std::is_same_v<T, float>;
 
-  // Device buffers are allocated on the calling thread's current device: make it this replica's.
+  // Device buffers are allocated on the calling thread's current device: make it this replica's
+  // (only that: the thread may be the caller's, computing for no replica).
   static context_type& on_device(context_type& c) {
-    c.activate();
+    backend::place_memory(c);
     return c;
   }
 

@@ -136,7 +136,7 @@ public:
     if (ema) {
       auto& e = rep.ema();
       if (e.size() != (hi - lo) + state_count) {
-        ctx.activate();
+        backend::place_memory(ctx);
         e = basic_buffer<value_type, kind_type>((hi - lo) + state_count);
         fill(ctx, e.data(), e.size(), value_type(0));
       }
@@ -232,14 +232,13 @@ public:
                         " elements of optimiser state are not a whole number of arrays of " + std::to_string(param_count) +
                         " (the update is sharded, which needs an elementwise optimiser)");
     const std::size_t k = param_count ? in.size() / param_count : 0;
-    const backend::caller_thread_state keep;  // activate() below only places device memory
     for (std::size_t s = 0; s < reps.size(); ++s) {
       Replica& r = *reps[s];
       auto& st = r.optimizer_state();
       const auto [lo, hi] = slice(s);
       const std::size_t size = sharded_ ? k * (hi - lo) : in.size();
       if (st.size() != size) {
-        r.context().activate();
+        backend::place_memory(r.context());
         st = basic_buffer<value_type, kind_type>(size);
       }
       if (!sharded_) {
@@ -277,14 +276,13 @@ public:
     if (!in.empty() && in.size() != stored_count)
       throw shape_error("lockstep::replicated::load_ema: the span has " + std::to_string(in.size()) +
                         " elements but the model stores " + std::to_string(stored_count));
-    const backend::caller_thread_state keep;  // activate() below only places device memory
     for (std::size_t s = 0; s < reps.size(); ++s) {
       Replica& r = *reps[s];
       const auto [lo, hi] = slice(s);
       auto& e = r.ema();
       const std::size_t size = in.empty() ? 0 : (hi - lo) + state_count;
       if (e.size() != size) {
-        r.context().activate();
+        backend::place_memory(r.context());
         e = basic_buffer<value_type, kind_type>(size);
       }
       if (in.empty()) continue;

@@ -236,7 +236,6 @@ public:
                   "lockstep: the tf32 policy is for gpu replicas (TF32 tensor cores); cpu replicas compute in fp32, or "
                   "in bf16 under lockstep::mixed<lockstep::bf16>");
     world_.check_usable();
-    const backend::caller_thread_state keep;  // the replicas' contexts are activated here to place memory
     std::vector<context_type> contexts;
     contexts.reserve(num_replicas());
     for (const std::size_t o : ordinals_)
@@ -807,15 +806,14 @@ private:
     s->step_.reset();
   }
 
-  // Called by replicate, whose caller_thread_state gives the caller's thread its mode back after
-  // the activate() calls below.
+  // Called by replicate on the caller's thread: it places the workspaces, computes nothing.
   template <class Model>
   void bind_workspaces(Model& m, std::size_t max_bucket_bytes) {
     const std::size_t bytes = reducer_.workspace_bytes(max_bucket_bytes);
     if (bytes > workspace_bytes_) {
       workspaces_.clear();
       for (std::size_t r = 0; r < num_replicas(); ++r) {
-        m.replica(r).context().activate();  // device memory lands on the current device: replica r's
+        backend::place_memory(m.replica(r).context());  // device memory lands on replica r's device
         workspaces_.emplace_back(bytes);
       }
       workspace_bytes_ = bytes;

@@ -163,7 +163,7 @@ public:
         auto& dc = ws_->device_chunks[r];
         auto& dd = ws_->device_decision[r];
         if (dc.size() < epilogue_chunks(param_count) + 1) {
-          ctx.activate();
+          backend::place_memory(ctx);
           dc = basic_buffer<double, kind_type>(epilogue_chunks(param_count) + 1);
           dd = basic_buffer<update_decision, kind_type>(1);
         }

@@ -322,8 +322,7 @@ private:
   // Allocates the weight copy's param_count encodings on ctx's device (once).
   void reserve_weight_copy(const context_type& ctx) {
     if (copy_.size() == param_count) return;
-    const backend::caller_thread_state keep;  // activate() here only places device memory
-    ctx.activate();
+    backend::place_memory(ctx);
     copy_ = basic_buffer<std::uint16_t, Kind>(param_count);
   }
 

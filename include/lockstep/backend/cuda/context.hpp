@@ -308,6 +308,8 @@ public:
 
   /// Makes this context's device current on the calling thread (replica threads call it once).
   void activate() const { LOCKSTEP_CUDA_CHECK(cudaSetDevice(ordinal())); }
+  /// Makes the calling thread's allocations land on this context's device (its current device).
+  void place_memory() const { LOCKSTEP_CUDA_CHECK(cudaSetDevice(ordinal())); }
 
   /// Blocks the host until the compute, communication and copy streams are idle (one host sync).
   void synchronize() const {

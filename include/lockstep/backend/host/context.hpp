@@ -73,7 +73,9 @@ inline bool pin_this_thread([[maybe_unused]] int cpu) noexcept {
 /// Keeps the calling thread's floating-point mode (the SSE control register on x86: FTZ and DAZ)
 /// and, in the oneDNN build, its OpenMP thread count as they were when it was made, restoring
 /// them when it goes: a replica that runs on the caller's thread (host_context::activate and the
-/// GEMMs set both) leaves the caller's thread as it found it.
+/// GEMMs set both) leaves the caller's thread as it found it. Work on the caller's thread that
+/// only allocates a replica's memory needs none: it calls backend::place_memory, which leaves
+/// the mode alone.
 class caller_thread_state {
 public:
   /// Records the calling thread's mode and thread count.
@@ -299,6 +301,10 @@ public:
     detail::onednn_set_threads(blas_threads_);
 #endif
   }
+
+  /// Makes the calling thread's allocations land on this replica's device without changing how
+  /// the thread computes: nothing to do on the host (activate() is what sets the mode).
+  void place_memory() const noexcept {}
 
   /// Waits for queued work: a no-op on the host, where every call is synchronous.
   void synchronize() const noexcept {}
