@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -89,6 +90,38 @@ TEST_CASE("backend: softmax_xent pieces, split as the GPU splits a row or not, m
         xent_ref::check_row(r.loss, r.grad, z, y, 1e-5);
         CHECK(r.hit == (first_argmax(z) == std::size_t(y) ? 1.0f : 0.0f));
       }
+    }
+  }
+}
+
+TEST_CASE("backend: the host's softmax_xent row, each exp computed once, gives the bits of the parts it fuses") {
+  std::vector<std::vector<float>> rows = xent_ref::confident_rows();
+  for (auto& z : xent_ref::wide_rows()) rows.push_back(std::move(z));
+  rows.push_back({0.25f});                          // one class
+  rows.push_back({2.0f, 2.0f, -1.0f, 2.0f});         // ties at the maximum
+  rows.push_back({1.0f, NAN, 2.0f});                 // a NaN logit
+  rows.push_back({1.0f, INFINITY, -3.0f});           // an infinite maximum
+  rows.push_back({-INFINITY, -INFINITY});            // no finite logit
+  const auto same_bits = [](float a, float b) { return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); };
+  for (const auto& z : rows) {
+    const std::size_t cols = z.size();
+    CAPTURE(cols);
+    for (const std::int32_t y : {std::int32_t(-1), std::int32_t(0), std::int32_t(cols / 2), std::int32_t(cols - 1),
+                                 std::int32_t(cols)}) {
+      CAPTURE(y);
+      // The parts, as one part (what the row computed before, and the device's formula).
+      const bd::xent_max<float> mx = bd::xent_max_part(z.data(), cols, 0, 1);
+      const float t = bd::xent_t_part(z.data(), cols, 0, 1, mx.value, mx.arg);
+      std::vector<float> grad(cols, 0.0f);
+      bd::xent_grad_part(z.data(), cols, 0, 1, y, mx.value, mx.arg, t, grad.data());
+      const float loss = bd::xent_row_loss(z.data(), cols, y, mx.value, t);
+      const row_result r = by_row_op(z, y);
+      CHECK(same_bits(r.loss, loss));
+      for (std::size_t c = 0; c < cols; ++c) CHECK(same_bits(r.grad[c], grad[c]));
+      row_result no_grad;  // without a gradient the row sums t alone: the same loss
+      bd::softmax_xent_row_op<float>{z.data(), &y, nullptr, &no_grad.loss, &no_grad.hit, cols}(0);
+      CHECK(same_bits(no_grad.loss, loss));
+      CHECK(no_grad.hit == r.hit);
     }
   }
 }

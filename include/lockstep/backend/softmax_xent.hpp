@@ -98,6 +98,27 @@ LOCKSTEP_HD void xent_grad_part(const T* zr, std::size_t cols, std::size_t first
   }
 }
 
+/// xent_t_part and xent_grad_part of a whole row (first 0, step 1) with each exp(z_c - m) computed
+/// once: kept in the gradient row while t is summed, then scaled by 1 / (1 + t). The same values
+/// in the same order, so the same bits as the two parts. Returns t.
+template <class T>
+LOCKSTEP_HD T xent_row_t_grad(const T* zr, std::size_t cols, std::int32_t y, T m, std::size_t arg, T* gr) {
+  T t = 0;
+  for (std::size_t c = 0; c < cols; ++c) {
+    if (c == arg) continue;
+    gr[c] = std::exp(zr[c] - m);
+    t += gr[c];
+  }
+  const bool valid = xent_label_valid(y, cols);
+  const T inv = T(1) / (T(1) + t);
+  for (std::size_t c = 0; c < cols; ++c) {
+    const bool is_label = valid && static_cast<std::size_t>(y) == c;
+    if (c == arg) gr[c] = is_label ? -t * inv : inv;
+    else gr[c] = gr[c] * inv - (is_label ? T(1) : T(0));
+  }
+  return t;
+}
+
 /// Row r as one part: per-row loss and hit (1 when the first arg-max is the label), and the
 /// gradient when `grad` is not null. The generic softmax_xent runs it through for_each_index.
 template <class T>
@@ -112,11 +133,11 @@ struct softmax_xent_row_op {
   LOCKSTEP_HD void operator()(std::size_t r) const {
     const T* zr = z + r * cols;
     const xent_max<T> mx = xent_max_part(zr, cols, 0, 1);
-    const T t = xent_t_part(zr, cols, 0, 1, mx.value, mx.arg);
     const std::int32_t y = labels[r];
+    const T t = grad ? xent_row_t_grad(zr, cols, y, mx.value, mx.arg, grad + r * cols)
+                     : xent_t_part(zr, cols, 0, 1, mx.value, mx.arg);
     loss[r] = xent_row_loss(zr, cols, y, mx.value, t);
     hit[r] = xent_label_valid(y, cols) && static_cast<std::size_t>(y) == mx.arg ? T(1) : T(0);
-    if (grad) xent_grad_part(zr, cols, 0, 1, y, mx.value, mx.arg, t, grad + r * cols);
   }
 };
 
