@@ -33,38 +33,27 @@ struct softmax_xent_smoothed_row_op {
   T* hit;                       ///< per-row top-1 hit (1 or 0)
   std::size_t cols;             ///< classes
   T smoothing;                  ///< ε
-  /// Computes row r.
+  /// Computes row r: softmax_xent_row_op's maximum, t and gradient (p_c - onehot_c), then the
+  /// smoothing's terms.
   LOCKSTEP_HD void operator()(std::size_t r) const {
     const T* zr = z + r * cols;
-    T m = zr[0];
-    std::size_t arg = 0;
-    for (std::size_t c = 1; c < cols; ++c)
-      if (zr[c] > m) {
-        m = zr[c];
-        arg = c;
-      }
-    T t = 0, sum_d = 0;
-    for (std::size_t c = 0; c < cols; ++c) {
-      sum_d += zr[c] - m;
-      if (c != arg) t += std::exp(zr[c] - m);
-    }
+    const backend::detail::xent_max<T> mx = backend::detail::xent_max_part(zr, cols, 0, 1);
+    const T m = mx.value;
     const std::int32_t y = labels[r];
-    const bool valid = y >= 0 && static_cast<std::size_t>(y) < cols;
+    T* gr = grad ? grad + r * cols : nullptr;
+    const T t = gr ? backend::detail::xent_row_t_grad(zr, cols, y, m, mx.arg, gr)
+                   : backend::detail::xent_t_part(zr, cols, 0, 1, m, mx.arg);
+    T sum_d = 0;
+    for (std::size_t c = 0; c < cols; ++c) sum_d += zr[c] - m;
+    const bool valid = backend::detail::xent_label_valid(y, cols);
     const bool finite = m - m == T(0);
     const T spread = smoothing / static_cast<T>(cols);
     const T lse = std::log1p(t);
     loss[r] = valid && finite ? lse - (T(1) - smoothing) * (zr[y] - m) - spread * sum_d : static_cast<T>(NAN);
-    hit[r] = valid && static_cast<std::size_t>(y) == arg ? T(1) : T(0);
-    if (grad) {
-      T* gr = grad + r * cols;
-      const T inv = T(1) / (T(1) + t);
-      for (std::size_t c = 0; c < cols; ++c) {
-        const bool is_label = valid && static_cast<std::size_t>(y) == c;
-        // p_c - onehot_c, with the arg-max's probability minus one formed as -t / (1 + t)
-        const T p_minus = c == arg ? (is_label ? -t * inv : inv) : std::exp(zr[c] - m) * inv - (is_label ? T(1) : T(0));
-        gr[c] = p_minus + (is_label ? smoothing : T(0)) - spread;
-      }
-    }
+    hit[r] = valid && static_cast<std::size_t>(y) == mx.arg ? T(1) : T(0);
+    if (gr)
+      for (std::size_t c = 0; c < cols; ++c)
+        gr[c] = gr[c] + (valid && static_cast<std::size_t>(y) == c ? smoothing : T(0)) - spread;
   }
 };
 }  // namespace detail
