@@ -84,8 +84,16 @@ LOCKSTEP_HD T xent_row_loss(const T* zr, std::size_t cols, std::int32_t y, T m, 
   return xent_label_valid(y, cols) && finite ? std::log1p(t) - (zr[y] - m) : static_cast<T>(NAN);
 }
 
-/// Writes the gradient of the row's loss over the part's columns: exp(z_c - m) / (1 + t) - [c == y],
-/// and at the arg-max 1 / (1 + t), or -t / (1 + t) when it is the label.
+/// The gradient of a row's loss at one column, inv being 1 / (1 + t): at the arg-max
+/// (`is_arg`) 1 / (1 + t), or -t / (1 + t) when it is the label; elsewhere
+/// e / (1 + t) - [is_label], e being exp(z_c - m) (not read at the arg-max).
+template <class T>
+LOCKSTEP_HD T xent_grad_value(bool is_arg, bool is_label, T e, T t, T inv) {
+  if (is_arg) return is_label ? -t * inv : inv;
+  return e * inv - (is_label ? T(1) : T(0));
+}
+
+/// Writes the gradient of the row's loss over the part's columns (xent_grad_value).
 template <class T>
 LOCKSTEP_HD void xent_grad_part(const T* zr, std::size_t cols, std::size_t first, std::size_t step, std::int32_t y,
                                 T m, std::size_t arg, T t, T* gr) {
@@ -93,8 +101,7 @@ LOCKSTEP_HD void xent_grad_part(const T* zr, std::size_t cols, std::size_t first
   const T inv = T(1) / (T(1) + t);
   for (std::size_t c = first; c < cols; c += step) {
     const bool is_label = valid && static_cast<std::size_t>(y) == c;
-    if (c == arg) gr[c] = is_label ? -t * inv : inv;
-    else gr[c] = std::exp(zr[c] - m) * inv - (is_label ? T(1) : T(0));
+    gr[c] = xent_grad_value(c == arg, is_label, c == arg ? T(0) : std::exp(zr[c] - m), t, inv);
   }
 }
 
@@ -113,8 +120,7 @@ LOCKSTEP_HD T xent_row_t_grad(const T* zr, std::size_t cols, std::int32_t y, T m
   const T inv = T(1) / (T(1) + t);
   for (std::size_t c = 0; c < cols; ++c) {
     const bool is_label = valid && static_cast<std::size_t>(y) == c;
-    if (c == arg) gr[c] = is_label ? -t * inv : inv;
-    else gr[c] = gr[c] * inv - (is_label ? T(1) : T(0));
+    gr[c] = xent_grad_value(c == arg, is_label, c == arg ? T(0) : gr[c], t, inv);
   }
   return t;
 }
