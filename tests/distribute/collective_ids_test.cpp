@@ -14,7 +14,8 @@ namespace ls = lockstep;
 using ids = ls::collective_ids;
 
 TEST_CASE("collective ids: buckets and reserved ids partition the ids below count") {
-  constexpr std::size_t reserved[] = {ids::all_reduce, ids::barrier, ids::broadcast, ids::broadcast_done, ids::setup};
+  constexpr std::size_t reserved[] = {ids::all_reduce,    ids::barrier,       ids::broadcast, ids::broadcast_done,
+                                      ids::epilogue_sums, ids::gather_slices, ids::setup};
   std::set<std::size_t> distinct(std::begin(reserved), std::end(reserved));
   CHECK(distinct.size() == std::size(reserved));
   for (const std::size_t r : reserved) {

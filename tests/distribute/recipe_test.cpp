@@ -129,6 +129,85 @@ TEST_CASE("epilogue: the grid's slices, the lanes of a chunk and the decision") 
   CHECK(ls::first_nonfinite_chunk(bad, 2) == 1);
 }
 
+TEST_CASE("epilogue on the grid's slices: each replica's own chunks, summed over the replicas, are every chunk's sum bitwise") {
+  // What a replica that holds the reduced sums of its slice only computes (reduces_to_slices_v:
+  // the device kernel sums chunks [first, last) and writes 0 for the others, the host scans them
+  // into zeros), then the reducer's sum over the replicas: each chunk has one replica that
+  // computes it, so the sums, and the decision, are those of a scan of every chunk.
+  for (const std::size_t params : {0u, 1u, 1023u, 1025u, 4099u, 25450u}) {
+    for (std::size_t n = 1; n <= 6; ++n) {
+      CAPTURE(params);
+      CAPTURE(n);
+      std::vector<float> g(params);
+      const ls::counter_rng rng(9, params + n);
+      for (std::size_t i = 0; i < params; ++i) g[i] = (rng.uniform(i) - 0.5f) * 40.0f;
+      if (params > 1100) g[1100] = std::numeric_limits<float>::infinity();  // a chunk that is not finite
+      if (params > 20000) g[20000] = std::numeric_limits<float>::quiet_NaN();
+      const std::size_t count = ls::epilogue_chunks(params);
+      std::vector<double> whole(count), summed(count, 0.0);
+      ls::scan_chunks(g.data(), params, 0, count, whole.data());
+      std::size_t next = 0;
+      for (std::size_t r = 0; r < n; ++r) {
+        const auto [first, last] = ls::grid_slice_chunks(params, r, n);
+        CHECK(first == next);
+        next = last;
+        const auto [lo, hi] = ls::grid_slice(params, r, n);  // the slice holds exactly those chunks' elements
+        CHECK(lo == std::min(first * ls::epilogue_chunk, params));
+        CHECK(hi == std::min(last * ls::epilogue_chunk, params));
+        std::vector<float> mine(params, std::numeric_limits<float>::quiet_NaN());  // sums it does not hold
+        std::copy(g.begin() + static_cast<std::ptrdiff_t>(lo), g.begin() + static_cast<std::ptrdiff_t>(hi),
+                  mine.begin() + static_cast<std::ptrdiff_t>(lo));
+        std::vector<double> own(count, 0.0);
+        ls::scan_chunks(mine.data(), params, first, last, own.data());
+        for (std::size_t c = 0; c < count; ++c) summed[c] += own[c];  // the reducer's sum (any order: x + 0 is x)
+      }
+      CHECK(next == count);
+      for (std::size_t c = 0; c < count; ++c) {
+        CAPTURE(c);
+        CHECK(std::memcmp(&summed[c], &whole[c], sizeof(double)) == 0);
+      }
+      const ls::epilogue_inputs in{.rows = 7, .loss_scale = 1, .clip_global_norm = 0.5, .nonfinite = ls::nonfinite_policy::skip};
+      const ls::epilogue_result a = ls::decide_update(summed.data(), count, in), b = ls::decide_update(whole.data(), count, in);
+      CHECK(a.skip == b.skip);
+      CHECK(a.finite == b.finite);
+      CHECK(std::memcmp(&a.scale, &b.scale, sizeof(double)) == 0);
+    }
+  }
+}
+
+TEST_CASE("bucket_part: the parts of a bucket in the replicas' slices partition it, for every bucket layout and slicing") {
+  for (const std::size_t params : {1u, 7u, 1024u, 5000u, 25450u}) {
+    for (std::size_t n = 1; n <= 5; ++n) {
+      for (const std::size_t buckets : {1u, 2u, 3u, 9u}) {
+        CAPTURE(params);
+        CAPTURE(n);
+        CAPTURE(buckets);
+        std::vector<int> owner(params, -1);
+        for (std::size_t b = 0; b < buckets; ++b) {  // uneven buckets covering [0, params)
+          const std::size_t offset = params * b * b / (buckets * buckets);
+          const std::size_t end = params * (b + 1) * (b + 1) / (buckets * buckets);
+          std::size_t covered = 0;
+          for (std::size_t r = 0; r < n; ++r) {
+            const auto slice = ls::grid_slice(params, r, n);
+            const auto [lo, hi] = ls::bucket_part(offset, end - offset, slice);
+            CHECK(lo <= hi);
+            if (hi == lo) continue;
+            CHECK(lo >= std::max(offset, slice.first));
+            CHECK(hi <= std::min(end, slice.second));
+            for (std::size_t i = lo; i < hi; ++i) {
+              CHECK(owner[i] == -1);  // no element in two parts
+              owner[i] = static_cast<int>(r);
+            }
+            covered += hi - lo;
+          }
+          CHECK(covered == end - offset);
+        }
+        CHECK(std::count(owner.begin(), owner.end(), -1) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("clipping by global norm: against a double reference on a net with a known norm") {
   using lin = ls::sequential<ls::dense<3, 2>>;
   for (const std::size_t n : {1u, 2u, 3u}) {

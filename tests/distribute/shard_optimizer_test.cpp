@@ -7,14 +7,21 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <exception>
+#include <limits>
+#include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <lockstep/lockstep.hpp>
+
+#include <lockstep/testing/reducer.hpp>
 
 #include "common.hpp"
 
@@ -154,6 +161,176 @@ TEST_CASE("shard_optimizer: a checkpointed state resumes on another replica coun
     CHECK(b.parameters_to_host() == ref.params);
     CHECK(b.optimizer_state_to_host() == ref.state);
   }
+}
+
+namespace grid {
+// A host reducer that reduces a sharded update's buckets onto the slices (reduces_to_slices_v),
+// built on host_allreduce: each bucket is all-reduced, then wait() overwrites the part of the
+// bucket outside the replica's own slice with NaN (the sums a reduce-scatter would not deliver
+// there), so that any read of them — by the optimiser, the epilogue or the gather — shows in the
+// parameters. The epilogue's chunk sums are summed with the same all-reduce, and the slices are
+// gathered with one broadcast per slice.
+class poisoning_slice_reducer {
+public:
+  using reducer_concept = ls::reducer_tag;
+  template <class... Ds>
+  static constexpr bool supports = ls::host_allreduce::supports<Ds...>;
+  template <class Kind>
+  static constexpr bool supports_kind = ls::host_allreduce::supports_kind<Kind>;
+  static constexpr bool reduces_to_slices = true;
+
+  explicit poisoning_slice_reducer(const ls::reducer_config& c = {}) : inner_(c), pending_(c.replicas) {}
+  std::size_t workspace_bytes(std::size_t b) const { return inner_.workspace_bytes(b); }
+  void bind(std::size_t r, void* p, std::size_t n) { inner_.bind(r, p, n); }
+  template <class Ctx, class T>
+  void start(std::size_t r, Ctx& ctx, T* data, std::size_t count, std::size_t id) {
+    inner_.start(r, ctx, data, count, id);
+  }
+  template <class Ctx>
+  void wait(std::size_t r, Ctx& ctx, std::size_t id) {
+    inner_.wait(r, ctx, id);
+    auto& mine = pending_[r];
+    for (auto it = mine.begin(); it != mine.end(); ++it) {
+      if (it->id != id) continue;
+      for (std::size_t i = it->offset; i < it->offset + it->count; ++i)
+        if (i < it->own.first || i >= it->own.second) it->grads[i] = std::numeric_limits<float>::quiet_NaN();
+      mine.erase(it);
+      return;
+    }
+  }
+  template <class Ctx, class T>
+  void broadcast(std::size_t r, Ctx& ctx, T* data, std::size_t count, std::size_t root) {
+    inner_.broadcast(r, ctx, data, count, root);
+  }
+  void abort() noexcept { inner_.abort(); }
+  void reset() noexcept { inner_.reset(); }
+
+  template <class Ctx>
+  void reduce_to_slices(std::size_t r, Ctx& ctx, float* grads, std::size_t offset, std::size_t count, std::size_t bucket,
+                        std::span<const std::pair<std::size_t, std::size_t>> slices) {
+    inner_.start(r, ctx, grads + offset, count, bucket);
+    pending_[r].push_back({bucket, grads, offset, count, slices[r]});
+    reductions_.fetch_add(1);
+  }
+  template <class Ctx>
+  void sum_chunks(std::size_t r, Ctx& ctx, double* chunks, std::size_t count) {
+    inner_.start(r, ctx, chunks, count, ls::collective_ids::all_reduce);
+    inner_.wait(r, ctx, ls::collective_ids::all_reduce);
+    chunk_sums_.fetch_add(1);
+  }
+  template <class Ctx>
+  void gather_slices(std::size_t r, Ctx& ctx, float* params, std::span<const std::pair<std::size_t, std::size_t>> slices) {
+    for (std::size_t k = 0; k < slices.size(); ++k)  // every replica calls every broadcast, in the same order
+      inner_.broadcast(r, ctx, params + slices[k].first, slices[k].second - slices[k].first, k);
+    gathers_.fetch_add(1);
+  }
+
+  std::atomic<std::size_t> reductions_{0}, chunk_sums_{0}, gathers_{0};  // calls, over all replicas
+
+private:
+  struct pending {
+    std::size_t id;
+    float* grads;
+    std::size_t offset, count;
+    std::pair<std::size_t, std::size_t> own;
+  };
+  ls::host_allreduce inner_;
+  std::vector<std::vector<pending>> pending_;  // per replica, the buckets started and not yet waited for
+};
+
+using strategy = ls::basic_mirrored<poisoning_slice_reducer, ls::determinism::run_to_run, ls::cpus>;
+static_assert(ls::reducer<poisoning_slice_reducer>);
+
+struct run {
+  std::vector<float> params, state;
+  std::vector<double> norms;
+  std::vector<std::size_t> state_sizes;
+  bool replicas_identical = true;
+  std::size_t reductions = 0, chunk_sums = 0, gathers = 0;
+};
+
+template <class Strategy>
+run train(std::size_t replicas, bool shard, const ls::update_recipe& recipe) {
+  Strategy s(ls::device_selection::first(replicas), ls::strategy_options{.bucket_bytes = 4096, .shard_optimizer = shard});
+  auto m = s.template replicate<net>(ls::seed{5});
+  const ls::adamw opt{.lr = 1e-3f, .weight_decay = 0.05f};
+  run out;
+  for (std::size_t i = 0; i < 10; ++i) {
+    auto b = make_batch(step_sizes()[i], i);
+    if (i == 4 && recipe.nonfinite == ls::nonfinite_policy::skip)  // a non-finite gradient: the update is skipped
+      b.features[3] = std::numeric_limits<float>::quiet_NaN();
+    out.norms.push_back(ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distributed(b, replicas), recipe).grad_norm);
+  }
+  out.params = m.parameters_to_host();
+  out.state = m.optimizer_state_to_host();
+  for (std::size_t k = 0; k < m.size(); ++k) {
+    out.state_sizes.push_back(m.replica(k).optimizer_state().size());
+    out.replicas_identical = out.replicas_identical &&
+                             std::equal(out.params.begin(), out.params.end(), m.replica(k).model().parameters().data());
+  }
+  if constexpr (std::is_same_v<Strategy, strategy>) {
+    out.reductions = s.reducer().reductions_.load();
+    out.chunk_sums = s.reducer().chunk_sums_.load();
+    out.gathers = s.reducer().gathers_.load();
+    CHECK(m.update_plan().on_grid() == (shard && replicas > 1));
+    for (std::size_t r = 0; r < m.size(); ++r)
+      CHECK(m.update_plan().slice(r) ==
+            (m.update_plan().on_grid() ? ls::grid_slice(m.param_count, r, replicas)
+                                       : std::pair<std::size_t, std::size_t>{0, m.param_count}));
+  }
+  return out;
+}
+}  // namespace grid
+
+TEST_CASE("shard_optimizer with a reducer that reduces onto the slices: the epilogue's grid, the same bits, no sum read outside a replica's slice") {
+  static_assert(ls::reduces_to_slices_v<grid::poisoning_slice_reducer>);
+  static_assert(!ls::reduces_to_slices_v<ls::host_allreduce>);
+  const ls::update_recipe plain_recipe{};
+  const ls::update_recipe guarded{.clip_global_norm = 0.5, .nonfinite = ls::nonfinite_policy::skip, .ema = {.decay = 0.9}};
+  for (const ls::update_recipe* recipe : {&plain_recipe, &guarded}) {
+    for (const std::size_t n : {2u, 3u, 4u}) {
+      CAPTURE(n);
+      CAPTURE(recipe->clip_global_norm);
+      const grid::run want = grid::train<host>(n, false, *recipe);
+      const grid::run got = grid::train<grid::strategy>(n, true, *recipe);
+      CHECK(got.replicas_identical);
+      REQUIRE(got.params.size() == want.params.size());
+      REQUIRE(got.state.size() == want.state.size());
+      CHECK(std::memcmp(got.params.data(), want.params.data(), want.params.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(got.state.data(), want.state.data(), want.state.size() * sizeof(float)) == 0);
+      REQUIRE(got.norms.size() == want.norms.size());
+      CHECK(std::memcmp(got.norms.data(), want.norms.data(), want.norms.size() * sizeof(double)) == 0);
+      CHECK(got.reductions > 0);                                   // the buckets went through reduce_to_slices
+      CHECK(got.gathers == 10 * n - (recipe == &guarded ? n : 0));  // every update but the skipped one gathered
+      CHECK(got.chunk_sums == (recipe->needs_epilogue() ? 10 * n : 0));
+      std::size_t total = 0;
+      for (std::size_t r = 0; r < n; ++r) {
+        const auto [lo, hi] = ls::grid_slice(ls::model<net>::param_count, r, n);
+        CHECK(got.state_sizes[r] == 2 * (hi - lo));
+        total += got.state_sizes[r];
+      }
+      CHECK(total == got.state.size());
+      // unsharded, the same reducer is a plain all-reduce
+      const grid::run whole = grid::train<grid::strategy>(n, false, *recipe);
+      CHECK(whole.reductions == 0);
+      REQUIRE(whole.params.size() == want.params.size());
+      CHECK(std::memcmp(whole.params.data(), want.params.data(), want.params.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+// The public reducer suite, with its reduces_to_slices part.
+TEST_CASE_TEMPLATE_INVOKE(lockstep_reducer_conformance, grid::poisoning_slice_reducer);
+
+TEST_CASE("shard_optimizer: slices on the grid cannot change after the first update") {
+  host s(ls::device_selection::first(2), ls::strategy_options{.shard_optimizer = true});
+  auto m = s.replicate<net>(ls::seed{5});
+  m.set_optimizer_sharding(true, true);  // before any update: allowed
+  CHECK(m.update_plan().on_grid());
+  CHECK(m.update_plan().slice(1) == ls::grid_slice(m.param_count, 1, 2));
+  (void)ls::train_step(s, m, ls::adam{.lr = 1e-3f}, ls::softmax_cross_entropy{}, distributed(make_batch(8, 0), 2));
+  CHECK_THROWS_AS(m.set_optimizer_sharding(true, false), ls::config_error);
+  CHECK_NOTHROW(m.set_optimizer_sharding(true, true));
 }
 
 namespace user {

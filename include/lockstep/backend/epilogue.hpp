@@ -29,13 +29,21 @@ inline constexpr std::size_t epilogue_lanes = 16;
   return (params + epilogue_chunk - 1) / epilogue_chunk;
 }
 
+/// The chunks [C r / n, C (r + 1) / n) of slice r of n of the C chunks over `params` elements
+/// (grid_slice's chunks).
+[[nodiscard]] constexpr std::pair<std::size_t, std::size_t> grid_slice_chunks(std::size_t params, std::size_t r,
+                                                                             std::size_t n) noexcept {
+  const std::size_t chunks = epilogue_chunks(params);
+  return {chunks * r / n, chunks * (r + 1) / n};
+}
+
 /// Slice r of n of `params` elements on chunk boundaries: chunks [C r / n, C (r + 1) / n) of the
 /// C chunks (the slices differ by at most one chunk; a slice may be empty when there are fewer
 /// chunks than slices).
 [[nodiscard]] constexpr std::pair<std::size_t, std::size_t> grid_slice(std::size_t params, std::size_t r,
                                                                       std::size_t n) noexcept {
-  const std::size_t chunks = epilogue_chunks(params);
-  const std::size_t lo = chunks * r / n * epilogue_chunk, hi = chunks * (r + 1) / n * epilogue_chunk;
+  const auto [first, last] = grid_slice_chunks(params, r, n);
+  const std::size_t lo = first * epilogue_chunk, hi = last * epilogue_chunk;
   return {lo < params ? lo : params, hi < params ? hi : params};
 }
 

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstddef>
+#include <utility>
 
 namespace lockstep {
 
@@ -67,6 +68,18 @@ constexpr bucket_layout<detail::layer_table<Bound>::count> plan_buckets(std::siz
     }
   }
   return out;
+}
+
+/// The part [first, second) of the gradient run [offset, offset + count) (a bucket) that lies in
+/// `slice` (a replica's slice of the parameters): empty (first == second) when they do not meet.
+/// A reducer that reduces each bucket onto the slices (reduces_to_slices_v) sums each part into
+/// its slice's replica; the parts over a partition of the parameters partition the bucket.
+[[nodiscard]] constexpr std::pair<std::size_t, std::size_t> bucket_part(
+    std::size_t offset, std::size_t count, std::pair<std::size_t, std::size_t> slice) noexcept {
+  const std::size_t lo = offset > slice.first ? offset : slice.first;
+  const std::size_t end = offset + count;
+  const std::size_t hi = end < slice.second ? end : slice.second;
+  return lo < hi ? std::pair<std::size_t, std::size_t>{lo, hi} : std::pair<std::size_t, std::size_t>{lo, lo};
 }
 
 }  // namespace lockstep

@@ -21,7 +21,9 @@ struct collective_ids {
   static constexpr std::size_t barrier = all_reduce + 1;       ///< every replica arrives
   static constexpr std::size_t broadcast = barrier + 1;        ///< a broadcast from one replica
   static constexpr std::size_t broadcast_done = broadcast + 1; ///< second phase of a broadcast, for reducers that need one
-  static constexpr std::size_t setup = broadcast_done + 1;     ///< a reducer's one-time set-up (e.g. making communicators)
+  static constexpr std::size_t epilogue_sums = broadcast_done + 1;  ///< the sum of the epilogue's chunk sums (reduces_to_slices_v)
+  static constexpr std::size_t gather_slices = epilogue_sums + 1;   ///< the gather of the updated slices (reduces_to_slices_v)
+  static constexpr std::size_t setup = gather_slices + 1;      ///< a reducer's one-time set-up (e.g. making communicators)
   static constexpr std::size_t count = setup + 1;              ///< ids a reducer serves: [0, count)
 
   /// True when `id` names a gradient bucket (not a reserved id).
@@ -46,6 +48,8 @@ struct collective_ids {
       case barrier: return "a barrier";
       case broadcast: return "a broadcast";
       case broadcast_done: return "the end of a broadcast";
+      case epilogue_sums: return "the sum of the epilogue's chunk sums";
+      case gather_slices: return "the gather of the updated slices";
       case setup: return "the reducer's set-up";
       default: return "collective id " + std::to_string(id) + " (beyond the reserved ids)";
     }

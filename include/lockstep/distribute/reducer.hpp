@@ -15,7 +15,17 @@
 ///  - `abort()` (any thread: every waiter throws) and `reset()` (when no replica is inside);
 ///  - optionally `std::shared_ptr<float> gradient_storage(replica, count)`: memory the reducer
 ///    wants a replica's float gradients kept in (mpi_host_allreduce's shared window), or null;
-///    asked for every replica at replicate(), collectively.
+///    asked for every replica at replicate(), collectively;
+///  - optionally, for an optimiser update sharded over the replicas (strategy_options::
+///    shard_optimizer), a reduce-scatter and an all-gather in place of the all-reduce and the
+///    copies: `static constexpr bool reduces_to_slices = true` and
+///    `reduce_to_slices(replica, ctx, grads, offset, count, bucket, slices)` (bucket [offset,
+///    offset + count) of `grads` summed only into the replica whose slice holds each element;
+///    `wait` completes it), `sum_chunks(replica, ctx, chunks, count)` (an in-place sum of doubles
+///    over the replicas: the epilogue's chunk sums) and `gather_slices(replica, ctx, params,
+///    slices)` (every replica's slice of `params` copied to every replica); each ordered on the
+///    replica's context without a host wait. The slices are then the epilogue's grid
+///    (grid_slice), so each chunk sum has exactly one replica that computes it.
 ///
 /// The reducers themselves live in distribute/reducers/, one per file; the default reducer of a
 /// device set, `select_reducer_t<Devices...>`, is chosen in distribute/reducers/select.hpp.
@@ -61,6 +71,11 @@ concept reducer = requires(R& r, const R& cr, std::size_t i, host_context& ctx, 
   r.abort();
   r.reset();
 };
+
+/// True when reducer R reduces a sharded update's buckets onto their slices and gathers the
+/// slices itself (the optional `reduces_to_slices` members above).
+template <class R>
+inline constexpr bool reduces_to_slices_v = requires { requires R::reduces_to_slices; };
 
 namespace detail {
 /// True when reducer R is made for a world W: `R(const reducer_config&, W&, const

@@ -76,8 +76,9 @@ public:
   [[nodiscard]] const replica_type& replica(std::size_t r) const { return *replicas_.at(r); }
 
   /// Splits the optimiser update over the replicas (strategy_options::shard_optimizer; see
-  /// sharded_update): host or GPU replicas.
-  void set_optimizer_sharding(bool on) { update_.configure(on, replicas(), step_); }
+  /// sharded_update): host or GPU replicas; `on_grid`: on the epilogue's grid (what a strategy
+  /// whose reducer reduces onto the slices asks: reduces_to_slices_v).
+  void set_optimizer_sharding(bool on, bool on_grid = false) { update_.configure(on, replicas(), step_, on_grid); }
   /// True when the optimiser update is split over the replicas.
   [[nodiscard]] bool optimizer_sharded() const noexcept { return update_.sharded(); }
   /// The optimiser update of these replicas, whole or sharded: which slice each replica

@@ -105,25 +105,39 @@ public:
   static constexpr bool device_ordered = !device_memory<kind_type>::host_accessible && shardable;
 
   /// Turns sharding on or off for the replicas `reps` (one replica never shards; the effective
-  /// setting may not change once `updates` > 0).
+  /// setting may not change once `updates` > 0). `on_grid`: the slices follow the epilogue's
+  /// grid (grid_slice: chunk boundaries) instead of slice_of, for a reducer that reduces each
+  /// bucket onto its slices (reduces_to_slices_v), so that each chunk of the epilogue lies in
+  /// one replica's slice.
   /// @throws config_error for a kind that cannot shard, or a change after the first update.
-  void configure(bool on, replicas_view reps, std::uint64_t updates) {
+  void configure(bool on, replicas_view reps, std::uint64_t updates, bool on_grid = false) {
     const std::size_t replicas = reps.size();
     if (on && !shardable)
       throw config_error("lockstep: strategy_options::shard_optimizer is implemented for devices with host memory (cpu<I>) "
                          "and for GPUs");
     const bool sharded = on && replicas > 1;
-    if (sharded != sharded_ && updates > 0)
+    const bool grid = sharded && on_grid;
+    if ((sharded != sharded_ || grid != on_grid_) && updates > 0)
       throw config_error("lockstep: strategy_options::shard_optimizer cannot change after the first update");
     sharded_ = sharded;
+    on_grid_ = grid;
     replicas_ = replicas;
+    slices_.resize(replicas);
+    for (std::size_t r = 0; r < replicas; ++r) slices_[r] = slice(r);
   }
   /// True when the update is split over the replicas.
   [[nodiscard]] bool sharded() const noexcept { return sharded_; }
-  /// The parameters [first, second) replica r updates: all of them, or its slice when sharded.
+  /// True when the update is split on the epilogue's grid (configure's `on_grid`): the strategy's
+  /// reducer then reduces each bucket onto the slices and gathers them (reduces_to_slices_v).
+  [[nodiscard]] bool on_grid() const noexcept { return on_grid_; }
+  /// The parameters [first, second) replica r updates: all of them, or its slice when sharded
+  /// (slice_of, or grid_slice when on_grid()).
   [[nodiscard]] std::pair<std::size_t, std::size_t> slice(std::size_t r) const noexcept {
-    return sharded_ ? slice_of(r, replicas_) : std::pair<std::size_t, std::size_t>{0, param_count};
+    if (!sharded_) return {0, param_count};
+    return on_grid_ ? grid_slice(param_count, r, replicas_) : slice_of(r, replicas_);
   }
+  /// slice(r) of every replica r, in replica order (what a reducer that reduces onto the slices is given).
+  [[nodiscard]] std::span<const std::pair<std::size_t, std::size_t>> slices() const noexcept { return slices_; }
 
   /// Replica r (on its worker) applies `opt` to its slice with update `u` (grad_scale, clipping
   /// and a device decision already filled in); with `ema` it then updates its slice of the EMA
@@ -311,7 +325,9 @@ private:
   }
 
   bool sharded_ = false;
+  bool on_grid_ = false;
   std::size_t replicas_ = 1;
+  std::vector<std::pair<std::size_t, std::size_t>> slices_{{0, param_count}};
 };
 
 }  // namespace lockstep

@@ -244,7 +244,7 @@ public:
     check_replica_memory<Kind>(contexts, (model_type<Net, T>::stored_count + model_type<Net, T>::param_count) * sizeof(T) +
                                              reducer_.workspace_bytes(model_type<Net, T>::param_count * sizeof(T)));
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
-    m.set_optimizer_sharding(options_.shard_optimizer.is_on());  // automatic: see prepare_update
+    m.set_optimizer_sharding(options_.shard_optimizer.is_on(), reduces_to_slices_v<Reducer>);  // automatic: see prepare_update
     collective_ids::check_buckets(m.buckets().size, "lockstep::mirrored");
     if constexpr (device_memory<Kind>::host_accessible && requires { world_.reserve_floats(m.stored_count); })
       world_.reserve_floats(m.stored_count);  // the communication thread's scratch: no allocation in a step
@@ -391,7 +391,8 @@ public:
     set_loss_scale(m, loss_scale);
     // The optimiser counts the updates it applied (a skipped update is not one).
     const update_info base{opt.lr, m.step() - m.skipped_updates() + 1, 1.0 / static_cast<double>(rows)};
-    detail::update_phase<model_type<Net, T>, Optimizer> finish(m, opt, effective, base, rows, loss_scale, epilogue_);
+    detail::update_phase<model_type<Net, T>, Optimizer, Reducer> finish(m, opt, effective, base, rows, loss_scale, epilogue_,
+                                                                        reducer_);
     finish.set_trace(trace_);
     if (part.first) std::fill(epilogue_.nonfinite_loss.begin(), epilogue_.nonfinite_loss.end(), 0);
     step_stats out;
@@ -468,7 +469,7 @@ public:
     bool shard = false;
     if constexpr (device_memory<Kind>::host_accessible && optimizer_elementwise_v<Optimizer>)
       shard = m.size() > 1 && opt.state_size(n) >= 2 * n;
-    m.set_optimizer_sharding(shard);
+    m.set_optimizer_sharding(shard, reduces_to_slices_v<Reducer>);
   }
 
   /// Under strategy_options::defer_readback: the statistics of the last update of `m` that

@@ -15,6 +15,7 @@
 /// (with the next step under strategy_options::defer_readback: copied to the context's readback
 /// page, backend/readback.hpp).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -23,6 +24,7 @@
 #include <lockstep/backend/context.hpp>
 #include <lockstep/core/trace.hpp>
 #include <lockstep/distribute/epilogue.hpp>
+#include <lockstep/distribute/reducer.hpp>
 #include <lockstep/distribute/sharded_update.hpp>
 #include <lockstep/losses/loss.hpp>
 #include <lockstep/memory/buffer.hpp>
@@ -84,12 +86,29 @@ private:
   epilogue_workspace<Kind>* ws_;
 };
 
+/// Replica r's copy of the other replicas' updated slices of `m`: through `reducer` when the
+/// update is sharded on the epilogue's grid for it (reduces_to_slices_v: an all-gather, ordered on
+/// the replica's context), else the update plan's copies.
+template <class Replicated, class Reducer>
+void gather_update(Replicated& m, Reducer& reducer, std::size_t r) {
+  if constexpr (reduces_to_slices_v<Reducer>) {
+    if (m.update_plan().on_grid()) {
+      auto& rep = m.replica(r);
+      reducer.gather_slices(r, rep.context(), rep.model().parameters().data(), m.update_plan().slices());
+      return;
+    }
+  }
+  (void)reducer;
+  m.update_plan().gather(m.replicas(), r);
+}
+
 /// A whole update with the optimiser alone (no recipe): what run_update (steps/step_policy.hpp) runs.
-template <class Replicated, class Optimizer>
+template <class Replicated, class Optimizer, class Reducer>
 struct plain_update_phase {
   Replicated* m;          ///< the model
   const Optimizer* opt;   ///< the optimiser
   update_info update;     ///< lr, step and grad_scale of the update
+  Reducer* reducer;       ///< the strategy's reducer (it gathers the slices of an update sharded on its grid)
   /// Nothing to record.
   void observe(std::size_t, const loss_sum&) noexcept {}
   /// No chunk sums are wanted.
@@ -101,11 +120,13 @@ struct plain_update_phase {
   /// True when the update is sharded.
   [[nodiscard]] bool gathers() const noexcept { return m->optimizer_sharded(); }
   /// Replica r copies the others' slices.
-  void gather(std::size_t r) { m->update_plan().gather(m->replicas(), r); }
+  void gather(std::size_t r) { gather_update(*m, *reducer, r); }
 };
 
-/// The update of model `m` with optimiser `opt` (see the file comment).
-template <class Replicated, class Optimizer>
+/// The update of model `m` with optimiser `opt` (see the file comment); the reducer sums the
+/// epilogue's chunk sums and gathers the slices of an update sharded on its grid
+/// (reduces_to_slices_v), whose replicas each hold the reduced sums of their own slice only.
+template <class Replicated, class Optimizer, class Reducer>
 class update_phase {
 public:
   using kind_type = typename Replicated::replica_type::device_type;  ///< the device kind
@@ -113,10 +134,10 @@ public:
   static constexpr std::size_t param_count = Replicated::param_count;  ///< parameters
 
   /// The update of `m` by `opt` following `recipe`, from `base` (lr and step), over `rows` rows
-  /// whose sums carry `loss_scale`, with the buffers of `ws`.
+  /// whose sums carry `loss_scale`, with the buffers of `ws` and the strategy's `reducer`.
   update_phase(Replicated& m, const Optimizer& opt, const update_recipe& recipe, const update_info& base,
-               std::size_t rows, double loss_scale, epilogue_workspace<kind_type>& ws)
-      : m_(&m), opt_(&opt), recipe_(&recipe), base_(base), ws_(&ws) {
+               std::size_t rows, double loss_scale, epilogue_workspace<kind_type>& ws, Reducer& reducer)
+      : m_(&m), opt_(&opt), recipe_(&recipe), base_(base), ws_(&ws), reducer_(&reducer) {
     in_.rows = rows;
     in_.loss_scale = loss_scale;
     in_.clip_global_norm = recipe.clip_global_norm;
@@ -157,7 +178,9 @@ public:
     if (recipe_->needs_epilogue()) {
       const work_span span(ctx, trace_, r, "epilogue", "compute");
       if constexpr (device_memory<kind_type>::host_accessible) {
-        const double* c = chunks_ready ? ws_->shared.data() : scan(g, ws_->per_replica[r]);
+        const double* c = chunks_ready ? ws_->shared.data()
+                          : on_grid()  ? grid_scan(r, ctx, g, ws_->per_replica[r])
+                                       : scan(g, ws_->per_replica[r]);
         res = decide_update(c, epilogue_chunks(param_count), in_);
       } else if constexpr (device_epilogue<typename Replicated::context_type> && std::is_same_v<value_type, float>) {
         auto& dc = ws_->device_chunks[r];
@@ -167,7 +190,11 @@ public:
           dc = basic_buffer<double, kind_type>(epilogue_chunks(param_count) + 1);
           dd = basic_buffer<update_decision, kind_type>(1);
         }
-        reduced_gradient_epilogue(ctx, g, param_count, in_, dc.data(), dd.data());
+        if (on_grid()) {  // this replica holds the reduced sums of its slice only (reduces_to_slices_v)
+          grid_epilogue(r, ctx, g, dc.data(), dd.data());
+        } else {
+          reduced_gradient_epilogue(ctx, g, param_count, in_, dc.data(), dd.data());
+        }
         if constexpr (optimizer_applies_recipe_v<Optimizer>) {
           u.decision = dd.data();  // the update kernel reads it: no host wait before the update
           read_back = true;
@@ -203,7 +230,7 @@ public:
   [[nodiscard]] bool gathers() const noexcept { return m_->optimizer_sharded(); }
   /// Replica r copies the other replicas' updated slices (nothing to copy after a skipped update).
   void gather(std::size_t r) {
-    if (!ws_->results[r].skip) m_->update_plan().gather(m_->replicas(), r);
+    if (!ws_->results[r].skip) gather_update(*m_, *reducer_, r);
   }
 
   /// The decision of replica r (every replica's is the same).
@@ -212,6 +239,42 @@ public:
   [[nodiscard]] bool updates_ema() const noexcept { return ema_; }
 
 private:
+  // True when the update is sharded on the epilogue's grid for the reducer: each replica then
+  // holds the reduced sums of its own slice only.
+  [[nodiscard]] bool on_grid() const noexcept {
+    if constexpr (reduces_to_slices_v<Reducer>) return m_->update_plan().on_grid();
+    else return false;
+  }
+
+  // Replica r's epilogue of an update sharded on the grid: its own chunks' sums from its slice
+  // of the reduced sums, 0 for the others, the sum over the replicas through the reducer, then
+  // the decision from it (all on the device). Each chunk has one replica that computes it, and
+  // x + 0 is x, so every replica holds the chunk sums of an unsharded epilogue, bit for bit, and
+  // decides the same.
+  template <class Ctx, class V>
+  void grid_epilogue(std::size_t r, Ctx& ctx, const V* g, double* chunks, update_decision* decision) {
+    if constexpr (reduces_to_slices_v<Reducer>) {
+      const auto [first, last] = grid_slice_chunks(param_count, r, m_->size());
+      const std::size_t count = epilogue_chunks(param_count);
+      reduced_gradient_chunk_sums(ctx, g, param_count, first, last, chunks);
+      reducer_->sum_chunks(r, ctx, chunks, count);
+      reduced_gradient_decision(ctx, chunks, count, in_, decision);
+    }
+  }
+
+  // The host's grid_epilogue: replica r's own chunks scanned from its slice, 0 for the others,
+  // then summed over the replicas through the reducer (the same bits as a scan of every chunk).
+  template <class Ctx, class V>
+  const double* grid_scan(std::size_t r, Ctx& ctx, const V* g, std::vector<double>& out) {
+    if constexpr (reduces_to_slices_v<Reducer>) {
+      const auto [first, last] = grid_slice_chunks(param_count, r, m_->size());
+      std::fill(out.begin(), out.end(), 0.0);
+      scan_chunks(g, param_count, first, last, out.data());
+      reducer_->sum_chunks(r, ctx, out.data(), out.size());
+    }
+    return out.data();
+  }
+
   template <class V>
   static const double* scan(const V* g, std::vector<double>& out) {
     scan_chunks(g, param_count, 0, out.size(), out.data());
@@ -241,6 +304,7 @@ private:
   bool ema_ = false;
   double ema_decay_ = 0;
   trace_recorder* trace_ = nullptr;
+  Reducer* reducer_;
 };
 
 }  // namespace lockstep::detail

@@ -15,7 +15,9 @@
 /// 10^7 elements over 1 to 3 replicas; broadcast from every root; with 3 replicas or more, a
 /// replica that never arrives makes the others fail within the timeout, at least one with a
 /// `timeout_error` naming it as `replica(s) I`; `abort()` from another thread releases every
-/// waiter; after `reset()` the reducer works again. Replica 0 is the reducer's root. Plain
+/// waiter; after `reset()` the reducer works again; and, for a reducer that reduces a sharded
+/// update onto the slices (reduces_to_slices_v), each slice's sums, the chunk sums and the gather
+/// (detail::check_gpu_slices). Replica 0 is the reducer's root. Plain
 /// checks, no SUBCASE or TEST_CASE_TEMPLATE (which misbehave under nvcc); `timeout_scale`
 /// lengthens the timeouts (a sanitizer slows every call).
 
@@ -30,11 +32,14 @@
 #include <cstddef>
 #include <cstring>
 #include <functional>
+#include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <lockstep/backend/cuda.hpp>
+#include <lockstep/backend/epilogue.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/distribute/collective_ids.hpp>
 #include <lockstep/distribute/reducer.hpp>
@@ -120,6 +125,69 @@ inline std::size_t gpu_reducer_misses(const std::vector<float>& got, std::size_t
   return bad;
 }
 
+/// The optional members of a reducer that reduces onto the slices (reduces_to_slices_v) over the
+/// replicas of `ordinals`, `length` elements in two buckets cut on the epilogue's grid
+/// (grid_slice): after reduce_to_slices and wait, each replica's own slice holds the sums (within
+/// float rounding of the exact sums, bitwise the same on a second run); sum_chunks of chunk sums
+/// that only their owner fills gives every replica all of them exactly; gather_slices gives every
+/// replica every slice of the parameters, whatever it held outside its own.
+template <class R>
+void check_gpu_slices(const std::vector<int>& ordinals, std::size_t length, std::chrono::milliseconds timeout,
+                      std::vector<std::vector<float>>* sums_out = nullptr) {
+  const std::size_t n = ordinals.size();
+  const std::size_t chunks = epilogue_chunks(length);
+  std::vector<std::pair<std::size_t, std::size_t>> slices(n);
+  for (std::size_t r = 0; r < n; ++r) slices[r] = grid_slice(length, r, n);
+  std::vector<std::vector<float>> grads(n, std::vector<float>(length)), params(n, std::vector<float>(length, -1e30f));
+  std::vector<std::vector<double>> sums(n, std::vector<double>(chunks, 0.0));
+  for (std::size_t r = 0; r < n; ++r) {
+    for (std::size_t i = 0; i < length; ++i) grads[r][i] = gpu_reducer_value(i, r);
+    for (std::size_t i = slices[r].first; i < slices[r].second; ++i) params[r][i] = gpu_reducer_value(i, 7);
+    const auto [first, last] = grid_slice_chunks(length, r, n);
+    for (std::size_t c = first; c < last; ++c) sums[r][c] = 1.0 + 0.1 * static_cast<double>(c);
+  }
+  R red(reducer_config{n, timeout, collective_ids::count, 0});
+  const auto errors = on_gpu_replicas(red, ordinals, length * sizeof(float), [&](std::size_t r, cuda_context& ctx) {
+    auto g = to_gpu(ctx, grads[r]);
+    auto p = to_gpu(ctx, params[r]);
+    backend::detail::device_bytes c(chunks * sizeof(double));
+    auto* gp = static_cast<float*>(g.get());
+    auto* pp = static_cast<float*>(p.get());
+    auto* cp = static_cast<double*>(c.get());
+    if (chunks) copy_from_host(ctx, cp, sums[r].data(), chunks);
+    const std::size_t half = length / 2;
+    red.reduce_to_slices(r, ctx, gp, 0, half, 0, std::span<const std::pair<std::size_t, std::size_t>>(slices));
+    red.reduce_to_slices(r, ctx, gp, half, length - half, 1, std::span<const std::pair<std::size_t, std::size_t>>(slices));
+    red.wait(r, ctx, 0);
+    red.wait(r, ctx, 1);
+    red.sum_chunks(r, ctx, cp, chunks);
+    red.gather_slices(r, ctx, pp, std::span<const std::pair<std::size_t, std::size_t>>(slices));
+    copy_to_host(ctx, grads[r].data(), gp, length);
+    copy_to_host(ctx, params[r].data(), pp, length);
+    if (chunks) copy_to_host(ctx, sums[r].data(), cp, chunks);
+  });
+  for (const auto& e : errors) CHECK(e == "");
+  std::size_t bad = 0, wrong_params = 0, wrong_sums = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    for (std::size_t i = slices[r].first; i < slices[r].second; ++i) {
+      double exact = 0;
+      for (std::size_t k = 0; k < n; ++k) exact += gpu_reducer_value(i, k);
+      if (!(std::abs(static_cast<double>(grads[r][i]) - exact) <= 1e-5 * (1.0 + std::abs(exact)))) ++bad;
+    }
+    for (std::size_t i = 0; i < length; ++i) wrong_params += params[r][i] != gpu_reducer_value(i, 7) ? 1 : 0;
+    for (std::size_t c = 0; c < chunks; ++c) wrong_sums += sums[r][c] != 1.0 + 0.1 * static_cast<double>(c) ? 1 : 0;
+  }
+  CHECK(bad == 0);           // each slice holds the sums
+  CHECK(wrong_sums == 0);    // every chunk sum, exactly, on every replica
+  CHECK(wrong_params == 0);  // every slice gathered to every replica
+  if (sums_out) {  // the slices' sums (the rest of each replica's gradients is unspecified)
+    sums_out->assign(n, std::vector<float>());
+    for (std::size_t r = 0; r < n; ++r)
+      (*sums_out)[r].assign(grads[r].begin() + static_cast<std::ptrdiff_t>(slices[r].first),
+                            grads[r].begin() + static_cast<std::ptrdiff_t>(slices[r].second));
+  }
+}
+
 }  // namespace detail
 
 /// The GPU reducer conformance suite (see this file's comment) for reducer R named `name`.
@@ -172,6 +240,19 @@ void check_gpu_reducer(const char* name, const gpu_ordinals& ordinals, std::size
         CHECK(data[r] == data[root]);
       }
     }
+  // A reducer that reduces a sharded update onto the slices: the slices' sums, the chunk sums and
+  // the gather, over 1..max_replicas and lengths around the grid's chunks (slices of 0 chunks too).
+  if constexpr (reduces_to_slices_v<R>) {
+    for (std::size_t replicas = 1; replicas <= max_replicas; ++replicas)
+      for (const std::size_t length : {1u, 1023u, 1025u, 4099u, 65537u}) {
+        CAPTURE(replicas);
+        CAPTURE(length);
+        std::vector<std::vector<float>> a, b;
+        lt::check_gpu_slices<R>(ordinals(replicas), length, scaled(60'000), &a);
+        lt::check_gpu_slices<R>(ordinals(replicas), length, scaled(60'000), &b);
+        CHECK(a == b);  // a fixed order
+      }
+  }
   if (max_replicas < 3) return;
 
   {  // A replica that never arrives: the others time out, and the message names it.

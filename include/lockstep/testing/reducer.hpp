@@ -12,7 +12,9 @@
 /// summation order); 10^7 elements over 1 to 3 replicas; broadcast from every root; a replica that
 /// never arrives makes the others fail within the configured timeout, at least one of them with a
 /// `timeout_error` whose message names it as `replica(s) I`; `abort()` from another thread releases every waiter (each
-/// throws a `lockstep::error`) at once; and after `reset()` the reducer works again. Include it
+/// throws a `lockstep::error`) at once; after `reset()` the reducer works again; and, for a
+/// reducer that reduces a sharded update onto the slices (reduces_to_slices_v), each slice's sums,
+/// the chunk sums and the gather over 1 to 8 replicas. Include it
 /// from a doctest test file compiled by a host compiler.
 
 #include <doctest/doctest.h>
@@ -23,10 +25,13 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include <lockstep/backend/epilogue.hpp>
 #include <lockstep/backend/host.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/distribute/reducer.hpp>
@@ -145,6 +150,62 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
           CHECK(data[r] == data[root]);
         }
       }
+  }
+
+  if constexpr (lockstep::reduces_to_slices_v<R>) {
+    SUBCASE("reduces_to_slices: each slice's sums, every chunk sum exactly, every slice gathered, over 1..8 replicas") {
+      using slice = std::pair<std::size_t, std::size_t>;
+      for (std::size_t replicas = 1; replicas <= 8; ++replicas)
+        for (const std::size_t length : {1u, 1023u, 1025u, 4099u, 65537u}) {
+          CAPTURE(replicas);
+          CAPTURE(length);
+          const std::size_t chunks = lockstep::epilogue_chunks(length);
+          std::vector<slice> slices(replicas);
+          for (std::size_t r = 0; r < replicas; ++r) slices[r] = lockstep::grid_slice(length, r, replicas);
+          std::vector<std::vector<float>> first;
+          for (int run = 0; run < 2; ++run) {
+            std::vector<std::vector<float>> grads(replicas, std::vector<float>(length));
+            std::vector<std::vector<float>> params(replicas, std::vector<float>(length, -1e30f));
+            std::vector<std::vector<double>> sums(replicas, std::vector<double>(chunks, 0.0));
+            for (std::size_t r = 0; r < replicas; ++r) {
+              for (std::size_t i = 0; i < length; ++i) grads[r][i] = lt::reducer_value(i, r);
+              for (std::size_t i = slices[r].first; i < slices[r].second; ++i) params[r][i] = lt::reducer_value(i, 7);
+              const auto [lo, hi] = lockstep::grid_slice_chunks(length, r, replicas);
+              for (std::size_t c = lo; c < hi; ++c) sums[r][c] = 1.0 + 0.1 * static_cast<double>(c);
+            }
+            R red(lockstep::reducer_config{replicas, ms(60'000), lockstep::collective_ids::count, 0});
+            const auto errors =
+                lt::on_replicas(red, replicas, length * sizeof(float), [&](std::size_t r, lockstep::host_context& ctx) {
+                  const std::span<const slice> view(slices);
+                  const std::size_t half = length / 2;
+                  red.reduce_to_slices(r, ctx, grads[r].data(), 0, half, 0, view);
+                  red.reduce_to_slices(r, ctx, grads[r].data(), half, length - half, 1, view);
+                  red.wait(r, ctx, 0);
+                  red.wait(r, ctx, 1);
+                  red.sum_chunks(r, ctx, sums[r].data(), chunks);
+                  red.gather_slices(r, ctx, params[r].data(), view);
+                });
+            std::vector<std::vector<float>> own(replicas);
+            std::size_t bad = 0, wrong_sums = 0, wrong_params = 0;
+            for (std::size_t r = 0; r < replicas; ++r) {
+              CHECK(errors[r] == "");
+              for (std::size_t i = slices[r].first; i < slices[r].second; ++i) {
+                double exact = 0;
+                for (std::size_t k = 0; k < replicas; ++k) exact += lt::reducer_value(i, k);
+                if (!(std::abs(static_cast<double>(grads[r][i]) - exact) <= 1e-5 * (1.0 + std::abs(exact)))) ++bad;
+                own[r].push_back(grads[r][i]);
+              }
+              for (std::size_t c = 0; c < chunks; ++c) wrong_sums += sums[r][c] != 1.0 + 0.1 * static_cast<double>(c);
+              for (std::size_t i = 0; i < length; ++i) wrong_params += params[r][i] != lt::reducer_value(i, 7);
+            }
+            CHECK(bad == 0);           // each slice holds the sums
+            CHECK(wrong_sums == 0);    // every chunk sum, exactly, on every replica
+            CHECK(wrong_params == 0);  // every slice gathered to every replica
+            if (run == 0) first = own;
+            else CHECK(own == first);  // a fixed order
+          }
+        }
+    }
   }
 
   SUBCASE("a replica that never arrives: the others time out, and the message names it") {

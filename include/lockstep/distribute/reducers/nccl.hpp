@@ -4,7 +4,12 @@
 /// mirrored<gpu<0>, gpu<1>> and mirrored<gpus> in a build with NCCL). On first use, one
 /// non-blocking communicator per GPU (ncclCommInitRankConfig in one NCCL group); each bucket is
 /// one in-place ncclAllReduce on the replica's communication stream, started from the backward
-/// hook so it overlaps the rest of backward. No NCCL call blocks: a replica polls its communicator
+/// hook so it overlaps the rest of backward. An optimiser update sharded over the replicas
+/// (strategy_options::shard_optimizer) is sharded on the epilogue's grid instead: each bucket is
+/// reduced only onto the replica whose slice holds it (ncclReduce per slice, one NCCL group: a
+/// reduce-scatter), the epilogue's chunk sums are summed over the replicas (ncclAllReduce of
+/// doubles), and the updated slices are gathered (ncclBroadcast per slice: an all-gather), so the
+/// bytes sent equal one all-reduce's. No NCCL call blocks: a replica polls its communicator
 /// until NCCL has taken the call (the first collective connects the peers), watching for an abort
 /// and the timeout, so a failing replica stops the others instead of leaving them hanging; abort
 /// takes the communicators exclusively and revokes them (ncclCommRevoke, when the NCCL loaded at
@@ -18,13 +23,16 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <shared_mutex>
+#include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <lockstep/backend/cuda/context.hpp>
@@ -32,6 +40,7 @@
 #include <lockstep/backend/cuda/error.hpp>
 #include <lockstep/core/device.hpp>
 #include <lockstep/core/error.hpp>
+#include <lockstep/distribute/buckets.hpp>
 #include <lockstep/distribute/collective_ids.hpp>
 #include <lockstep/distribute/detail/host_comm.hpp>
 #include <lockstep/distribute/reducer.hpp>
@@ -77,11 +86,7 @@ public:
     if (!collective_ids::is_sum(bucket))
       throw config_error("lockstep::nccl_allreduce: " + collective_ids::name(bucket) + " is not a sum");
     if (rv_.replicas() == 1) return;
-    communicator(r, ctx);
-    rv_.arrive(r, bucket, data, count, [] {});
-    backend::device_guard g(ctx.ordinal());
-    ctx.fork_to_comm();
-    call(r, bucket, "ncclAllReduce", [&](ncclComm_t comm) {
+    enqueue(r, ctx, bucket, data, count, "ncclAllReduce", false, [&](ncclComm_t comm) {
       return ncclAllReduce(data, data, count, detail::nccl_type<T>(), ncclSum, comm, ctx.comm_stream());
     });
   }
@@ -95,22 +100,78 @@ public:
     ctx.join_from_comm();
   }
 
+  /// Reduces a sharded update's buckets onto the slices and gathers the slices (reducer.hpp).
+  static constexpr bool reduces_to_slices = true;
+
+  /// Queues replica r's part of the reduce-scatter of bucket `bucket`, [offset, offset + count) of
+  /// `grads`, on its communication stream after the compute work queued so far: for every slice the
+  /// bucket meets (bucket_part), one in-place ncclReduce rooted at the slice's replica, all in one
+  /// NCCL group. The slices may differ in length (they follow the epilogue's chunks), so no bucket
+  /// is padded. wait() completes it: replica r's slice of the bucket then holds the sums (its other
+  /// gradients keep its own values). One replica: nothing to sum.
+  template <class Ctx, class T>
+  void reduce_to_slices(std::size_t r, Ctx& ctx, T* grads, std::size_t offset, std::size_t count, std::size_t bucket,
+                        std::span<const std::pair<std::size_t, std::size_t>> slices) {
+    detail::require_cuda_context<Ctx>();
+    if (!collective_ids::is_bucket(bucket))
+      throw config_error("lockstep::nccl_allreduce: reduce_to_slices takes a gradient bucket, not " +
+                         collective_ids::name(bucket));
+    check_slices(slices);
+    if (rv_.replicas() == 1) return;
+    enqueue(r, ctx, bucket, grads + offset, count, "ncclReduce", false, [&](ncclComm_t comm) {
+      return grouped(slices.size(), [&](std::size_t root) {
+        const auto [lo, hi] = bucket_part(offset, count, slices[root]);
+        if (hi == lo) return ncclSuccess;
+        return ncclReduce(grads + lo, grads + lo, hi - lo, detail::nccl_type<T>(), ncclSum, static_cast<int>(root), comm,
+                          ctx.comm_stream());
+      });
+    });
+    slice_reductions_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  /// Sums `count` doubles (the epilogue's chunk sums) in place over the replicas: an ncclAllReduce
+  /// on replica r's communication stream, ordered after its compute stream and before what it
+  /// queues next there. No host wait for the device's work. One replica: nothing to sum.
+  template <class Ctx>
+  void sum_chunks(std::size_t r, Ctx& ctx, double* chunks, std::size_t count) {
+    detail::require_cuda_context<Ctx>();
+    if (rv_.replicas() == 1) return;
+    enqueue(r, ctx, collective_ids::epilogue_sums, chunks, count, "ncclAllReduce", true, [&](ncclComm_t comm) {
+      return ncclAllReduce(chunks, chunks, count, ncclFloat64, ncclSum, comm, ctx.comm_stream());
+    });
+  }
+
+  /// Copies every replica's slice of `params` into replica r's (an all-gather): one in-place
+  /// ncclBroadcast per non-empty slice, rooted at its replica, in one NCCL group on replica r's
+  /// communication stream, ordered after its compute stream (the update of its own slice) and
+  /// before what it queues next there. One replica: nothing to copy.
+  template <class Ctx, class T>
+  void gather_slices(std::size_t r, Ctx& ctx, T* params, std::span<const std::pair<std::size_t, std::size_t>> slices) {
+    detail::require_cuda_context<Ctx>();
+    check_slices(slices);
+    if (rv_.replicas() == 1) return;
+    enqueue(r, ctx, collective_ids::gather_slices, params, 0, "ncclBroadcast", true, [&](ncclComm_t comm) {
+      return grouped(slices.size(), [&](std::size_t root) {
+        const auto [lo, hi] = slices[root];
+        if (hi <= lo) return ncclSuccess;
+        return ncclBroadcast(params + lo, params + lo, hi - lo, detail::nccl_type<T>(), static_cast<int>(root), comm,
+                             ctx.comm_stream());
+      });
+    });
+  }
+
+  /// Buckets reduced onto the slices so far (reduce_to_slices calls, over all replicas).
+  [[nodiscard]] std::uint64_t slice_reductions() const noexcept { return slice_reductions_.load(std::memory_order_relaxed); }
+
   /// ncclBroadcast of `count` elements from replica `root` (synchronous). One replica: nothing to copy.
   template <class Ctx, class T>
   void broadcast(std::size_t r, Ctx& ctx, T* data, std::size_t count, std::size_t root) {
     detail::require_cuda_context<Ctx>();
     if (root >= rv_.replicas()) throw config_error("lockstep: broadcast root " + std::to_string(root) + " is not a replica");
     if (rv_.replicas() == 1) return;
-    communicator(r, ctx);
-    const std::size_t id = collective_ids::broadcast;
-    rv_.arrive(r, id, data, count, [] {});
-    backend::device_guard g(ctx.ordinal());
-    ctx.fork_to_comm();
-    call(r, id, "ncclBroadcast", [&](ncclComm_t comm) {
+    enqueue(r, ctx, collective_ids::broadcast, data, count, "ncclBroadcast", true, [&](ncclComm_t comm) {
       return ncclBroadcast(data, data, count, detail::nccl_type<T>(), static_cast<int>(root), comm, ctx.comm_stream());
     });
-    rv_.await(r, id);
-    ctx.join_from_comm();
     ctx.wait_stream(ctx.compute_stream());
   }
 
@@ -226,6 +287,51 @@ private:
     }
   }
 
+  // Queues replica r's NCCL call f(communicator), collective `id` named `what` over `count`
+  // elements at `data`, on its communication stream after the work queued on its compute stream;
+  // `complete`: then waits (host) until every replica has queued it and orders the compute stream
+  // after it (else wait() does).
+  template <class F>
+  void enqueue(std::size_t r, const backend::cuda_context& ctx, std::size_t id, void* data, std::size_t count,
+               const char* what, bool complete, const F& f) {
+    communicator(r, ctx);
+    rv_.arrive(r, id, data, count, [] {});
+    backend::device_guard g(ctx.ordinal());
+    ctx.fork_to_comm();
+    call(r, id, what, f);
+    if (!complete) return;
+    rv_.await(r, id);
+    ctx.join_from_comm();
+  }
+
+  // One slice per replica, in order and without overlap (sharded_update::slices()).
+  void check_slices(std::span<const std::pair<std::size_t, std::size_t>> slices) const {
+    bool ok = slices.size() == rv_.replicas();
+    for (std::size_t k = 0; ok && k < slices.size(); ++k)
+      ok = slices[k].first <= slices[k].second && (k == 0 || slices[k - 1].second <= slices[k].first);
+    if (!ok)
+      throw config_error("lockstep::nccl_allreduce: " + std::to_string(slices.size()) + " slices for " +
+                         std::to_string(rv_.replicas()) +
+                         " replicas; the slices must be one per replica, in order, without overlap");
+  }
+
+  // Issues f(k) for k in [0, n) inside one NCCL group (non-blocking communicators: the group's end
+  // may say ncclInProgress, which call() settles); the first failure, after the group is closed.
+  template <class F>
+  static ncclResult_t grouped(std::size_t n, const F& f) {
+    ncclResult_t s = ncclGroupStart();
+    if (s != ncclSuccess) return s;
+    for (std::size_t k = 0; k < n; ++k) {
+      const ncclResult_t c = f(k);
+      if (c != ncclSuccess && c != ncclInProgress) {
+        s = c;
+        break;
+      }
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return s != ncclSuccess ? s : end;
+  }
+
   // Replica r's communicator, or collective_aborted once the reducer was aborted. use_ held.
   ncclComm_t usable(std::size_t r, std::size_t id) {
     std::lock_guard<std::mutex> lock(m_);
@@ -260,6 +366,7 @@ private:
   detail::nccl_revoke_fn revoke_;  // ncclCommRevoke when the NCCL loaded at run time has it
   bool failed_ = false;            // aborted: communicators unusable until reset()
   bool stopped_ = false;           // their in-flight work was stopped (revoked or aborted) once
+  std::atomic<std::uint64_t> slice_reductions_{0};  // reduce_to_slices calls
   std::mutex m_;                   // guards comms_ and failed_
   std::shared_timed_mutex use_;    // held shared while a replica is inside an NCCL call
 };

@@ -9,10 +9,12 @@
 /// collective (a host replica's large dense layers keep their rows instead and form their weight
 /// gradients at the last batch, within strategy_options::deferred_gradient_bytes). Summation
 /// order is the reducer's (fixed for a given replica and worker count), so repeated runs are
-/// bitwise equal. Across workers the reducer spans every worker, and
-/// the step's loss and hits are summed over the workers in rank order. With a trace recording
-/// (pass_info::trace), each bucket's reduction is a span from its start to the end of its wait,
-/// and the update and its gather are spans of each replica.
+/// bitwise equal. A sharded update whose reducer reduces onto the slices (reduces_to_slices_v:
+/// NCCL) reduces each bucket only into the replica whose slice holds it (a reduce-scatter), and
+/// the reducer then gathers the updated slices (the finish's gather). Across workers the reducer
+/// spans every worker, and the step's loss and hits are summed over the workers in rank order.
+/// With a trace recording (pass_info::trace), each bucket's reduction is a span from its start to
+/// the end of its wait, and the update and its gather are spans of each replica.
 
 #include <array>
 #include <cstddef>
@@ -54,6 +56,8 @@ public:
                  const pass_info& info, const update_part& part, Finish& finish) {
     const std::size_t n = ex.size();
     const bool alone = n == 1 && world_->size() == 1;
+    // An update sharded on the epilogue's grid for a reducer that reduces onto the slices.
+    [[maybe_unused]] const bool on_grid = m.update_plan().on_grid();
     if (part.first)
       for (auto& l : loss_) l = {};
     auto job = [&](std::size_t r) {
@@ -85,6 +89,12 @@ public:
             // No host wait here: a reducer orders its collective after the compute already
             // queued on ctx (host work is synchronous; GPU reducers wait on an event of the
             // compute stream).
+            if constexpr (reduces_to_slices_v<Reducer>) {
+              if (on_grid) {  // each replica receives the sums of its slice only (a reduce-scatter)
+                reducer.reduce_to_slices(r, ctx, grads, g.offset, g.count, k - 1, m.update_plan().slices());
+                return;
+              }
+            }
             reducer.start(r, ctx, grads + g.offset, g.count, k - 1);
           }
         };

@@ -62,7 +62,7 @@ template <class Policy, class Reducer, class Replicated, class Optimizer, class 
 step_stats run_update(Policy& step, executor& ex, Reducer& reducer, Replicated& m, const Optimizer& opt,
                       const Loss& loss, const data::distributed_batch& b, const pass_info& info,
                       const update_info& update) {
-  detail::plain_update_phase<Replicated, Optimizer> finish{&m, &opt, update};
+  detail::plain_update_phase<Replicated, Optimizer, Reducer> finish{&m, &opt, update, &reducer};
   return step.run(ex, reducer, m, loss, b, info, update_part{}, finish);
 }
 
