@@ -42,9 +42,9 @@ run_tests() {
 #    tests and examples built at -O1 under AddressSanitizer and UndefinedBehaviorSanitizer (any
 #    report ends the test that made it; clang's warnings come from its front end; the g++ build
 #    runs the tests at -O3), the tests run;
-#  - tsan: the pipeline tests, the reducer and stage conformance suites and the bf16 weight
-#    copy's tests (test_threads) under ThreadSanitizer (the pipeline's stages, the reducers and
-#    the sharded update use threads).
+#  - tsan: the pipeline tests, the reducer and stage conformance suites, the bf16 weight copy's
+#    and the sharded update's tests (test_threads) under ThreadSanitizer (the pipeline's stages,
+#    the reducers and the sharded update use threads).
 declare -A passed skipped_of
 for preset in gcc clang tsan; do
   dir="$build"
