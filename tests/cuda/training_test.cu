@@ -448,6 +448,48 @@ TEST_CASE("multigpu: [zero1] the sharded update of replicas on two GPUs is bitwi
   check_sharded_is_unsharded<aggregating<on_host, ls::gpu<0>, ls::gpu<1>>>("reduce_to_one_device<cpu<0>>, gpu<0> and gpu<1>");
 }
 
+namespace {
+// The calling thread's current CUDA device.
+int current_device() {
+  int d = -1;
+  REQUIRE(cudaGetDevice(&d) == cudaSuccess);
+  return d;
+}
+
+// Replicate, train, evaluate, broadcast and load state with strategy S while the caller's current
+// device is `mine`: after each call it is still `mine` (replica 0's device is another).
+template <class S>
+void check_caller_device_kept(int mine, const char* name) {
+  const std::string label(name);
+  CAPTURE(label);
+  REQUIRE(cudaSetDevice(mine) == cudaSuccess);
+  S s;
+  auto m = s.template replicate<net>(ls::seed{5});
+  CHECK(current_device() == mine);
+  const ls::adamw opt{.lr = 0.01f};
+  for (std::size_t k = 0; k < 3; ++k) {
+    (void)ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distribute(make_batch(k), s.num_replicas()));
+    CHECK(current_device() == mine);
+  }
+  s.broadcast(m);
+  CHECK(current_device() == mine);
+  (void)s.run([&](std::size_t r, const ls::data::shard&) { return m.replica(r).context().ordinal(); },
+              distribute(make_batch(9), s.num_replicas()));
+  CHECK(current_device() == mine);
+  m.load_optimizer_state(m.optimizer_state_to_host());
+  m.load_ema(std::vector<float>(m.stored_count, 0.25f), 1);
+  CHECK(current_device() == mine);
+}
+}  // namespace
+
+TEST_CASE("multigpu: the caller's current CUDA device is kept by replicate, train_step, broadcast, run and the state loads") {
+  LOCKSTEP_REQUIRE_GPUS(2);
+  check_caller_device_kept<ls::one_device<ls::gpu<1>>>(0, "one_device<gpu<1>>, the caller on device 0");
+  check_caller_device_kept<ls::mirrored<ls::gpu<1>, ls::gpu<1>>>(0, "mirrored<gpu<1> x 2>, the caller on device 0");
+  check_caller_device_kept<ls::one_device<ls::gpu<0>>>(1, "one_device<gpu<0>>, the caller on device 1");
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+}
+
 #if defined(LOCKSTEP_HAS_NCCL)
 namespace {
 // 20 steps of net with AdamW on mirrored<gpu<0>, gpu<1>> (NCCL) under `recipe`, sharded or not:

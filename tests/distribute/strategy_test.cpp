@@ -6,6 +6,7 @@
 #include <atomic>
 #include <stdexcept>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__SSE2__)
@@ -260,6 +261,35 @@ TEST_CASE("backend::place_memory places a replica's memory without setting the t
   _mm_setcsr(saved);
 }
 #endif
+
+namespace caller_scope_test {
+// A context whose caller_scope records the calling thread's "current device" and restores it,
+// as cuda_context's does with CUDA's.
+struct device_context {
+  struct caller_scope {
+    int* current;
+    int saved;
+    explicit caller_scope(int* c = &device) noexcept : current(c), saved(*c) {}
+    caller_scope(const caller_scope&) = delete;
+    caller_scope& operator=(const caller_scope&) = delete;
+    ~caller_scope() { *current = saved; }
+  };
+  static inline int device = 0;  // this test's stand-in for the thread's current device
+};
+}  // namespace caller_scope_test
+
+TEST_CASE("backend::caller_scope_t: the context's caller_scope where it has one, which restores what it kept, and nothing on the host") {
+  static_assert(std::is_same_v<ls::backend::caller_scope_t<caller_scope_test::device_context>,
+                               caller_scope_test::device_context::caller_scope>);
+  static_assert(std::is_same_v<ls::backend::caller_scope_t<ls::host_context>, ls::backend::detail::no_caller_scope>);
+  static_assert(std::is_empty_v<ls::backend::caller_scope_t<ls::host_context>>);
+  caller_scope_test::device_context::device = 3;
+  {
+    const ls::backend::caller_scope_t<caller_scope_test::device_context> keep;
+    caller_scope_test::device_context::device = 1;  // what activate or place_memory would do
+  }
+  CHECK(caller_scope_test::device_context::device == 3);
+}
 
 TEST_CASE("a reduce-to-one strategy aggregates on the FIRST replica of its aggregation device") {
   using std::vector;

@@ -39,6 +39,30 @@ void place_memory(const Ctx& ctx) {
     ctx.activate();
 }
 
+namespace detail {
+/// What caller_scope_t is for contexts without their own: nothing to keep.
+struct no_caller_scope {
+  no_caller_scope() noexcept = default;
+};
+template <class Ctx>
+struct caller_scope_of {
+  using type = no_caller_scope;
+};
+template <class Ctx>
+  requires requires { typename Ctx::caller_scope; }
+struct caller_scope_of<Ctx> {
+  using type = typename Ctx::caller_scope;
+};
+}  // namespace detail
+
+/// Keeps the calling thread's device state for contexts of type Ctx as it was when made and
+/// restores it when it goes: `Ctx::caller_scope` where the context has one (cuda_context: the
+/// current CUDA device), else nothing (host_context: worker_pool keeps the caller's
+/// floating-point mode itself). A strategy holds one around the work it does on its caller's
+/// thread (replica 0's jobs, placing replicas' memory), so the caller's thread is left as it was.
+template <class Ctx>
+using caller_scope_t = typename detail::caller_scope_of<Ctx>::type;
+
 }  // namespace backend
 
 /// Run-time settings a strategy hands to backend_traits<K>::make_context for each replica.

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include <lockstep/backend/context.hpp>
 #include <lockstep/backend/host/ops.hpp>
 #include <lockstep/core/error.hpp>
 #include <lockstep/core/precision.hpp>
@@ -141,7 +142,10 @@ public:
   /// Loads an optimiser state of all parameters (as optimizer_state_to_host returns it) into
   /// every replica, or each replica's slice of it when the update is sharded; the next update
   /// continues from it.
-  void load_optimizer_state(std::span<const T> in) { update_.load_state(replicas(), in); }
+  void load_optimizer_state(std::span<const T> in) {
+    [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // it places the replicas' state
+    update_.load_state(replicas(), in);
+  }
 
   /// True when the replicas hold an exponential moving average of the weights (update_recipe::ema).
   [[nodiscard]] bool has_ema() const noexcept { return ema_updates_ > 0; }
@@ -170,6 +174,7 @@ public:
     if ((updates == 0) != in.empty())
       throw shape_error("lockstep::replicated::load_ema: an EMA of " + std::to_string(updates) + " updates with " +
                         std::to_string(in.size()) + " values");
+    [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // it places the replicas' EMA
     update_.load_ema(replicas(), in);
     ema_updates_ = updates;
   }

@@ -230,6 +230,7 @@ public:
   ///           A policy's model stores fp32, so its type is the fp32 model's.
   template <class Net, class P = float>
   [[nodiscard]] model_type<Net, precision_value_t<P>> replicate(lockstep::seed s) {
+    [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // the caller's device stays current
     using T = precision_value_t<P>;
     constexpr compute_precision precision = precision_traits<P>::precision;
     static_assert(precision != compute_precision::tf32 || is_gpu_v<Kind>,
@@ -295,6 +296,7 @@ public:
   /// of the state). Collective.
   template <class Net, class T>
   void broadcast(model_type<Net, T>& m, std::size_t root = 0) {
+    [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // replica 0 runs on this thread
     check_model(m);
     world_.check_usable();
     if (root >= num_replicas())
@@ -317,12 +319,14 @@ public:
   /// the per-replica results (nothing for a void fn). The first failure reaches the caller as a replica_error.
   template <class F>
   auto run(F&& fn, const data::distributed_batch& b) {
+    [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // replica 0 runs on this thread
     return exec_.run(std::forward<F>(fn), b);
   }
 
   /// Runs fn(replica_index) on every local replica's worker and waits for all.
   template <class F>
   void run_each(F&& fn) {
+    [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // replica 0 runs on this thread
     exec_.run_each(std::forward<F>(fn));
   }
 
@@ -363,6 +367,7 @@ public:
   step_stats train_step(model_type<Net, T>& m, const Optimizer& opt, const Loss& loss, const data::distributed_batch& b,
                         const update_recipe& recipe = {}) {
     static_assert(optimizer<Optimizer>, "lockstep::train_step: the optimiser must satisfy lockstep::optimizer");
+    [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // replica 0 runs on this thread
     static_assert(lockstep::loss<Loss>, "lockstep::train_step: the loss must satisfy lockstep::loss");
     static_assert(detail::check_step_policy_run<step_policy, Reducer, model_type<Net, T>, Loss>());
     check_model(m);
@@ -495,6 +500,7 @@ public:
   template <class Net, class T, class Loss>
   step_stats accumulate(model_type<Net, T>& m, const Loss& loss, const data::distributed_batch& b) {
     static_assert(lockstep::loss<Loss>, "lockstep::accumulate: the loss must satisfy lockstep::loss");
+    [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // replica 0 runs on this thread
     check_model(m);
     world_.check_usable();
     exec_.check_batch(b);

@@ -306,6 +306,26 @@ public:
   /// The cuBLAS handle (bound to the compute stream).
   [[nodiscard]] cublasHandle_t blas_handle() const noexcept { return state_->blas; }
 
+  /// Keeps the calling thread's current CUDA device as it was when made, and makes it current
+  /// again when it goes (backend::caller_scope_t): what a strategy holds while replica 0's work
+  /// and the placement of replicas' memory (activate, place_memory) run on its caller's thread.
+  class caller_scope {
+  public:
+    /// Records the current device (none when CUDA cannot say).
+    caller_scope() noexcept {
+      if (cudaGetDevice(&device_) != cudaSuccess) device_ = -1;
+    }
+    caller_scope(const caller_scope&) = delete;
+    caller_scope& operator=(const caller_scope&) = delete;
+    /// Makes it current again.
+    ~caller_scope() {
+      if (device_ >= 0) (void)cudaSetDevice(device_);
+    }
+
+  private:
+    int device_ = -1;
+  };
+
   /// Makes this context's device current on the calling thread (replica threads call it once).
   void activate() const { LOCKSTEP_CUDA_CHECK(cudaSetDevice(ordinal())); }
   /// Makes the calling thread's allocations land on this context's device (its current device).
