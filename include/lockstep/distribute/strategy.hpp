@@ -159,6 +159,12 @@ public:
   using model_type = basic_replicated<Net, Kind, T>;
   /// True when the kind's context can defer readback (strategy_options::defer_readback).
   static constexpr bool can_defer_readback = backend::deferring_context<typename backend_traits<Kind>::context_type>;
+  /// True when a sharded update is cut on the epilogue's grid and aggregated by the reducer's
+  /// reduce-scatter and all-gather (reduces_to_slices_v): a reducer that can, on a kind whose
+  /// replicas' epilogue reads their own gradient (host memory, or a device epilogue).
+  static constexpr bool shards_on_grid =
+      reduces_to_slices_v<Reducer> &&
+      (device_memory<Kind>::host_accessible || detail::device_epilogue<typename backend_traits<Kind>::context_type>);
 
   /// A strategy over the local devices with the given ordinals (in replica order; validated by
   /// the caller, see resolve_devices), with the given options, in `world` (collective when the
@@ -245,7 +251,7 @@ public:
     check_replica_memory<Kind>(contexts, (model_type<Net, T>::stored_count + model_type<Net, T>::param_count) * sizeof(T) +
                                              reducer_.workspace_bytes(model_type<Net, T>::param_count * sizeof(T)));
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
-    m.set_optimizer_sharding(options_.shard_optimizer.is_on(), reduces_to_slices_v<Reducer>);  // automatic: see prepare_update
+    m.set_optimizer_sharding(options_.shard_optimizer.is_on(), shards_on_grid);  // automatic: see prepare_update
     collective_ids::check_buckets(m.buckets().size, "lockstep::mirrored");
     if constexpr (device_memory<Kind>::host_accessible && requires { world_.reserve_floats(m.stored_count); })
       world_.reserve_floats(m.stored_count);  // the communication thread's scratch: no allocation in a step
@@ -474,7 +480,7 @@ public:
     bool shard = false;
     if constexpr (device_memory<Kind>::host_accessible && optimizer_elementwise_v<Optimizer>)
       shard = m.size() > 1 && opt.state_size(n) >= 2 * n;
-    m.set_optimizer_sharding(shard, reduces_to_slices_v<Reducer>);
+    m.set_optimizer_sharding(shard, shards_on_grid);
   }
 
   /// Under strategy_options::defer_readback: the statistics of the last update of `m` that
