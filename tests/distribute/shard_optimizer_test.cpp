@@ -44,15 +44,10 @@ struct run_result {
   bool replicas_identical = true;
 };
 
-template <class Strategy, class Opt>
-run_result train_sharded(std::size_t replicas, bool shard, const Opt& opt, std::size_t steps = 12) {
-  Strategy s(ls::device_selection::first(replicas), ls::strategy_options{.micro_shard_rows = 8, .shard_optimizer = shard});
-  auto m = s.template replicate<net>(ls::seed{5});
-  CHECK(m.optimizer_sharded() == (shard && replicas > 1));
-  for (std::size_t i = 0; i < steps; ++i) {
-    const auto b = make_batch(step_sizes()[i], i);
-    (void)ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distributed(b, replicas));
-  }
+// What a trained replicated model `m` holds: replica 0's parameters, the optimiser state put
+// together, each replica's state size, and whether every replica holds replica 0's parameters.
+template <class Model>
+run_result result_of(const Model& m) {
   run_result r;
   r.params = m.parameters_to_host();
   r.state = m.optimizer_state_to_host();
@@ -62,6 +57,18 @@ run_result train_sharded(std::size_t replicas, bool shard, const Opt& opt, std::
                            std::equal(r.params.begin(), r.params.end(), m.replica(k).model().parameters().data());
   }
   return r;
+}
+
+template <class Strategy, class Opt>
+run_result train_sharded(std::size_t replicas, bool shard, const Opt& opt, std::size_t steps = 12) {
+  Strategy s(ls::device_selection::first(replicas), ls::strategy_options{.micro_shard_rows = 8, .shard_optimizer = shard});
+  auto m = s.template replicate<net>(ls::seed{5});
+  CHECK(m.optimizer_sharded() == (shard && replicas > 1));
+  for (std::size_t i = 0; i < steps; ++i) {
+    const auto b = make_batch(step_sizes()[i], i);
+    (void)ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distributed(b, replicas));
+  }
+  return result_of(m);
 }
 
 template <class Strategy, class Opt>
@@ -241,11 +248,8 @@ private:
 using strategy = ls::basic_mirrored<poisoning_slice_reducer, ls::determinism::run_to_run, ls::cpus>;
 static_assert(ls::reducer<poisoning_slice_reducer>);
 
-struct run {
-  std::vector<float> params, state;
+struct run : run_result {
   std::vector<double> norms;
-  std::vector<std::size_t> state_sizes;
-  bool replicas_identical = true;
   std::size_t reductions = 0, chunk_sums = 0, gathers = 0;
 };
 
@@ -261,13 +265,7 @@ run train(std::size_t replicas, bool shard, const ls::update_recipe& recipe) {
       b.features[3] = std::numeric_limits<float>::quiet_NaN();
     out.norms.push_back(ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distributed(b, replicas), recipe).grad_norm);
   }
-  out.params = m.parameters_to_host();
-  out.state = m.optimizer_state_to_host();
-  for (std::size_t k = 0; k < m.size(); ++k) {
-    out.state_sizes.push_back(m.replica(k).optimizer_state().size());
-    out.replicas_identical = out.replicas_identical &&
-                             std::equal(out.params.begin(), out.params.end(), m.replica(k).model().parameters().data());
-  }
+  static_cast<run_result&>(out) = result_of(m);
   if constexpr (std::is_same_v<Strategy, strategy>) {
     out.reductions = s.reducer().reductions_.load();
     out.chunk_sums = s.reducer().chunk_sums_.load();
