@@ -373,9 +373,9 @@ public:
   step_stats train_step(model_type<Net, T>& m, const Optimizer& opt, const Loss& loss, const data::distributed_batch& b,
                         const update_recipe& recipe = {}) {
     static_assert(optimizer<Optimizer>, "lockstep::train_step: the optimiser must satisfy lockstep::optimizer");
-    [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // replica 0 runs on this thread
     static_assert(lockstep::loss<Loss>, "lockstep::train_step: the loss must satisfy lockstep::loss");
     static_assert(detail::check_step_policy_run<step_policy, Reducer, model_type<Net, T>, Loss>());
+    [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // replica 0 runs on this thread
     check_model(m);
     world_.check_usable();
     exec_.check_batch(b);
