@@ -244,9 +244,9 @@ TEST_CASE("model: initialisation depends only on the seed, and each layer draws 
   c.init(ctx, ls::seed{5});
   CHECK(std::equal(pa.begin(), pa.end(), c.parameters().span().begin()));
   // the workspace grows to the largest batch and stays
-  a.reserve(10);
+  a.reserve(ctx, 10);
   CHECK(a.capacity() == 10);
-  a.reserve(3);
+  a.reserve(ctx, 3);
   CHECK(a.capacity() == 10);
 }
 

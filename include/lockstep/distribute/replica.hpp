@@ -38,7 +38,7 @@ public:
   /// it): its context is activated (the device made current; on the host the thread's mode set).
   void reserve(std::size_t rows) {
     ctx_.activate();
-    model_.reserve(rows);
+    model_.reserve(ctx_, rows);
     if (rows <= capacity_) return;
     dout_.reserve_discard(rows * model_type::output_size);
     scratch_.reserve_discard(rows * max_loss_scratch_per_row);

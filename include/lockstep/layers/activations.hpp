@@ -10,6 +10,7 @@
 
 #include <lockstep/backend/host/ops.hpp>
 #include <lockstep/config.hpp>
+#include <lockstep/core/precision.hpp>
 #include <lockstep/layers/layer.hpp>
 
 namespace lockstep {
@@ -50,6 +51,19 @@ struct activation_output_backward_op {
   T* dx;        ///< input gradient
   /// Computes element i.
   LOCKSTEP_HD void operator()(std::size_t i) const { dx[i] = Fn::grad_from_output(y[i], dy[i]); }
+};
+/// activation_output_backward_op with the output read from its bf16 encodings (kept in bf16, see
+/// grad_from_sign_v).
+template <class Fn, class T>
+struct activation_stored_backward_op {
+  static constexpr bool avx2_copy = true;  ///< one element per call: for_each_index may run its AVX2 copy
+  const std::uint16_t* y16;  ///< forward output, bf16 encodings
+  const T* dy;               ///< output gradient
+  T* dx;                     ///< input gradient
+  /// Computes element i.
+  LOCKSTEP_HD void operator()(std::size_t i) const {
+    dx[i] = Fn::grad_from_output(static_cast<T>(from_bf16_bits(y16[i])), dy[i]);
+  }
 };
 }  // namespace detail
 
@@ -101,6 +115,15 @@ struct activation {
         for_each_index(ctx, a.y.size(),
                        detail::activation_output_backward_op<Fn, T>{a.y.data(), a.dy.data(), a.dx.data()});
     }
+    /// backward_from_output with y read from its bf16 encodings y16 (a.y unused): the output kept
+    /// in bf16 by the layer that applied this activation (grad_from_sign_v of Fn).
+    template <class T, class Ctx>
+    static void backward_from_stored(Ctx& ctx, const backward_args<T, Ctx, shape<I>, shape<I>>& a,
+                                     const std::uint16_t* y16) {
+      if (a.dx)
+        for_each_index(ctx, a.dy.size(),
+                       detail::activation_stored_backward_op<Fn, T>{y16, a.dy.data(), a.dx.data()});
+    }
   };
 };
 
@@ -115,6 +138,8 @@ struct relu_fn {
   /// The same from the output alone (y > 0 exactly where x > 0, NaN included): what lets a
   /// preceding layer apply relu in its own forward (fuses_activation_v).
   template <class T> LOCKSTEP_HD static T grad_from_output(T y, T dy) { return y > T(0) ? dy : T(0); }
+  /// grad_from_output reads only whether y > 0 (grad_from_sign_v), so y may be kept in bf16.
+  static constexpr bool grad_from_sign = true;
 };
 
 /// x for x > 0, (Num / Den) * x otherwise.

@@ -13,6 +13,7 @@
 /// the replica_count_invariant policy, whose micro-shards already add in a fixed order, does not.
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <type_traits>
@@ -143,6 +144,63 @@ void flush_stash(const host_context& ctx, gradient_deferral::stash& s, T* dw) {
   s.rows = 0;
 }
 
+/// A layer's input rows given as their bf16 encodings (an activation kept in bf16).
+struct bf16_rows {
+  const std::uint16_t* bits;  ///< rows x in encodings, dense
+};
+// Keeps n input values at dst: copied, or widened from bf16 (exact).
+template <class T>
+void keep_inputs(T* dst, const T* x, std::size_t n) {
+  std::memcpy(dst, x, n * sizeof(T));
+}
+inline void keep_inputs(float* dst, bf16_rows x, std::size_t n) { backend::detail::widen_bf16(x.bits, n, dst); }
+// dw = x^T dy + beta dw over `rows` rows.
+template <class Ctx, class T>
+void input_product(Ctx& ctx, const T* x, const T* dy, std::size_t rows, std::size_t in, std::size_t out, T beta,
+                   T* dw) {
+  gemm(ctx, backend::trans::yes, backend::trans::no, in, out, rows, T(1), x, in, dy, out, beta, dw, out);
+}
+template <class Ctx, class T>
+void input_product(Ctx& ctx, bf16_rows x, const T* dy, std::size_t rows, std::size_t in, std::size_t out, T beta,
+                   T* dw) {
+  gemm_bf16_input(ctx, backend::trans::yes, backend::trans::no, in, out, rows, T(1), x.bits, dy, out, beta, dw, out);
+}
+
+// weight_gradient with the inputs X: values (const T*) or bf16 encodings (bf16_rows).
+template <class X, class T, class Ctx>
+void weight_gradient_of(Ctx& ctx, const pass_info& info, const void* key, X x, const T* dy, std::size_t rows,
+                        std::size_t in, std::size_t out, T* dw) {
+  if constexpr (std::is_same_v<std::remove_cvref_t<Ctx>, host_context>) {
+    if (info.deferral != nullptr && (info.accumulate || !info.last_of_update) &&
+        in * out * sizeof(T) >= info.deferral->min_gradient_bytes()) {
+      gradient_deferral& d = *info.deferral;
+      gradient_deferral::stash& s = d.find(key, in, out, sizeof(T));
+      if (!info.accumulate) {  // the update's first batch: nothing kept or written yet
+        s.rows = 0;
+        s.written = false;
+      }
+      if (!d.make_room(s, s.rows + rows)) {
+        flush_stash(ctx, s, dw);      // the budget is reached: add in what is kept
+        if (!d.make_room(s, rows)) {  // this batch alone is too big to keep: add it now
+          input_product(ctx, x, dy, rows, in, out, s.written ? T(1) : T(0), dw);
+          s.written = true;
+          rows = 0;
+        }
+      }
+      if (rows) {
+        keep_inputs(reinterpret_cast<T*>(s.x.get()) + s.rows * in, x, rows * in);
+        std::memcpy(s.dy.get() + s.rows * out * sizeof(T), dy, rows * out * sizeof(T));
+        s.rows += rows;
+      }
+      if (info.last_of_update) {
+        flush_stash(ctx, s, dw);
+        if (!s.written) fill(ctx, dw, in * out, T(0));  // an update with no rows at all
+      }
+      return;
+    }
+  }
+  input_product(ctx, x, dy, rows, in, out, info.accumulate ? T(1) : T(0), dw);
+}
 }  // namespace detail
 
 /// The weight gradient of a layer whose parameters start at `key`: dw (in x out, leading
@@ -155,37 +213,16 @@ void flush_stash(const host_context& ctx, gradient_deferral::stash& s, T* dw) {
 template <class T, class Ctx>
 void weight_gradient(Ctx& ctx, const pass_info& info, const void* key, const T* x, const T* dy, std::size_t rows,
                      std::size_t in, std::size_t out, T* dw) {
-  using backend::trans;
-  if constexpr (std::is_same_v<std::remove_cvref_t<Ctx>, host_context>) {
-    if (info.deferral != nullptr && (info.accumulate || !info.last_of_update) &&
-        in * out * sizeof(T) >= info.deferral->min_gradient_bytes()) {
-      gradient_deferral& d = *info.deferral;
-      gradient_deferral::stash& s = d.find(key, in, out, sizeof(T));
-      if (!info.accumulate) {  // the update's first batch: nothing kept or written yet
-        s.rows = 0;
-        s.written = false;
-      }
-      if (!d.make_room(s, s.rows + rows)) {
-        detail::flush_stash(ctx, s, dw);  // the budget is reached: add in what is kept
-        if (!d.make_room(s, rows)) {      // this batch alone is too big to keep: add it now
-          gemm(ctx, trans::yes, trans::no, in, out, rows, T(1), x, in, dy, out, s.written ? T(1) : T(0), dw, out);
-          s.written = true;
-          rows = 0;
-        }
-      }
-      if (rows) {
-        std::memcpy(s.x.get() + s.rows * in * sizeof(T), x, rows * in * sizeof(T));
-        std::memcpy(s.dy.get() + s.rows * out * sizeof(T), dy, rows * out * sizeof(T));
-        s.rows += rows;
-      }
-      if (info.last_of_update) {
-        detail::flush_stash(ctx, s, dw);
-        if (!s.written) fill(ctx, dw, in * out, T(0));  // an update with no rows at all
-      }
-      return;
-    }
-  }
-  gemm(ctx, trans::yes, trans::no, in, out, rows, T(1), x, in, dy, out, info.accumulate ? T(1) : T(0), dw, out);
+  detail::weight_gradient_of(ctx, info, key, x, dy, rows, in, out, dw);
+}
+
+/// weight_gradient on a host context with x given as its bf16 encodings x16 (an activation kept
+/// in bf16, pass_info::bf16_activations): the same bits as on the widened values. Kept rows are
+/// widened to fp32, which the GEMM rounds back to the same encodings.
+inline void weight_gradient_bf16_input(const host_context& ctx, const pass_info& info, const void* key,
+                                       const std::uint16_t* x16, const float* dy, std::size_t rows, std::size_t in,
+                                       std::size_t out, float* dw) {
+  detail::weight_gradient_of(ctx, info, key, detail::bf16_rows{x16}, dy, rows, in, out, dw);
 }
 
 }  // namespace lockstep

@@ -3,6 +3,7 @@
 /// `dense<In, Out>`: a fully connected layer y = x W + b.
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include <lockstep/backend/host/ops.hpp>
@@ -68,6 +69,18 @@ void bias_activation(Ctx& ctx, T* y, const T* b, std::size_t rows) {
     for_each_index(ctx, rows * Cols, bias_activation_op<Fn, T, Cols>{y, b});
   }
 }
+
+/// bias_activation on the host with the results written as bf16 encodings y16 (the conversion the
+/// bf16 GEMMs apply to their operands, backend::to_bf16_weights) instead of in place: y is left
+/// holding the fp32 results.
+template <class Fn, std::size_t Cols, class T>
+void bias_activation_bf16(const host_context&, T* y, const T* b, std::size_t rows, std::uint16_t* y16) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    T* row = y + r * Cols;
+    for (std::size_t c = 0; c < Cols; ++c) row[c] = Fn::f(row[c] + b[c]);
+    backend::to_bf16_weights(row, Cols, y16 + r * Cols);
+  }
+}
 }  // namespace detail
 
 /// Fully connected layer from In to Out features. Parameters: W (In x Out, row-major) then b (Out).
@@ -89,6 +102,7 @@ struct dense {
     static constexpr bool mixed_precision = true;  ///< its GEMMs compute in the model's precision policy
     static constexpr bool accumulates_gradients = true;           ///< adds into dparams under pass_info::accumulate
     using fuses_activation = bind;  ///< applies a following activation in its forward (forward_activated; fuses_activation_v)
+    static constexpr bool bf16_activations = true;  ///< reads and writes activations kept in bf16 (forward_stored, backward_stored)
 
     /// Initialises W with Init and b with zeros (host memory).
     template <class T>
@@ -100,9 +114,7 @@ struct dense {
     /// y (batch x Out) = x (batch x In) W + b.
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const forward_args<T, Ctx, shape<In>, shape<Out>>& a) {
-      using backend::trans;
-      broadcast_rows(ctx, a.y.data(), a.params + In * Out, a.batch(), Out);
-      gemm(ctx, trans::no, trans::no, a.batch(), Out, In, T(1), a.x.data(), In, a.params, Out, T(1), a.y.data(), Out);
+      forward_stored<void>(ctx, a, nullptr, nullptr);
     }
 
     /// y = Fn::f(x W + b): the GEMM writes x W (beta = 0), and one pass adds the bias and applies
@@ -110,9 +122,45 @@ struct dense {
     /// broadcast before the GEMM and the activation's own pass over y. Backward never reads y.
     template <class Fn, class T, class Ctx>
     static void forward_activated(Ctx& ctx, const forward_args<T, Ctx, shape<In>, shape<Out>>& a) {
+      forward_stored<Fn>(ctx, a, nullptr, nullptr);
+    }
+
+    /// Whether activations kept in bf16 can reach this layer: float on a host context.
+    template <class T, class Ctx>
+    static constexpr bool stored_kernels = std::is_same_v<T, float> && detail::host_context_v<Ctx>;
+
+    /// forward (Fn void) or forward_activated<Fn>, in a pass on a host context that keeps
+    /// activations in bf16 (bf16_activations_v): x read from its bf16 encodings x16 when x16 is not
+    /// null (a.x unused), and Fn's results written as bf16 encodings y16 when y16 is not null (then
+    /// Fn is not void, and a.y is fp32 scratch that the GEMM writes). The same bits as forward and
+    /// forward_activated on the widened values, rounded to bf16 as the next GEMM rounds them.
+    template <class Fn, class T, class Ctx>
+    static void forward_stored(Ctx& ctx, const forward_args<T, Ctx, shape<In>, shape<Out>>& a,
+                               [[maybe_unused]] const std::uint16_t* x16, [[maybe_unused]] std::uint16_t* y16) {
       using backend::trans;
-      gemm(ctx, trans::no, trans::no, a.batch(), Out, In, T(1), a.x.data(), In, a.params, Out, T(0), a.y.data(), Out);
-      detail::bias_activation<Fn, Out>(ctx, a.y.data(), a.params + In * Out, a.batch());
+      const std::size_t batch = a.batch();
+      const auto product = [&](T beta) {
+        if constexpr (stored_kernels<T, Ctx>) {
+          if (x16) {
+            gemm_bf16_input(ctx, trans::no, trans::no, batch, Out, In, T(1), x16, a.params, Out, beta, a.y.data(), Out);
+            return;
+          }
+        }
+        gemm(ctx, trans::no, trans::no, batch, Out, In, T(1), a.x.data(), In, a.params, Out, beta, a.y.data(), Out);
+      };
+      if constexpr (std::is_void_v<Fn>) {
+        broadcast_rows(ctx, a.y.data(), a.params + In * Out, batch, Out);
+        product(T(1));
+      } else {
+        product(T(0));
+        if constexpr (stored_kernels<T, Ctx>) {
+          if (y16) {
+            detail::bias_activation_bf16<Fn, Out>(ctx, a.y.data(), a.params + In * Out, batch, y16);
+            return;
+          }
+        }
+        detail::bias_activation<Fn, Out>(ctx, a.y.data(), a.params + In * Out, batch);
+      }
     }
 
     /// dW = x^T dy, db = column sums of dy (both added to dparams under pass_info::accumulate:
@@ -121,11 +169,25 @@ struct dense {
     /// skips its input gradient).
     template <class T, class Ctx>
     static void backward(Ctx& ctx, const backward_args<T, Ctx, shape<In>, shape<Out>>& a) {
+      backward_stored(ctx, a, nullptr);
+    }
+
+    /// backward, with x read from its bf16 encodings x16 when x16 is not null (a.x unused; a
+    /// host context, see forward_stored): the same bits as backward on the widened values.
+    template <class T, class Ctx>
+    static void backward_stored(Ctx& ctx, const backward_args<T, Ctx, shape<In>, shape<Out>>& a,
+                                [[maybe_unused]] const std::uint16_t* x16) {
       using backend::trans;
       const std::size_t batch = a.batch();
-      const bool add = a.info.accumulate;
-      weight_gradient(ctx, a.info, a.params, a.x.data(), a.dy.data(), batch, In, Out, a.dparams);
-      if (add)
+      bool done = false;
+      if constexpr (stored_kernels<T, Ctx>) {
+        if (x16) {
+          weight_gradient_bf16_input(ctx, a.info, a.params, x16, a.dy.data(), batch, In, Out, a.dparams);
+          done = true;
+        }
+      }
+      if (!done) weight_gradient(ctx, a.info, a.params, a.x.data(), a.dy.data(), batch, In, Out, a.dparams);
+      if (a.info.accumulate)
         detail::add_column_sums(ctx, a.dy.data(), batch, Out, a.dparams + In * Out);
       else
         column_sums(ctx, a.dy.data(), batch, Out, a.dparams + In * Out);

@@ -81,6 +81,11 @@ struct pass_info {
   /// Where the layers keep those rows (set by the model from deferral_budget; null: they add their
   /// weight gradients batch by batch).
   gradient_deferral* deferral = nullptr;
+  /// The pass keeps the output of an activation between two layers that read and write it as bf16
+  /// encodings (bf16_activations_v) in bf16, half the bytes: set by a float host model under
+  /// `mixed<bf16>` (host_context::bf16_activations); a sequential then lays out its workspace as
+  /// `workspace_per_sample_bf16` says.
+  bool bf16_activations = false;
 
   /// A training pass of update `step` of a model seeded with `seed` (the other fields are set
   /// where they become known: the replica sets the shard's offset and the global batch's rows,
@@ -334,6 +339,36 @@ template <class B>
 inline constexpr std::size_t workspace_fixed_v = [] {
   if constexpr (requires { B::workspace_fixed; }) return std::size_t{B::workspace_fixed};
   else return std::size_t{0};
+}();
+
+/// Workspace elements per row of bound layer B in a pass that keeps activations in bf16
+/// (pass_info::bf16_activations): its `workspace_per_sample_bf16` (a sequential's layout with bf16
+/// activations, never larger than its fp32 one), or its workspace_per_sample.
+template <class B>
+inline constexpr std::size_t workspace_bf16_v = [] {
+  if constexpr (requires { B::workspace_per_sample_bf16; }) return std::size_t{B::workspace_per_sample_bf16};
+  else return std::size_t{B::workspace_per_sample};
+}();
+
+/// True when bound layer B declares `static constexpr bool bf16_activations = true`: besides its
+/// forward and backward it has `forward_stored<Fn>(ctx, a, x16, y16)`, which reads its input rows
+/// from their bf16 encodings x16 (when not null) and, applying the following activation Fn, writes
+/// its output as bf16 encodings y16 (when not null; a.y is then fp32 scratch of the output's
+/// shape), and `backward_stored(ctx, a, x16)`, its backward with the input read from x16. A
+/// sequential keeps an activation between two such layers in bf16 (pass_info::bf16_activations).
+template <class B>
+inline constexpr bool bf16_activations_v = [] {
+  if constexpr (requires { B::bf16_activations; }) return bool{B::bf16_activations};
+  else return false;
+}();
+
+/// True when activation functions Fn declare `grad_from_sign = true`: their grad_from_output(y, dy)
+/// reads only whether y > 0, which a bf16 encoding of y keeps for every value that is not
+/// subnormal, so the activation's output may be kept in bf16 (bf16_activations_v).
+template <class Fn>
+inline constexpr bool grad_from_sign_v = [] {
+  if constexpr (requires { Fn::grad_from_sign; }) return bool{Fn::grad_from_sign};
+  else return false;
 }();
 
 /// Non-trainable state elements of bound layer B (its `state_count`, or 0).

@@ -138,20 +138,36 @@ public:
     copy_fresh_ = false;
   }
 
-  /// Grows the workspace for batches of up to `rows` rows (forward does this on demand).
-  void reserve(std::size_t rows) {
-    if (reserved_ && rows <= capacity_) return;
-    workspace_.reserve_discard(rows * bound::workspace_per_sample + workspace_fixed_v<bound>);
+  /// Grows the workspace for batches of up to `rows` rows on `ctx` (forward does this on demand),
+  /// laid out as the passes on `ctx` lay it out (with activations in bf16 where
+  /// stores_bf16_activations).
+  void reserve(const context_type& ctx, std::size_t rows) {
+    const bool bf16 = stores_bf16_activations(ctx);
+    if (reserved_ && rows <= capacity_ && bf16 == bf16_layout_) return;
+    const std::size_t per_sample = bf16 ? workspace_bf16_v<bound> : bound::workspace_per_sample;
+    workspace_.reserve_discard(rows * per_sample + workspace_fixed_v<bound>);
     output_.reserve_discard(rows * output_size);
     capacity_ = rows;
+    bf16_layout_ = bf16;
     reserved_ = true;
+  }
+
+  /// True when this model's passes on `ctx` keep the activations between two layers that read and
+  /// write them in bf16 as bf16 encodings (pass_info::bf16_activations): a float model on a host
+  /// context whose bf16_activations() is true.
+  [[nodiscard]] static bool stores_bf16_activations([[maybe_unused]] const context_type& ctx) noexcept {
+    if constexpr (std::is_same_v<T, float> && detail::host_context_v<context_type>)
+      return ctx.bf16_activations();
+    else
+      return false;
   }
 
   /// Runs the network on `rows` rows of x (rows x input_size, on D) and returns the output
   /// (rows x output_size, on D, valid until the next forward). `x` must stay valid until backward.
   const T* forward(context_type& ctx, const T* x, std::size_t rows, const pass_info& info) {
-    reserve(rows);
+    reserve(ctx, rows);
     last_info_ = info;
+    last_info_.bf16_activations = bf16_layout_;
     last_info_.state_offset = static_cast<std::ptrdiff_t>(param_count);  // the state follows the parameters
     last_info_.deferral = nullptr;
     if constexpr (accumulates_gradients && std::is_same_v<Kind, cpus>) {
@@ -369,6 +385,7 @@ private:
   basic_buffer<std::uint16_t, Kind> copy_;  // the bf16 weight copy (has_weight_copy), param_count encodings
   bool copy_fresh_ = false;          // copy_ holds the current parameters' encodings
   std::size_t capacity_ = 0;
+  bool bf16_layout_ = false;  // the workspace is laid out with activations in bf16 (stores_bf16_activations)
   bool reserved_ = false;  // the batch-independent workspace exists (even for an empty first batch)
   const T* last_x_ = nullptr;
   std::size_t last_rows_ = 0;

@@ -11,10 +11,12 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 
+#include <lockstep/backend/host/context.hpp>
 #include <lockstep/core/trace.hpp>
 #include <lockstep/layers/layer.hpp>
 
@@ -270,31 +272,67 @@ struct bound_sequential<S, Out, type_list<Bs...>> {
   }();
 
 private:
+  // Whether layer I's output is kept as bf16 encodings in a pass that keeps activations in bf16
+  // (pass_info::bf16_activations): layer I is an activation that layer I - 1 applies in its own
+  // forward, whose gradient reads only the sign of its output (grad_from_sign_v), between two
+  // layers that read and write activations in bf16 (bf16_activations_v).
+  template <std::size_t I>
+  static constexpr bool stored_at() {
+    using list = std::tuple<Bs...>;
+    if constexpr (I == 0 || I + 1 >= layer_count) {
+      return false;
+    } else if constexpr (!fused[I - 1]) {
+      return false;
+    } else {
+      using act = std::tuple_element_t<I, list>;
+      return bf16_activations_v<std::tuple_element_t<I - 1, list>> &&
+             bf16_activations_v<std::tuple_element_t<I + 1, list>> &&
+             grad_from_sign_v<typename act::fused_activation::function>;
+    }
+  }
+  static constexpr std::array<bool, layer_count> stored16 = [] {
+    std::array<bool, layer_count> k{};
+    [&]<std::size_t... I>(std::index_sequence<I...>) { ((k[I] = stored_at<I>()), ...); }(
+        std::make_index_sequence<layer_count>{});
+    return k;
+  }();
+  static constexpr bool has_stored16 = [] {
+    for (bool k : stored16)
+      if (k) return true;
+    return false;
+  }();
   static constexpr std::array<std::size_t, layer_count> scratch{Bs::workspace_per_sample...};
+  static constexpr std::array<std::size_t, layer_count> scratch16{workspace_bf16_v<Bs>...};
   static constexpr std::array<std::size_t, layer_count> fixed{workspace_fixed_v<Bs>...};
   // Workspace layout for a batch of b rows: b * (activations of layers 0..N-2, none for a layer
   // fused with the next: its output slot is the next one's), then each layer's own region
   // (b * its per-row scratch + its fixed scratch), then two ping-pong gradient buffers of b * the
-  // widest inner activation.
+  // widest inner activation. With B16 (a pass that keeps activations in bf16), an activation kept
+  // in bf16 (stored16) takes half its width, rounded up, as b rows of bf16 encodings, and the
+  // layers' scratch is their workspace_bf16_v; a layer that writes such an activation computes
+  // its fp32 results in the first ping-pong buffer, which forward does not otherwise use.
   static constexpr std::size_t max_inner = [] {
     std::size_t m = 0;
     for (std::size_t i = 0; i + 1 < layer_count; ++i) m = std::max(m, outputs[i]);
     return m;
   }();
+  template <bool B16>
   static constexpr std::array<std::size_t, layer_count> act_offsets = [] {
     std::array<std::size_t, layer_count> o{};
     std::size_t acc = 0;
     for (std::size_t i = 0; i < layer_count; ++i) {
       o[i] = acc;
-      if (i + 1 < layer_count && !fused[i]) acc += outputs[i];
+      if (i + 1 < layer_count && !fused[i]) acc += B16 && stored16[i] ? (outputs[i] + 1) / 2 : outputs[i];
     }
     return o;
   }();
-  static constexpr std::size_t acts_total = layer_count > 1 ? act_offsets[layer_count - 1] : 0;
+  template <bool B16>
+  static constexpr std::size_t acts_total = layer_count > 1 ? act_offsets<B16>[layer_count - 1] : 0;
+  template <bool B16>
   static constexpr std::array<std::size_t, layer_count> scratch_offsets = [] {  // per-row part, after the activations
     std::array<std::size_t, layer_count> o{};
-    std::size_t acc = acts_total;
-    for (std::size_t i = 0; i < layer_count; ++i) o[i] = std::exchange(acc, acc + scratch[i]);
+    std::size_t acc = acts_total<B16>;
+    for (std::size_t i = 0; i < layer_count; ++i) o[i] = std::exchange(acc, acc + (B16 ? scratch16[i] : scratch[i]));
     return o;
   }();
   static constexpr std::array<std::size_t, layer_count> fixed_offsets = [] {  // fixed part before layer i
@@ -303,11 +341,18 @@ private:
     for (std::size_t i = 0; i < layer_count; ++i) o[i] = std::exchange(acc, acc + fixed[i]);
     return o;
   }();
-  static constexpr std::size_t grads_offset = acts_total + (Bs::workspace_per_sample + ... + 0);
+  template <bool B16>
+  static constexpr std::size_t grads_offset =
+      acts_total<B16> + (B16 ? (workspace_bf16_v<Bs> + ... + 0) : (Bs::workspace_per_sample + ... + 0));
 
 public:
   /// Workspace elements per sample: inner activations, layer scratch and gradient ping-pong.
-  static constexpr std::size_t workspace_per_sample = grads_offset + (layer_count > 1 ? 2 * max_inner : 0);
+  static constexpr std::size_t workspace_per_sample = grads_offset<false> + (layer_count > 1 ? 2 * max_inner : 0);
+  /// Workspace elements per sample in a pass that keeps activations in bf16
+  /// (pass_info::bf16_activations; workspace_bf16_v): each activation between two layers that
+  /// read and write bf16 (bf16_activations_v) in half the elements.
+  static constexpr std::size_t workspace_per_sample_bf16 =
+      grads_offset<true> + (layer_count > 1 ? 2 * max_inner : 0);
   /// Workspace elements independent of the batch: the layers' fixed scratch.
   static constexpr std::size_t workspace_fixed = (workspace_fixed_v<Bs> + ... + 0);
 
@@ -353,11 +398,10 @@ public:
   template <class T, class Ctx>
   static void forward(Ctx& ctx, const forward_args<T, Ctx, S, Out>& a) {
     static_assert(check_layers<T, Ctx>());
-    const std::size_t batch = a.batch();
-    T* ws = a.workspace;
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (forward_one<I>(ctx, a, ws, batch), ...);
-    }(std::make_index_sequence<layer_count>{});
+    if constexpr (bf16_layout<T, Ctx>) {
+      if (a.info.bf16_activations) return forward_in<true>(ctx, a);
+    }
+    forward_in<false>(ctx, a);
   }
 
   /// Runs backward in reverse order, writing every parameter gradient and, when a.dx is not
@@ -365,9 +409,10 @@ public:
   /// gradients are final (the hook the strategy uses to start a gradient bucket's all-reduce early).
   template <class T, class Ctx, class Hook>
   static void backward(Ctx& ctx, const backward_args<T, Ctx, S, Out>& a, const Hook& on_layer_done) {
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (backward_one<layer_count - 1 - I>(ctx, a, on_layer_done), ...);
-    }(std::make_index_sequence<layer_count>{});
+    if constexpr (bf16_layout<T, Ctx>) {
+      if (a.info.bf16_activations) return backward_in<true>(ctx, a, on_layer_done);
+    }
+    backward_in<false>(ctx, a, on_layer_done);
   }
 
   /// backward without a completion hook (the bound-layer interface).
@@ -390,25 +435,63 @@ private:
     c.trace = nullptr;  // spans are per top-level layer: a nested sequential records none
     return c;
   }
-  template <std::size_t I, class T>
+  // Whether a pass with T on Ctx may keep activations in bf16 and this chain then lays out its
+  // workspace differently (float on a host context).
+  template <class T, class Ctx>
+  static constexpr bool bf16_layout = std::is_same_v<T, float> && detail::host_context_v<Ctx> &&
+                                      (has_stored16 || workspace_per_sample_bf16 != workspace_per_sample);
+  // The activation layer I + 1's scalar functions where layer I applies it, else void.
+  template <std::size_t I>
+  static constexpr auto fused_function() {
+    if constexpr (fused[I]) return std::type_identity<typename layer_type<I + 1>::fused_activation::function>{};
+    else return std::type_identity<void>{};
+  }
+  template <std::size_t I>
+  using fused_function_t = typename decltype(fused_function<I>())::type;
+  // Whether layer I reads its input, and writes (the activation it applies into) its output, as
+  // bf16 encodings in layout B16.
+  template <std::size_t I, bool B16>
+  static constexpr bool reads16 = B16 && I > 0 && stored16[I == 0 ? 0 : I - 1];
+  template <std::size_t I, bool B16>
+  static constexpr bool writes16 = B16 && fused[I] && stored16[I + 1 < layer_count ? I + 1 : I];
+  template <bool B16, class T, class Ctx>
+  static void forward_in(Ctx& ctx, const forward_args<T, Ctx, S, Out>& a) {
+    const std::size_t batch = a.batch();
+    T* ws = a.workspace;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (forward_one<I, B16>(ctx, a, ws, batch), ...);
+    }(std::make_index_sequence<layer_count>{});
+  }
+  template <bool B16, class T, class Ctx, class Hook>
+  static void backward_in(Ctx& ctx, const backward_args<T, Ctx, S, Out>& a, const Hook& on_layer_done) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (backward_one<layer_count - 1 - I, B16>(ctx, a, on_layer_done), ...);
+    }(std::make_index_sequence<layer_count>{});
+  }
+  template <std::size_t I, bool B16, class T>
   static const T* input_of(const T* x, T* ws, std::size_t batch) noexcept {
     if constexpr (I == 0) return x;
-    else return ws + batch * act_offsets[I - 1];
+    else return ws + batch * act_offsets<B16>[I - 1];
   }
-  template <std::size_t I, class Y, class T>
+  template <std::size_t I, bool B16, class Y, class T>
   static Y* output_of(Y* y, T* ws, std::size_t batch) noexcept {
     if constexpr (I + 1 == layer_count) return y;
-    else return ws + batch * act_offsets[I];
+    else return ws + batch * act_offsets<B16>[I];
   }
-  template <std::size_t I, class T>
+  // The bf16 encodings of layer I's output (stored16) in layout B16.
+  template <std::size_t I, bool B16, class T>
+  static std::uint16_t* stored_output_of(T* ws, std::size_t batch) noexcept {
+    return reinterpret_cast<std::uint16_t*>(ws + batch * act_offsets<B16>[I]);
+  }
+  template <std::size_t I, bool B16, class T>
   static T* scratch_of(T* ws, std::size_t batch) noexcept {
-    return ws + batch * scratch_offsets[I] + fixed_offsets[I];
+    return ws + batch * scratch_offsets<B16>[I] + fixed_offsets[I];
   }
-  template <class T>
+  template <bool B16, class T>
   static T* pingpong(T* ws, std::size_t batch, std::size_t which) noexcept {
-    return ws + batch * (grads_offset + which * max_inner) + workspace_fixed;
+    return ws + batch * (grads_offset<B16> + which * max_inner) + workspace_fixed;
   }
-  template <std::size_t I, class T, class Ctx>
+  template <std::size_t I, bool B16, class T, class Ctx>
   static void forward_one(Ctx& ctx, const forward_args<T, Ctx, S, Out>& a, T* ws, std::size_t batch) {
     const work_span<Ctx> span(ctx, a.info.trace, a.info.trace_thread, "forward", "compute", "layer",
                               static_cast<std::int64_t>(I));
@@ -416,21 +499,42 @@ private:
       return;  // layer I - 1 wrote this layer's output
     } else {
       const layer_precision_scope<layer_type<I>, Ctx> precision(ctx);
-      if constexpr (fused_with_next<I>) {
+      if constexpr (reads16<I, B16> || writes16<I, B16>) {
+        const std::uint16_t* x16 = nullptr;
+        std::uint16_t* y16 = nullptr;
+        T* y;
+        if constexpr (reads16<I, B16>) x16 = stored_output_of<I - 1, B16>(ws, batch);
+        if constexpr (writes16<I, B16>) {
+          y16 = stored_output_of<I + 1, B16>(ws, batch);
+          y = pingpong<B16>(ws, batch, 0);  // the fp32 results, before they are encoded
+        } else if constexpr (fused[I]) {
+          y = output_of<I + 1, B16>(a.y.data(), ws, batch);
+        } else {
+          y = output_of<I, B16>(a.y.data(), ws, batch);
+        }
+        layer_type<I>::template forward_stored<fused_function_t<I>>(
+            ctx,
+            forward_args_for<T, Ctx, layer_type<I>>{a.params + param_offsets[I],
+                                                    {reads16<I, B16> ? nullptr : input_of<I, B16>(a.x.data(), ws, batch), batch},
+                                                    {y, batch},
+                                                    scratch_of<I, B16>(ws, batch),
+                                                    child(a.info, I)},
+            x16, y16);
+      } else if constexpr (fused_with_next<I>) {
         layer_type<I>::template forward_activated<typename layer_type<I + 1>::fused_activation::function>(
             ctx, forward_args_for<T, Ctx, layer_type<I>>{a.params + param_offsets[I],
-                                                        {input_of<I>(a.x.data(), ws, batch), batch},
-                                                        {output_of<I + 1>(a.y.data(), ws, batch), batch},
-                                                        scratch_of<I>(ws, batch), child(a.info, I)});
+                                                        {input_of<I, B16>(a.x.data(), ws, batch), batch},
+                                                        {output_of<I + 1, B16>(a.y.data(), ws, batch), batch},
+                                                        scratch_of<I, B16>(ws, batch), child(a.info, I)});
       } else {
         layer_type<I>::forward(ctx, forward_args_for<T, Ctx, layer_type<I>>{a.params + param_offsets[I],
-                                                                         {input_of<I>(a.x.data(), ws, batch), batch},
-                                                                         {output_of<I>(a.y.data(), ws, batch), batch},
-                                                                         scratch_of<I>(ws, batch), child(a.info, I)});
+                                                                         {input_of<I, B16>(a.x.data(), ws, batch), batch},
+                                                                         {output_of<I, B16>(a.y.data(), ws, batch), batch},
+                                                                         scratch_of<I, B16>(ws, batch), child(a.info, I)});
       }
     }
   }
-  template <std::size_t J, class T, class Ctx, class Hook>
+  template <std::size_t J, bool B16, class T, class Ctx, class Hook>
   static void backward_one(Ctx& ctx, const backward_args<T, Ctx, S, Out>& a, const Hook& on_layer_done) {
     const std::size_t batch = a.batch();
     T* ws = a.workspace;
@@ -446,21 +550,25 @@ private:
     }
     const T* g_out;
     if constexpr (J + 1 == layer_count) g_out = a.dy.data();
-    else g_out = pingpong(ws, batch, J % 2);
+    else g_out = pingpong<B16>(ws, batch, J % 2);
     T* g_in;
     if constexpr (J == 0) g_in = a.dx.data();
-    else g_in = nothing_below ? nullptr : pingpong(ws, batch, (J - 1) % 2);
+    else g_in = nothing_below ? nullptr : pingpong<B16>(ws, batch, (J - 1) % 2);
     const layer_precision_scope<layer_type<J>, Ctx> precision(ctx);
     const backward_args_for<T, Ctx, layer_type<J>> args{a.params + param_offsets[J],
-                                                       {input_of<J>(a.x.data(), ws, batch), batch},
-                                                       {output_of<J>(a.y.data(), ws, batch), batch},
+                                                       {input_of<J, B16>(a.x.data(), ws, batch), batch},
+                                                       {output_of<J, B16>(a.y.data(), ws, batch), batch},
                                                        {g_out, batch},
                                                        {g_in, batch},
                                                        a.dparams + param_offsets[J],
-                                                       scratch_of<J>(ws, batch),
+                                                       scratch_of<J, B16>(ws, batch),
                                                        child(a.info, J)};
-    if constexpr (fused_into_previous<J>)
+    if constexpr (B16 && stored16[J])
+      layer_type<J>::backward_from_stored(ctx, args, stored_output_of<J, B16>(ws, batch));  // its output in bf16
+    else if constexpr (fused_into_previous<J>)
       layer_type<J>::backward_from_output(ctx, args);  // its input was never written
+    else if constexpr (reads16<J, B16>)
+      layer_type<J>::backward_stored(ctx, args, stored_output_of<J - 1, B16>(ws, batch));  // its input in bf16
     else
       layer_type<J>::backward(ctx, args);
     on_layer_done(J, param_offsets[J], params[J]);

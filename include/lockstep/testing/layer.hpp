@@ -18,7 +18,9 @@
 /// results. A layer that opts in to mixed precision (`mixed_precision`) and runs in float is also
 /// run under mixed<bf16> and mixed<fp16> against fp32 on the same rounded inputs, parameters and
 /// output gradients (mixed_precision_tolerance; a sequential or residual block is not, its layers
-/// are). Layers with non-trainable state get it after their
+/// are). A layer that reads and writes activations kept in bf16 (`bf16_activations`) is checked
+/// to compute, from bf16 encodings, the bits it computes from their widened values (stored_check).
+/// Layers with non-trainable state get it after their
 /// parameters, as a model stores them. In the one file of a test binary that defines
 /// LOCKSTEP_TESTING_COUNT_ALLOCATIONS (see allocations.hpp), it also checks that a second forward
 /// and backward of a batch allocate nothing on the heap.
@@ -44,6 +46,7 @@
 #include <lockstep/backend/host.hpp>
 #include <lockstep/core/random.hpp>
 #include <lockstep/distribute/detail/row_exchange.hpp>
+#include <lockstep/layers/activations.hpp>
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/testing/allocations.hpp>
 #include <lockstep/testing/drive.hpp>
@@ -258,6 +261,55 @@ void coupled_split_check(std::size_t rows, std::size_t n, split_reports& reports
   for (std::size_t r = 0; r < n; ++r) CHECK(parts[r].params == whole.params);  // state included
 }
 
+/// For a layer that reads and writes activations in bf16 (bf16_activations_v), under mixed<bf16>
+/// on `rows` rows: whether forward_stored and backward_stored, given the inputs as bf16
+/// encodings, compute the bits of forward and backward on their widened values, and (for a layer
+/// that fuses a following activation) whether forward_stored<relu_fn> writes the encodings of
+/// forward_activated<relu_fn>'s outputs.
+struct stored_results {
+  bool forward = false;            ///< forward_stored<void> from x16: forward's outputs
+  bool activated = true;           ///< forward_stored<relu_fn> from x16 into y16: forward_activated's, encoded
+  bool backward = false;           ///< backward_stored from x16: backward's gradients
+};
+template <class B>
+stored_results stored_check(std::size_t rows) {
+  host_context ctx(1, true, compute_precision::bf16);
+  ctx.set_gemm_precision(compute_precision::bf16);
+  std::vector<float> params(B::param_count + state_count_v<B>);
+  B::init(params.data(), counter_rng(11, 5));
+  if constexpr (state_count_v<B> > 0) B::init_state(params.data() + B::param_count);
+  const std::size_t nx = rows * B::input_size, ny = rows * B::output_size;
+  std::vector<std::uint16_t> x16(nx), y16(ny), ref16(ny);
+  std::vector<float> x(nx), dy(ny), y_ref(ny), y(ny), dx_ref(nx), dx(nx), dp_ref(B::param_count), dp(B::param_count);
+  for (std::size_t i = 0; i < nx; ++i) x[i] = static_cast<float>(layer_inputs<B>::value(i));
+  backend::to_bf16_weights(x.data(), nx, x16.data());
+  for (std::size_t i = 0; i < nx; ++i) x[i] = from_bf16_bits(x16[i]);
+  for (std::size_t i = 0; i < ny; ++i) dy[i] = static_cast<float>(std::cos(1.3 * double(i) + 0.1));
+  std::vector<float> ws(workspace_size<B>(rows) + 1), ws2(ws.size());
+  const pass_info info = suite_info<B>(true);
+  using fargs = forward_args_for<float, host_context, B>;
+  using bargs = backward_args_for<float, host_context, B>;
+  stored_results r;
+  B::forward(ctx, fargs{params.data(), {x.data(), rows}, {y_ref.data(), rows}, ws.data(), info});
+  B::template forward_stored<void>(ctx, fargs{params.data(), {nullptr, rows}, {y.data(), rows}, ws2.data(), info},
+                                   x16.data(), nullptr);
+  r.forward = y == y_ref;
+  B::backward(ctx, bargs{params.data(), {x.data(), rows}, {y_ref.data(), rows}, {dy.data(), rows},
+                         {dx_ref.data(), rows}, dp_ref.data(), ws.data(), info});
+  B::backward_stored(ctx, bargs{params.data(), {nullptr, rows}, {y.data(), rows}, {dy.data(), rows},
+                                {dx.data(), rows}, dp.data(), ws2.data(), info},
+                     x16.data());
+  r.backward = dx == dx_ref && dp == dp_ref;
+  if constexpr (requires { typename B::fuses_activation; }) {
+    B::template forward_activated<relu_fn>(ctx, fargs{params.data(), {x.data(), rows}, {y_ref.data(), rows}, ws.data(), info});
+    backend::to_bf16_weights(y_ref.data(), ny, ref16.data());
+    B::template forward_stored<relu_fn>(ctx, fargs{params.data(), {nullptr, rows}, {y.data(), rows}, ws2.data(), info},
+                                        x16.data(), y16.data());
+    r.activated = y16 == ref16;
+  }
+  return r;
+}
+
 }  // namespace detail
 
 }  // namespace lockstep::testing
@@ -296,6 +348,18 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
           CHECK(lt::detail::normwise_difference(got.dx, ref.dx) <= tol);
           CHECK(lt::detail::normwise_difference(got.dp, ref.dp) <= tol);
         }
+    }
+  }
+
+  if constexpr (lockstep::bf16_activations_v<B> && lockstep::bound_layer_for<B, float, lockstep::host_context>) {
+    SUBCASE("bf16 activations: forward_stored and backward_stored give the bits of forward and backward on the widened encodings") {
+      for (const std::size_t rows : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{64}}) {
+        CAPTURE(rows);
+        const auto r = lt::detail::stored_check<B>(rows);
+        CHECK(r.forward);
+        CHECK(r.activated);
+        CHECK(r.backward);
+      }
     }
   }
 

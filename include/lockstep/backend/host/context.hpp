@@ -274,6 +274,18 @@ public:
     return bits;
   }
 
+  /// True when a float model on this context keeps the activations between two layers that read
+  /// and write them in bf16 (a dense layer, the relu it applies, and the dense layer after it) as
+  /// bf16 encodings, half the bytes (pass_info::bf16_activations): under `mixed<bf16>` with
+  /// set_bf16_activations on (the default) and subnormals flushed (flushes_denormals(), the
+  /// default), where a relu output is never subnormal, so its bf16 encoding keeps whether it is
+  /// positive. The GEMMs read the same bf16 values either way: the results are the same bits.
+  [[nodiscard]] bool bf16_activations() const noexcept {
+    return policy_ == compute_precision::bf16 && bf16_activations_ && flush_denormals_;
+  }
+  /// Sets whether bf16_activations() may be true (a model takes it at its next forward).
+  void set_bf16_activations(bool on) noexcept { bf16_activations_ = on; }
+
   /// True (the default) when a convolution that can run through oneDNN's primitives does (the
   /// oneDNN build; see conv2d); false keeps every convolution on im2col + GEMM, to compare the two.
   [[nodiscard]] bool onednn_convolutions() const noexcept { return onednn_convolutions_; }
@@ -323,6 +335,7 @@ private:
   compute_precision policy_;
   compute_precision active_ = compute_precision::fp32;
   bool onednn_convolutions_ = true;
+  bool bf16_activations_ = true;
   signed char weight_copy_mode_ = -1;  // set_bf16_weight_copy's choice; -1: where bf16 is native
   bf16_weight_copy_view weight_copy_{};
   mutable std::uint64_t weight_copy_reads_ = 0;

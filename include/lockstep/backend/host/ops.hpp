@@ -167,6 +167,31 @@ inline void gemm(const host_context& ctx, trans ta, trans tb, std::size_t m, std
     detail::sgemm(ctx, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+/// The bf16 GEMM C = alpha * op(A) * op(B) + beta * C (as gemm under a bf16 GEMM precision) with A
+/// given as its bf16 encodings, dense (m x k, or k x m when transposed): an activation kept in bf16
+/// (pass_info::bf16_activations). B is rounded as gemm rounds it, or read from the weight copy.
+/// The same bits as gemm on A's widened values.
+inline void gemm_bf16_input(const host_context& ctx, trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k,
+                            float alpha, const std::uint16_t* a16, const float* b, std::size_t ldb, float beta,
+                            float* c, std::size_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0 || alpha == 0.0f) {  // C = beta * C, C not read when beta = 0 (as gemm)
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  const std::uint16_t* b_bits = ctx.weight_copy_of(b, tb == trans::yes ? n : k, tb == trans::yes ? k : n, ldb);
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+  if (ctx.gemm_cache().native_bf16()) {
+    ctx.gemm_cache().bf16gemm(ctx.blas_threads(), ta == trans::yes, tb == trans::yes, m, n, k, alpha, nullptr,
+                              ta == trans::yes ? m : k, b, ldb, beta, c, ldc, a16, b_bits);
+    return;
+  }
+#endif
+  detail::rounded_gemm<round_to_bf16>(ctx, ta, tb, m, n, k, alpha, nullptr, ta == trans::yes ? m : k, b, ldb, beta,
+                                      c, ldc, a16, b_bits);
+}
+
 /// Double-precision GEMM (used by gradient checks), same contract as the float overload (CBLAS in
 /// every build: oneDNN has no f64 matmul on CPUs).
 inline void gemm(const host_context&, trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k, double alpha,

@@ -1,0 +1,184 @@
+// Activations kept in bf16 under mixed<bf16> (pass_info::bf16_activations): a dense layer that
+// applies a relu writes the relu's output as bf16 encodings when the next layer is a dense layer,
+// which reads them as its GEMM operand, and the relu's backward reads the sign from them. The
+// GEMMs read the values they would have rounded to bf16 anyway, so training gives the same bits
+// as keeping the activations in fp32; checked here on chains of every kind (both activations
+// kept, one kept, none kept because dropout sits between, odd widths, a nested sequential), on
+// 1, 2 and 3 replicas, both determinism policies, accumulated updates with the weight gradients
+// deferred, batches of uneven sizes down to one row. Also: the workspace layout's sizes, the
+// bytes a replica holds, when activations are kept in bf16 at all, and the GEMM that reads a bf16
+// operand against the GEMM on its widened values.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "distribute/common.hpp"
+
+using namespace dist_test;
+namespace ls = lockstep;
+
+namespace {
+
+using act_run_to_run = ls::basic_mirrored<ls::host_allreduce, ls::determinism::run_to_run, ls::cpus>;
+using act_invariant = ls::basic_mirrored<ls::host_allreduce, ls::determinism::replica_count_invariant, ls::cpus>;
+
+// Both relu outputs kept in bf16 (config L's shape, small).
+using chain2 = ls::sequential<ls::dense<784, 40>, ls::relu, ls::dense<40, 24>, ls::relu, ls::dense<24, 10>>;
+// Odd widths, a nested sequential, and a relu before dropout (not kept: dropout reads fp32).
+using chain_odd = ls::sequential<ls::sequential<ls::dense<784, 13>, ls::relu, ls::dense<13, 7>>, ls::relu,
+                                 ls::dropout<1, 4>, ls::dense<7, 11>, ls::relu, ls::dense<11, 10>>;
+// A 1024 x 1024 weight gradient (4 MiB: deferred under run_to_run accumulation) reading a kept input.
+using chain_deferred = ls::sequential<ls::dense<784, 1024>, ls::relu, ls::dense<1024, 1024>, ls::relu, ls::dense<1024, 10>>;
+
+using chain2_bound = ls::sequential<ls::dense<784, 40>, ls::relu, ls::dense<40, 24>, ls::relu,
+                                    ls::dense<24, 10>>::bind<784>;
+// Activations (40 + 24 per row, in bf16 20 + 12), then two gradient buffers of the widest (40).
+static_assert(chain2_bound::workspace_per_sample == 40 + 24 + 2 * 40);
+static_assert(chain2_bound::workspace_per_sample_bf16 == 20 + 12 + 2 * 40);
+static_assert(ls::workspace_bf16_v<chain2_bound> == chain2_bound::workspace_per_sample_bf16);
+// Nothing is kept in bf16 where dropout or the model's output follows the relu.
+using mlp_dropout_bound = mlp_dropout::bind<784>;
+static_assert(mlp_dropout_bound::workspace_per_sample_bf16 == mlp_dropout_bound::workspace_per_sample);
+static_assert(ls::grad_from_sign_v<ls::relu_fn> && !ls::grad_from_sign_v<ls::tanh_fn>);
+static_assert(ls::bf16_activations_v<ls::dense<3, 4>::bind<3>> && !ls::bf16_activations_v<ls::relu::bind<3>>);
+
+/// What one training run left behind.
+struct act_run {
+  std::vector<float> params;
+  std::vector<float> predictions;
+  std::size_t activation_bytes = 0;  // replica 0's
+  std::size_t capacity = 0;          // rows replica 0's workspace holds
+  bool kept = false;                 // replica 0's context keeps activations in bf16
+};
+
+/// Four updates of Net under mixed<bf16> on `replicas` replicas of strategy S with activations
+/// kept in bf16 or not; `accumulate` batches per update (uneven sizes, one of a single row), then a
+/// prediction on 9 rows.
+template <class Net, class S>
+act_run train_kept(std::size_t replicas, bool keep, std::size_t accumulate, bool shard = false) {
+  S s(ls::device_selection::first(replicas),
+      ls::strategy_options{.micro_shard_rows = 4, .deferred_gradient_bytes = 64u << 20, .shard_optimizer = shard});
+  auto m = s.template replicate<Net, ls::mixed<ls::bf16>>(ls::seed{9});
+  for (std::size_t r = 0; r < m.size(); ++r) m.replica(r).context().set_bf16_activations(keep);
+  std::uint64_t key = 0;
+  for (std::size_t update = 0; update < 4; ++update) {
+    for (std::size_t j = 0; j + 1 < accumulate; ++j)
+      (void)ls::accumulate(s, m, ls::softmax_cross_entropy{},
+                           distributed(make_batch(j == 0 ? 1 : 17 + j, 500 + key++), replicas));
+    (void)ls::train_step(s, m, ls::adamw{.lr = 3e-3f}, ls::softmax_cross_entropy{},
+                         distributed(make_batch(update == 2 ? 5 : 29, 500 + key++), replicas));
+  }
+  act_run out;
+  out.params = m.parameters_to_host();
+  const auto b = make_batch(9, 999);
+  out.predictions = ls::predict(s, m, ls::data::from_memory(b.features, 784, b.labels) | ls::data::batched(4)).outputs;
+  out.activation_bytes = std::as_const(m.replica(0)).memory().activations;
+  out.capacity = std::as_const(m.replica(0)).model().capacity();
+  out.kept = ls::model<Net>::stores_bf16_activations(m.replica(0).context());
+  return out;
+}
+
+template <class Net, class S>
+void check_kept_bits(const char* name, std::size_t kept_per_row) {
+  for (const std::size_t replicas : {1, 2, 3})
+    for (const std::size_t accumulate : {1, 3}) {
+      CAPTURE(std::string(name));
+      CAPTURE(replicas);
+      CAPTURE(accumulate);
+      const auto off = train_kept<Net, S>(replicas, false, accumulate);
+      const auto on = train_kept<Net, S>(replicas, true, accumulate);
+      CHECK_FALSE(off.kept);
+      CHECK(on.kept);
+      CHECK(on.params == off.params);
+      CHECK(on.predictions == off.predictions);
+      // Each row of the workspace holds kept_per_row fewer elements.
+      CHECK(on.capacity == off.capacity);
+      CHECK(on.capacity > 0);
+      CHECK(off.activation_bytes - on.activation_bytes == on.capacity * kept_per_row * sizeof(float));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("activations kept in bf16 train to the bits of keeping them in fp32 (run_to_run)") {
+  check_kept_bits<chain2, act_run_to_run>("chain2", 20 + 12);
+  check_kept_bits<chain_odd, act_run_to_run>("chain_odd", (13 - 7) + (11 - 6));  // the nested 13, and 11
+}
+
+TEST_CASE("activations kept in bf16 train to the bits of keeping them in fp32 (replica_count_invariant)") {
+  check_kept_bits<chain2, act_invariant>("chain2", 20 + 12);
+  check_kept_bits<chain_odd, act_invariant>("chain_odd", (13 - 7) + (11 - 6));
+}
+
+TEST_CASE("activations kept in bf16: a deferred 4 MiB weight gradient and the sharded update give the same bits") {
+  for (const std::size_t replicas : {1, 2})
+    for (const bool shard : {false, true}) {
+      CAPTURE(replicas);
+      CAPTURE(shard);
+      const auto off = train_kept<chain_deferred, act_run_to_run>(replicas, false, 3, shard);
+      const auto on = train_kept<chain_deferred, act_run_to_run>(replicas, true, 3, shard);
+      CHECK(on.params == off.params);
+      CHECK(on.predictions == off.predictions);
+      CHECK(on.activation_bytes < off.activation_bytes);
+    }
+}
+
+TEST_CASE("activations are kept in bf16 only by float host models under mixed<bf16> with subnormals flushed") {
+  CHECK(ls::host_context(1, true, ls::compute_precision::bf16).bf16_activations());
+  CHECK_FALSE(ls::host_context(1, true, ls::compute_precision::fp32).bf16_activations());
+  CHECK_FALSE(ls::host_context(1, true, ls::compute_precision::fp16).bf16_activations());
+  CHECK_FALSE(ls::host_context(1, false, ls::compute_precision::bf16).bf16_activations());
+  ls::host_context off(1, true, ls::compute_precision::bf16);
+  off.set_bf16_activations(false);
+  CHECK_FALSE(off.bf16_activations());
+  const ls::host_context on(1, true, ls::compute_precision::bf16);
+  CHECK(ls::model<chain2>::stores_bf16_activations(on));
+  CHECK_FALSE(ls::model<chain2, double>::stores_bf16_activations(on));
+  // A model switched between layouts regrows its workspace and keeps computing the same outputs.
+  ls::host_context ctx(1, true, ls::compute_precision::bf16);
+  ls::model<chain2> model(ctx, ls::seed{3});
+  const auto b = make_batch(6, 77);
+  const float* y = model.forward(ctx, b.features.data(), 6, ls::pass_info{});
+  const std::vector<float> kept(y, y + 6 * 10);
+  ctx.set_bf16_activations(false);
+  y = model.forward(ctx, b.features.data(), 6, ls::pass_info{});
+  CHECK(std::vector<float>(y, y + 6 * 10) == kept);
+}
+
+TEST_CASE("gemm_bf16_input computes the bits of the bf16 GEMM on its operand's widened values, for any shape") {
+  ls::host_context ctx(1, true, ls::compute_precision::bf16);
+  ctx.set_gemm_precision(ls::compute_precision::bf16);
+  const ls::counter_rng rng(17, 3);
+  for (const std::size_t m : {1, 3, 16, 37})
+    for (const std::size_t n : {1, 5, 64})
+      for (const std::size_t k : {0, 1, 7, 130})
+        for (const bool ta : {false, true})
+          for (const float beta : {0.0f, 1.0f}) {
+            CAPTURE(m);
+            CAPTURE(n);
+            CAPTURE(k);
+            CAPTURE(ta);
+            CAPTURE(beta);
+            std::vector<std::uint16_t> a16(m * k);
+            std::vector<float> a(m * k), b(k * n), c0(m * n), c1;
+            for (std::size_t i = 0; i < a.size(); ++i) {
+              a16[i] = ls::to_bf16_bits(rng.uniform(i) * 4.0f - 2.0f);
+              a[i] = ls::from_bf16_bits(a16[i]);
+            }
+            for (std::size_t i = 0; i < b.size(); ++i) b[i] = rng.uniform(1000 + i) - 0.5f;
+            for (std::size_t i = 0; i < c0.size(); ++i) c0[i] = rng.uniform(5000 + i);
+            c1 = c0;
+            const auto ta_ = ta ? ls::backend::trans::yes : ls::backend::trans::no;
+            ls::backend::gemm(ctx, ta_, ls::backend::trans::no, m, n, k, 1.0f, a.data(), ta ? m : k, b.data(), n, beta,
+                              c0.data(), n);
+            ls::backend::gemm_bf16_input(ctx, ta_, ls::backend::trans::no, m, n, k, 1.0f, a16.data(), b.data(), n, beta,
+                                         c1.data(), n);
+            CHECK(c1 == c0);
+          }
+}
