@@ -1,13 +1,15 @@
-// Activations kept in bf16 under mixed<bf16> (pass_info::bf16_activations): a dense layer that
-// applies a relu writes the relu's output as bf16 encodings when the next layer is a dense layer,
-// which reads them as its GEMM operand, and the relu's backward reads the sign from them. The
-// GEMMs read the values they would have rounded to bf16 anyway, so training gives the same bits
-// as keeping the activations in fp32; checked here on chains of every kind (both activations
-// kept, one kept, none kept because dropout sits between, odd widths, a nested sequential), on
-// 1, 2 and 3 replicas, both determinism policies, accumulated updates with the weight gradients
-// deferred, batches of uneven sizes down to one row. Also: the workspace layout's sizes, the
-// bytes a replica holds, when activations are kept in bf16 at all, and the GEMM that reads a bf16
-// operand against the GEMM on its widened values.
+// Activations kept in bf16 under mixed<bf16> (pass_info::bf16_activations): the output of a layer
+// read by a dense layer, which reads it as its GEMM operand in bf16 anyway, is kept as bf16
+// encodings: a relu's that the dense layer before it applies (relu's backward reads the sign from
+// the encodings), or that of a layer whose backward does not read its output (dropout, dense),
+// encoded by the sequential. The GEMMs read the values they would have rounded to bf16 anyway, so
+// training gives the same bits as keeping the activations in fp32; checked here on chains of
+// every kind (both relus kept, one kept, dropout's output kept and the relu before it not, two
+// dense layers in a row, odd widths, a nested sequential, a residual block), on 1, 2 and 3
+// replicas, both determinism policies, accumulated updates with the weight gradients deferred,
+// batches of uneven sizes down to one row. Also: the workspace layout's sizes, the bytes a replica
+// holds, when activations are kept in bf16 at all, and the GEMM that reads a bf16 operand against
+// the GEMM on its widened values.
 
 #include <doctest/doctest.h>
 
@@ -33,6 +35,10 @@ using chain2 = ls::sequential<ls::dense<784, 40>, ls::relu, ls::dense<40, 24>, l
 // Odd widths, a nested sequential, and a relu before dropout (not kept: dropout reads fp32).
 using chain_odd = ls::sequential<ls::sequential<ls::dense<784, 13>, ls::relu, ls::dense<13, 7>>, ls::relu,
                                  ls::dropout<1, 4>, ls::dense<7, 11>, ls::relu, ls::dense<11, 10>>;
+// A residual block whose body keeps its relu's output (9 wide) in bf16.
+using chain_residual = ls::sequential<ls::dense<784, 16>, ls::relu,
+                                      ls::residual<ls::dense<16, 9>, ls::relu, ls::dense<9, 16>>, ls::relu,
+                                      ls::dense<16, 10>>;
 // A 1024 x 1024 weight gradient (4 MiB: deferred under run_to_run accumulation) reading a kept input.
 using chain_deferred = ls::sequential<ls::dense<784, 1024>, ls::relu, ls::dense<1024, 1024>, ls::relu, ls::dense<1024, 10>>;
 
@@ -42,9 +48,16 @@ using chain2_bound = ls::sequential<ls::dense<784, 40>, ls::relu, ls::dense<40, 
 static_assert(chain2_bound::workspace_per_sample == 40 + 24 + 2 * 40);
 static_assert(chain2_bound::workspace_per_sample_bf16 == 20 + 12 + 2 * 40);
 static_assert(ls::workspace_bf16_v<chain2_bound> == chain2_bound::workspace_per_sample_bf16);
-// Nothing is kept in bf16 where dropout or the model's output follows the relu.
+// A relu before dropout stays fp32 (dropout reads it); dropout's output, read by a dense layer and
+// not by dropout's backward, is kept in bf16.
 using mlp_dropout_bound = mlp_dropout::bind<784>;
-static_assert(mlp_dropout_bound::workspace_per_sample_bf16 == mlp_dropout_bound::workspace_per_sample);
+static_assert(mlp_dropout_bound::workspace_per_sample_bf16 == mlp_dropout_bound::workspace_per_sample - 16);
+// Two dense layers in a row: the first one's output is kept in bf16.
+using chain_linear = ls::sequential<ls::dense<784, 12>, ls::dense<12, 10>>;
+static_assert(chain_linear::bind<784>::workspace_per_sample_bf16 == chain_linear::bind<784>::workspace_per_sample - 6);
+// Nothing is kept in bf16 before the model's output or before a layer that reads fp32.
+using chain_fp32 = ls::sequential<ls::dense<784, 12>, ls::relu, ls::dropout<1, 4>, ls::tanh, ls::dense<12, 10>>;
+static_assert(chain_fp32::bind<784>::workspace_per_sample_bf16 == chain_fp32::bind<784>::workspace_per_sample);
 static_assert(ls::grad_from_sign_v<ls::relu_fn> && !ls::grad_from_sign_v<ls::tanh_fn>);
 static_assert(ls::bf16_activations_v<ls::dense<3, 4>::bind<3>> && !ls::bf16_activations_v<ls::relu::bind<3>>);
 
@@ -108,12 +121,18 @@ void check_kept_bits(const char* name, std::size_t kept_per_row) {
 
 TEST_CASE("activations kept in bf16 train to the bits of keeping them in fp32 (run_to_run)") {
   check_kept_bits<chain2, act_run_to_run>("chain2", 20 + 12);
-  check_kept_bits<chain_odd, act_run_to_run>("chain_odd", (13 - 7) + (11 - 6));  // the nested 13, and 11
+  check_kept_bits<chain_odd, act_run_to_run>("chain_odd", (13 - 7) + (7 - 4) + (11 - 6));  // the nested 13, dropout's 7, and 11
+  check_kept_bits<chain_residual, act_run_to_run>("chain_residual", 9 - 5);
+  check_kept_bits<chain_linear, act_run_to_run>("chain_linear", 12 - 6);
+  check_kept_bits<mlp_dropout, act_run_to_run>("mlp_dropout", 32 - 16);
 }
 
 TEST_CASE("activations kept in bf16 train to the bits of keeping them in fp32 (replica_count_invariant)") {
   check_kept_bits<chain2, act_invariant>("chain2", 20 + 12);
-  check_kept_bits<chain_odd, act_invariant>("chain_odd", (13 - 7) + (11 - 6));
+  check_kept_bits<chain_odd, act_invariant>("chain_odd", (13 - 7) + (7 - 4) + (11 - 6));
+  check_kept_bits<chain_residual, act_invariant>("chain_residual", 9 - 5);
+  check_kept_bits<chain_linear, act_invariant>("chain_linear", 12 - 6);
+  check_kept_bits<mlp_dropout, act_invariant>("mlp_dropout", 32 - 16);
 }
 
 TEST_CASE("activations kept in bf16: a deferred 4 MiB weight gradient and the sharded update give the same bits") {

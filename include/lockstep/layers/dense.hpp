@@ -103,6 +103,7 @@ struct dense {
     static constexpr bool accumulates_gradients = true;           ///< adds into dparams under pass_info::accumulate
     using fuses_activation = bind;  ///< applies a following activation in its forward (forward_activated; fuses_activation_v)
     static constexpr bool bf16_activations = true;  ///< reads and writes activations kept in bf16 (forward_stored, backward_stored)
+    static constexpr bool backward_reads_output = false;  ///< backward reads x, never y (output_unread_v)
 
     /// Initialises W with Init and b with zeros (host memory).
     template <class T>

@@ -140,6 +140,7 @@ struct dropout {
     static constexpr std::size_t param_count = 0;           ///< no parameters
     static constexpr std::size_t workspace_per_sample = I;  ///< the mask forward drew, for backward
     static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
+    static constexpr bool backward_reads_output = false;  ///< backward reads the mask, never y (output_unread_v)
 
     /// Nothing to initialise.
     template <class T>

@@ -362,6 +362,16 @@ inline constexpr bool bf16_activations_v = [] {
   else return false;
 }();
 
+/// True when bound layer B declares `static constexpr bool backward_reads_output = false`: its
+/// backward never reads `a.y` (dense reads its input, dropout its mask), so a sequential may keep
+/// its output in bf16 for a next layer that reads bf16 (bf16_activations_v), from the encodings of
+/// what its forward wrote (the layer suite checks the claim with a poisoned `a.y`).
+template <class B>
+inline constexpr bool output_unread_v = [] {
+  if constexpr (requires { B::backward_reads_output; }) return !bool{B::backward_reads_output};
+  else return false;
+}();
+
 /// True when activation functions Fn declare `grad_from_sign = true`: their grad_from_output(y, dy)
 /// reads only whether y > 0, which a bf16 encoding of y keeps for every value that is not
 /// subnormal, so the activation's output may be kept in bf16 (bf16_activations_v).

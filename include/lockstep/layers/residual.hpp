@@ -87,6 +87,8 @@ struct residual {
     static constexpr bool accumulates_gradients = accumulates_gradients_v<inner>;  ///< when the body does
     /// The body's scratch, then its output f(x) kept for its backward.
     static constexpr std::size_t workspace_per_sample = inner::workspace_per_sample + S::size;
+    /// The same in a pass that keeps activations in bf16 (workspace_bf16_v of the body).
+    static constexpr std::size_t workspace_per_sample_bf16 = workspace_bf16_v<inner> + S::size;
     static constexpr std::size_t workspace_fixed = inner::workspace_fixed;  ///< the body's
 
     /// Checks the body's layers (see check_bound_layer).
@@ -110,7 +112,7 @@ struct residual {
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const forward_args<T, Ctx, S, S>& a) {
       const std::size_t batch = a.batch();
-      T* fx = body_output(a.workspace, batch);
+      T* fx = body_output(a.workspace, batch, a.info);
       {
         const detail::layer_precision_scope<inner, Ctx> precision(ctx);
         inner::forward(ctx, forward_args_for<T, Ctx, inner>{a.params, a.x, {fx, batch}, a.workspace, a.info});
@@ -125,16 +127,18 @@ struct residual {
       const std::size_t batch = a.batch();
       {
         const detail::layer_precision_scope<inner, Ctx> precision(ctx);
-        inner::backward(ctx, backward_args_for<T, Ctx, inner>{a.params, a.x, {body_output(a.workspace, batch), batch}, a.dy,
+        inner::backward(ctx, backward_args_for<T, Ctx, inner>{a.params, a.x, {body_output(a.workspace, batch, a.info), batch}, a.dy,
                                                         a.dx, a.dparams, a.workspace, a.info});
       }
       if (a.dx) for_each_index(ctx, a.dx.size(), detail::add_into_op<T>{a.dx.data(), a.dy.data()});
     }
 
   private:
+    // After the body's workspace, laid out as the pass lays it out.
     template <class T>
-    static T* body_output(T* ws, std::size_t batch) {
-      return ws + batch * inner::workspace_per_sample + inner::workspace_fixed;
+    static T* body_output(T* ws, std::size_t batch, const pass_info& info) {
+      const std::size_t body = info.bf16_activations ? workspace_bf16_v<inner> : inner::workspace_per_sample;
+      return ws + batch * body + inner::workspace_fixed;
     }
   };
 };

@@ -273,21 +273,23 @@ struct bound_sequential<S, Out, type_list<Bs...>> {
 
 private:
   // Whether layer I's output is kept as bf16 encodings in a pass that keeps activations in bf16
-  // (pass_info::bf16_activations): layer I is an activation that layer I - 1 applies in its own
-  // forward, whose gradient reads only the sign of its output (grad_from_sign_v), between two
-  // layers that read and write activations in bf16 (bf16_activations_v).
+  // (pass_info::bf16_activations): the next layer reads bf16 (bf16_activations_v), and either
+  // layer I is an activation that layer I - 1, which writes bf16 too, applies in its own forward,
+  // whose gradient reads only the sign of its output (grad_from_sign_v), or layer I writes its own
+  // output, which its backward never reads (output_unread_v), and the sequential encodes it.
   template <std::size_t I>
   static constexpr bool stored_at() {
     using list = std::tuple<Bs...>;
-    if constexpr (I == 0 || I + 1 >= layer_count) {
+    if constexpr (I + 1 >= layer_count) {
       return false;
-    } else if constexpr (!fused[I - 1]) {
+    } else if constexpr (!bf16_activations_v<std::tuple_element_t<I + 1, list>>) {
       return false;
-    } else {
+    } else if constexpr (I > 0 && fused[I == 0 ? 0 : I - 1]) {
       using act = std::tuple_element_t<I, list>;
       return bf16_activations_v<std::tuple_element_t<I - 1, list>> &&
-             bf16_activations_v<std::tuple_element_t<I + 1, list>> &&
              grad_from_sign_v<typename act::fused_activation::function>;
+    } else {
+      return !fused[I] && output_unread_v<std::tuple_element_t<I, list>>;
     }
   }
   static constexpr std::array<bool, layer_count> stored16 = [] {
@@ -454,6 +456,10 @@ private:
   static constexpr bool reads16 = B16 && I > 0 && stored16[I == 0 ? 0 : I - 1];
   template <std::size_t I, bool B16>
   static constexpr bool writes16 = B16 && fused[I] && stored16[I + 1 < layer_count ? I + 1 : I];
+  // Whether layer I writes its own output in fp32 for the sequential to encode (stored16, not an
+  // activation applied by layer I - 1).
+  template <std::size_t I, bool B16>
+  static constexpr bool encodes16 = B16 && stored16[I] && !fused_into_previous<I>;
   template <bool B16, class T, class Ctx>
   static void forward_in(Ctx& ctx, const forward_args<T, Ctx, S, Out>& a) {
     const std::size_t batch = a.batch();
@@ -499,39 +505,31 @@ private:
       return;  // layer I - 1 wrote this layer's output
     } else {
       const layer_precision_scope<layer_type<I>, Ctx> precision(ctx);
+      // Where the layer writes fp32: its output, or the fused activation's, or (when that is kept
+      // in bf16) the first gradient buffer, which forward does not otherwise use.
+      T* y;
+      if constexpr (writes16<I, B16> || encodes16<I, B16>) y = pingpong<B16>(ws, batch, 0);
+      else if constexpr (fused[I]) y = output_of<I + 1, B16>(a.y.data(), ws, batch);
+      else y = output_of<I, B16>(a.y.data(), ws, batch);
+      const forward_args_for<T, Ctx, layer_type<I>> args{
+          a.params + param_offsets[I],
+          {reads16<I, B16> ? nullptr : input_of<I, B16>(a.x.data(), ws, batch), batch},
+          {y, batch},
+          scratch_of<I, B16>(ws, batch),
+          child(a.info, I)};
       if constexpr (reads16<I, B16> || writes16<I, B16>) {
         const std::uint16_t* x16 = nullptr;
         std::uint16_t* y16 = nullptr;
-        T* y;
         if constexpr (reads16<I, B16>) x16 = stored_output_of<I - 1, B16>(ws, batch);
-        if constexpr (writes16<I, B16>) {
-          y16 = stored_output_of<I + 1, B16>(ws, batch);
-          y = pingpong<B16>(ws, batch, 0);  // the fp32 results, before they are encoded
-        } else if constexpr (fused[I]) {
-          y = output_of<I + 1, B16>(a.y.data(), ws, batch);
-        } else {
-          y = output_of<I, B16>(a.y.data(), ws, batch);
-        }
-        layer_type<I>::template forward_stored<fused_function_t<I>>(
-            ctx,
-            forward_args_for<T, Ctx, layer_type<I>>{a.params + param_offsets[I],
-                                                    {reads16<I, B16> ? nullptr : input_of<I, B16>(a.x.data(), ws, batch), batch},
-                                                    {y, batch},
-                                                    scratch_of<I, B16>(ws, batch),
-                                                    child(a.info, I)},
-            x16, y16);
+        if constexpr (writes16<I, B16>) y16 = stored_output_of<I + 1, B16>(ws, batch);
+        layer_type<I>::template forward_stored<fused_function_t<I>>(ctx, args, x16, y16);
       } else if constexpr (fused_with_next<I>) {
-        layer_type<I>::template forward_activated<typename layer_type<I + 1>::fused_activation::function>(
-            ctx, forward_args_for<T, Ctx, layer_type<I>>{a.params + param_offsets[I],
-                                                        {input_of<I, B16>(a.x.data(), ws, batch), batch},
-                                                        {output_of<I + 1, B16>(a.y.data(), ws, batch), batch},
-                                                        scratch_of<I, B16>(ws, batch), child(a.info, I)});
+        layer_type<I>::template forward_activated<typename layer_type<I + 1>::fused_activation::function>(ctx, args);
       } else {
-        layer_type<I>::forward(ctx, forward_args_for<T, Ctx, layer_type<I>>{a.params + param_offsets[I],
-                                                                         {input_of<I, B16>(a.x.data(), ws, batch), batch},
-                                                                         {output_of<I, B16>(a.y.data(), ws, batch), batch},
-                                                                         scratch_of<I, B16>(ws, batch), child(a.info, I)});
+        layer_type<I>::forward(ctx, args);
       }
+      if constexpr (encodes16<I, B16>)  // the output, kept as the encodings the next GEMMs would make
+        backend::to_bf16_weights(y, batch * outputs[I], stored_output_of<I, B16>(ws, batch));
     }
   }
   template <std::size_t J, bool B16, class T, class Ctx, class Hook>
@@ -557,13 +555,13 @@ private:
     const layer_precision_scope<layer_type<J>, Ctx> precision(ctx);
     const backward_args_for<T, Ctx, layer_type<J>> args{a.params + param_offsets[J],
                                                        {input_of<J, B16>(a.x.data(), ws, batch), batch},
-                                                       {output_of<J, B16>(a.y.data(), ws, batch), batch},
+                                                       {encodes16<J, B16> ? nullptr : output_of<J, B16>(a.y.data(), ws, batch), batch},
                                                        {g_out, batch},
                                                        {g_in, batch},
                                                        a.dparams + param_offsets[J],
                                                        scratch_of<J, B16>(ws, batch),
                                                        child(a.info, J)};
-    if constexpr (B16 && stored16[J])
+    if constexpr (B16 && stored16[J] && fused_into_previous<J>)
       layer_type<J>::backward_from_stored(ctx, args, stored_output_of<J, B16>(ws, batch));  // its output in bf16
     else if constexpr (fused_into_previous<J>)
       layer_type<J>::backward_from_output(ctx, args);  // its input was never written

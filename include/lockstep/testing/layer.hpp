@@ -19,7 +19,8 @@
 /// run under mixed<bf16> and mixed<fp16> against fp32 on the same rounded inputs, parameters and
 /// output gradients (mixed_precision_tolerance; a sequential or residual block is not, its layers
 /// are). A layer that reads and writes activations kept in bf16 (`bf16_activations`) is checked
-/// to compute, from bf16 encodings, the bits it computes from their widened values (stored_check).
+/// to compute, from bf16 encodings, the bits it computes from their widened values (stored_check),
+/// and one that says `backward_reads_output = false` to compute its backward without its output.
 /// Layers with non-trainable state get it after their
 /// parameters, as a model stores them. In the one file of a test binary that defines
 /// LOCKSTEP_TESTING_COUNT_ALLOCATIONS (see allocations.hpp), it also checks that a second forward
@@ -37,6 +38,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <limits>
 #include <string>
@@ -310,6 +312,33 @@ stored_results stored_check(std::size_t rows) {
   return r;
 }
 
+/// For a layer whose backward never reads its output (output_unread_v): whether its backward on
+/// `rows` rows in training mode, given an output of NaNs, writes the bits it writes given the
+/// output its forward computed.
+template <class B>
+bool unread_output_check(std::size_t rows) {
+  host_context ctx;
+  std::vector<float> params(B::param_count + state_count_v<B>);
+  B::init(params.data(), counter_rng(11, 5));
+  if constexpr (state_count_v<B> > 0) B::init_state(params.data() + B::param_count);
+  const std::size_t nx = rows * B::input_size, ny = rows * B::output_size;
+  std::vector<float> x(nx), y(ny), dy(ny), dx(nx), dp(B::param_count), dx2(nx), dp2(B::param_count);
+  for (std::size_t i = 0; i < nx; ++i) x[i] = static_cast<float>(layer_inputs<B>::value(i));
+  for (std::size_t i = 0; i < ny; ++i) dy[i] = static_cast<float>(std::cos(1.3 * double(i) + 0.1));
+  std::vector<float> ws(workspace_size<B>(rows) + 1);
+  const pass_info info = suite_info<B>(true);
+  run_forward<B>(ctx, params.data(), x.data(), y.data(), ws.data(), rows, info);
+  const std::vector<float> kept = ws;  // forward's workspace, for the second backward
+  run_backward<B>(ctx, params.data(), x.data(), y.data(), dy.data(), dx.data(), dp.data(), ws.data(), rows, info);
+  ws = kept;
+  std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
+  run_backward<B>(ctx, params.data(), x.data(), y.data(), dy.data(), dx2.data(), dp2.data(), ws.data(), rows, info);
+  const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  };
+  return same_bits(dx, dx2) && same_bits(dp, dp2);
+}
+
 }  // namespace detail
 
 }  // namespace lockstep::testing
@@ -359,6 +388,15 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
         CHECK(r.forward);
         CHECK(r.activated);
         CHECK(r.backward);
+      }
+    }
+  }
+
+  if constexpr (lockstep::output_unread_v<B> && lockstep::bound_layer_for<B, float, lockstep::host_context>) {
+    SUBCASE("backward_reads_output = false: backward given an output of NaNs writes the same bits") {
+      for (const std::size_t rows : {std::size_t{1}, std::size_t{7}, std::size_t{64}}) {
+        CAPTURE(rows);
+        CHECK(lt::detail::unread_output_check<B>(rows));
       }
     }
   }

@@ -274,8 +274,8 @@ public:
     return bits;
   }
 
-  /// True when a float model on this context keeps the activations between two layers that read
-  /// and write them in bf16 (a dense layer, the relu it applies, and the dense layer after it) as
+  /// True when a float model on this context keeps an activation that a dense layer reads (a relu
+  /// the dense layer before it applies, a dropout's output; see sequential's stored layouts) as
   /// bf16 encodings, half the bytes (pass_info::bf16_activations): under `mixed<bf16>` with
   /// set_bf16_activations on (the default) and subnormals flushed (flushes_denormals(), the
   /// default), where a relu output is never subnormal, so its bf16 encoding keeps whether it is
