@@ -351,8 +351,8 @@ public:
   /// Workspace elements per sample: inner activations, layer scratch and gradient ping-pong.
   static constexpr std::size_t workspace_per_sample = grads_offset<false> + (layer_count > 1 ? 2 * max_inner : 0);
   /// Workspace elements per sample in a pass that keeps activations in bf16
-  /// (pass_info::bf16_activations; workspace_bf16_v): each activation between two layers that
-  /// read and write bf16 (bf16_activations_v) in half the elements.
+  /// (pass_info::bf16_activations; workspace_bf16_v): each activation that the next layer reads in
+  /// bf16 (see stored_at) in half the elements, rounded up; never more than workspace_per_sample.
   static constexpr std::size_t workspace_per_sample_bf16 =
       grads_offset<true> + (layer_count > 1 ? 2 * max_inner : 0);
   /// Workspace elements independent of the batch: the layers' fixed scratch.
