@@ -140,11 +140,11 @@ TEST_CASE("for_each_index's AVX2 copy gives bitwise the baseline loop's results 
       });
 
     // Dropout's backward mask.
-    std::vector<float> keep(n);
-    for (std::size_t i = 0; i < n; ++i) keep[i] = (i * 7) % 3 == 0 ? 0.0f : 1.0f;
-    check_same_bits("dropout mask", {awkward(n, 8), keep, std::vector<float>(n)},
-                    [n](std::vector<std::vector<float>>& b) {
-                      return std::pair{ls::detail::dropout_mask_op<float>{b[0].data(), b[1].data(), b[2].data(), 1.25f},
+    std::vector<std::uint8_t> keep(n);
+    for (std::size_t i = 0; i < n; ++i) keep[i] = (i * 7) % 3 == 0 ? 0 : 1;
+    check_same_bits("dropout mask", {awkward(n, 8), std::vector<float>(n)},
+                    [n, &keep](std::vector<std::vector<float>>& b) {
+                      return std::pair{ls::detail::dropout_mask_op<float>{b[0].data(), keep.data(), b[1].data(), 1.25f},
                                        n};
                     });
   }

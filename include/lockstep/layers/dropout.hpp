@@ -28,7 +28,7 @@ template <class T>
 struct dropout_op {
   const T* in;               ///< x in forward, dy in backward
   T* out;                    ///< y in forward, dx in backward
-  T* keep;                   ///< where each element's mask (1 kept, 0 dropped) goes
+  std::uint8_t* keep;        ///< where each element's mask (1 kept, 0 dropped) goes, one byte each
   counter_rng rng;           ///< this layer's stream for this step
   std::uint64_t first;       ///< global element index of element 0 (sample_offset * width)
   std::uint64_t n;           ///< elements
@@ -45,7 +45,7 @@ struct dropout_op {
       const float u = static_cast<float>(bits.v[w] >> 8) * (1.0f / 16777216.0f);
       const bool kept = u >= rate;
       out[i] = kept ? in[i] * scale : T(0);
-      keep[i] = kept ? T(1) : T(0);
+      keep[i] = kept ? std::uint8_t{1} : std::uint8_t{0};
     }
   }
   /// Number of Philox blocks the elements span.
@@ -74,23 +74,23 @@ void dropout_host(const dropout_op<T>& op) {
     const std::uint32_t* wd = words + (jb - j0);
     const T* in = op.in + (jb - lead);
     T* out = op.out + (jb - lead);
-    T* keep = op.keep + (jb - lead);
+    std::uint8_t* keep = op.keep + (jb - lead);
     const T scale = op.scale;
     if constexpr (sizeof(T) == 4 || sizeof(T) == 8) {
       // The select as a bit mask (all ones where kept), which g++ vectorises where it would not
       // vectorise `kept ? in * scale : 0`; a dropped element is +0 either way.
       using bits_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
-      const bits_t one = std::bit_cast<bits_t>(T(1));
       for (std::size_t k = 0; k < je - jb; ++k) {
-        const bits_t mask = bits_t(0) - static_cast<bits_t>((wd[k] >> 8) >= threshold);
+        const bool kept = (wd[k] >> 8) >= threshold;
+        const bits_t mask = bits_t(0) - static_cast<bits_t>(kept);
         out[k] = std::bit_cast<T>(std::bit_cast<bits_t>(static_cast<T>(in[k] * scale)) & mask);
-        keep[k] = std::bit_cast<T>(one & mask);
+        keep[k] = static_cast<std::uint8_t>(kept);
       }
     } else {
       for (std::size_t k = 0; k < je - jb; ++k) {
         const bool kept = (wd[k] >> 8) >= threshold;
         out[k] = kept ? in[k] * scale : T(0);
-        keep[k] = kept ? T(1) : T(0);
+        keep[k] = static_cast<std::uint8_t>(kept);
       }
     }
   }
@@ -101,7 +101,7 @@ template <class T>
 struct dropout_mask_op {
   static constexpr bool avx2_copy = true;  ///< one element per call: for_each_index may run its AVX2 copy
   const T* dy;    ///< output gradient
-  const T* keep;  ///< forward's mask
+  const std::uint8_t* keep;  ///< forward's mask, one byte per element
   T* dx;          ///< input gradient
   T scale;        ///< 1 / (1 - rate)
   /// Computes element i. On the host the select is a bit mask (all ones where kept), which the
@@ -111,12 +111,12 @@ struct dropout_mask_op {
 #if !defined(__CUDA_ARCH__)
     if constexpr (sizeof(T) == 4 || sizeof(T) == 8) {
       using bits_t = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
-      const bits_t mask = bits_t(0) - static_cast<bits_t>(keep[i] != T(0));
+      const bits_t mask = bits_t(0) - static_cast<bits_t>(keep[i] != 0);
       dx[i] = std::bit_cast<T>(std::bit_cast<bits_t>(static_cast<T>(dy[i] * scale)) & mask);
       return;
     }
 #endif
-    dx[i] = keep[i] != T(0) ? dy[i] * scale : T(0);
+    dx[i] = keep[i] != 0 ? dy[i] * scale : T(0);
   }
 };
 }  // namespace detail
@@ -138,7 +138,9 @@ struct dropout {
     static constexpr std::size_t input_size = I;            ///< features in
     static constexpr std::size_t output_size = I;           ///< features out
     static constexpr std::size_t param_count = 0;           ///< no parameters
-    static constexpr std::size_t workspace_per_sample = I;  ///< the mask forward drew, for backward
+    /// The mask forward drew, for backward: one byte per feature, in elements of 4 bytes or more
+    /// (none when nothing is dropped).
+    static constexpr std::size_t workspace_per_sample = Num == 0 ? 0 : (I + 3) / 4;
     static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
     static constexpr bool backward_reads_output = false;  ///< backward reads the mask, never y (output_unread_v)
 
@@ -149,13 +151,13 @@ struct dropout {
     /// y = x * mask / (1 - rate) in training, y = x in evaluation.
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const forward_args<T, Ctx, shape<I>, shape<I>>& a) {
-      if (!a.info.training || Num == 0) {
-        copy(ctx, a.y.data(), a.x.data(), a.x.size());
+      if (Num == 0 || !a.info.training) {
+        copy(ctx, a.y.data(), a.x.data(), a.y.size());
         return;
       }
       const pass_info& info = a.info;
       const counter_rng rng(info.seed, layer_rng_stream(info.layer_stream, rng_purpose::dropout, info.step));
-      const detail::dropout_op<T> op{a.x.data(), a.y.data(), a.workspace, rng, (info.update_offset + info.sample_offset) * I, a.x.size(),
+      const detail::dropout_op<T> op{a.x.data(), a.y.data(), reinterpret_cast<std::uint8_t*>(a.workspace), rng, (info.update_offset + info.sample_offset) * I, a.x.size(),
                                      static_cast<float>(rate), scale<T>()};
       if constexpr (detail::host_context_v<Ctx>)
         detail::dropout_host(op);
@@ -171,7 +173,7 @@ struct dropout {
         copy(ctx, a.dx.data(), a.dy.data(), a.dx.size());
         return;
       }
-      for_each_index(ctx, a.dx.size(), detail::dropout_mask_op<T>{a.dy.data(), a.workspace, a.dx.data(), scale<T>()});
+      for_each_index(ctx, a.dx.size(), detail::dropout_mask_op<T>{a.dy.data(), reinterpret_cast<const std::uint8_t*>(a.workspace), a.dx.data(), scale<T>()});
     }
 
   private:
