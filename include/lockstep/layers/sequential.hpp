@@ -16,7 +16,7 @@
 #include <type_traits>
 #include <utility>
 
-#include <lockstep/backend/host/context.hpp>
+#include <lockstep/backend/host/ops.hpp>
 #include <lockstep/core/trace.hpp>
 #include <lockstep/layers/layer.hpp>
 
