@@ -81,10 +81,10 @@ struct pass_info {
   /// Where the layers keep those rows (set by the model from deferral_budget; null: they add their
   /// weight gradients batch by batch).
   gradient_deferral* deferral = nullptr;
-  /// The pass keeps the output of an activation between two layers that read and write it as bf16
-  /// encodings (bf16_activations_v) in bf16, half the bytes: set by a float host model under
-  /// `mixed<bf16>` (host_context::bf16_activations); a sequential then lays out its workspace as
-  /// `workspace_per_sample_bf16` says.
+  /// The pass keeps an activation that the next layer reads in bf16 (bf16_activations_v) as bf16
+  /// encodings, half the bytes, where that gives the same bits (see sequential's stored_at): set
+  /// by a float host model under `mixed<bf16>` (host_context::bf16_activations); a sequential then
+  /// lays out its workspace as `workspace_per_sample_bf16` says.
   bool bf16_activations = false;
 
   /// A training pass of update `step` of a model seeded with `seed` (the other fields are set
@@ -355,7 +355,8 @@ inline constexpr std::size_t workspace_bf16_v = [] {
 /// from their bf16 encodings x16 (when not null) and, applying the following activation Fn, writes
 /// its output as bf16 encodings y16 (when not null; a.y is then fp32 scratch of the output's
 /// shape), and `backward_stored(ctx, a, x16)`, its backward with the input read from x16. A
-/// sequential keeps an activation between two such layers in bf16 (pass_info::bf16_activations).
+/// sequential keeps the activation before such a layer in bf16 where the layer that writes it can
+/// (pass_info::bf16_activations).
 template <class B>
 inline constexpr bool bf16_activations_v = [] {
   if constexpr (requires { B::bf16_activations; }) return bool{B::bf16_activations};

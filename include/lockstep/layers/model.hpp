@@ -152,9 +152,9 @@ public:
     reserved_ = true;
   }
 
-  /// True when this model's passes on `ctx` keep the activations between two layers that read and
-  /// write them in bf16 as bf16 encodings (pass_info::bf16_activations): a float model on a host
-  /// context whose bf16_activations() is true.
+  /// True when this model's passes on `ctx` keep the activations that a layer reads in bf16 as
+  /// bf16 encodings (pass_info::bf16_activations): a float model on a host context whose
+  /// bf16_activations() is true.
   [[nodiscard]] static bool stores_bf16_activations([[maybe_unused]] const context_type& ctx) noexcept {
     if constexpr (std::is_same_v<T, float> && detail::host_context_v<context_type>)
       return ctx.bf16_activations();

@@ -155,21 +155,35 @@ inline double normwise_difference(const std::vector<float>& a, const std::vector
 struct precision_run {
   std::vector<float> y, dx, dp;  ///< output, input gradient, parameter gradient
 };
+/// The float parameters (then the state, as a model stores them), inputs and output gradients
+/// that the suite's float checks run B on for `rows` rows; with `round`, the parameters, inputs
+/// and output gradients rounded by it.
+template <class B>
+struct float_case {
+  std::vector<float> params;  ///< B's parameters, then its state
+  std::vector<float> x;       ///< rows x input_size inputs
+  std::vector<float> dy;      ///< rows x output_size output gradients
+  /// The case for `rows` rows, rounded by `round` when it is not null.
+  explicit float_case(std::size_t rows, float (*round)(float) = nullptr)
+      : params(B::param_count + state_count_v<B>), x(rows * B::input_size), dy(rows * B::output_size) {
+    B::init(params.data(), counter_rng(11, 5));
+    if constexpr (state_count_v<B> > 0) B::init_state(params.data() + B::param_count);
+    const auto r = [round](float v) { return round ? round(v) : v; };
+    for (std::size_t i = 0; i < B::param_count; ++i) params[i] = r(params[i]);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = r(static_cast<float>(layer_inputs<B>::value(i)));
+    for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = r(static_cast<float>(std::cos(1.3 * double(i) + 0.1)));
+  }
+};
+
 template <class B>
 precision_run run_in_precision(compute_precision p, float (*round)(float), std::size_t rows, const pass_info& info) {
   host_context ctx(1, true, p);
-  std::vector<float> params(B::param_count + state_count_v<B>);
-  B::init(params.data(), counter_rng(11, 5));
-  if constexpr (state_count_v<B> > 0) B::init_state(params.data() + B::param_count);
-  for (std::size_t i = 0; i < B::param_count; ++i) params[i] = round(params[i]);
-  std::vector<float> x(rows * B::input_size), dy(rows * B::output_size);
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = round(static_cast<float>(layer_inputs<B>::value(i)));
-  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = round(static_cast<float>(std::cos(1.3 * double(i) + 0.1)));
-  precision_run r{std::vector<float>(dy.size()), std::vector<float>(x.size()), std::vector<float>(B::param_count)};
+  const float_case<B> c(rows, round);
+  precision_run r{std::vector<float>(c.dy.size()), std::vector<float>(c.x.size()), std::vector<float>(B::param_count)};
   std::vector<float> ws(workspace_size<B>(rows) + 1);
-  lockstep::testing::run_forward<B>(ctx, params.data(), x.data(), r.y.data(), ws.data(), rows, info);
-  lockstep::testing::run_backward<B>(ctx, params.data(), x.data(), r.y.data(), dy.data(), r.dx.data(), r.dp.data(),
-                                     ws.data(), rows, info);
+  lockstep::testing::run_forward<B>(ctx, c.params.data(), c.x.data(), r.y.data(), ws.data(), rows, info);
+  lockstep::testing::run_backward<B>(ctx, c.params.data(), c.x.data(), r.y.data(), c.dy.data(), r.dx.data(),
+                                     r.dp.data(), ws.data(), rows, info);
   return r;
 }
 
@@ -277,35 +291,32 @@ template <class B>
 stored_results stored_check(std::size_t rows) {
   host_context ctx(1, true, compute_precision::bf16);
   ctx.set_gemm_precision(compute_precision::bf16);
-  std::vector<float> params(B::param_count + state_count_v<B>);
-  B::init(params.data(), counter_rng(11, 5));
-  if constexpr (state_count_v<B> > 0) B::init_state(params.data() + B::param_count);
-  const std::size_t nx = rows * B::input_size, ny = rows * B::output_size;
+  float_case<B> c(rows);
+  const float* params = c.params.data();
+  const std::size_t nx = c.x.size(), ny = c.dy.size();
   std::vector<std::uint16_t> x16(nx), y16(ny), ref16(ny);
-  std::vector<float> x(nx), dy(ny), y_ref(ny), y(ny), dx_ref(nx), dx(nx), dp_ref(B::param_count), dp(B::param_count);
-  for (std::size_t i = 0; i < nx; ++i) x[i] = static_cast<float>(layer_inputs<B>::value(i));
-  backend::to_bf16_weights(x.data(), nx, x16.data());
-  for (std::size_t i = 0; i < nx; ++i) x[i] = from_bf16_bits(x16[i]);
-  for (std::size_t i = 0; i < ny; ++i) dy[i] = static_cast<float>(std::cos(1.3 * double(i) + 0.1));
+  backend::to_bf16_weights(c.x.data(), nx, x16.data());
+  for (std::size_t i = 0; i < nx; ++i) c.x[i] = from_bf16_bits(x16[i]);  // the values the encodings hold
+  std::vector<float> y_ref(ny), y(ny), dx_ref(nx), dx(nx), dp_ref(B::param_count), dp(B::param_count);
   std::vector<float> ws(workspace_size<B>(rows) + 1), ws2(ws.size());
   const pass_info info = suite_info<B>(true);
   using fargs = forward_args_for<float, host_context, B>;
   using bargs = backward_args_for<float, host_context, B>;
   stored_results r;
-  B::forward(ctx, fargs{params.data(), {x.data(), rows}, {y_ref.data(), rows}, ws.data(), info});
-  B::template forward_stored<void>(ctx, fargs{params.data(), {nullptr, rows}, {y.data(), rows}, ws2.data(), info},
-                                   x16.data(), nullptr);
+  B::forward(ctx, fargs{params, {c.x.data(), rows}, {y_ref.data(), rows}, ws.data(), info});
+  B::template forward_stored<void>(ctx, fargs{params, {nullptr, rows}, {y.data(), rows}, ws2.data(), info}, x16.data(),
+                                   nullptr);
   r.forward = y == y_ref;
-  B::backward(ctx, bargs{params.data(), {x.data(), rows}, {y_ref.data(), rows}, {dy.data(), rows},
-                         {dx_ref.data(), rows}, dp_ref.data(), ws.data(), info});
-  B::backward_stored(ctx, bargs{params.data(), {nullptr, rows}, {y.data(), rows}, {dy.data(), rows},
-                                {dx.data(), rows}, dp.data(), ws2.data(), info},
+  B::backward(ctx, bargs{params, {c.x.data(), rows}, {y_ref.data(), rows}, {c.dy.data(), rows}, {dx_ref.data(), rows},
+                         dp_ref.data(), ws.data(), info});
+  B::backward_stored(ctx, bargs{params, {nullptr, rows}, {y.data(), rows}, {c.dy.data(), rows}, {dx.data(), rows},
+                                dp.data(), ws2.data(), info},
                      x16.data());
   r.backward = dx == dx_ref && dp == dp_ref;
   if constexpr (requires { typename B::fuses_activation; }) {
-    B::template forward_activated<relu_fn>(ctx, fargs{params.data(), {x.data(), rows}, {y_ref.data(), rows}, ws.data(), info});
+    B::template forward_activated<relu_fn>(ctx, fargs{params, {c.x.data(), rows}, {y_ref.data(), rows}, ws.data(), info});
     backend::to_bf16_weights(y_ref.data(), ny, ref16.data());
-    B::template forward_stored<relu_fn>(ctx, fargs{params.data(), {nullptr, rows}, {y.data(), rows}, ws2.data(), info},
+    B::template forward_stored<relu_fn>(ctx, fargs{params, {nullptr, rows}, {y.data(), rows}, ws2.data(), info},
                                         x16.data(), y16.data());
     r.activated = y16 == ref16;
   }
@@ -318,21 +329,17 @@ stored_results stored_check(std::size_t rows) {
 template <class B>
 bool unread_output_check(std::size_t rows) {
   host_context ctx;
-  std::vector<float> params(B::param_count + state_count_v<B>);
-  B::init(params.data(), counter_rng(11, 5));
-  if constexpr (state_count_v<B> > 0) B::init_state(params.data() + B::param_count);
-  const std::size_t nx = rows * B::input_size, ny = rows * B::output_size;
-  std::vector<float> x(nx), y(ny), dy(ny), dx(nx), dp(B::param_count), dx2(nx), dp2(B::param_count);
-  for (std::size_t i = 0; i < nx; ++i) x[i] = static_cast<float>(layer_inputs<B>::value(i));
-  for (std::size_t i = 0; i < ny; ++i) dy[i] = static_cast<float>(std::cos(1.3 * double(i) + 0.1));
+  const float_case<B> c(rows);
+  std::vector<float> y(c.dy.size()), dx(c.x.size()), dp(B::param_count), dx2(dx.size()), dp2(dp.size());
   std::vector<float> ws(workspace_size<B>(rows) + 1);
   const pass_info info = suite_info<B>(true);
-  run_forward<B>(ctx, params.data(), x.data(), y.data(), ws.data(), rows, info);
+  run_forward<B>(ctx, c.params.data(), c.x.data(), y.data(), ws.data(), rows, info);
   const std::vector<float> kept = ws;  // forward's workspace, for the second backward
-  run_backward<B>(ctx, params.data(), x.data(), y.data(), dy.data(), dx.data(), dp.data(), ws.data(), rows, info);
+  run_backward<B>(ctx, c.params.data(), c.x.data(), y.data(), c.dy.data(), dx.data(), dp.data(), ws.data(), rows, info);
   ws = kept;
   std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
-  run_backward<B>(ctx, params.data(), x.data(), y.data(), dy.data(), dx2.data(), dp2.data(), ws.data(), rows, info);
+  run_backward<B>(ctx, c.params.data(), c.x.data(), y.data(), c.dy.data(), dx2.data(), dp2.data(), ws.data(), rows,
+                  info);
   const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
   };

@@ -89,13 +89,13 @@ inline void rounded_gemm(const host_context& ctx, trans ta, trans tb, std::size_
 
 /// The bf16 GEMM (m, n, k > 0): oneDNN's bf16 kernels where the CPU has them, else rounded_gemm
 /// (both accumulate the same exact products in fp32: they differ only in the order of the
-/// additions).
+/// additions). `a_bits` (or null): A's encodings, dense, given in place of `a` (an activation kept
+/// in bf16).
 inline void bf16gemm(const host_context& ctx, trans ta, trans tb, std::size_t m, std::size_t n, std::size_t k,
                      float alpha, const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta,
-                     float* c, std::size_t ldc) {
+                     float* c, std::size_t ldc, const std::uint16_t* a_bits = nullptr) {
   // An operand that is a dense run of the model's weight copy is read from it, not converted.
-  const std::uint16_t* a_bits =
-      ctx.weight_copy_of(a, ta == trans::yes ? k : m, ta == trans::yes ? m : k, lda);
+  if (!a_bits) a_bits = ctx.weight_copy_of(a, ta == trans::yes ? k : m, ta == trans::yes ? m : k, lda);
   const std::uint16_t* b_bits =
       ctx.weight_copy_of(b, tb == trans::yes ? n : k, tb == trans::yes ? k : n, ldb);
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
@@ -180,16 +180,7 @@ inline void gemm_bf16_input(const host_context& ctx, trans ta, trans tb, std::si
       for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
-  const std::uint16_t* b_bits = ctx.weight_copy_of(b, tb == trans::yes ? n : k, tb == trans::yes ? k : n, ldb);
-#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
-  if (ctx.gemm_cache().native_bf16()) {
-    ctx.gemm_cache().bf16gemm(ctx.blas_threads(), ta == trans::yes, tb == trans::yes, m, n, k, alpha, nullptr,
-                              ta == trans::yes ? m : k, b, ldb, beta, c, ldc, a16, b_bits);
-    return;
-  }
-#endif
-  detail::rounded_gemm<round_to_bf16>(ctx, ta, tb, m, n, k, alpha, nullptr, ta == trans::yes ? m : k, b, ldb, beta,
-                                      c, ldc, a16, b_bits);
+  detail::bf16gemm(ctx, ta, tb, m, n, k, alpha, nullptr, ta == trans::yes ? m : k, b, ldb, beta, c, ldc, a16);
 }
 
 /// Double-precision GEMM (used by gradient checks), same contract as the float overload (CBLAS in
