@@ -104,8 +104,8 @@ def step_chart(rows, path):
 
 
 def scaling_chart(rows, path):
-    names = {"lockstep `mirrored<cpu<0>, cpu<1>>` (threads)": "lockstep\nthreads",
-             "the same with `shard_optimizer`": "lockstep threads\nsharded update",
+    names = {"lockstep `mirrored<cpu<0>, cpu<1>>` (threads), `shard_optimizer = false`": "lockstep\nthreads",
+             "the same with `shard_optimizer` (the default for SGD with momentum)": "lockstep threads\nsharded update",
              "lockstep `multi_worker_mirrored`, `mpirun -np 2`": "lockstep\n2 processes (MPI)",
              "TensorFlow MirroredStrategy, 2 logical CPUs, tf.data": "TensorFlow\nMirroredStrategy",
              "PyTorch DDP, gloo, 2 processes": "PyTorch DDP\n(gloo)"}

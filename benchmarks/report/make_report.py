@@ -280,8 +280,10 @@ def scaling_section(run):
     p1, p2 = run.find("torch_ddp_1", "samples_per_s"), run.find("torch_ddp_2", "samples_per_s")
     rows = []
     for what, a, b, na, nb, peer in [
-            ("lockstep `mirrored<cpu<0>, cpu<1>>` (threads)", o1, o2, "ours_scaling", "ours_scaling", None),
-            ("the same with `shard_optimizer`", o1, o2s, "ours_scaling", "ours_scaling", None),
+            ("lockstep `mirrored<cpu<0>, cpu<1>>` (threads), `shard_optimizer = false`", o1, o2, "ours_scaling",
+             "ours_scaling", None),
+            ("the same with `shard_optimizer` (the default for SGD with momentum)", o1, o2s, "ours_scaling",
+             "ours_scaling", None),
             ("limit: 2 one-device trainings of half the batch each, at once, exchanging nothing", o1, oi,
              "ours_scaling", "ours_scaling", None),
             ("lockstep `multi_worker_mirrored`, `mpirun -np 2`", m1, m2, "ours_scaling_mpi", "ours_scaling_mpi", None),
@@ -289,9 +291,9 @@ def scaling_section(run):
             ("PyTorch DDP, gloo, 2 processes", p1, p2, "torch_ddp_1", "torch_ddp_2", "pytorch")]:
         sp = b / a if a and b else None
         rows.append([what, cell(run, a, na, peer), cell(run, b, nb, peer), fmt(sp, 2) or "—",
-                     ratio(o2, b) if peer else "—", ratio(sp, 2.0) if sp else "—"])
+                     ratio(o2s or o2, b) if peer else "—", ratio(sp, 2.0) if sp else "—"])
     head = ["system", "1 replica, samples/s", "2 replicas, samples/s", "speedup",
-            "lockstep threads (2 replicas) / it", "speedup / 2 (limit: linear scaling)"]
+            "lockstep threads (2 replicas, the default) / it", "speedup / 2 (limit: linear scaling)"]
     text = ("Config M (784-512-512-10, ReLU) at global batch 256, SGD with momentum, one thread per replica; each "
             "system's one-replica figure is measured in the same run (bench_scaling; `tf_bench.py mirrored --replicas 1|2`; "
             "`torch_bench.py ddp --replicas 1|2`). The limit row (bench_scaling's `independent=2`) trains two one-device "

@@ -1,5 +1,5 @@
 // strategy_options::shard_optimizer (ZeRO stage 1): each replica updates its 1/N of the
-// parameters with its 1/N of the optimiser state, then copies the others' slices. The update is
+// parameters with its 1/N of the optimiser state, then the slices are gathered. The update is
 // elementwise, so sharded training must give the very same bits as unsharded training, for every
 // optimiser, replica count, determinism level and parameter count (also fewer parameters than
 // replicas), and its state — put together for a checkpoint — must be the unsharded state.
@@ -84,7 +84,11 @@ void check_sharded_is_unsharded(const Opt& opt, std::size_t arrays) {
     // each replica keeps only its slice's state: arrays x (its share of the parameters)
     std::size_t total = 0;
     for (std::size_t r = 0; r < n; ++r) {
-      const std::size_t share = ls::model<net>::param_count * (r + 1) / n - ls::model<net>::param_count * r / n;
+      // slices on the epilogue's grid where the reducer reduces onto them (host_allreduce)
+      const auto [lo, hi] = Strategy::shards_on_grid ? ls::grid_slice(ls::model<net>::param_count, r, n)
+                                                     : std::pair<std::size_t, std::size_t>{ls::model<net>::param_count * r / n,
+                                                                                           ls::model<net>::param_count * (r + 1) / n};
+      const std::size_t share = hi - lo;
       CHECK(sharded.state_sizes[r] == arrays * share);
       CHECK(plain.state_sizes[r] == arrays * ls::model<net>::param_count);
       total += sharded.state_sizes[r];
@@ -282,7 +286,7 @@ run train(std::size_t replicas, bool shard, const ls::update_recipe& recipe) {
 
 TEST_CASE("shard_optimizer with a reducer that reduces onto the slices: the epilogue's grid, the same bits, no sum read outside a replica's slice") {
   static_assert(ls::reduces_to_slices_v<grid::poisoning_slice_reducer>);
-  static_assert(!ls::reduces_to_slices_v<ls::host_allreduce>);
+  static_assert(ls::reduces_to_slices_v<ls::host_allreduce>);  // the default host reducer reduces onto the slices too
   const ls::update_recipe plain_recipe{};
   const ls::update_recipe guarded{.clip_global_norm = 0.5, .nonfinite = ls::nonfinite_policy::skip, .ema = {.decay = 0.9}};
   for (const ls::update_recipe* recipe : {&plain_recipe, &guarded}) {
@@ -367,4 +371,35 @@ TEST_CASE("shard_optimizer: an optimiser that is not elementwise is refused, nam
   host plain(ls::device_selection::first(2));
   auto m2 = plain.replicate<net>(ls::seed{1});
   CHECK_NOTHROW((void)ls::train_step(plain, m2, user::normalised_sgd{}, ls::softmax_cross_entropy{}, distributed(b, 2)));
+}
+
+namespace {
+// Whether the default setting (optimizer_sharding::automatic()) shards a model of `replicas`
+// replicas of strategy S trained by `opt`, decided at its first update.
+template <class S, class Opt>
+bool shards_by_default(std::size_t replicas, const Opt& opt) {
+  S s(ls::device_selection::first(replicas));
+  auto m = s.template replicate<net>(ls::seed{3});
+  (void)ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distributed(make_batch(12, 0), replicas));
+  return m.optimizer_sharded();
+}
+}  // namespace
+
+TEST_CASE("shard_optimizer, automatic: host replicas shard Adam, AdamW and SGD with momentum where the reducer reduces onto the slices, Adam and AdamW elsewhere") {
+  using to_one = ls::basic_mirrored<ls::reduce_to_one_device<ls::cpu<0>>, ls::determinism::run_to_run, ls::cpus>;
+  static_assert(host::shards_on_grid && !to_one::shards_on_grid);
+  const ls::sgd plain{.lr = 0.01f}, momentum{.lr = 0.01f, .momentum = 0.9f};
+  const ls::adam adam{.lr = 1e-3f};
+  const ls::adamw adamw{.lr = 1e-3f};
+  for (const std::size_t n : {2u, 3u}) {
+    CAPTURE(n);
+    CHECK(shards_by_default<host>(n, adam));
+    CHECK(shards_by_default<host>(n, adamw));
+    CHECK(shards_by_default<host>(n, momentum));
+    CHECK_FALSE(shards_by_default<host>(n, plain));  // no state to split
+    CHECK(shards_by_default<to_one>(n, adamw));
+    CHECK_FALSE(shards_by_default<to_one>(n, momentum));
+    CHECK(shards_by_default<invariant>(n, momentum));
+  }
+  CHECK_FALSE(shards_by_default<host>(1, adamw));  // one replica has nothing to split
 }

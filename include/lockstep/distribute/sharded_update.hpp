@@ -216,6 +216,26 @@ public:
     }
   }
 
+  /// After the reducer gathered the updated slices of the parameters (reduces_to_slices_v): on
+  /// the host, copies the other replicas' slices of their bf16 weight copies into replica r's
+  /// (basic_model::has_weight_copy), which is then current; elsewhere nothing (on GPUs the next
+  /// pass rewrites the copy whole). Call on replica r's worker once every replica has updated.
+  void gather_weight_copy(replicas_view reps, std::size_t r) const {
+    if constexpr (device_memory<kind_type>::host_accessible) {
+      if (!sharded_) return;
+      auto& me = reps[r]->model();
+      for (std::size_t s = 0; s < reps.size(); ++s) {
+        if (s == r) continue;
+        const auto [lo, hi] = slice(s);
+        me.take_weight_copy(reps[r]->context(), std::as_const(*reps[s]).model(), std::as_const(*reps[s]).context(), lo, hi);
+      }
+      me.weight_copy_complete(reps[r]->context());
+    } else {
+      (void)reps;
+      (void)r;
+    }
+  }
+
   /// The optimiser state of all parameters as a host vector (empty before the first update):
   /// replica 0's, or the replicas' slices put together in the layout of an unsharded state (k
   /// arrays of param_count).

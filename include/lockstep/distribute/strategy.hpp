@@ -465,8 +465,10 @@ public:
 
   /// Under strategy_options::shard_optimizer = optimizer_sharding::automatic() (the default):
   /// decides whether the update of `m`, trained with `opt`, is sharded — yes on host replicas,
-  /// two or more in this process, with an elementwise optimiser that keeps two or more state
-  /// values per parameter (adam, adamw) — while `m` has applied no update and holds no optimiser
+  /// two or more in this process, with an elementwise optimiser that keeps one or more state
+  /// values per parameter (adam, adamw, sgd with momentum) where the reducer reduces onto the
+  /// slices (shards_on_grid: host_allreduce), two or more (adam, adamw) with other reducers (what
+  /// bench_scaling measured faster) — while `m` has applied no update and holds no optimiser
   /// state; otherwise, and under `true` or `false`, it changes nothing. train_step calls it before
   /// the model's first update, and fit before it restores a checkpoint (so a resumed run shards as
   /// the first run did); a custom loop that restores a checkpoint calls it first.
@@ -479,7 +481,7 @@ public:
     constexpr std::size_t n = model_type<Net, T>::param_count;
     bool shard = false;
     if constexpr (device_memory<Kind>::host_accessible && optimizer_elementwise_v<Optimizer>)
-      shard = m.size() > 1 && opt.state_size(n) >= 2 * n;
+      shard = m.size() > 1 && opt.state_size(n) >= (shards_on_grid ? 1 : 2) * n;
     m.set_optimizer_sharding(shard, shards_on_grid);
   }
 
@@ -635,10 +637,15 @@ private:
     constexpr std::size_t P = model_type<Net, T>::param_count;
     std::string text = "lockstep: update " + std::to_string(m.step() + 1) + " (step " + std::to_string(m.step()) +
                        "): " + what;
-    // The first non-finite parameter gradient, from replica 0's reduced sums.
+    // The first non-finite parameter gradient, from the reduced sums: replica 0's, or, where the
+    // reducer reduced onto the update's slices, each replica's own slice.
     std::vector<T> g(P);
-    copy_to_host(m.replica(0).context(), g.data(), m.replica(0).model().gradients().data(), P);
-    m.replica(0).context().synchronize();
+    const bool slices = m.update_plan().on_grid();
+    for (std::size_t r = 0; r < (slices ? m.size() : 1); ++r) {
+      const auto [lo, hi] = slices ? m.update_plan().slice(r) : std::pair<std::size_t, std::size_t>{0, P};
+      copy_to_host(m.replica(r).context(), g.data() + lo, m.replica(r).model().gradients().data() + lo, hi - lo);
+      m.replica(r).context().synchronize();
+    }
     std::size_t at = P;
     for (std::size_t i = 0; i < P; ++i)
       if (!(g[i] - g[i] == 0)) {

@@ -95,6 +95,7 @@ void gather_update(Replicated& m, Reducer& reducer, std::size_t r) {
     if (m.update_plan().on_grid()) {
       auto& rep = m.replica(r);
       reducer.gather_slices(r, rep.context(), rep.model().parameters().data(), m.update_plan().slices());
+      m.update_plan().gather_weight_copy(m.replicas(), r);
       return;
     }
   }

@@ -57,6 +57,7 @@ public:
         stage_(new padded_counter[replicas]),
         ptrs_(ids * replicas, nullptr),
         counts_(ids * replicas, 0),
+        args_(ids * replicas, nullptr),
         local_(replicas),
         hub_(replicas <= std::max(1u, std::thread::hardware_concurrency()) ? 1024u : 0u) {
     if (replicas == 0) throw config_error("lockstep: a reducer needs at least one replica");
@@ -81,10 +82,14 @@ public:
 
   /// Replica r's data pointer for bucket b (valid inside the collective's work).
   [[nodiscard]] void* pointer(std::size_t bucket, std::size_t r) const noexcept { return ptrs_[bucket * n_ + r]; }
+  /// Replica r's argument for the work of its collective on bucket b (start's `arg`; valid inside
+  /// the collective's work).
+  [[nodiscard]] const void* argument(std::size_t bucket, std::size_t r) const noexcept { return args_[bucket * n_ + r]; }
 
   /// Replica r arrives at a collective on `bucket` over `count` elements at `data`; `work` runs on
-  /// this thread once everyone has arrived (here if they already have, else in a later start or wait).
-  void start(std::size_t r, std::size_t bucket, void* data, std::size_t count, work_fn work) {
+  /// this thread once everyone has arrived (here if they already have, else in a later start or
+  /// wait), and may read `arg` through argument().
+  void start(std::size_t r, std::size_t bucket, void* data, std::size_t count, work_fn work, const void* arg = nullptr) {
     throw_if_aborted(r, bucket);
     if (bucket >= ids_)
       throw config_error("lockstep: collective id " + std::to_string(bucket) + " is beyond the reducer's " +
@@ -96,6 +101,7 @@ public:
     const std::uint64_t seq = ++l.issued;
     ptrs_[bucket * n_ + r] = data;
     counts_[bucket * n_ + r] = count;
+    args_[bucket * n_ + r] = arg;
     l.ring[l.tail++ % l.ring.size()] = pending{seq, bucket, count, work};
     l.bucket_seq[bucket] = seq;
     arrived_[r].value.store(seq, std::memory_order_release);
@@ -249,6 +255,7 @@ private:
   std::unique_ptr<padded_counter[]> arrived_, finished_, stage_;
   std::vector<void*> ptrs_;
   std::vector<std::size_t> counts_;
+  std::vector<const void*> args_;
   std::vector<local_state> local_;
   std::atomic<bool> aborted_{false};
   wake_hub hub_;

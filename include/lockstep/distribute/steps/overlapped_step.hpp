@@ -4,7 +4,8 @@
 /// its own shard; each gradient bucket's all-reduce starts from the backward hook as soon as the
 /// bucket's lowest layer is done, while the layers below it still compute; then every replica
 /// waits for its buckets and makes the same update (the strategy's finish: epilogue, optimiser,
-/// EMA; sharded, a second phase copies the others' slices). Under gradient accumulation the
+/// EMA; sharded, each replica then meets the others at a barrier and copies their slices, in the
+/// same job: no second hand-off to the workers). Under gradient accumulation the
 /// batches before an update's last one add into each replica's own gradients, with no
 /// collective (a host replica's large dense layers keep their rows instead and form their weight
 /// gradients at the last batch, within strategy_options::deferred_gradient_bytes). Summation
@@ -26,6 +27,7 @@
 #include <lockstep/distribute/buckets.hpp>
 #include <lockstep/distribute/collective_ids.hpp>
 #include <lockstep/distribute/concepts.hpp>
+#include <lockstep/distribute/detail/host_comm.hpp>
 #include <lockstep/distribute/detail/row_exchange.hpp>
 #include <lockstep/distribute/executor.hpp>
 #include <lockstep/distribute/steps/step_policy.hpp>
@@ -45,7 +47,7 @@ public:
   /// The policy of a strategy with `replicas` local replicas in `world`. A lone replica of a lone
   /// worker skips the reducer; batch-coupled layers exchange rows through the world's row span.
   overlapped_step(std::size_t replicas, const strategy_options& o, World& world)
-      : loss_(replicas), world_(&world), exchange_(replicas, o.timeout, world.row_span()),
+      : loss_(replicas), world_(&world), exchange_(replicas, o.timeout, world.row_span()), sync_(replicas, o.timeout),
         deferral_budget_(o.deferred_gradient_bytes) {}
 
   /// One batch of an update of `m` on `b` through `ex` and `reducer` (see step_policy.hpp).
@@ -57,7 +59,7 @@ public:
     const std::size_t n = ex.size();
     const bool alone = n == 1 && world_->size() == 1;
     // An update sharded on the epilogue's grid for a reducer that reduces onto the slices.
-    [[maybe_unused]] const bool on_grid = m.update_plan().on_grid();
+    const bool on_grid = m.update_plan().on_grid();
     if (part.first)
       for (auto& l : loss_) l = {};
     auto job = [&](std::size_t r) {
@@ -111,20 +113,22 @@ public:
       loss_[r].correct += l.correct;
       loss_[r].labelled += l.labelled;
       if (part.last) {
-        const work_span span(ctx, info.trace, r, "update", "compute");
-        finish.apply(r, false);
+        {
+          const work_span span(ctx, info.trace, r, "update", "compute");
+          finish.apply(r, false);
+        }
+        // The sharded update: every replica has applied its slice before anyone copies (the
+        // reducer's gather waits for that itself). A barrier within the job, where a second job
+        // would hand off to every worker again.
+        if (finish.gathers()) {
+          if (!on_grid) sync_.barrier(r);
+          const trace_span span(info.trace, r, "gather update", "communication");
+          finish.gather(r);
+        }
       }
       end_device_spans(ctx, info.trace, r);
     };
     ex.execute(job, info.step);
-    // A second phase (the sharded update's copy of the others' slices) once every replica applied.
-    if (part.last && finish.gathers()) {
-      auto gather = [&](std::size_t r) {
-        const trace_span span(info.trace, r, "gather update", "communication");
-        finish.gather(r);
-      };
-      ex.execute(gather, info.step);
-    }
     step_stats out;
     for (const auto& l : loss_) {  // in replica order
       out.loss_sum += l.sum;
@@ -141,15 +145,23 @@ public:
     return out;
   }
 
-  /// Releases replicas waiting in the row exchange (the reducer is aborted by the strategy).
-  void abort() noexcept { exchange_.abort(); }
+  /// Releases replicas waiting in the row exchange or at the sharded update's barrier (the
+  /// reducer is aborted by the strategy).
+  void abort() noexcept {
+    exchange_.abort();
+    sync_.abort();
+  }
   /// Ready again after a failure.
-  void reset() noexcept { exchange_.reset(); }
+  void reset() noexcept {
+    exchange_.reset();
+    sync_.reset();
+  }
 
 private:
   std::vector<loss_sum> loss_;
   World* world_;
   detail::host_row_exchange exchange_;
+  detail::host_comm sync_;  // the sharded update's barrier between applying and copying the slices
   std::size_t deferral_budget_;
 };
 

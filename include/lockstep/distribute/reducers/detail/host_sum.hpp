@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <utility>
 
 #include <lockstep/distribute/detail/host_comm.hpp>
@@ -53,6 +54,47 @@ void allreduce_work(host_comm& c, std::size_t r, std::size_t bucket, std::size_t
   sum_range<T>(c, bucket, lo, hi, [&](std::size_t b, const T* acc, std::size_t m) {
     for (std::size_t j = 0; j < n; ++j) std::memcpy(static_cast<T*>(c.pointer(bucket, j)) + b, acc, m * sizeof(T));
   });
+}
+
+/// What replica r's part of a collective on the update's slices reads (host_comm::argument): where
+/// its bucket starts in the flat parameter vector and every replica's slice [first, last) of it.
+struct slice_job {
+  std::size_t offset = 0;                                       ///< the bucket's first element
+  std::span<const std::pair<std::size_t, std::size_t>> slices;  ///< every replica's slice, in replica order
+};
+
+/// Slice `s` of the flat vector as a range of the bucket [offset, offset + count) (empty where
+/// they do not meet).
+inline std::pair<std::size_t, std::size_t> slice_in_bucket(std::pair<std::size_t, std::size_t> s, std::size_t offset,
+                                                            std::size_t count) noexcept {
+  const std::size_t lo = std::clamp(s.first, offset, offset + count) - offset;
+  const std::size_t hi = std::clamp(s.second, offset, offset + count) - offset;
+  return {lo, std::max(lo, hi)};
+}
+
+/// The reduce-scatter onto the update's slices: replica r sums, in order 0..N-1, the part of the
+/// bucket its own slice holds, into its own buffer only (the sums allreduce_work writes, bit for
+/// bit; the rest of its buffer keeps its own gradient).
+template <class T>
+void reduce_to_slices_work(host_comm& c, std::size_t r, std::size_t bucket, std::size_t count, std::uint64_t) {
+  if (c.replicas() == 1) return;
+  const auto& job = *static_cast<const slice_job*>(c.argument(bucket, r));
+  const auto [lo, hi] = slice_in_bucket(job.slices[r], job.offset, count);
+  T* const mine = static_cast<T*>(c.pointer(bucket, r));
+  sum_range<T>(c, bucket, lo, hi, [&](std::size_t b, const T* acc, std::size_t m) { std::memcpy(mine + b, acc, m * sizeof(T)); });
+}
+
+/// The all-gather of the updated slices: replica r writes its own slice into every other
+/// replica's buffer. Writing (not reading the others') leaves each slice's lines in its owner's
+/// cache alone, so the owner's next update does not wait for other cores to give them up.
+template <class T>
+void push_slices_work(host_comm& c, std::size_t r, std::size_t bucket, std::size_t, std::uint64_t) {
+  const auto& job = *static_cast<const slice_job*>(c.argument(bucket, r));
+  const auto [lo, hi] = job.slices[r];
+  if (hi <= lo) return;
+  const T* const mine = static_cast<const T*>(c.pointer(bucket, r));
+  for (std::size_t j = 0; j < c.replicas(); ++j)
+    if (j != r) std::memcpy(static_cast<T*>(c.pointer(bucket, j)) + lo, mine + lo, (hi - lo) * sizeof(T));
 }
 
 template <class T>

@@ -26,6 +26,8 @@ namespace lockstep_archetypes {
 class cells_reducer : public lockstep::host_allreduce {
 public:
   using lockstep::host_allreduce::host_allreduce;
+  /// Reduces with start() only: a sharded update's slices are gathered by the strategy's copies.
+  static constexpr bool reduces_to_slices = false;
   /// Serves `cells` replicas (and host ones).
   template <class Kind>
   static constexpr bool supports_kind =
