@@ -74,7 +74,7 @@ struct strategy_options {
   bool pin_replicas = true;                   ///< pin host replica r's thread to the r-th allowed CPU (when there are enough; replica 0's, the caller's, only while a job runs)
   bool flush_denormals = true;                ///< host replicas flush subnormal floats to zero (see host_context)
   /// Splits the optimiser update and its state over the replicas (as ZeRO stage 1): replica r
-  /// updates its 1/N of the parameters, then each copies the others' slices; optimiser state
+  /// updates its 1/N of the parameters, then the slices are gathered on every replica; optimiser state
   /// memory per replica ÷ N, the same bits as unsharded. Host replicas, or GPU replicas (on one
   /// GPU or several: the copies are peer copies); elementwise optimisers (sgd, adam, adamw; see
   /// optimizer_elementwise_v). `true` shards (or refuses what cannot be sharded), `false` never

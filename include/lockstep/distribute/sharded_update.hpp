@@ -4,9 +4,12 @@
 /// (strategy_options::shard_optimizer, as ZeRO stage 1), as one unit. Unsharded, every replica
 /// updates every parameter and keeps the whole optimiser state and EMA. Sharded, replica r
 /// updates only its slice of the parameters, [P r / N, P (r + 1) / N) (the slices differ in
-/// length by at most one), and keeps only that slice's optimiser state and EMA (plus the EMA of the
-/// non-trainable state, which every replica keeps); once every replica has updated its slice,
-/// `gather` copies the others' slices into it. The update is elementwise, so the parameters are
+/// length by at most one), or, for a reducer that reduces onto the slices (reduces_to_slices_v:
+/// host_allreduce, NCCL), whole chunks of the epilogue's grid (grid_slice), and keeps only that
+/// slice's optimiser state and EMA (plus the EMA of the non-trainable state, which every replica
+/// keeps); once every replica has updated its slice, `gather` copies the others' slices into it
+/// (on the grid, the reducer's gather_slices does, and gather_weight_copy completes the bf16
+/// weight copy on the host). The update is elementwise, so the parameters are
 /// bitwise those of the unsharded update, and the state and EMA put together for a checkpoint
 /// (`state_to_host`, `ema_to_host`) are those an unsharded update keeps, so a checkpoint does not
 /// depend on the sharding or the replica count.
