@@ -33,11 +33,15 @@
 #include <chrono>
 #include <concepts>
 #include <cstddef>
+#include <span>
+#include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <lockstep/backend/context.hpp>
 #include <lockstep/backend/host/context.hpp>
+#include <lockstep/core/error.hpp>
 #include <lockstep/distribute/collective_ids.hpp>
 #include <lockstep/distribute/concepts.hpp>
 
@@ -78,6 +82,18 @@ template <class R>
 inline constexpr bool reduces_to_slices_v = requires { requires R::reduces_to_slices; };
 
 namespace detail {
+/// Checks the slices a reducer that reduces onto them is given (reduces_to_slices_v): one per
+/// replica of `replicas`, in order, without overlap; `who` names the reducer in the config_error.
+inline void check_reducer_slices(std::span<const std::pair<std::size_t, std::size_t>> slices, std::size_t replicas,
+                                 const char* who) {
+  bool ok = slices.size() == replicas;
+  for (std::size_t k = 0; ok && k < slices.size(); ++k)
+    ok = slices[k].first <= slices[k].second && (k == 0 || slices[k - 1].second <= slices[k].first);
+  if (!ok)
+    throw config_error(std::string(who) + ": " + std::to_string(slices.size()) + " slices for " + std::to_string(replicas) +
+                       " replicas; the slices must be one per replica, in order, without overlap");
+}
+
 /// True when reducer R is made for a world W: `R(const reducer_config&, W&, const
 /// std::vector<std::size_t>& ordinals)` (a reducer that spans the workers itself).
 template <class R, class World>

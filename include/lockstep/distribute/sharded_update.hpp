@@ -212,17 +212,17 @@ public:
           copy_from(reps[r]->context(), mine + lo, reps[s]->context(), theirs.parameters().data() + lo, hi - lo);
         } else {
           copy(reps[r]->context(), mine + lo, theirs.parameters().data() + lo, hi - lo);
-          me.take_weight_copy(reps[r]->context(), theirs, std::as_const(*reps[s]).context(), lo, hi);
         }
       }
-      if constexpr (!device_ordered) me.weight_copy_complete(reps[r]->context());
+      gather_weight_copy(reps, r);
     }
   }
 
-  /// After the reducer gathered the updated slices of the parameters (reduces_to_slices_v): on
-  /// the host, copies the other replicas' slices of their bf16 weight copies into replica r's
-  /// (basic_model::has_weight_copy), which is then current; elsewhere nothing (on GPUs the next
-  /// pass rewrites the copy whole). Call on replica r's worker once every replica has updated.
+  /// After the updated slices of the parameters were gathered into replica r's (by gather, or by
+  /// the reducer: reduces_to_slices_v): on the host, copies the other replicas' slices of their
+  /// bf16 weight copies into replica r's (basic_model::has_weight_copy), which is then current;
+  /// elsewhere nothing (on GPUs the next pass rewrites the copy whole). Call on replica r's worker
+  /// once every replica has updated.
   void gather_weight_copy(replicas_view reps, std::size_t r) const {
     if constexpr (device_memory<kind_type>::host_accessible) {
       if (!sharded_) return;

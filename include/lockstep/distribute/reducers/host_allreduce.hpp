@@ -97,12 +97,7 @@ public:
 
 private:
   void check_slices(std::span<const std::pair<std::size_t, std::size_t>> slices) const {
-    bool ok = slices.size() == replicas_;
-    for (std::size_t k = 0; ok && k < slices.size(); ++k)
-      ok = slices[k].first <= slices[k].second && (k == 0 || slices[k - 1].second <= slices[k].first);
-    if (!ok)
-      throw config_error("lockstep::host_allreduce: " + std::to_string(slices.size()) + " slices for " +
-                         std::to_string(replicas_) + " replicas; the slices must be one per replica, in order, without overlap");
+    detail::check_reducer_slices(slices, replicas_, "lockstep::host_allreduce");
   }
 
   std::size_t replicas_;

@@ -306,13 +306,7 @@ private:
 
   // One slice per replica, in order and without overlap (sharded_update::slices()).
   void check_slices(std::span<const std::pair<std::size_t, std::size_t>> slices) const {
-    bool ok = slices.size() == rv_.replicas();
-    for (std::size_t k = 0; ok && k < slices.size(); ++k)
-      ok = slices[k].first <= slices[k].second && (k == 0 || slices[k - 1].second <= slices[k].first);
-    if (!ok)
-      throw config_error("lockstep::nccl_allreduce: " + std::to_string(slices.size()) + " slices for " +
-                         std::to_string(rv_.replicas()) +
-                         " replicas; the slices must be one per replica, in order, without overlap");
+    detail::check_reducer_slices(slices, rv_.replicas(), "lockstep::nccl_allreduce");
   }
 
   // Issues f(k) for k in [0, n) inside one NCCL group (non-blocking communicators: the group's end
