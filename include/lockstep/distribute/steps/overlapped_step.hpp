@@ -4,8 +4,8 @@
 /// its own shard; each gradient bucket's all-reduce starts from the backward hook as soon as the
 /// bucket's lowest layer is done, while the layers below it still compute; then every replica
 /// waits for its buckets and makes the same update (the strategy's finish: epilogue, optimiser,
-/// EMA; sharded, each replica then meets the others at a barrier and copies their slices, in the
-/// same job: no second hand-off to the workers). Under gradient accumulation the
+/// EMA; sharded, the slices are then gathered in the same job, with no second hand-off to the
+/// workers: by the reducer where it reduces onto the slices, else by copies after a barrier). Under gradient accumulation the
 /// batches before an update's last one add into each replica's own gradients, with no
 /// collective (a host replica's large dense layers keep their rows instead and form their weight
 /// gradients at the last batch, within strategy_options::deferred_gradient_bytes). Summation
