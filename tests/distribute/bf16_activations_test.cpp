@@ -2,10 +2,12 @@
 // read by a dense layer, which reads it as its GEMM operand in bf16 anyway, is kept as bf16
 // encodings: a relu's that the dense layer before it applies (relu's backward reads the sign from
 // the encodings), or that of a layer whose backward does not read its output (dropout, dense),
-// encoded by the sequential. The GEMMs read the values they would have rounded to bf16 anyway, so
-// training gives the same bits as keeping the activations in fp32; checked here on chains of
-// every kind (both relus kept, one kept, dropout's output kept and the relu before it not, two
-// dense layers in a row, odd widths, a nested sequential, a residual block), on 1, 2 and 3
+// encoded by the sequential. A relu before dropout is kept too: dropout's forward reads the fp32
+// values the dense layer left in a gradient buffer, and its backward reads only its mask. The
+// GEMMs read the values they would have rounded to bf16 anyway, so training gives the same bits
+// as keeping the activations in fp32; checked here on chains of every kind (both relus kept, one
+// kept, dropout's output and the relu before it kept, two dense layers in a row, odd widths, a
+// nested sequential, a residual block, a relu before dropout at the end), on 1, 2 and 3
 // replicas, both determinism policies, accumulated updates with the weight gradients deferred,
 // batches of uneven sizes down to one row. Also: the workspace layout's sizes, the bytes a replica
 // holds, when activations are kept in bf16 at all, and the GEMM that reads a bf16 operand against
@@ -32,13 +34,33 @@ using act_invariant = ls::basic_mirrored<ls::host_allreduce, ls::determinism::re
 
 // Both relu outputs kept in bf16 (config L's shape, small).
 using chain2 = ls::sequential<ls::dense<784, 40>, ls::relu, ls::dense<40, 24>, ls::relu, ls::dense<24, 10>>;
-// Odd widths, a nested sequential, and a relu before dropout (not kept: dropout reads fp32).
+// Odd widths, a nested sequential, and a relu before dropout that the nested sequential does not
+// apply (not kept: its backward reads it in fp32).
 using chain_odd = ls::sequential<ls::sequential<ls::dense<784, 13>, ls::relu, ls::dense<13, 7>>, ls::relu,
                                  ls::dropout<1, 4>, ls::dense<7, 11>, ls::relu, ls::dense<11, 10>>;
 // A residual block whose body keeps its relu's output (9 wide) in bf16.
 using chain_residual = ls::sequential<ls::dense<784, 16>, ls::relu,
                                       ls::residual<ls::dense<16, 9>, ls::relu, ls::dense<9, 16>>, ls::relu,
                                       ls::dense<16, 10>>;
+// A convnet: each convolution's relu is kept in bf16 (pooling's forward reads the fp32 values, its
+// backward neither its input nor its output), and flatten's output, read by the dense layer (the
+// second convolution has 8 input channels: oneDNN's convolution where it runs bf16 natively).
+using chain_cnn = ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<8, 3, 1, 1>, ls::relu, ls::max_pool2d<2>,
+                                 ls::conv2d<8, 3, 1, 1>, ls::relu, ls::avg_pool2d<2>, ls::flatten, ls::dense<392, 10>>;
+static_assert(chain_cnn::bind<784>::workspace_per_sample_bf16 ==
+              chain_cnn::bind<784>::workspace_per_sample - 8 * 28 * 28 / 2 - 8 * 14 * 14 / 2 - 392 / 2);
+// The fashion_mnist example's CNN and MLP (docs/precision.md quotes these figures): per image,
+// 112 848 floats of workspace under fp32, 91 440 keeping activations in bf16; per row of the MLP,
+// 2 752 and 1 984.
+using example_cnn = ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<32, 5, 1, 2>, ls::relu, ls::max_pool2d<2>,
+                                   ls::conv2d<64, 5, 1, 2>, ls::relu, ls::max_pool2d<2>, ls::flatten,
+                                   ls::dense<3136, 1024>, ls::relu, ls::dropout<2, 5>, ls::dense<1024, 10>>;
+static_assert(example_cnn::bind<784>::workspace_per_sample == 112848 &&
+              example_cnn::bind<784>::workspace_per_sample_bf16 == 91440);
+using example_mlp = ls::sequential<ls::dense<784, 512>, ls::relu, ls::dropout<1, 5>, ls::dense<512, 256>, ls::relu,
+                                   ls::dropout<1, 5>, ls::dense<256, 10>>;
+static_assert(example_mlp::bind<784>::workspace_per_sample == 2752 &&
+              example_mlp::bind<784>::workspace_per_sample_bf16 == 1984);
 // A 1024 x 1024 weight gradient (4 MiB: deferred under run_to_run accumulation) reading a kept input.
 using chain_deferred = ls::sequential<ls::dense<784, 1024>, ls::relu, ls::dense<1024, 1024>, ls::relu, ls::dense<1024, 10>>;
 
@@ -48,18 +70,28 @@ using chain2_bound = ls::sequential<ls::dense<784, 40>, ls::relu, ls::dense<40, 
 static_assert(chain2_bound::workspace_per_sample == 40 + 24 + 2 * 40);
 static_assert(chain2_bound::workspace_per_sample_bf16 == 20 + 12 + 2 * 40);
 static_assert(ls::workspace_bf16_v<chain2_bound> == chain2_bound::workspace_per_sample_bf16);
-// A relu before dropout stays fp32 (dropout reads it); dropout's output, read by a dense layer and
-// not by dropout's backward, is kept in bf16.
+// A relu before dropout is kept in bf16 (dropout's forward reads the fp32 values in the first
+// gradient buffer, its backward only its mask); dropout's output, read by a dense layer and not by
+// dropout's backward, is kept in bf16 too.
 using mlp_dropout_bound = mlp_dropout::bind<784>;
-static_assert(mlp_dropout_bound::workspace_per_sample_bf16 == mlp_dropout_bound::workspace_per_sample - 16);
+static_assert(mlp_dropout_bound::workspace_per_sample_bf16 == mlp_dropout_bound::workspace_per_sample - 16 - 16);
+// A relu before dropout at the model's end (dropout's output is the model's): the relu is kept.
+using chain_dropout_last = ls::sequential<ls::dense<784, 19>, ls::relu, ls::dropout<1, 3>, ls::dense<19, 10>, ls::relu,
+                                          ls::dropout<1, 2>>;
+static_assert(chain_dropout_last::bind<784>::workspace_per_sample_bf16 ==
+              chain_dropout_last::bind<784>::workspace_per_sample - (19 - 10) - (19 - 10) - (10 - 5));
 // Two dense layers in a row: the first one's output is kept in bf16.
 using chain_linear = ls::sequential<ls::dense<784, 12>, ls::dense<12, 10>>;
 static_assert(chain_linear::bind<784>::workspace_per_sample_bf16 == chain_linear::bind<784>::workspace_per_sample - 6);
-// Nothing is kept in bf16 before the model's output or before a layer that reads fp32.
-using chain_fp32 = ls::sequential<ls::dense<784, 12>, ls::relu, ls::dropout<1, 4>, ls::tanh, ls::dense<12, 10>>;
+// Nothing is kept in bf16 before the model's output or before a layer that reads fp32: a tanh
+// (its gradient reads more than the sign), dropout's output read by a tanh, and a tanh's output
+// (its backward reads it) read by a dense layer.
+using chain_fp32 = ls::sequential<ls::dense<784, 12>, ls::tanh, ls::dropout<1, 4>, ls::tanh, ls::dense<12, 10>>;
 static_assert(chain_fp32::bind<784>::workspace_per_sample_bf16 == chain_fp32::bind<784>::workspace_per_sample);
 static_assert(ls::grad_from_sign_v<ls::relu_fn> && !ls::grad_from_sign_v<ls::tanh_fn>);
 static_assert(ls::bf16_activations_v<ls::dense<3, 4>::bind<3>> && !ls::bf16_activations_v<ls::relu::bind<3>>);
+static_assert(ls::input_unread_v<ls::dropout<1, 4>::bind<3>> && !ls::input_unread_v<ls::dense<3, 4>::bind<3>> &&
+              !ls::input_unread_v<ls::relu::bind<3>>);
 
 /// What one training run left behind.
 struct act_run {
@@ -124,7 +156,9 @@ TEST_CASE("activations kept in bf16 train to the bits of keeping them in fp32 (r
   check_kept_bits<chain_odd, act_run_to_run>("chain_odd", (13 - 7) + (7 - 4) + (11 - 6));  // the nested 13, dropout's 7, and 11
   check_kept_bits<chain_residual, act_run_to_run>("chain_residual", 9 - 5);
   check_kept_bits<chain_linear, act_run_to_run>("chain_linear", 12 - 6);
-  check_kept_bits<mlp_dropout, act_run_to_run>("mlp_dropout", 32 - 16);
+  check_kept_bits<mlp_dropout, act_run_to_run>("mlp_dropout", (32 - 16) + (32 - 16));
+  check_kept_bits<chain_dropout_last, act_run_to_run>("chain_dropout_last", (19 - 10) + (19 - 10) + (10 - 5));
+  check_kept_bits<chain_cnn, act_run_to_run>("chain_cnn", 8 * 28 * 28 / 2 + 8 * 14 * 14 / 2 + 392 / 2);
 }
 
 TEST_CASE("activations kept in bf16 train to the bits of keeping them in fp32 (replica_count_invariant)") {
@@ -132,7 +166,9 @@ TEST_CASE("activations kept in bf16 train to the bits of keeping them in fp32 (r
   check_kept_bits<chain_odd, act_invariant>("chain_odd", (13 - 7) + (7 - 4) + (11 - 6));
   check_kept_bits<chain_residual, act_invariant>("chain_residual", 9 - 5);
   check_kept_bits<chain_linear, act_invariant>("chain_linear", 12 - 6);
-  check_kept_bits<mlp_dropout, act_invariant>("mlp_dropout", 32 - 16);
+  check_kept_bits<mlp_dropout, act_invariant>("mlp_dropout", (32 - 16) + (32 - 16));
+  check_kept_bits<chain_dropout_last, act_invariant>("chain_dropout_last", (19 - 10) + (19 - 10) + (10 - 5));
+  check_kept_bits<chain_cnn, act_invariant>("chain_cnn", 8 * 28 * 28 / 2 + 8 * 14 * 14 / 2 + 392 / 2);
 }
 
 TEST_CASE("activations kept in bf16: a deferred 4 MiB weight gradient and the sharded update give the same bits") {

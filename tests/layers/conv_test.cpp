@@ -36,6 +36,8 @@ using conv_pointwise = bound<ls::conv2d<5, 1>, 2, 7, 5>;
 using conv_pointwise_strided = bound<ls::conv2d<2, 1, 2>, 3, 5, 4>;
 using conv_whole = bound<ls::conv2d<3, 5>, 1, 5, 5>;
 using conv_tiny = bound<ls::conv2d<2, 1>, 3, 1, 1>;
+// 8 input channels: oneDNN's convolution primitives in a oneDNN build.
+using conv_wide = bound<ls::conv2d<3, 3, 1, 1>, 8, 5, 4>;
 // Pooling: non-overlapping with a dropped last row / column, overlapping (stride < kernel), padded,
 // stride 1, a stride beyond the kernel.
 using max_plain = bound<ls::max_pool2d<2>, 2, 7, 5>;
@@ -65,7 +67,7 @@ using bn_cnn = ls::bind_t<bn_cnn_net, 50>;
 }  // namespace
 
 TEST_CASE_TEMPLATE_INVOKE(lockstep_layer_conformance, conv_same, conv_strided, conv_big_padded, conv_gappy,
-                          conv_pointwise, conv_pointwise_strided, conv_whole, conv_tiny);
+                          conv_pointwise, conv_pointwise_strided, conv_whole, conv_tiny, conv_wide);
 TEST_CASE_TEMPLATE_INVOKE(lockstep_layer_conformance, max_plain, max_overlap, max_padded, max_stride1, max_gappy);
 TEST_CASE_TEMPLATE_INVOKE(lockstep_layer_conformance, avg_plain, avg_overlap, avg_padded, avg_stride1, avg_gappy,
                           global_avg);

@@ -319,6 +319,7 @@ struct conv2d {
     static constexpr bool mixed_precision = true;  ///< its GEMMs compute in the model's precision policy
     static constexpr bool accumulates_gradients = true;      ///< adds into dparams under pass_info::accumulate
     using fuses_activation = bind_shape;  ///< applies a following activation in its forward (forward_activated)
+    static constexpr bool bf16_outputs = true;  ///< writes the activation it applies as bf16 encodings (forward_stored)
     /// One image's columns and a row of ones (the columns are reused for their gradient), one
     /// padded image (reused for col2im's sums) and the filters with their biases (reused for the
     /// transposed parameter gradient).
@@ -348,7 +349,7 @@ struct conv2d {
     /// oneDNN's forward convolution over the whole batch; on GPUs forward_batched.
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a) {
-      forward_then<void>(ctx, a);
+      forward_then<void>(ctx, a, nullptr);
     }
 
     /// forward, then the activation Fn of the layer that follows (fuses_activation_v) applied to
@@ -357,19 +358,33 @@ struct conv2d {
     /// layers apart; backward never reads y.
     template <class Fn, class T, class Ctx>
     static void forward_activated(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a) {
-      forward_then<Fn>(ctx, a);
+      forward_then<Fn>(ctx, a, nullptr);
+    }
+
+    /// forward_activated<Fn> in a pass on a host context that keeps activations in bf16
+    /// (bf16_outputs_v): Fn's results written to a.y in fp32 and, when y16 is not null, as their
+    /// bf16 encodings to y16 (each image's right after its GEMM on the im2col path, still in
+    /// cache). x16 is null: the convolution reads its input in fp32.
+    template <class Fn, class T, class Ctx>
+    static void forward_stored(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a,
+                               [[maybe_unused]] const std::uint16_t* x16, std::uint16_t* y16) {
+      forward_then<Fn>(ctx, a, y16);
     }
 
   private:
-    // Fn applied in place to the n values at y (nothing for Fn = void).
+    // Fn applied in place to the n values at y (nothing for Fn = void), then, when y16 is not
+    // null, their bf16 encodings written to y16 (host contexts).
     template <class Fn, class T, class Ctx>
-    static void activate(Ctx& ctx, T* y, std::size_t n) {
+    static void activate(Ctx& ctx, T* y, std::size_t n, [[maybe_unused]] std::uint16_t* y16) {
       if constexpr (!std::is_void_v<Fn>) for_each_index(ctx, n, detail::activation_forward_op<Fn, T>{y, y});
+      if constexpr (std::is_same_v<T, float> && detail::host_context_v<Ctx>) {
+        if (y16) backend::to_bf16_weights(y, n, y16);
+      }
     }
 
-    // forward, then activate<Fn> over the output.
+    // forward, then activate<Fn> over the output (and its encodings to y16).
     template <class Fn, class T, class Ctx>
-    static void forward_then(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a) {
+    static void forward_then(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a, std::uint16_t* y16) {
       using backend::trans;
       constexpr std::size_t P = OH * OW;
       const std::size_t batch = a.batch();
@@ -378,7 +393,7 @@ struct conv2d {
       if constexpr (onednn_capable<T, Ctx>) {
         if (const auto g = onednn_geometry(ctx, batch); g && ctx.conv_cache().available(*g)) {
           ctx.conv_cache().forward(ctx.blas_threads(), *g, a.x.data(), a.params, a.params + Filters * patch, a.y.data());
-          activate<Fn>(ctx, a.y.data(), a.y.size());
+          activate<Fn>(ctx, a.y.data(), a.y.size(), y16);
           return;
         }
       }
@@ -387,7 +402,7 @@ struct conv2d {
         over_chunks<T>(ctx, batch, [&](std::size_t first, std::size_t images, T* work) {
           forward_batched(ctx, a, first, images, work);
         });
-        activate<Fn>(ctx, a.y.data(), a.y.size());
+        activate<Fn>(ctx, a.y.data(), a.y.size(), nullptr);
         return;
       }
       const T* params = a.params;
@@ -397,7 +412,7 @@ struct conv2d {
       for (std::size_t b = 0; b < batch; ++b) {
         columns(ctx, a.x.row(b), s);
         gemm(ctx, trans::no, trans::no, Filters, P, patch + 1, T(1), s.wb, patch + 1, s.cols, P, T(0), a.y.row(b), P);
-        activate<Fn>(ctx, a.y.row(b), Filters * P);
+        activate<Fn>(ctx, a.y.row(b), Filters * P, y16 ? y16 + b * output_size : nullptr);
       }
     }
 
@@ -946,6 +961,8 @@ struct max_pool2d {
     using pool::C, pool::H, pool::output_size, pool::geometry;
     static constexpr std::size_t workspace_per_sample = output_size;  ///< where each maximum was
     static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
+    static constexpr bool backward_reads_input = false;   ///< backward reads where each maximum was, never x
+    static constexpr bool backward_reads_output = false;  ///< nor y (output_unread_v)
 
     /// y = the maximum of each window (its position kept for backward).
     template <class T, class Ctx>
@@ -997,6 +1014,8 @@ struct avg_pool2d {
     using pool::C, pool::H, pool::output_size, pool::geometry;
     static constexpr std::size_t workspace_per_sample = 0;  ///< no scratch
     static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
+    static constexpr bool backward_reads_input = false;   ///< backward reads dy only, never x (input_unread_v)
+    static constexpr bool backward_reads_output = false;  ///< nor y (output_unread_v)
 
     /// y = the mean of each window.
     template <class T, class Ctx>
@@ -1045,6 +1064,8 @@ struct global_avg_pool {
     static constexpr std::size_t param_count = 0;             ///< no parameters
     static constexpr std::size_t workspace_per_sample = 0;    ///< no scratch
     static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
+    static constexpr bool backward_reads_input = false;   ///< backward reads dy only, never x (input_unread_v)
+    static constexpr bool backward_reads_output = false;  ///< nor y (output_unread_v)
 
     /// Nothing to initialise.
     template <class T>
@@ -1075,6 +1096,8 @@ struct bound_relabel {
   static constexpr std::size_t param_count = 0;            ///< no parameters
   static constexpr std::size_t workspace_per_sample = 0;   ///< no scratch
   static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
+  static constexpr bool backward_reads_input = false;   ///< backward copies dy, never reads x (input_unread_v)
+  static constexpr bool backward_reads_output = false;  ///< nor y (output_unread_v)
 
   /// Nothing to initialise.
   template <class T>

@@ -143,6 +143,7 @@ struct dropout {
     static constexpr std::size_t workspace_per_sample = Num == 0 ? 0 : (I + 3) / 4;
     static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
     static constexpr bool backward_reads_output = false;  ///< backward reads the mask, never y (output_unread_v)
+    static constexpr bool backward_reads_input = false;   ///< backward reads the mask, never x (input_unread_v)
 
     /// Nothing to initialise.
     template <class T>

@@ -363,6 +363,20 @@ inline constexpr bool bf16_activations_v = [] {
   else return false;
 }();
 
+/// True when bound layer B reads and writes activations in bf16 (bf16_activations_v) or declares
+/// `static constexpr bool bf16_outputs = true`: it fuses a following activation
+/// (fuses_activation) and has `forward_stored<Fn>(ctx, a, x16, y16)`, which, with x16 null (its
+/// input read from `a.x`) and y16 not null, writes Fn's results to `a.y` in fp32 and as their bf16
+/// encodings to y16 (the layer suite checks both against forward_activated). A sequential keeps
+/// a relu that such a layer applies in bf16 where the next layer reads bf16 or reads it in forward
+/// only (input_unread_v).
+template <class B>
+inline constexpr bool bf16_outputs_v = [] {
+  if constexpr (bf16_activations_v<B>) return true;
+  else if constexpr (requires { B::bf16_outputs; }) return bool{B::bf16_outputs};
+  else return false;
+}();
+
 /// True when bound layer B declares `static constexpr bool backward_reads_output = false`: its
 /// backward never reads `a.y` (dense reads its input, dropout its mask), so a sequential may keep
 /// its output in bf16 for a next layer that reads bf16 (bf16_activations_v), from the encodings of
@@ -370,6 +384,17 @@ inline constexpr bool bf16_activations_v = [] {
 template <class B>
 inline constexpr bool output_unread_v = [] {
   if constexpr (requires { B::backward_reads_output; }) return !bool{B::backward_reads_output};
+  else return false;
+}();
+
+/// True when bound layer B declares `static constexpr bool backward_reads_input = false`: its
+/// backward never reads `a.x` (dropout reads its mask), so a sequential may keep a relu output
+/// that B reads in forward as bf16 encodings for the relu's backward, B's forward reading the
+/// fp32 values the layer before the relu computed (the layer suite checks the claim with a
+/// poisoned `a.x`).
+template <class B>
+inline constexpr bool input_unread_v = [] {
+  if constexpr (requires { B::backward_reads_input; }) return !bool{B::backward_reads_input};
   else return false;
 }();
 

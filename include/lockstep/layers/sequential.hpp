@@ -273,23 +273,40 @@ struct bound_sequential<S, Out, type_list<Bs...>> {
 
 private:
   // Whether layer I's output is kept as bf16 encodings in a pass that keeps activations in bf16
-  // (pass_info::bf16_activations): the next layer reads bf16 (bf16_activations_v), and either
-  // layer I is an activation that layer I - 1, which writes bf16 too, applies in its own forward,
-  // whose gradient reads only the sign of its output (grad_from_sign_v), or layer I writes its own
-  // output, which its backward never reads (output_unread_v), and the sequential encodes it.
+  // (pass_info::bf16_activations). Either layer I is an activation that layer I - 1, which can
+  // write it in bf16 (bf16_outputs_v), applies in its own forward, whose gradient reads only the
+  // sign of its output (grad_from_sign_v), and the next layer reads bf16 (bf16_activations_v) or
+  // reads it in forward only (fp32_reader: the fp32 values layer I - 1 left in the first gradient
+  // buffer); or the next layer reads bf16 and layer I writes its own output, which its backward
+  // never reads (output_unread_v), and the sequential encodes it.
   template <std::size_t I>
   static constexpr bool stored_at() {
     using list = std::tuple<Bs...>;
     if constexpr (I + 1 >= layer_count) {
       return false;
-    } else if constexpr (!bf16_activations_v<std::tuple_element_t<I + 1, list>>) {
-      return false;
     } else if constexpr (I > 0 && fused[I == 0 ? 0 : I - 1]) {
       using act = std::tuple_element_t<I, list>;
-      return bf16_activations_v<std::tuple_element_t<I - 1, list>> &&
-             grad_from_sign_v<typename act::fused_activation::function>;
+      return bf16_outputs_v<std::tuple_element_t<I - 1, list>> &&
+             grad_from_sign_v<typename act::fused_activation::function> &&
+             (bf16_activations_v<std::tuple_element_t<I + 1, list>> || fp32_reader<I + 1>());
+    } else if constexpr (!bf16_activations_v<std::tuple_element_t<I + 1, list>>) {
+      return false;
     } else {
       return !fused[I] && output_unread_v<std::tuple_element_t<I, list>>;
+    }
+  }
+  // Whether layer I, which follows an activation applied by the layer before it, can read that
+  // activation in fp32 from the first gradient buffer in a pass that keeps it in bf16: its
+  // backward never reads its input (input_unread_v), it reads no bf16 itself, and it applies no
+  // activation of its own (its output goes to its slot, or to the second gradient buffer).
+  template <std::size_t I>
+  static constexpr bool fp32_reader() {
+    using list = std::tuple<Bs...>;
+    if constexpr (I >= layer_count) {
+      return false;
+    } else {
+      using B = std::tuple_element_t<I, list>;
+      return input_unread_v<B> && !bf16_activations_v<B> && !fused[I];
     }
   }
   static constexpr std::array<bool, layer_count> stored16 = [] {
@@ -453,7 +470,11 @@ private:
   // Whether layer I reads its input, and writes (the activation it applies into) its output, as
   // bf16 encodings in layout B16.
   template <std::size_t I, bool B16>
-  static constexpr bool reads16 = B16 && I > 0 && stored16[I == 0 ? 0 : I - 1];
+  static constexpr bool reads16 = B16 && I > 0 && stored16[I == 0 ? 0 : I - 1] && bf16_activations_v<layer_type<I>>;
+  // Whether layer I reads its input, kept in bf16 for the activation's backward, in fp32 from the
+  // first gradient buffer (fp32_reader) in layout B16; its backward is then given no input.
+  template <std::size_t I, bool B16>
+  static constexpr bool reads_buffer = B16 && I > 0 && stored16[I == 0 ? 0 : I - 1] && !bf16_activations_v<layer_type<I>>;
   template <std::size_t I, bool B16>
   static constexpr bool writes16 = B16 && fused[I] && stored16[I + 1 < layer_count ? I + 1 : I];
   // Whether layer I writes its own output in fp32 for the sequential to encode (stored16, not an
@@ -506,14 +527,19 @@ private:
     } else {
       const layer_precision_scope<layer_type<I>, Ctx> precision(ctx);
       // Where the layer writes fp32: its output, or the fused activation's, or (when that is kept
-      // in bf16) the first gradient buffer, which forward does not otherwise use.
+      // in bf16) the first gradient buffer, which forward does not otherwise use (the second when
+      // the layer reads its input from the first).
       T* y;
-      if constexpr (writes16<I, B16> || encodes16<I, B16>) y = pingpong<B16>(ws, batch, 0);
+      if constexpr (writes16<I, B16> || encodes16<I, B16>) y = pingpong<B16>(ws, batch, reads_buffer<I, B16> ? 1 : 0);
       else if constexpr (fused[I]) y = output_of<I + 1, B16>(a.y.data(), ws, batch);
       else y = output_of<I, B16>(a.y.data(), ws, batch);
+      const T* x;
+      if constexpr (reads16<I, B16>) x = nullptr;
+      else if constexpr (reads_buffer<I, B16>) x = pingpong<B16>(ws, batch, 0);
+      else x = input_of<I, B16>(a.x.data(), ws, batch);
       const forward_args_for<T, Ctx, layer_type<I>> args{
           a.params + param_offsets[I],
-          {reads16<I, B16> ? nullptr : input_of<I, B16>(a.x.data(), ws, batch), batch},
+          {x, batch},
           {y, batch},
           scratch_of<I, B16>(ws, batch),
           child(a.info, I)};
@@ -554,7 +580,7 @@ private:
     else g_in = nothing_below ? nullptr : pingpong<B16>(ws, batch, (J - 1) % 2);
     const layer_precision_scope<layer_type<J>, Ctx> precision(ctx);
     const backward_args_for<T, Ctx, layer_type<J>> args{a.params + param_offsets[J],
-                                                       {input_of<J, B16>(a.x.data(), ws, batch), batch},
+                                                       {reads_buffer<J, B16> ? nullptr : input_of<J, B16>(a.x.data(), ws, batch), batch},
                                                        {encodes16<J, B16> ? nullptr : output_of<J, B16>(a.y.data(), ws, batch), batch},
                                                        {g_out, batch},
                                                        {g_in, batch},
