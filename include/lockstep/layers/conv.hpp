@@ -54,10 +54,10 @@ struct window2d {
 
 /// Zero-padded copy of one image: xp is C x (H + 2 pad) x (W + 2 pad), the image in the middle,
 /// zeros around it. One call writes one padded row (c, py).
-template <class T, window2d G>
+template <class T, window2d G, class In = T>
 struct pad_image_op {
-  const T* x;  ///< C x H x W
-  T* xp;       ///< C x (H + 2 pad) x (W + 2 pad)
+  const In* x;  ///< C x H x W, in T or (In = std::uint16_t) as bf16 encodings, widened here
+  T* xp;        ///< C x (H + 2 pad) x (W + 2 pad)
   /// Writes padded row i = (c, py).
   LOCKSTEP_HD void operator()(std::size_t i) const {
     constexpr std::size_t ph = G.h + 2 * G.pad, pw = G.w + 2 * G.pad;
@@ -69,10 +69,13 @@ struct pad_image_op {
     }
     // Each element written once: g++ 12 at -O3 with AVX2 loses the copied elements when the row
     // is zeroed first and then overwritten in the middle.
-    const T* in = x + (c * G.h + y) * G.w;
+    const In* in = x + (c * G.h + y) * G.w;
     if constexpr (G.pad > 0)
       for (std::size_t j = 0; j < G.pad; ++j) out[j] = T(0);
-    for (std::size_t j = 0; j < G.w; ++j) out[G.pad + j] = in[j];
+    if constexpr (std::is_same_v<In, std::uint16_t>)
+      for (std::size_t j = 0; j < G.w; ++j) out[G.pad + j] = from_bf16_bits(in[j]);
+    else
+      for (std::size_t j = 0; j < G.w; ++j) out[G.pad + j] = in[j];
     if constexpr (G.pad > 0)
       for (std::size_t j = 0; j < G.pad; ++j) out[G.pad + G.w + j] = T(0);
   }
@@ -319,7 +322,8 @@ struct conv2d {
     static constexpr bool mixed_precision = true;  ///< its GEMMs compute in the model's precision policy
     static constexpr bool accumulates_gradients = true;      ///< adds into dparams under pass_info::accumulate
     using fuses_activation = bind_shape;  ///< applies a following activation in its forward (forward_activated)
-    static constexpr bool bf16_outputs = true;  ///< writes the activation it applies as bf16 encodings (forward_stored)
+    static constexpr bool bf16_activations = true;  ///< reads and writes activations kept in bf16 (forward_stored, backward_stored)
+    static constexpr bool backward_reads_output = false;  ///< backward reads x, never y (output_unread_v)
     /// One image's columns and a row of ones (the columns are reused for their gradient), one
     /// padded image (reused for col2im's sums) and the filters with their biases (reused for the
     /// transposed parameter gradient).
@@ -349,7 +353,7 @@ struct conv2d {
     /// oneDNN's forward convolution over the whole batch; on GPUs forward_batched.
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a) {
-      forward_then<void>(ctx, a, nullptr);
+      forward_then<void>(ctx, a, nullptr, nullptr);
     }
 
     /// forward, then the activation Fn of the layer that follows (fuses_activation_v) applied to
@@ -358,17 +362,20 @@ struct conv2d {
     /// layers apart; backward never reads y.
     template <class Fn, class T, class Ctx>
     static void forward_activated(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a) {
-      forward_then<Fn>(ctx, a, nullptr);
+      forward_then<Fn>(ctx, a, nullptr, nullptr);
     }
 
-    /// forward_activated<Fn> in a pass on a host context that keeps activations in bf16
-    /// (bf16_outputs_v): Fn's results written to a.y in fp32 and, when y16 is not null, as their
-    /// bf16 encodings to y16 (each image's right after its GEMM on the im2col path, still in
-    /// cache). x16 is null: the convolution reads its input in fp32.
+    /// forward (Fn void) or forward_activated<Fn>, in a pass on a host context that keeps
+    /// activations in bf16 (bf16_activations_v): the images read from their bf16 encodings x16
+    /// when x16 is not null (a.x unused; widened into the padded image on the im2col path, read
+    /// by oneDNN's reorder otherwise), and Fn's results written to a.y in fp32 and, when y16 is not
+    /// null, as their bf16 encodings to y16 (each image's right after its GEMM on the im2col path,
+    /// still in cache). The same bits as on the widened values: the GEMMs round them to the same
+    /// bf16 values.
     template <class Fn, class T, class Ctx>
-    static void forward_stored(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a,
-                               [[maybe_unused]] const std::uint16_t* x16, std::uint16_t* y16) {
-      forward_then<Fn>(ctx, a, y16);
+    static void forward_stored(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a, const std::uint16_t* x16,
+                               std::uint16_t* y16) {
+      forward_then<Fn>(ctx, a, x16, y16);
     }
 
   private:
@@ -382,17 +389,20 @@ struct conv2d {
       }
     }
 
-    // forward, then activate<Fn> over the output (and its encodings to y16).
+    // forward (the images from x16 when not null), then activate<Fn> over the output (and its
+    // encodings to y16).
     template <class Fn, class T, class Ctx>
-    static void forward_then(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a, std::uint16_t* y16) {
+    static void forward_then(Ctx& ctx, const forward_args<T, Ctx, S, output_shape>& a,
+                             [[maybe_unused]] const std::uint16_t* x16, std::uint16_t* y16) {
       using backend::trans;
       constexpr std::size_t P = OH * OW;
       const std::size_t batch = a.batch();
       if (batch == 0) return;
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
       if constexpr (onednn_capable<T, Ctx>) {
-        if (const auto g = onednn_geometry(ctx, batch); g && ctx.conv_cache().available(*g)) {
-          ctx.conv_cache().forward(ctx.blas_threads(), *g, a.x.data(), a.params, a.params + Filters * patch, a.y.data());
+        if (const auto g = onednn_geometry(ctx, batch, x16 != nullptr); g && ctx.conv_cache().available(*g)) {
+          ctx.conv_cache().forward(ctx.blas_threads(), *g, x16 ? static_cast<const void*>(x16) : a.x.data(), a.params,
+                                   a.params + Filters * patch, a.y.data());
           activate<Fn>(ctx, a.y.data(), a.y.size(), y16);
           return;
         }
@@ -410,7 +420,7 @@ struct conv2d {
       for_each_index(ctx, Filters * (patch + 1), detail::append_bias_op<T, Filters, patch>{params, s.wb});
       fill(ctx, s.cols + patch * P, P, T(1));
       for (std::size_t b = 0; b < batch; ++b) {
-        columns(ctx, a.x.row(b), s);
+        columns_of(ctx, a, x16, b, s);
         gemm(ctx, trans::no, trans::no, Filters, P, patch + 1, T(1), s.wb, patch + 1, s.cols, P, T(0), a.y.row(b), P);
         activate<Fn>(ctx, a.y.row(b), Filters * P, y16 ? y16 + b * output_size : nullptr);
       }
@@ -423,6 +433,14 @@ struct conv2d {
     /// dx[b] = col2im(W^T dy[b]). On GPUs backward_batched.
     template <class T, class Ctx>
     static void backward(Ctx& ctx, const backward_args<T, Ctx, S, output_shape>& a) {
+      backward_stored(ctx, a, nullptr);
+    }
+
+    /// backward, with the images read from their bf16 encodings x16 when x16 is not null (a.x
+    /// unused; a host context, see forward_stored): the same bits as backward on the widened values.
+    template <class T, class Ctx>
+    static void backward_stored(Ctx& ctx, const backward_args<T, Ctx, S, output_shape>& a,
+                                [[maybe_unused]] const std::uint16_t* x16) {
       using backend::trans;
       constexpr std::size_t P = OH * OW;
       const std::size_t batch = a.batch();
@@ -432,8 +450,9 @@ struct conv2d {
       }
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
       if constexpr (onednn_capable<T, Ctx>) {
-        if (const auto g = onednn_geometry(ctx, batch); g && ctx.conv_cache().available(*g)) {
-          ctx.conv_cache().backward(ctx.blas_threads(), *g, a.x.data(), a.params, a.dy.data(), a.dparams,
+        if (const auto g = onednn_geometry(ctx, batch, x16 != nullptr); g && ctx.conv_cache().available(*g)) {
+          ctx.conv_cache().backward(ctx.blas_threads(), *g, x16 ? static_cast<const void*>(x16) : a.x.data(), a.params,
+                                    a.dy.data(), a.dparams,
                                     a.dparams + Filters * patch, a.info.accumulate, a.dx ? a.dx.data() : nullptr);
           return;
         }
@@ -450,7 +469,7 @@ struct conv2d {
       fill(ctx, s.cols + patch * P, P, T(1));
       for (std::size_t b = 0; b < batch; ++b) {
         const T* dyb = a.dy.row(b);
-        columns(ctx, a.x.row(b), s);
+        columns_of(ctx, a, x16, b, s);
         gemm(ctx, trans::no, trans::yes, patch + 1, Filters, P, T(1), s.cols, P, dyb, P, b == 0 ? T(0) : T(1), gt,
              Filters);
         if (!a.dx) continue;
@@ -541,12 +560,13 @@ struct conv2d {
     /// operands), or nothing under a precision oneDNN's path does not take (fp16: im2col) or when
     /// the context keeps convolutions on im2col (host_context::onednn_convolutions).
     template <class Ctx>
-    static std::optional<backend::detail::conv_geometry> onednn_geometry(const Ctx& ctx, std::size_t batch) noexcept {
+    static std::optional<backend::detail::conv_geometry> onednn_geometry(const Ctx& ctx, std::size_t batch,
+                                                                          bool src16) noexcept {
       const compute_precision p = ctx.gemm_precision();
       if (!ctx.onednn_convolutions() || (p != compute_precision::fp32 && p != compute_precision::bf16))
         return std::nullopt;
       return backend::detail::conv_geometry{batch, C, H, W, Filters, Kernel, Stride, Padding, OH, OW,
-                                            p == compute_precision::bf16};
+                                            p == compute_precision::bf16, src16};
     }
 #endif
 
@@ -560,11 +580,24 @@ struct conv2d {
       explicit scratch(T* ws) : cols(ws), xp(ws + (patch + 1) * OH * OW), wb(xp + padded) {}
     };
 
-    /// The first `patch` rows of s.cols = im2col of one image, through its padded copy in s.xp.
-    template <class T, class Ctx>
-    static void columns(Ctx& ctx, const T* x, const scratch<T>& s) {
-      for_each_index(ctx, C * (H + 2 * Padding), detail::pad_image_op<T, geometry>{x, s.xp});
+    /// The first `patch` rows of s.cols = im2col of one image (T, or In = std::uint16_t: bf16
+    /// encodings, widened), through its padded copy in s.xp.
+    template <class T, class Ctx, class In>
+    static void columns(Ctx& ctx, const In* x, const scratch<T>& s) {
+      for_each_index(ctx, C * (H + 2 * Padding), detail::pad_image_op<T, geometry, In>{x, s.xp});
       for_each_index(ctx, patch, detail::im2col_op<T, geometry>{s.xp, s.cols});
+    }
+    /// columns of image b of a pass: from its bf16 encodings in x16 when not null, else from a.x.
+    template <class Args, class T, class Ctx>
+    static void columns_of(Ctx& ctx, const Args& a, [[maybe_unused]] const std::uint16_t* x16, std::size_t b,
+                           const scratch<T>& s) {
+      if constexpr (std::is_same_v<T, float> && detail::host_context_v<Ctx>) {
+        if (x16) {
+          columns(ctx, x16 + b * input_size, s);
+          return;
+        }
+      }
+      columns(ctx, a.x.row(b), s);
     }
   };
 };

@@ -133,7 +133,7 @@ struct dense {
     /// forward (Fn void) or forward_activated<Fn>, in a pass on a host context that keeps
     /// activations in bf16 (bf16_activations_v): x read from its bf16 encodings x16 when x16 is not
     /// null (a.x unused), and Fn's results written as bf16 encodings y16 when y16 is not null (then
-    /// Fn is not void, and a.y is fp32 scratch that the GEMM writes). The same bits as forward and
+    /// Fn is not void, and a.y receives the same results in fp32). The same bits as forward and
     /// forward_activated on the widened values, rounded to bf16 as the next GEMM rounds them.
     template <class Fn, class T, class Ctx>
     static void forward_stored(Ctx& ctx, const forward_args<T, Ctx, shape<In>, shape<Out>>& a,

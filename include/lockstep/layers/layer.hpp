@@ -353,27 +353,14 @@ inline constexpr std::size_t workspace_bf16_v = [] {
 /// True when bound layer B declares `static constexpr bool bf16_activations = true`: besides its
 /// forward and backward it has `forward_stored<Fn>(ctx, a, x16, y16)`, which reads its input rows
 /// from their bf16 encodings x16 (when not null) and, applying the following activation Fn, writes
-/// its output as bf16 encodings y16 (when not null; a.y is then fp32 scratch of the output's
-/// shape), and `backward_stored(ctx, a, x16)`, its backward with the input read from x16. A
-/// sequential keeps the activation before such a layer in bf16 where the layer that writes it can
-/// (pass_info::bf16_activations).
+/// its output as bf16 encodings y16 (when not null; a.y then receives the same results in fp32,
+/// which the next layer may read), and `backward_stored(ctx, a, x16)`, its backward with the
+/// input read from x16. A sequential keeps the activation before such a layer in bf16 where the
+/// layer that writes it can, and a relu it applies where the next layer reads bf16 or only reads
+/// it in forward (input_unread_v; pass_info::bf16_activations).
 template <class B>
 inline constexpr bool bf16_activations_v = [] {
   if constexpr (requires { B::bf16_activations; }) return bool{B::bf16_activations};
-  else return false;
-}();
-
-/// True when bound layer B reads and writes activations in bf16 (bf16_activations_v) or declares
-/// `static constexpr bool bf16_outputs = true`: it fuses a following activation
-/// (fuses_activation) and has `forward_stored<Fn>(ctx, a, x16, y16)`, which, with x16 null (its
-/// input read from `a.x`) and y16 not null, writes Fn's results to `a.y` in fp32 and as their bf16
-/// encodings to y16 (the layer suite checks both against forward_activated). A sequential keeps
-/// a relu that such a layer applies in bf16 where the next layer reads bf16 or reads it in forward
-/// only (input_unread_v).
-template <class B>
-inline constexpr bool bf16_outputs_v = [] {
-  if constexpr (bf16_activations_v<B>) return true;
-  else if constexpr (requires { B::bf16_outputs; }) return bool{B::bf16_outputs};
   else return false;
 }();
 

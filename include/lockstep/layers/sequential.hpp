@@ -273,8 +273,8 @@ struct bound_sequential<S, Out, type_list<Bs...>> {
 
 private:
   // Whether layer I's output is kept as bf16 encodings in a pass that keeps activations in bf16
-  // (pass_info::bf16_activations). Either layer I is an activation that layer I - 1, which can
-  // write it in bf16 (bf16_outputs_v), applies in its own forward, whose gradient reads only the
+  // (pass_info::bf16_activations). Either layer I is an activation that layer I - 1, which writes
+  // bf16 too (bf16_activations_v), applies in its own forward, whose gradient reads only the
   // sign of its output (grad_from_sign_v), and the next layer reads bf16 (bf16_activations_v) or
   // reads it in forward only (fp32_reader: the fp32 values layer I - 1 left in the first gradient
   // buffer); or the next layer reads bf16 and layer I writes its own output, which its backward
@@ -286,7 +286,7 @@ private:
       return false;
     } else if constexpr (I > 0 && fused[I == 0 ? 0 : I - 1]) {
       using act = std::tuple_element_t<I, list>;
-      return bf16_outputs_v<std::tuple_element_t<I - 1, list>> &&
+      return bf16_activations_v<std::tuple_element_t<I - 1, list>> &&
              grad_from_sign_v<typename act::fused_activation::function> &&
              (bf16_activations_v<std::tuple_element_t<I + 1, list>> || fp32_reader<I + 1>());
     } else if constexpr (!bf16_activations_v<std::tuple_element_t<I + 1, list>>) {

@@ -31,6 +31,7 @@ namespace lockstep::backend::detail {
 struct conv_geometry {
   std::size_t n, c, h, w, f, k, stride, pad, oh, ow;  ///< as above
   bool bf16 = false;                                   ///< bf16 operands, fp32 sums and results
+  bool src16 = false;  ///< the caller's images are bf16 encodings (NCHW), not fp32
   /// Same call shape.
   bool operator==(const conv_geometry&) const = default;
 };
@@ -65,9 +66,10 @@ public:
     return true;
   }
 
-  /// y = conv(x, w) + bias for g.n images: x NCHW, w OIHW, bias f values, y NCHW (n x f x oh x ow);
-  /// `threads` is the context's thread budget. g.n > 0 and available(g).
-  void forward(int threads, const conv_geometry& g, const float* x, const float* w, const float* bias, float* y) {
+  /// y = conv(x, w) + bias for g.n images: x NCHW (fp32, or bf16 encodings where g.src16), w
+  /// OIHW, bias f values, y NCHW (n x f x oh x ow); `threads` is the context's thread budget.
+  /// g.n > 0 and available(g).
+  void forward(int threads, const conv_geometry& g, const void* x, const float* w, const float* bias, float* y) {
     onednn_set_threads(threads);
     entry& e = find_or_create(g);
     load(e.src, x);
@@ -86,7 +88,7 @@ public:
   /// The weight and bias gradients of the summed loss for g.n images, written (or, with
   /// `accumulate`, added) to dw (OIHW) and db (f values); and, when dx is not null, the input
   /// gradient dx (NCHW). x, w and dy as forward's x, w and output gradient. g.n > 0 and available(g).
-  void backward(int threads, const conv_geometry& g, const float* x, const float* w, const float* dy, float* dw,
+  void backward(int threads, const conv_geometry& g, const void* x, const float* w, const float* dy, float* dw,
                 float* db, bool accumulate, float* dx) {
     onednn_set_threads(threads);
     entry& e = find_or_create(g);
@@ -179,7 +181,8 @@ private:
   struct geometry_hash {
     std::size_t operator()(const conv_geometry& g) const noexcept {
       std::uint64_t h = 1469598103934665603ull;
-      for (const std::size_t v : {g.n, g.c, g.h, g.w, g.f, g.k, g.stride, g.pad, g.oh, g.ow, std::size_t{g.bf16}})
+      for (const std::size_t v :
+           {g.n, g.c, g.h, g.w, g.f, g.k, g.stride, g.pad, g.oh, g.ow, std::size_t{g.bf16}, std::size_t{g.src16}})
         h = (h ^ static_cast<std::uint64_t>(v)) * 1099511628211ull;
       return static_cast<std::size_t>(h);
     }
@@ -191,7 +194,7 @@ private:
     return "convolution of " + std::to_string(g.n) + " images " + std::to_string(g.c) + "x" + std::to_string(g.h) +
            "x" + std::to_string(g.w) + ", " + std::to_string(g.f) + " filters " + std::to_string(g.k) + "x" +
            std::to_string(g.k) + ", stride " + std::to_string(g.stride) + ", padding " + std::to_string(g.pad) +
-           (g.bf16 ? ", bf16 operands" : "");
+           (g.bf16 ? ", bf16 operands" : "") + (g.src16 ? ", images given in bf16" : "");
   }
 
   static void set(dnnl_memory_t m, const void* p) {
@@ -205,7 +208,7 @@ private:
   }
 
   // Points an input operand at the caller's data and converts it to the primitive's layout.
-  void load(operand& o, const float* data) {
+  void load(operand& o, const void* data) {
     set(o.user.get(), data);
     if (o.reorder) run_reorder(o.reorder.get(), o.user.get(), o.inner.get());
   }
@@ -272,9 +275,10 @@ private:
   // Plain layouts: images NCHW, filters OIHW, biases one dimension, all fp32; `any` lets oneDNN
   // choose, with the operands the primitives read (src, weights, the output gradient dst_in) in
   // bf16 for a bf16 shape, and what they write (dst, diff_src in src32, diff_weights in
-  // weights32) in fp32.
+  // weights32) in fp32. src_in: the caller's images as the primitives read them (plain: NCHW in
+  // bf16 where g.src16).
   struct layouts {
-    dnnl_memory_desc_t src, weights, bias, dst, dst_in, src32, weights32;
+    dnnl_memory_desc_t src, weights, bias, dst, dst_in, src32, weights32, src_in;
     layouts(const conv_geometry& g, bool any, const std::string& what) {
       const auto d = [](std::size_t v) { return static_cast<dnnl_dim_t>(v); };
       const dnnl_dims_t src_dims{d(g.n), d(g.c), d(g.h), d(g.w)}, weights_dims{d(g.f), d(g.c), d(g.k), d(g.k)};
@@ -290,6 +294,7 @@ private:
       init(dst, 4, dst_dims, dnnl_f32, dnnl_nchw);
       init(dst_in, 4, dst_dims, in, dnnl_nchw);
       init(src32, 4, src_dims, dnnl_f32, dnnl_nchw);
+      init(src_in, 4, src_dims, any ? in : (g.src16 ? dnnl_bf16 : dnnl_f32), dnnl_nchw);
       init(weights32, 4, weights_dims, dnnl_f32, dnnl_oihw);
       onednn_check(dnnl_memory_desc_init_by_tag(&bias, 1, bias_dims, dnnl_f32, dnnl_a), "dnnl_memory_desc_init_by_tag",
                    what);
@@ -346,7 +351,7 @@ private:
     auto e = std::make_unique<entry>();
     e->fwd_pd = make_pd(desc, nullptr, g, what);
     const_dnnl_primitive_desc_t pd = e->fwd_pd.get();
-    bind(e->src, &plain.src, pd, dnnl_query_src_md, true, what);
+    bind(e->src, &plain.src_in, pd, dnnl_query_src_md, true, what);
     bind(e->weights, &plain.weights, pd, dnnl_query_weights_md, true, what);
     bind(e->dst, &plain.dst, pd, dnnl_query_dst_md, false, what);
     e->bias = memory(&plain.bias, what, DNNL_MEMORY_NONE);
@@ -372,7 +377,7 @@ private:
                                                              &plain.bias, &any.dst_in, strides, pad_l, pad_r),
                  "dnnl_convolution_backward_weights_desc_init", what);
     const auto pd = make_pd(desc, e.fwd_pd.get(), g, what);
-    bind(e.src_w, &plain.src, pd.get(), dnnl_query_src_md, true, what);
+    bind(e.src_w, &plain.src_in, pd.get(), dnnl_query_src_md, true, what);
     bind(e.diff_dst_w, &plain.dst, pd.get(), dnnl_query_diff_dst_md, true, what);
     bind(e.diff_weights, &plain.weights, pd.get(), dnnl_query_diff_weights_md, false, what);
     e.diff_bias = memory(&plain.bias, what, DNNL_MEMORY_NONE);
