@@ -339,8 +339,8 @@ bool unread_check(std::size_t rows, bool poison_input) {
   run_backward<B>(ctx, c.params.data(), c.x.data(), y.data(), c.dy.data(), dx.data(), dp.data(), ws.data(), rows, info);
   ws = kept;
   std::vector<float> x = c.x;
-  std::fill(poison_input ? x.begin() : y.begin(), poison_input ? x.end() : y.end(),
-            std::numeric_limits<float>::quiet_NaN());
+  std::vector<float>& poisoned = poison_input ? x : y;
+  std::fill(poisoned.begin(), poisoned.end(), std::numeric_limits<float>::quiet_NaN());
   run_backward<B>(ctx, c.params.data(), x.data(), y.data(), c.dy.data(), dx2.data(), dp2.data(), ws.data(), rows, info);
   const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
