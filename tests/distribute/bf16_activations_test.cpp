@@ -9,9 +9,10 @@
 // kept, dropout's output and the relu before it kept, two dense layers in a row, odd widths, a
 // nested sequential, a residual block, a relu before dropout at the end), on 1, 2 and 3
 // replicas, both determinism policies, accumulated updates with the weight gradients deferred,
-// batches of uneven sizes down to one row. Also: the workspace layout's sizes, the bytes a replica
-// holds, when activations are kept in bf16 at all, and the GEMM that reads a bf16 operand against
-// the GEMM on its widened values.
+// batches of uneven sizes down to one row. Activations that no backward reads (a pooling's output
+// before flatten) are kept nowhere, under every policy, with the same bits as keeping them. Also:
+// the workspace layout's sizes, the bytes a replica holds, when activations are kept in bf16 at
+// all, and the GEMM that reads a bf16 operand against the GEMM on its widened values.
 
 #include <doctest/doctest.h>
 
@@ -45,24 +46,57 @@ using chain_residual = ls::sequential<ls::dense<784, 16>, ls::relu,
 // A convnet: each convolution's relu is kept in bf16 (pooling's forward reads the fp32 values, its
 // backward neither its input nor its output), and each convolution's input (reshape's output,
 // max pooling's), and flatten's output, read by the dense layer; avg pooling's output, read by
-// flatten, stays fp32. The second convolution has 8 input channels: oneDNN's convolution where it
+// flatten and by no backward, is kept nowhere under either layout. The second convolution has 8 input channels: oneDNN's convolution where it
 // runs bf16 natively, reading bf16 images.
 using chain_cnn = ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<8, 3, 1, 1>, ls::relu, ls::max_pool2d<2>,
                                  ls::conv2d<8, 3, 1, 1>, ls::relu, ls::avg_pool2d<2>, ls::flatten, ls::dense<392, 10>>;
 constexpr std::size_t chain_cnn_kept = 784 / 2 + 8 * 28 * 28 / 2 + 8 * 14 * 14 / 2 + 8 * 14 * 14 / 2 + 392 / 2;
 static_assert(chain_cnn::bind<784>::workspace_per_sample_bf16 == chain_cnn::bind<784>::workspace_per_sample - chain_cnn_kept);
 // The fashion_mnist example's CNN and MLP (docs/precision.md quotes these figures): per image,
-// 112 848 floats of workspace under fp32, 87 912 keeping activations in bf16; per row of the MLP,
+// 109 712 floats of workspace under fp32, 84 776 keeping activations in bf16; per row of the MLP,
 // 2 752 and 1 984.
 using example_cnn = ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<32, 5, 1, 2>, ls::relu, ls::max_pool2d<2>,
                                    ls::conv2d<64, 5, 1, 2>, ls::relu, ls::max_pool2d<2>, ls::flatten,
                                    ls::dense<3136, 1024>, ls::relu, ls::dropout<2, 5>, ls::dense<1024, 10>>;
-static_assert(example_cnn::bind<784>::workspace_per_sample == 112848 &&
-              example_cnn::bind<784>::workspace_per_sample_bf16 == 87912);
+static_assert(example_cnn::bind<784>::workspace_per_sample == 109712 &&
+              example_cnn::bind<784>::workspace_per_sample_bf16 == 84776);
 using example_mlp = ls::sequential<ls::dense<784, 512>, ls::relu, ls::dropout<1, 5>, ls::dense<512, 256>, ls::relu,
                                    ls::dropout<1, 5>, ls::dense<256, 10>>;
 static_assert(example_mlp::bind<784>::workspace_per_sample == 2752 &&
               example_mlp::bind<784>::workspace_per_sample_bf16 == 1984);
+// Layer L with its output declared read by its backward: a sequential keeps it as it would for
+// any layer that says nothing (the reference for activations that are kept nowhere).
+template <class L>
+struct output_read {
+  using layer_concept = ls::layer_tag;                          // opts in to the layer concept
+  static constexpr std::size_t expected_input = L::expected_input;  // as L
+  static constexpr bool preserves_shape = ls::detail::preserves_shape<L>();  // as L
+  template <class S>
+  static constexpr bool accepts_shape = ls::accepts_shape_v<L, S>();  // as L
+  template <class S>
+  struct bind_shape : ls::bind_shape_t<L, S> {
+    static constexpr bool backward_reads_output = true;  // hides L's claim
+  };
+};
+// Activations that no backward reads are kept nowhere (transient): max pooling's output, read by
+// flatten, flatten's, read by dropout, and a dense layer's, read by dropout, each live in a
+// gradient buffer during forward, the two in a row in alternate buffers (and, keeping activations
+// in bf16, after the convolution's fp32 relu in the first and before dropout's fp32 output in the
+// second).
+using chain_transient = ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<4, 3, 1, 1>, ls::relu, ls::max_pool2d<2>,
+                                       ls::flatten, ls::dropout<1, 4>, ls::dense<784, 12>, ls::dropout<1, 5>,
+                                       ls::dense<12, 10>>;
+using chain_transient_kept =
+    ls::sequential<ls::reshape<1, 28, 28>, ls::conv2d<4, 3, 1, 1>, ls::relu, output_read<ls::max_pool2d<2>>,
+                   output_read<ls::flatten>, ls::dropout<1, 4>, output_read<ls::dense<784, 12>>, ls::dropout<1, 5>,
+                   ls::dense<12, 10>>;
+constexpr std::size_t transient_per_row = 784 + 784 + 12;
+static_assert(chain_transient::bind<784>::workspace_per_sample ==
+              chain_transient_kept::bind<784>::workspace_per_sample - transient_per_row);
+static_assert(chain_transient::bind<784>::workspace_per_sample_bf16 ==
+              chain_transient_kept::bind<784>::workspace_per_sample_bf16 - transient_per_row);
+static_assert(!ls::output_unread_v<output_read<ls::flatten>::bind_shape<ls::shape<4, 2, 2>>> &&
+              ls::output_unread_v<ls::flatten::bind_shape<ls::shape<4, 2, 2>>>);
 // A 1024 x 1024 weight gradient (4 MiB: deferred under run_to_run accumulation) reading a kept input.
 using chain_deferred = ls::sequential<ls::dense<784, 1024>, ls::relu, ls::dense<1024, 1024>, ls::relu, ls::dense<1024, 10>>;
 
@@ -107,11 +141,11 @@ struct act_run {
 /// Four updates of Net under mixed<bf16> on `replicas` replicas of strategy S with activations
 /// kept in bf16 or not; `accumulate` batches per update (uneven sizes, one of a single row), then a
 /// prediction on 9 rows.
-template <class Net, class S>
+template <class Net, class S, class Policy = ls::mixed<ls::bf16>>
 act_run train_kept(std::size_t replicas, bool keep, std::size_t accumulate, bool shard = false) {
   S s(ls::device_selection::first(replicas),
       ls::strategy_options{.micro_shard_rows = 4, .deferred_gradient_bytes = 64u << 20, .shard_optimizer = shard});
-  auto m = s.template replicate<Net, ls::mixed<ls::bf16>>(ls::seed{9});
+  auto m = s.template replicate<Net, Policy>(ls::seed{9});
   for (std::size_t r = 0; r < m.size(); ++r) m.replica(r).context().set_bf16_activations(keep);
   std::uint64_t key = 0;
   for (std::size_t update = 0; update < 4; ++update) {
@@ -171,6 +205,32 @@ TEST_CASE("activations kept in bf16 train to the bits of keeping them in fp32 (r
   check_kept_bits<mlp_dropout, act_invariant>("mlp_dropout", (32 - 16) + (32 - 16));
   check_kept_bits<chain_dropout_last, act_invariant>("chain_dropout_last", (19 - 10) + (19 - 10) + (10 - 5));
   check_kept_bits<chain_cnn, act_invariant>("chain_cnn", chain_cnn_kept);
+}
+
+TEST_CASE("activations that no backward reads are kept nowhere and train to the bits of keeping them") {
+  const auto check = [](const act_run& transient, const act_run& kept) {
+    CHECK(transient.params == kept.params);
+    CHECK(transient.predictions == kept.predictions);
+    CHECK(transient.capacity == kept.capacity);
+    CHECK(transient.capacity > 0);
+    CHECK(kept.activation_bytes - transient.activation_bytes == kept.capacity * transient_per_row * sizeof(float));
+  };
+  for (const std::size_t replicas : {1, 2, 3})
+    for (const std::size_t accumulate : {1, 3}) {
+      CAPTURE(replicas);
+      CAPTURE(accumulate);
+      check(train_kept<chain_transient, act_run_to_run, float>(replicas, false, accumulate),
+            train_kept<chain_transient_kept, act_run_to_run, float>(replicas, false, accumulate));
+      check(train_kept<chain_transient, act_invariant, float>(replicas, false, accumulate),
+            train_kept<chain_transient_kept, act_invariant, float>(replicas, false, accumulate));
+      const auto bf16 = train_kept<chain_transient, act_run_to_run>(replicas, true, accumulate);
+      CHECK(bf16.kept);
+      check(bf16, train_kept<chain_transient_kept, act_run_to_run>(replicas, true, accumulate));
+      check(train_kept<chain_transient, act_invariant>(replicas, true, accumulate),
+            train_kept<chain_transient_kept, act_invariant>(replicas, true, accumulate));
+      // Kept in bf16 or not, the same bits (every reader rounds the same values).
+      CHECK(bf16.params == train_kept<chain_transient, act_run_to_run>(replicas, false, accumulate).params);
+    }
 }
 
 TEST_CASE("activations kept in bf16: a deferred 4 MiB weight gradient and the sharded update give the same bits") {

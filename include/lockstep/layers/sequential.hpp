@@ -276,7 +276,7 @@ private:
   // (pass_info::bf16_activations). Either layer I is an activation that layer I - 1, which writes
   // bf16 too (bf16_activations_v), applies in its own forward, whose gradient reads only the
   // sign of its output (grad_from_sign_v), and the next layer reads bf16 (bf16_activations_v) or
-  // reads it in forward only (fp32_reader: the fp32 values layer I - 1 left in the first gradient
+  // reads it in forward only (fp32_reader: the fp32 values layer I - 1 left in a gradient
   // buffer); or the next layer reads bf16 and layer I writes its own output, which its backward
   // never reads (output_unread_v), and the sequential encodes it.
   template <std::size_t I>
@@ -296,9 +296,9 @@ private:
     }
   }
   // Whether layer I, which follows an activation applied by the layer before it, can read that
-  // activation in fp32 from the first gradient buffer in a pass that keeps it in bf16: its
-  // backward never reads its input (input_unread_v), it reads no bf16 itself, and it applies no
-  // activation of its own (its output goes to its slot, or to the second gradient buffer).
+  // activation in fp32 from a gradient buffer in a pass that keeps it in bf16: its backward never
+  // reads its input (input_unread_v), it reads no bf16 itself, and it applies no activation of its
+  // own (its output goes to its slot, or to the other gradient buffer: fp32_buffer).
   template <std::size_t I>
   static constexpr bool fp32_reader() {
     using list = std::tuple<Bs...>;
@@ -315,6 +315,46 @@ private:
         std::make_index_sequence<layer_count>{});
     return k;
   }();
+  // Whether layer I's output is kept nowhere in layout B16: neither layer I's backward
+  // (output_unread_v) nor layer I + 1's (input_unread_v) reads it, layer I + 1 reads it in fp32
+  // (not bf16_activations_v), and no activation is fused on either side. Layer I then writes it
+  // into a gradient buffer, which forward does not otherwise use, and layer I + 1 reads it from
+  // there (a pooling before flatten, a dense layer or a flatten before dropout).
+  template <std::size_t I>
+  static constexpr bool transient_at() {
+    using list = std::tuple<Bs...>;
+    if constexpr (I + 1 >= layer_count) {
+      return false;
+    } else {
+      using B = std::tuple_element_t<I, list>;
+      using next = std::tuple_element_t<I + 1, list>;
+      return !fused[I] && !(I > 0 && fused[I == 0 ? 0 : I - 1]) && output_unread_v<B> && input_unread_v<next> &&
+             !bf16_activations_v<next>;
+    }
+  }
+  static constexpr std::array<bool, layer_count> transient = [] {
+    std::array<bool, layer_count> k{};
+    [&]<std::size_t... I>(std::index_sequence<I...>) { ((k[I] = transient_at<I>()), ...); }(
+        std::make_index_sequence<layer_count>{});
+    return k;
+  }();
+  static constexpr std::array<bool, layer_count> reads_bf16{bf16_activations_v<Bs>...};
+  // Which gradient buffer (0 or 1) holds activation i's fp32 values during forward in layout B16,
+  // or -1 where they are in its own slot: a transient activation, or one kept in bf16 whose writer
+  // computes fp32 results first (writes16, encodes16). A writer takes the buffer its input is not in.
+  template <bool B16>
+  static constexpr std::array<int, layer_count> fp32_buffer = [] {
+    std::array<int, layer_count> b{};
+    b.fill(-1);
+    for (std::size_t i = 0; i < layer_count; ++i) {
+      if (i > 0 && fused[i - 1]) continue;  // layer i - 1 writes it
+      const bool from16 = B16 && i > 0 && stored16[i - 1] && reads_bf16[i];
+      const int in = i == 0 || from16 ? -1 : b[i - 1];
+      const std::size_t t = fused[i] ? i + 1 : i;
+      if (transient[t] || (B16 && stored16[t])) b[t] = in == 0 ? 1 : 0;
+    }
+    return b;
+  }();
   static constexpr bool has_stored16 = [] {
     for (bool k : stored16)
       if (k) return true;
@@ -324,12 +364,13 @@ private:
   static constexpr std::array<std::size_t, layer_count> scratch16{workspace_bf16_v<Bs>...};
   static constexpr std::array<std::size_t, layer_count> fixed{workspace_fixed_v<Bs>...};
   // Workspace layout for a batch of b rows: b * (activations of layers 0..N-2, none for a layer
-  // fused with the next: its output slot is the next one's), then each layer's own region
+  // fused with the next: its output slot is the next one's, and none for a transient activation,
+  // which only lives in a gradient buffer during forward), then each layer's own region
   // (b * its per-row scratch + its fixed scratch), then two ping-pong gradient buffers of b * the
   // widest inner activation. With B16 (a pass that keeps activations in bf16), an activation kept
   // in bf16 (stored16) takes half its width, rounded up, as b rows of bf16 encodings, and the
   // layers' scratch is their workspace_bf16_v; a layer that writes such an activation computes
-  // its fp32 results in the first ping-pong buffer, which forward does not otherwise use.
+  // its fp32 results in a ping-pong buffer, which forward does not otherwise use (fp32_buffer).
   static constexpr std::size_t max_inner = [] {
     std::size_t m = 0;
     for (std::size_t i = 0; i + 1 < layer_count; ++i) m = std::max(m, outputs[i]);
@@ -341,7 +382,8 @@ private:
     std::size_t acc = 0;
     for (std::size_t i = 0; i < layer_count; ++i) {
       o[i] = acc;
-      if (i + 1 < layer_count && !fused[i]) acc += B16 && stored16[i] ? (outputs[i] + 1) / 2 : outputs[i];
+      if (i + 1 < layer_count && !fused[i] && !transient[i])
+        acc += B16 && stored16[i] ? (outputs[i] + 1) / 2 : outputs[i];
     }
     return o;
   }();
@@ -471,10 +513,11 @@ private:
   // bf16 encodings in layout B16.
   template <std::size_t I, bool B16>
   static constexpr bool reads16 = B16 && I > 0 && stored16[I == 0 ? 0 : I - 1] && bf16_activations_v<layer_type<I>>;
-  // Whether layer I reads its input, kept in bf16 for the activation's backward, in fp32 from the
-  // first gradient buffer (fp32_reader) in layout B16; its backward is then given no input.
+  // Whether layer I reads its input in fp32 from a gradient buffer (fp32_buffer) in layout B16: a
+  // relu kept in bf16 for its own backward (fp32_reader), or a transient activation; its backward
+  // is then given no input.
   template <std::size_t I, bool B16>
-  static constexpr bool reads_buffer = B16 && I > 0 && stored16[I == 0 ? 0 : I - 1] && !bf16_activations_v<layer_type<I>>;
+  static constexpr bool reads_buffer = I > 0 && !reads16<I, B16> && fp32_buffer<B16>[I == 0 ? 0 : I - 1] >= 0;
   template <std::size_t I, bool B16>
   static constexpr bool writes16 = B16 && fused[I] && stored16[I + 1 < layer_count ? I + 1 : I];
   // Whether layer I writes its own output in fp32 for the sequential to encode (stored16, not an
@@ -527,15 +570,14 @@ private:
     } else {
       const layer_precision_scope<layer_type<I>, Ctx> precision(ctx);
       // Where the layer writes fp32: its output, or the fused activation's, or (when that is kept
-      // in bf16) the first gradient buffer, which forward does not otherwise use (the second when
-      // the layer reads its input from the first).
+      // in bf16, or nowhere) a gradient buffer, which forward does not otherwise use (fp32_buffer).
+      constexpr std::size_t target = fused[I] ? I + 1 : I;  // the activation this forward writes
       T* y;
-      if constexpr (writes16<I, B16> || encodes16<I, B16>) y = pingpong<B16>(ws, batch, reads_buffer<I, B16> ? 1 : 0);
-      else if constexpr (fused[I]) y = output_of<I + 1, B16>(a.y.data(), ws, batch);
-      else y = output_of<I, B16>(a.y.data(), ws, batch);
+      if constexpr (fp32_buffer<B16>[target] >= 0) y = pingpong<B16>(ws, batch, fp32_buffer<B16>[target]);
+      else y = output_of<target, B16>(a.y.data(), ws, batch);
       const T* x;
       if constexpr (reads16<I, B16>) x = nullptr;
-      else if constexpr (reads_buffer<I, B16>) x = pingpong<B16>(ws, batch, 0);
+      else if constexpr (reads_buffer<I, B16>) x = pingpong<B16>(ws, batch, fp32_buffer<B16>[I - 1]);
       else x = input_of<I, B16>(a.x.data(), ws, batch);
       const forward_args_for<T, Ctx, layer_type<I>> args{
           a.params + param_offsets[I],
@@ -581,7 +623,7 @@ private:
     const layer_precision_scope<layer_type<J>, Ctx> precision(ctx);
     const backward_args_for<T, Ctx, layer_type<J>> args{a.params + param_offsets[J],
                                                        {reads_buffer<J, B16> ? nullptr : input_of<J, B16>(a.x.data(), ws, batch), batch},
-                                                       {encodes16<J, B16> ? nullptr : output_of<J, B16>(a.y.data(), ws, batch), batch},
+                                                       {encodes16<J, B16> || transient[J] ? nullptr : output_of<J, B16>(a.y.data(), ws, batch), batch},
                                                        {g_out, batch},
                                                        {g_in, batch},
                                                        a.dparams + param_offsets[J],
