@@ -604,13 +604,18 @@ struct conv2d {
 
 namespace detail {
 
-/// Max pooling forward: y = the window's maximum, argmax = its flat input index within the
-/// channel (the first maximum in row-major window order). One call per output element.
-template <class T>
+/// Where max pooling's maximum lies in its K x K window, kept for backward: the cell's row-major
+/// index, one byte for windows of up to 16 x 16 cells, two above.
+template <std::size_t K>
+using pool_cell_t = std::conditional_t<(K * K <= 256), std::uint8_t, std::uint16_t>;
+
+/// Max pooling forward: y = the window's maximum, argmax = its cell in the window (row-major,
+/// the first maximum in that order). One call per output element.
+template <class T, class A = std::uint8_t>
 struct max_pool_op {
   const T* x;      ///< batch x C x H x W
   T* y;            ///< batch x C x OH x OW
-  T* argmax;       ///< batch x C x OH x OW, as T (exact below 2^24 elements per channel)
+  A* argmax;       ///< batch x C x OH x OW (pool_cell_t)
   window2d g;      ///< geometry
   /// Output element i.
   LOCKSTEP_HD void operator()(std::size_t i) const {
@@ -628,47 +633,50 @@ struct max_pool_op {
         const std::size_t idx = static_cast<std::size_t>(yy) * g.w + static_cast<std::size_t>(xx);
         if (!any || in[idx] > best) {
           best = in[idx];
-          at = idx;
+          at = kr * g.k + kc;
           any = true;
         }
       }
     }
     y[i] = best;
-    argmax[i] = static_cast<T>(at);
+    argmax[i] = static_cast<A>(at);
   }
 };
 
-/// The sum of dy (d, rows of ow windows) over the windows [oy0, oy1) x [ox0, ox1) whose argmax
-/// (a) is input element `self`, in window order from 0: max pooling's gradient at that element.
-template <class T>
-LOCKSTEP_HD T max_pool_grad_sum(const T* d, const T* a, std::size_t ow, std::size_t oy0, std::size_t oy1,
-                                std::size_t ox0, std::size_t ox1, T self) {
+/// The sum of dy (d, rows of g.ow windows) over the windows [oy0, oy1) x [ox0, ox1), which cover
+/// input element (yy, xx), whose argmax (a, cells) is that element, in window order from 0: max
+/// pooling's gradient at the element.
+template <class T, class A>
+LOCKSTEP_HD T max_pool_grad_sum(const T* d, const A* a, const window2d& g, std::size_t oy0, std::size_t oy1,
+                                std::size_t ox0, std::size_t ox1, std::size_t yy, std::size_t xx) {
   T s = T(0);
-  for (std::size_t oy = oy0; oy < oy1; ++oy)
+  for (std::size_t oy = oy0; oy < oy1; ++oy) {
+    const std::size_t row = (yy + g.pad - oy * g.stride) * g.k;  // the element's cell row in window oy
     for (std::size_t ox = ox0; ox < ox1; ++ox)
-      if (a[oy * ow + ox] == self) s += d[oy * ow + ox];
+      if (static_cast<std::size_t>(a[oy * g.ow + ox]) == row + xx + g.pad - ox * g.stride) s += d[oy * g.ow + ox];
+  }
   return s;
 }
 
 /// Max pooling backward in gather form: dx at each input element is the sum of dy over the
 /// windows that picked it. One call per input row (b, c, y).
-template <class T>
+template <class T, class A = std::uint8_t>
 struct max_pool_grad_op {
   const T* dy;      ///< batch x C x OH x OW
-  const T* argmax;  ///< from forward
+  const A* argmax;  ///< from forward
   T* dx;            ///< batch x C x H x W
   window2d g;       ///< geometry
   /// Input row i.
   LOCKSTEP_HD void operator()(std::size_t i) const {
     const std::size_t yy = i % g.h, bc = i / g.h;
     const T* d = dy + bc * g.oh * g.ow;
-    const T* a = argmax + bc * g.oh * g.ow;
+    const A* a = argmax + bc * g.oh * g.ow;
     std::size_t oy0, oy1;
     g.covering(yy, g.oh, oy0, oy1);
     for (std::size_t xx = 0; xx < g.w; ++xx) {
       std::size_t ox0, ox1;
       g.covering(xx, g.ow, ox0, ox1);
-      dx[(bc * g.h + yy) * g.w + xx] = max_pool_grad_sum(d, a, g.ow, oy0, oy1, ox0, ox1, static_cast<T>(yy * g.w + xx));
+      dx[(bc * g.h + yy) * g.w + xx] = max_pool_grad_sum(d, a, g, oy0, oy1, ox0, ox1, yy, xx);
     }
   }
 };
@@ -676,20 +684,20 @@ struct max_pool_grad_op {
 /// Max pooling backward in gather form, one call per input element (the GPU's form: threads
 /// side by side write dx side by side), with the geometry G a constant: element i of dx, the sum
 /// max_pool_grad_op forms for it, in the same order.
-template <class T, window2d G>
+template <class T, window2d G, class A = std::uint8_t>
 struct max_pool_grad_element_op {
   const T* dy;      ///< batch x C x OH x OW
-  const T* argmax;  ///< from forward
+  const A* argmax;  ///< from forward
   T* dx;            ///< batch x C x H x W
   /// Input element i = (b, c, yy, xx).
   LOCKSTEP_HD void operator()(std::size_t i) const {
     const std::size_t xx = i % G.w, yy = (i / G.w) % G.h, bc = i / (G.w * G.h);
     const T* d = dy + bc * G.oh * G.ow;
-    const T* a = argmax + bc * G.oh * G.ow;
+    const A* a = argmax + bc * G.oh * G.ow;
     std::size_t oy0, oy1, ox0, ox1;
     G.covering(yy, G.oh, oy0, oy1);
     G.covering(xx, G.ow, ox0, ox1);
-    dx[i] = max_pool_grad_sum(d, a, G.ow, oy0, oy1, ox0, ox1, static_cast<T>(yy * G.w + xx));
+    dx[i] = max_pool_grad_sum(d, a, G, oy0, oy1, ox0, ox1, yy, xx);
   }
 };
 
@@ -705,8 +713,8 @@ inline T select_bits(bool c, T a, T b) noexcept {
 
 /// One input row i = (b, c, yy) of a pooling gradient dx on the host, for windows that do not
 /// overlap (stride >= kernel) and no padding, where each input element lies in at most one
-/// window: `value(window, pos)` for an element of window `window` (its flat output index
-/// (b, c, oy, ox)) at position `pos` in its channel (row-major, 32 bits), `none` for an element no
+/// window: `value(window, cell)` for an element of window `window` (its flat output index
+/// (b, c, oy, ox)) at cell `cell` of the window (row-major, 32 bits), `none` for an element no
 /// window reads. Each element written once.
 template <class T, window2d G, class Value>
 inline void pool_grad_row(std::size_t i, T* dx, T none, const Value& value) {
@@ -718,17 +726,15 @@ inline void pool_grad_row(std::size_t i, T* dx, T none, const Value& value) {
     return;
   }
   const std::size_t window = (bc * G.oh + oy) * G.ow;
-  const auto row = static_cast<std::int32_t>(yy * G.w);
+  const auto row = static_cast<std::int32_t>(yy % G.stride * G.k);  // the row's first cell in its window
   for (std::size_t ox = 0; ox + 1 < G.ow; ++ox)  // each window but the last, and the gap after it
-    for (std::size_t kc = 0; kc < G.stride; ++kc) {
-      const auto xx = static_cast<std::int32_t>(ox * G.stride + kc);
-      out[xx] = kc < G.k ? value(window + ox, row + xx) : none;
-    }
+    for (std::size_t kc = 0; kc < G.stride; ++kc)
+      out[ox * G.stride + kc] = kc < G.k ? value(window + ox, row + static_cast<std::int32_t>(kc)) : none;
   // The last window, then the columns no window reads up to the row's end (the last gap can be
   // shorter than the stride's).
   constexpr std::size_t last = (G.ow - 1) * G.stride;
   for (std::size_t kc = 0; kc < G.k; ++kc)
-    out[last + kc] = value(window + G.ow - 1, row + static_cast<std::int32_t>(last + kc));
+    out[last + kc] = value(window + G.ow - 1, row + static_cast<std::int32_t>(kc));
   for (std::size_t xx = last + G.k; xx < G.w; ++xx) out[xx] = none;
 }
 
@@ -736,22 +742,22 @@ inline void pool_grad_row(std::size_t i, T* dx, T none, const Value& value) {
 /// constant: the same maximum and the same argmax (the first maximum in row-major window order;
 /// a NaN first element stays the maximum) as max_pool_op, without its per-element index
 /// arithmetic, and for a window inside the image without bound checks or branches.
-template <class T, window2d G>
+template <class T, window2d G, class A = std::uint8_t>
 struct max_pool_rows_op {
   const T* x;      ///< batch x C x H x W
   T* y;            ///< batch x C x OH x OW
-  T* argmax;       ///< batch x C x OH x OW, as T (exact below 2^24 elements per channel)
+  A* argmax;       ///< batch x C x OH x OW (pool_cell_t)
   /// Output row i = (b, c, oy).
   void operator()(std::size_t i) const {
     const std::size_t oy = i % G.oh, bc = i / G.oh;
     const T* in = x + bc * G.h * G.w;
     T* yr = y + i * G.ow;
-    T* ar = argmax + i * G.ow;
+    A* ar = argmax + i * G.ow;
     if constexpr (G.pad == 0) {
       // (OH - 1) stride + K <= H and the same for W: every window lies inside the image. Each
       // window's cells are visited in row-major order, the maximum taken by selects (random data
-      // would mispredict branches half the time) and the positions computed in 32 bits
-      // (converted to T in one instruction, also in vectors).
+      // would mispredict branches half the time), the cells kept as T (the selects' type) until
+      // they are stored.
       constexpr auto w = static_cast<std::int32_t>(G.w), stride = static_cast<std::int32_t>(G.stride);
       const auto r0 = static_cast<std::int32_t>(oy) * stride * w;
 #if defined(__clang__)
@@ -760,7 +766,7 @@ struct max_pool_rows_op {
       for (std::size_t ox = 0; ox < G.ow; ++ox) {
         const std::int32_t idx = r0 + static_cast<std::int32_t>(ox) * stride;
         best[ox] = in[idx];
-        at[ox] = static_cast<T>(idx);
+        at[ox] = T(0);
       }
       for (std::size_t cell = 1; cell < G.k * G.k; ++cell) {
         const std::int32_t off = r0 + static_cast<std::int32_t>(cell / G.k) * w + static_cast<std::int32_t>(cell % G.k);
@@ -769,32 +775,32 @@ struct max_pool_rows_op {
           const T v = in[idx];
           const bool gt = v > best[ox];
           best[ox] = gt ? v : best[ox];
-          at[ox] = gt ? static_cast<T>(idx) : at[ox];
+          at[ox] = gt ? static_cast<T>(cell) : at[ox];
         }
       }
       for (std::size_t ox = 0; ox < G.ow; ++ox) {
         yr[ox] = best[ox];
-        ar[ox] = at[ox];
+        ar[ox] = static_cast<A>(at[ox]);
       }
 #else
       // ...g++ does not, and makes branches of the selects unless they go through the bits.
       for (std::size_t ox = 0; ox < G.ow; ++ox) {
         const std::int32_t first = r0 + static_cast<std::int32_t>(ox) * stride;
         T best = in[first];
-        T at = static_cast<T>(first);
+        T at = T(0);
         for (std::size_t cell = 1; cell < G.k * G.k; ++cell) {
           const std::int32_t idx = first + static_cast<std::int32_t>(cell / G.k) * w + static_cast<std::int32_t>(cell % G.k);
           const T v = in[idx];
           const bool gt = v > best;
-          at = select_bits(gt, static_cast<T>(idx), at);
+          at = select_bits(gt, static_cast<T>(cell), at);
           best = select_bits(gt, v, best);
         }
         yr[ox] = best;
-        ar[ox] = at;
+        ar[ox] = static_cast<A>(at);
       }
 #endif
     } else {
-      const max_pool_op<T> generic{x, y, argmax, G};
+      const max_pool_op<T, A> generic{x, y, argmax, G};
       for (std::size_t ox = 0; ox < G.ow; ++ox) generic(i * G.ow + ox);
     }
   }
@@ -805,19 +811,19 @@ struct max_pool_rows_op {
 /// window's dy where the element is the window's argmax (0 + -0 is +0, as in a sum) and 0
 /// elsewhere, the bits of max_pool_grad_op's sums over the covering windows, each element written
 /// once, the choice a select. Otherwise max_pool_grad_op itself.
-template <class T, window2d G>
+template <class T, window2d G, class A = std::uint8_t>
 struct max_pool_grad_rows_op {
   const T* dy;      ///< batch x C x OH x OW
-  const T* argmax;  ///< from forward
+  const A* argmax;  ///< from forward
   T* dx;            ///< batch x C x H x W
   /// Input row i = (b, c, yy).
   void operator()(std::size_t i) const {
     if constexpr (G.pad == 0 && G.stride >= G.k) {
-      pool_grad_row<T, G>(i, dx, T(0), [this](std::size_t window, std::int32_t pos) {
-        return select_bits(argmax[window] == static_cast<T>(pos), T(0) + dy[window], T(0));
+      pool_grad_row<T, G>(i, dx, T(0), [this](std::size_t window, std::int32_t cell) {
+        return select_bits(static_cast<std::int32_t>(argmax[window]) == cell, T(0) + dy[window], T(0));
       });
     } else {
-      max_pool_grad_op<T>{dy, argmax, dx, G}(i);
+      max_pool_grad_op<T, A>{dy, argmax, dx, G}(i);
     }
   }
 };
@@ -980,6 +986,7 @@ template <std::size_t Kernel, std::size_t Stride = Kernel, std::size_t Padding =
 struct max_pool2d {
   static_assert(Kernel > 0 && Stride > 0, "lockstep::max_pool2d: Kernel and Stride must be positive");
   static_assert(Padding < Kernel, "lockstep::max_pool2d: Padding must be smaller than Kernel");
+  static_assert(Kernel <= 256, "lockstep::max_pool2d: windows of at most 256 x 256 cells");
   using layer_concept = layer_tag;                  ///< opts in to the layer concept
   static constexpr std::size_t expected_input = 0;  ///< the width comes with the image shape
 
@@ -992,7 +999,9 @@ struct max_pool2d {
   struct bind_shape : detail::bound_pool<S, Kernel, Stride, Padding> {
     using pool = detail::bound_pool<S, Kernel, Stride, Padding>;  ///< the shared shape and geometry
     using pool::C, pool::H, pool::output_size, pool::geometry;
-    static constexpr std::size_t workspace_per_sample = output_size;  ///< where each maximum was
+    using cell = detail::pool_cell_t<Kernel>;  ///< where each maximum was in its window
+    /// Where each maximum was: a cell per output (in elements of 4 bytes, rounded up).
+    static constexpr std::size_t workspace_per_sample = (output_size * sizeof(cell) + 3) / 4;
     static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
     static constexpr bool backward_reads_input = false;   ///< backward reads where each maximum was, never x
     static constexpr bool backward_reads_output = false;  ///< nor y (output_unread_v)
@@ -1000,28 +1009,29 @@ struct max_pool2d {
     /// y = the maximum of each window (its position kept for backward).
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const forward_args<T, Ctx, S, typename pool::output_shape>& a) {
-      static_assert(H * pool::W < (std::size_t{1} << 24), "lockstep::max_pool2d: channels of 2^24 elements or more");
+      auto* at = reinterpret_cast<cell*>(a.workspace);
       if constexpr (detail::host_context_v<Ctx>) {
         if constexpr (detail::pool_2x2_avx2<T, Kernel, Stride, Padding>)
-          if (backend::pool_2x2_forward<true, H, pool::W>(a.x.data(), a.y.data(), a.workspace, a.batch() * C)) return;
+          if (backend::pool_2x2_forward<true, H, pool::W>(a.x.data(), a.y.data(), at, a.batch() * C)) return;
         for_each_index(ctx, a.batch() * C * pool::OH,
-                       detail::max_pool_rows_op<T, geometry()>{a.x.data(), a.y.data(), a.workspace});
+                       detail::max_pool_rows_op<T, geometry(), cell>{a.x.data(), a.y.data(), at});
       } else
-        for_each_index(ctx, a.y.size(), detail::max_pool_op<T>{a.x.data(), a.y.data(), a.workspace, geometry()});
+        for_each_index(ctx, a.y.size(), detail::max_pool_op<T, cell>{a.x.data(), a.y.data(), at, geometry()});
     }
 
     /// dx = dy routed to each window's maximum (sums where windows overlap).
     template <class T, class Ctx>
     static void backward(Ctx& ctx, const backward_args<T, Ctx, S, typename pool::output_shape>& a) {
       if (!a.dx) return;
+      const auto* at = reinterpret_cast<const cell*>(a.workspace);
       if constexpr (detail::host_context_v<Ctx>) {
         if constexpr (detail::pool_2x2_avx2<T, Kernel, Stride, Padding>)
-          if (backend::pool_2x2_backward<true, H, pool::W>(a.dy.data(), a.workspace, a.dx.data(), a.batch() * C)) return;
+          if (backend::pool_2x2_backward<true, H, pool::W>(a.dy.data(), at, a.dx.data(), a.batch() * C)) return;
         for_each_index(ctx, a.batch() * C * H,
-                       detail::max_pool_grad_rows_op<T, geometry()>{a.dy.data(), a.workspace, a.dx.data()});
+                       detail::max_pool_grad_rows_op<T, geometry(), cell>{a.dy.data(), at, a.dx.data()});
       } else
         for_each_index(ctx, a.dx.size(),
-                       detail::max_pool_grad_element_op<T, geometry()>{a.dy.data(), a.workspace, a.dx.data()});
+                       detail::max_pool_grad_element_op<T, geometry(), cell>{a.dy.data(), at, a.dx.data()});
     }
   };
 };

@@ -5,13 +5,14 @@
 /// run time). The values are those of the layers' row loops (detail::max_pool_rows_op,
 /// max_pool_grad_rows_op, avg_pool_rows_op and avg_pool_grad_rows_op in layers/conv.hpp) bit for
 /// bit: for max pooling the window's first maximum in row-major order (a NaN in the window's first
-/// cell stays its maximum), its position as a float, and the gradient 0 + dy at that position and
-/// +0 elsewhere; for average pooling the cells summed row by row from 0 and divided by 4, and the
+/// cell stays its maximum), its cell in the window (0-3, a byte), and the gradient 0 + dy at that
+/// cell and +0 elsewhere; for average pooling the cells summed row by row from 0 and divided by 4, and the
 /// gradient (0 + dy) / 4. Rows and columns that fill no window (an odd H or W) are dropped by the
 /// forward pass and get a zero gradient.
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include <lockstep/config.hpp>
 
@@ -131,44 +132,103 @@ template <int Count>
   }
 }
 
-/// One more cell v (at positions pos) of eight windows: where v > best (ordered: never for a
-/// NaN), best and where take v and its position; ties keep the earlier cell.
-[[gnu::target("avx2")]] inline void pool_take(__m256 v, __m256i pos, __m256& best, __m256& where) noexcept {
+/// One more cell v (cell index `cell`, as a float) of eight windows: where v > best (ordered:
+/// never for a NaN), best and where take v and its cell; ties keep the earlier cell.
+[[gnu::target("avx2")]] inline void pool_take(__m256 v, float cell, __m256& best, __m256& where) noexcept {
   const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
-  where = _mm256_blendv_ps(where, _mm256_cvtepi32_ps(pos), gt);
+  where = _mm256_blendv_ps(where, _mm256_set1_ps(cell), gt);
   best = _mm256_blendv_ps(best, v, gt);
 }
 
-/// Max pooling of windows [ox, ox + Count) of output row oy of channel `in`: y and the
-/// positions `at` (in the channel, exact as floats below 2^24).
+/// The Count (at most 8) bytes at p, little-endian in a register (the others 0): in loads of 4, 2
+/// and 1 bytes, never touching a byte past them nor going through memory (a narrower store
+/// followed by a wider load stalls).
+template <int Count>
+inline std::uint64_t pool_load_bytes(const std::uint8_t* p) noexcept {
+  std::uint64_t v = 0;
+  int at = 0;
+  if constexpr ((Count & 4) != 0) {
+    std::uint32_t t;
+    std::memcpy(&t, p, 4);
+    v = t;
+    at = 4;
+  }
+  if constexpr ((Count & 2) != 0) {
+    std::uint16_t t;
+    std::memcpy(&t, p + at, 2);
+    v |= std::uint64_t{t} << (8 * at);
+    at += 2;
+  }
+  if constexpr ((Count & 1) != 0) v |= std::uint64_t{p[at]} << (8 * at);
+  return v;
+}
+
+/// Stores the low Count (less than 8) bytes of v at p, in stores of 4, 2 and 1 bytes.
+template <int Count>
+inline void pool_store_bytes(std::uint8_t* p, std::uint64_t v) noexcept {
+  int at = 0;
+  if constexpr ((Count & 4) != 0) {
+    const auto t = static_cast<std::uint32_t>(v);
+    std::memcpy(p, &t, 4);
+    at = 4;
+  }
+  if constexpr ((Count & 2) != 0) {
+    const auto t = static_cast<std::uint16_t>(v >> (8 * at));
+    std::memcpy(p + at, &t, 2);
+    at += 2;
+  }
+  if constexpr ((Count & 1) != 0) p[at] = static_cast<std::uint8_t>(v >> (8 * at));
+}
+
+/// Stores the cells (0-3, as floats) of windows [0, Count) as bytes at p.
+template <int Count>
+[[gnu::target("avx2")]] inline void pool_store_cells(std::uint8_t* p, __m256 cells) noexcept {
+  const __m256i c = _mm256_cvtps_epi32(cells);
+  const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+  const __m128i bytes = _mm_packus_epi16(words, words);
+  if constexpr (Count == 8)
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), bytes);
+  else
+    pool_store_bytes<Count>(p, static_cast<std::uint64_t>(_mm_cvtsi128_si64(bytes)));
+}
+
+/// The cells of windows [0, Count) stored at p (bytes), as floats (the others 0).
+template <int Count>
+[[gnu::target("avx2")]] inline __m256 pool_load_cells(const std::uint8_t* p) noexcept {
+  __m128i bytes;
+  if constexpr (Count == 8)
+    bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  else
+    bytes = _mm_cvtsi64_si128(static_cast<long long>(pool_load_bytes<Count>(p)));
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+}
+
+/// Max pooling of windows [ox, ox + Count) of output row oy of channel `in`: y and the cells `at`.
 template <std::size_t W, int Count>
-[[gnu::target("avx2")]] inline void max_pool_2x2_windows(const float* in, float* y, float* at, std::int32_t oy,
+[[gnu::target("avx2")]] inline void max_pool_2x2_windows(const float* in, float* y, std::uint8_t* at, std::int32_t oy,
                                                          std::int32_t ox) noexcept {
-  constexpr auto w = static_cast<std::int32_t>(W);
-  const std::int32_t first = 2 * oy * w + 2 * ox;
-  const pool_cells cells = pool_load<W, Count>(in + first);
-  const __m256i pos = _mm256_add_epi32(_mm256_set1_epi32(first), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
-  __m256 best = cells.a, where = _mm256_cvtepi32_ps(pos);
-  pool_take(cells.b, _mm256_add_epi32(pos, _mm256_set1_epi32(1)), best, where);
-  pool_take(cells.c, _mm256_add_epi32(pos, _mm256_set1_epi32(w)), best, where);
-  pool_take(cells.d, _mm256_add_epi32(pos, _mm256_set1_epi32(w + 1)), best, where);
+  const pool_cells cells = pool_load<W, Count>(in + 2 * oy * static_cast<std::int32_t>(W) + 2 * ox);
+  __m256 best = cells.a, where = _mm256_setzero_ps();
+  pool_take(cells.b, 1.0f, best, where);
+  pool_take(cells.c, 2.0f, best, where);
+  pool_take(cells.d, 3.0f, best, where);
   pool_store<Count>(y, best);
-  pool_store<Count>(at, where);
+  pool_store_cells<Count>(at, where);
 }
 
 /// Max pooling's gradient at input columns [2 ox, 2 ox + 2 Count) of input row yy, from windows
 /// [ox, ox + Count) of its output row (dy, at): 0 + dy where the column is its window's argmax,
 /// +0 elsewhere.
-template <std::size_t W, int Count>
-[[gnu::target("avx2")]] inline void max_pool_2x2_grad_windows(const float* dy, const float* at, float* dx,
-                                                              std::int32_t yy, std::int32_t ox) noexcept {
+template <int Count>
+[[gnu::target("avx2")]] inline void max_pool_2x2_grad_windows(const float* dy, const std::uint8_t* at, float* dx,
+                                                              std::int32_t yy) noexcept {
   const pool_spread d = pool_spread_of(_mm256_add_ps(_mm256_setzero_ps(), pool_load_windows<Count>(dy)));
-  const pool_spread a = pool_spread_of(pool_load_windows<Count>(at));
-  const __m256i col = _mm256_add_epi32(_mm256_set1_epi32(yy * static_cast<std::int32_t>(W) + 2 * ox),
-                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  const __m256 p0 = _mm256_cvtepi32_ps(col), p1 = _mm256_cvtepi32_ps(_mm256_add_epi32(col, _mm256_set1_epi32(8)));
-  pool_store_columns<Count>(dx, {_mm256_and_ps(_mm256_cmp_ps(a.lo, p0, _CMP_EQ_OQ), d.lo),
-                                 _mm256_and_ps(_mm256_cmp_ps(a.hi, p1, _CMP_EQ_OQ), d.hi)});
+  const pool_spread a = pool_spread_of(pool_load_cells<Count>(at));
+  // The cell of each column in its window: 2 (yy mod 2) for the left column, one more for the right.
+  const float r = static_cast<float>(2 * (yy % 2));
+  const __m256 cell = _mm256_setr_ps(r, r + 1, r, r + 1, r, r + 1, r, r + 1);
+  pool_store_columns<Count>(dx, {_mm256_and_ps(_mm256_cmp_ps(a.lo, cell, _CMP_EQ_OQ), d.lo),
+                                 _mm256_and_ps(_mm256_cmp_ps(a.hi, cell, _CMP_EQ_OQ), d.hi)});
 }
 
 /// Average pooling of windows [ox, ox + Count) of output row oy of channel `in`.
@@ -191,10 +251,10 @@ template <int Count>
 }
 
 /// The forward pass of max (Max) or average pooling over `channels` channels of H x W floats x:
-/// y and, for max pooling, argmax are channels x (H / 2) x (W / 2); each output row in runs of
-/// eight windows, then its last OW mod 8.
+/// y and, for max pooling, argmax (cells) are channels x (H / 2) x (W / 2); each output row in
+/// runs of eight windows, then its last OW mod 8.
 template <bool Max, std::size_t H, std::size_t W>
-[[gnu::target("avx2")]] inline void pool_2x2_forward_avx2(const float* x, float* y, float* argmax,
+[[gnu::target("avx2")]] inline void pool_2x2_forward_avx2(const float* x, float* y, std::uint8_t* argmax,
                                                      std::size_t channels) noexcept {
   constexpr std::size_t OH = H / 2, OW = W / 2, full = OW / 8 * 8;
   for (std::size_t c = 0; c < channels; ++c) {
@@ -220,7 +280,7 @@ template <bool Max, std::size_t H, std::size_t W>
 /// pooling, argmax (channels x (H / 2) x (W / 2)), every element written once; the rows and
 /// columns no window reads get +0.
 template <bool Max, std::size_t H, std::size_t W>
-[[gnu::target("avx2")]] inline void pool_2x2_backward_avx2(const float* dy, const float* argmax, float* dx,
+[[gnu::target("avx2")]] inline void pool_2x2_backward_avx2(const float* dy, const std::uint8_t* argmax, float* dx,
                                                       std::size_t channels) noexcept {
   constexpr std::size_t OH = H / 2, OW = W / 2, full = OW / 8 * 8;
   for (std::size_t c = 0; c < channels; ++c)
@@ -234,14 +294,12 @@ template <bool Max, std::size_t H, std::size_t W>
       const auto row = static_cast<std::int32_t>(yy);
       for (std::size_t ox = 0; ox < full; ox += 8)
         if constexpr (Max)
-          max_pool_2x2_grad_windows<W, 8>(dy + window + ox, argmax + window + ox, out + 2 * ox, row,
-                                          static_cast<std::int32_t>(ox));
+          max_pool_2x2_grad_windows<8>(dy + window + ox, argmax + window + ox, out + 2 * ox, row);
         else
           avg_pool_2x2_grad_windows<8>(dy + window + ox, out + 2 * ox);
       constexpr int tail = static_cast<int>(OW % 8);
       if constexpr (tail != 0 && Max)
-        max_pool_2x2_grad_windows<W, tail>(dy + window + full, argmax + window + full, out + 2 * full, row,
-                                           static_cast<std::int32_t>(full));
+        max_pool_2x2_grad_windows<tail>(dy + window + full, argmax + window + full, out + 2 * full, row);
       else if constexpr (tail != 0)
         avg_pool_2x2_grad_windows<tail>(dy + window + full, out + 2 * full);
       if constexpr (W % 2 != 0) out[W - 1] = 0.0f;  // the last column of an odd W
@@ -252,12 +310,12 @@ template <bool Max, std::size_t H, std::size_t W>
 
 /// Max (Max true) or average pooling forward over `channels` channels of H x W floats (x), 2 x 2
 /// windows moved by 2 without padding, where host_pool_avx2(): y and, for max pooling, argmax
-/// (positions within the channel, as floats) are channels x (H / 2) x (W / 2). False, and nothing
+/// (each maximum's cell in its window, 0-3) are channels x (H / 2) x (W / 2). False, and nothing
 /// written, elsewhere.
 template <bool Max, std::size_t H, std::size_t W>
 inline bool pool_2x2_forward([[maybe_unused]] const float* x, [[maybe_unused]] float* y,
-                             [[maybe_unused]] float* argmax, [[maybe_unused]] std::size_t channels) noexcept {
-  static_assert(H >= 2 && W >= 2 && (!Max || H * W < (std::size_t{1} << 24)), "pool_2x2: 2 <= H, W and H W < 2^24");
+                             [[maybe_unused]] std::uint8_t* argmax, [[maybe_unused]] std::size_t channels) noexcept {
+  static_assert(H >= 2 && W >= 2, "pool_2x2: 2 <= H, W");
 #if LOCKSTEP_HOST_POOL_AVX2
   if (!host_pool_avx2()) return false;
   detail::pool_2x2_forward_avx2<Max, H, W>(x, y, argmax, channels);
@@ -271,9 +329,9 @@ inline bool pool_2x2_forward([[maybe_unused]] const float* x, [[maybe_unused]] f
 /// argmax (channels x (H / 2) x (W / 2)), every element written once (+0 where no window reads
 /// it). False, and nothing written, elsewhere.
 template <bool Max, std::size_t H, std::size_t W>
-inline bool pool_2x2_backward([[maybe_unused]] const float* dy, [[maybe_unused]] const float* argmax,
+inline bool pool_2x2_backward([[maybe_unused]] const float* dy, [[maybe_unused]] const std::uint8_t* argmax,
                               [[maybe_unused]] float* dx, [[maybe_unused]] std::size_t channels) noexcept {
-  static_assert(H >= 2 && W >= 2 && (!Max || H * W < (std::size_t{1} << 24)), "pool_2x2: 2 <= H, W and H W < 2^24");
+  static_assert(H >= 2 && W >= 2, "pool_2x2: 2 <= H, W");
 #if LOCKSTEP_HOST_POOL_AVX2
   if (!host_pool_avx2()) return false;
   detail::pool_2x2_backward_avx2<Max, H, W>(dy, argmax, dx, channels);
