@@ -645,9 +645,10 @@ struct max_pool_op {
 
 /// The sum of dy (d, rows of g.ow windows) over the windows [oy0, oy1) x [ox0, ox1), which cover
 /// input element (yy, xx), whose argmax (a, cells) is that element, in window order from 0: max
-/// pooling's gradient at the element.
+/// pooling's gradient at the element. The geometry by value: a GPU kernel passes its constant
+/// template argument, which device code may copy but not refer to.
 template <class T, class A>
-LOCKSTEP_HD T max_pool_grad_sum(const T* d, const A* a, const window2d& g, std::size_t oy0, std::size_t oy1,
+LOCKSTEP_HD T max_pool_grad_sum(const T* d, const A* a, window2d g, std::size_t oy0, std::size_t oy1,
                                 std::size_t ox0, std::size_t ox1, std::size_t yy, std::size_t xx) {
   T s = T(0);
   for (std::size_t oy = oy0; oy < oy1; ++oy) {

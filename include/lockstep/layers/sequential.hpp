@@ -315,7 +315,7 @@ private:
         std::make_index_sequence<layer_count>{});
     return k;
   }();
-  // Whether layer I's output is kept nowhere in layout B16: neither layer I's backward
+  // Whether layer I's output is kept nowhere, in either layout: neither layer I's backward
   // (output_unread_v) nor layer I + 1's (input_unread_v) reads it, layer I + 1 reads it in fp32
   // (not bf16_activations_v), and no activation is fused on either side. Layer I then writes it
   // into a gradient buffer, which forward does not otherwise use, and layer I + 1 reads it from
