@@ -6,6 +6,7 @@
 // channel are 1, primes and a full image, and both match a double reference of the formula.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include <lockstep/backend/host/context.hpp>
+#include <lockstep/layers/activations.hpp>
 #include <lockstep/layers/batch_norm.hpp>
 #include <lockstep/testing/report.hpp>
 
@@ -66,6 +68,14 @@ void check_elementwise(std::size_t rows) {
       [&](T* out) { return ls::detail::bn_normalise_op<T>{x.data(), out, mean.data(), inv.data(), gamma.data(), beta.data()}; },
       [&](std::size_t i, std::size_t c) {
         return double(gamma[c]) * (double(x[i]) - double(mean[c])) * double(inv[c]) + double(beta[c]);
+      });
+  check_forms<C, P, T>(
+      "normalised output with relu applied", rows,
+      [&](T* out) {
+        return ls::detail::bn_normalise_op<T, ls::relu_fn>{x.data(), out, mean.data(), inv.data(), gamma.data(), beta.data()};
+      },
+      [&](std::size_t i, std::size_t c) {
+        return std::max(0.0, double(gamma[c]) * (double(x[i]) - double(mean[c])) * double(inv[c]) + double(beta[c]));
       });
   check_forms<C, P, T>(
       "evaluation-mode input gradient", rows,

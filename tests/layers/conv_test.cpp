@@ -56,6 +56,7 @@ using reshape_image = bound<ls::reshape<6, 5>, 2, 3, 5>;
 using flatten_image = bound<ls::flatten, 2, 7, 5>;
 using bn_image = bound<ls::batch_norm<>, 3, 4, 5>;
 using bn_flat = bound<ls::batch_norm<1, 3>, 6>;
+using bn_lanes = bound<ls::batch_norm<>, 2, 8, 9>;  // 72 positions per channel: lane sums (detail::bn_lanes)
 using res_block = bound<ls::residual<ls::conv2d<2, 3, 1, 1>, ls::batch_norm<>, ls::relu, ls::conv2d<2, 3, 1, 1>>, 2, 5, 6>;
 using small_cnn_net =
     ls::sequential<ls::reshape<1, 6, 7>, ls::conv2d<3, 3, 1, 1>, ls::relu, ls::max_pool2d<2>, ls::flatten, ls::dense<27, 4>>;
@@ -72,7 +73,7 @@ TEST_CASE_TEMPLATE_INVOKE(lockstep_layer_conformance, max_plain, max_overlap, ma
 TEST_CASE_TEMPLATE_INVOKE(lockstep_layer_conformance, avg_plain, avg_overlap, avg_padded, avg_stride1, avg_gappy,
                           global_avg);
 TEST_CASE_TEMPLATE_INVOKE(lockstep_layer_conformance, reshape_to_image, reshape_image, flatten_image);
-TEST_CASE_TEMPLATE_INVOKE(lockstep_layer_conformance, bn_image, bn_flat, res_block, small_cnn, bn_cnn);
+TEST_CASE_TEMPLATE_INVOKE(lockstep_layer_conformance, bn_image, bn_flat, bn_lanes, res_block, small_cnn, bn_cnn);
 
 // ---- shapes through composition, at compile time ------------------------------------------------
 namespace {

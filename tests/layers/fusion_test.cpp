@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -58,12 +59,21 @@ using conv_net_with = ls::sequential<ls::reshape<2, 6, 6>, ls::conv2d<8, 3, 1, 1
 using fused_conv_net = conv_net_with<ls::relu>;
 using plain_conv_net = conv_net_with<plain_relu>;
 
+// Batch norm followed by relu, on images (lane sums: 72 positions per channel) and on flat rows.
+template <class Relu>
+using bn_net_with = ls::sequential<ls::reshape<2, 6, 12>, ls::conv2d<3, 3, 1, 1>, ls::batch_norm<>, Relu, ls::flatten,
+                                   ls::dense<216, 5>, ls::batch_norm<1, 3>, Relu, ls::dense<5, 3>>;
+using fused_bn_net = bn_net_with<ls::relu>;
+using plain_bn_net = bn_net_with<plain_relu>;
+
 }  // namespace fusion_test
 
 using fusion_test::derived_dense;
 using fusion_test::derived_relu;
+using fusion_test::fused_bn_net;
 using fusion_test::fused_conv_net;
 using fusion_test::fused_net;
+using fusion_test::plain_bn_net;
 using fusion_test::plain_conv_net;
 using fusion_test::plain_net;
 using fusion_test::plain_relu;
@@ -89,6 +99,13 @@ static_assert(ls::bind_t<fused_conv_net, 72>::fused ==
 static_assert(ls::bind_t<plain_conv_net, 72>::workspace_per_sample -
                   ls::bind_t<fused_conv_net, 72>::workspace_per_sample ==
               (8 + 4) * 6 * 6);
+
+// Batch norm applies the relu after it too (the layers before it, followed by batch norm, fuse
+// nothing); its outputs, which the relu that does not fuse reads in backward, then take no workspace.
+static_assert(ls::bind_t<fused_bn_net, 144>::fused ==
+              std::array<bool, 9>{false, false, true, false, false, false, true, false, false});
+static_assert(ls::bind_t<plain_bn_net, 144>::workspace_per_sample - ls::bind_t<fused_bn_net, 144>::workspace_per_sample ==
+              3 * 6 * 12 + 5);
 
 namespace {
 
@@ -133,32 +150,58 @@ TEST_CASE("a dense layer followed by relu applies it in its forward: outputs and
   check_fused_against_plain<double>(1e-12);
 }
 
+namespace {
+
+// Network Fused against Plain (the same layers with a relu that does not fuse), from the same
+// random parameters, on `rows` random rows of In features in pass `info`: outputs and parameter
+// gradients bit for bit, and some gradient not zero from `min_rows` rows on.
+template <class Fused, class Plain, std::size_t In>
+void check_fused_bits(std::size_t rows, const ls::pass_info& info, std::uint64_t seed, std::size_t min_rows) {
+  constexpr std::size_t out = ls::bind_t<Fused, In>::output_size;
+  ls::model<Fused> fused(ls::seed{seed});
+  ls::model<Plain> plain(ls::seed{seed});
+  REQUIRE(fused.param_count == plain.param_count);
+  const auto p = test_support::random_vector<float>(fused.param_count, seed + 5, -0.5f, 0.5f);
+  for (std::size_t i = 0; i < fused.param_count; ++i) fused.parameters()[i] = plain.parameters()[i] = p[i];
+  ls::host_context ctx;
+  const auto x = test_support::random_vector<float>(rows * In, seed + 57 + rows, -2.0f, 2.0f);
+  const auto dy = test_support::random_vector<float>(rows * out, seed + 67 + rows);
+  const float* yf = fused.forward(ctx, x.data(), rows, info);
+  const float* yp = plain.forward(ctx, x.data(), rows, info);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < rows * out; ++i) bad += std::memcmp(&yf[i], &yp[i], sizeof(float)) != 0;
+  CHECK(bad == 0);
+  fused.backward(ctx, dy.data());
+  plain.backward(ctx, dy.data());
+  bad = 0;
+  double norm = 0;
+  for (std::size_t i = 0; i < fused.param_count; ++i) {
+    bad += std::memcmp(&fused.gradients()[i], &plain.gradients()[i], sizeof(float)) != 0;
+    norm += std::fabs(static_cast<double>(fused.gradients()[i]));
+  }
+  CHECK(bad == 0);
+  CHECK((rows < min_rows || norm > 0));
+}
+
+}  // namespace
+
 TEST_CASE("a convolution followed by relu applies it in its forward: outputs and gradients are the unfused network's bit for bit") {
   for (const std::size_t rows : {0u, 1u, 3u, 8u}) {
     CAPTURE(rows);
-    ls::model<fused_conv_net> fused(ls::seed{3});
-    ls::model<plain_conv_net> plain(ls::seed{3});
-    const auto p = test_support::random_vector<float>(fused.param_count, 8, -0.5f, 0.5f);
-    for (std::size_t i = 0; i < fused.param_count; ++i) fused.parameters()[i] = plain.parameters()[i] = p[i];
-    ls::host_context ctx;
-    const auto x = test_support::random_vector<float>(rows * 72, 60 + rows, -2.0f, 2.0f);
-    const auto dy = test_support::random_vector<float>(rows * 3, 70 + rows);
-    const float* yf = fused.forward(ctx, x.data(), rows, {});
-    const float* yp = plain.forward(ctx, x.data(), rows, {});
-    std::size_t bad = 0;
-    for (std::size_t i = 0; i < rows * 3; ++i) bad += yf[i] != yp[i];
-    CHECK(bad == 0);
-    fused.backward(ctx, dy.data());
-    plain.backward(ctx, dy.data());
-    bad = 0;
-    double norm = 0;
-    for (std::size_t i = 0; i < fused.param_count; ++i) {
-      bad += fused.gradients()[i] != plain.gradients()[i];
-      norm += std::fabs(static_cast<double>(fused.gradients()[i]));
-    }
-    CHECK(bad == 0);
-    CHECK((rows == 0 || norm > 0));
+    check_fused_bits<fused_conv_net, plain_conv_net, 72>(rows, {}, 3, 1);
   }
+}
+
+TEST_CASE("batch norm followed by relu applies it in its forward: outputs and gradients are the unfused network's bit for bit, training and evaluation") {
+  for (const bool training : {true, false})
+    for (const std::size_t rows : {0u, 1u, 3u, 8u}) {
+      CAPTURE(training);
+      CAPTURE(rows);
+      ls::pass_info info{};
+      info.training = training;
+      // One row in training: batch norm's outputs are all β and its input gradient 0.
+      check_fused_bits<fused_bn_net, plain_bn_net, 144>(rows, info, 5, training ? 2 : 1);
+    }
 }
 
 namespace fusion_test {

@@ -18,6 +18,10 @@
 /// the bits of the one-lane and one-element calls). A GPU replica among others stages its rows' sums
 /// through page-locked host memory for the exchange (one wait per pass); a lone replica keeps
 /// everything on its device.
+///
+/// Inside a sequential it applies a following relu as it writes each value (fuses_activation_v),
+/// and its backward reads its input, never its output; on a host replica that keeps activations
+/// in bf16 it reads its input from their bf16 encodings (bf16_activations_v), in both passes.
 
 #include <cmath>
 #include <cstddef>
@@ -29,6 +33,7 @@
 #include <lockstep/backend/host/ops.hpp>
 #include <lockstep/config.hpp>
 #include <lockstep/core/error.hpp>
+#include <lockstep/core/precision.hpp>
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/core/shape.hpp>
 
@@ -48,27 +53,35 @@ LOCKSTEP_HD void bn_put(T& out, double v, bool add) {
 /// 1/σ = 1 / sqrt(variance + ε), in double.
 LOCKSTEP_HD inline double bn_inv_sigma(double var, double epsilon) { return 1.0 / std::sqrt(var + epsilon); }
 
+/// An input value in double: a T, or (X = std::uint16_t) the bf16 encoding of one, which a host
+/// pass that keeps activations in bf16 reads (bf16_activations_v).
+template <class X>
+LOCKSTEP_HD double bn_value(X v) {
+  if constexpr (std::is_same_v<X, std::uint16_t>) return static_cast<double>(from_bf16_bits(v));
+  else return static_cast<double>(v);
+}
+
 /// (v - mean) / σ in double.
-template <class T>
-LOCKSTEP_HD double bn_xhat(T v, T mean, T inv) {
-  return (static_cast<double>(v) - static_cast<double>(mean)) * static_cast<double>(inv);
+template <class X, class T>
+LOCKSTEP_HD double bn_xhat(X v, T mean, T inv) {
+  return (bn_value(v) - static_cast<double>(mean)) * static_cast<double>(inv);
 }
 
 /// Each row's mean and sum of squared deviations per channel (two passes over its P values), into
 /// ws row b: C means then C sums. Call i = (b, c), b = i / C.
-template <class T, std::size_t C, std::size_t P>
+template <class T, std::size_t C, std::size_t P, class X = T>
 struct bn_row_stats_op {
-  const T* x;  ///< batch x C x P
+  const X* x;  ///< batch x C x P (bn_value)
   T* ws;       ///< batch x 2C
   /// Channel i % C of row i / C.
   LOCKSTEP_HD void operator()(std::size_t i) const {
     const std::size_t b = i / C, c = i % C;
-    const T* v = x + i * P;
+    const X* v = x + i * P;
     double s = 0;
-    for (std::size_t j = 0; j < P; ++j) s += static_cast<double>(v[j]);
+    for (std::size_t j = 0; j < P; ++j) s += bn_value(v[j]);
     const double m = s / static_cast<double>(P);
     double q = 0;
-    for (std::size_t j = 0; j < P; ++j) q += (static_cast<double>(v[j]) - m) * (static_cast<double>(v[j]) - m);
+    for (std::size_t j = 0; j < P; ++j) q += (bn_value(v[j]) - m) * (bn_value(v[j]) - m);
     ws[b * 2 * C + c] = static_cast<T>(m);
     ws[b * 2 * C + C + c] = static_cast<T>(q);
   }
@@ -166,9 +179,9 @@ struct bn_lane_grad_op {
 /// added in its own order and rounded to T as the lane kernels do, so ws gets the bits of
 /// bn_lane_sum_op and bn_lane_deviation_op then bn_lane_combine_op (with mean), or of
 /// bn_lane_grad_op then bn_lane_combine_op (with `grad`).
-template <class T, std::size_t C, std::size_t P, std::size_t L>
+template <class T, std::size_t C, std::size_t P, std::size_t L, class X = T>
 struct bn_lane_rows_op {
-  const T* x;     ///< batch x C x P
+  const X* x;     ///< batch x C x P (bn_value)
   const T* dy;    ///< batch x C x P (grad only)
   const T* mean;  ///< C (grad only)
   const T* inv;   ///< C (grad only)
@@ -177,7 +190,7 @@ struct bn_lane_rows_op {
   /// Row-channel r.
   void operator()(std::size_t r) const {
     const std::size_t b = r / C, c = r % C;
-    const T* v = x + r * P;
+    const X* v = x + r * P;
     double a[L] = {}, q[L] = {};
     if (grad) {
       const T* g = dy + r * P;
@@ -192,11 +205,11 @@ struct bn_lane_rows_op {
       return;
     }
     for (std::size_t j0 = 0; j0 < P; j0 += L)
-      for (std::size_t l = 0; l < L && j0 + l < P; ++l) a[l] += static_cast<double>(v[j0 + l]);
+      for (std::size_t l = 0; l < L && j0 + l < P; ++l) a[l] += bn_value(v[j0 + l]);
     const double m = rounded_total(a) / static_cast<double>(P);
     for (std::size_t j0 = 0; j0 < P; j0 += L)
       for (std::size_t l = 0; l < L && j0 + l < P; ++l)
-        q[l] += (static_cast<double>(v[j0 + l]) - m) * (static_cast<double>(v[j0 + l]) - m);
+        q[l] += (bn_value(v[j0 + l]) - m) * (bn_value(v[j0 + l]) - m);
     ws[b * 2 * C + c] = static_cast<T>(m);
     ws[b * 2 * C + C + c] = static_cast<T>(rounded_total(q));
   }
@@ -277,14 +290,15 @@ struct bn_running_inv_op {
 /// channel (`channel(c)`, in double) and what they write of an element (`element(i, k)` with k =
 /// channel(c)); bn_elements_op and bn_rows_op run them over the two index spaces.
 
-/// y = γ (x - mean) / σ + β.
-template <class T>
+/// y = γ (x - mean) / σ + β, then (Fn not void) Fn::f of it: the activation of the layer that
+/// follows (fuses_activation_v), with the bits of the two layers apart.
+template <class T, class Fn = void, class X = T>
 struct bn_normalise_op {
   /// Channel c's mean, 1/σ, γ and β.
   struct constants {
     double mean, inv, gamma, beta;
   };
-  const T* x;      ///< batch x C x P
+  const X* x;      ///< batch x C x P (bn_value)
   T* y;            ///< batch x C x P
   const T* mean;   ///< C
   const T* inv;    ///< C
@@ -297,14 +311,16 @@ struct bn_normalise_op {
   }
   /// Element i.
   LOCKSTEP_HD void element(std::size_t i, const constants& k) const {
-    y[i] = static_cast<T>(k.gamma * ((static_cast<double>(x[i]) - k.mean) * k.inv) + k.beta);
+    const T v = static_cast<T>(k.gamma * ((bn_value(x[i]) - k.mean) * k.inv) + k.beta);
+    if constexpr (std::is_void_v<Fn>) y[i] = v;
+    else y[i] = Fn::f(v);
   }
 };
 
 /// Each row's sum of dy and of dy x̂ per channel, into ws row b (C and C). Call i = (b, c).
-template <class T, std::size_t C, std::size_t P>
+template <class T, std::size_t C, std::size_t P, class X = T>
 struct bn_row_grad_op {
-  const T* x;     ///< batch x C x P
+  const X* x;     ///< batch x C x P (bn_value)
   const T* dy;    ///< batch x C x P
   const T* mean;  ///< C
   const T* inv;   ///< C
@@ -365,14 +381,14 @@ struct bn_param_grad_op {
 };
 
 /// dx = γ/σ (dy - mean(dy) - x̂ mean(dy x̂)) with channel c's constants from bn_param_grad_op.
-template <class T, std::size_t C>
+template <class T, std::size_t C, class X = T>
 struct bn_input_grad_op {
   /// Channel c's γ/σ, mean(dy), mean(dy x̂), mean and 1/σ.
   struct constants {
     double k, m1, m2;
     T mean, inv;
   };
-  const T* x;       ///< batch x C x P
+  const X* x;       ///< batch x C x P (bn_value)
   const T* dy;      ///< batch x C x P
   T* dx;            ///< batch x C x P
   const T* grad_k;  ///< 3C, from bn_param_grad_op
@@ -391,9 +407,9 @@ struct bn_input_grad_op {
 
 /// Evaluation mode: dγ = Σ dy x̂ and dβ = Σ dy over this call's rows with the running
 /// statistics, in (row, position) order. Call c.
-template <class T, std::size_t C, std::size_t P>
+template <class T, std::size_t C, std::size_t P, class X = T>
 struct bn_eval_param_grad_op {
-  const T* x;          ///< batch x C x P
+  const X* x;          ///< batch x C x P (bn_value)
   const T* dy;         ///< batch x C x P
   const T* run_mean;   ///< C
   const T* run_var;    ///< C
@@ -410,7 +426,7 @@ struct bn_eval_param_grad_op {
       for (std::size_t j = 0; j < P; ++j) {
         const double g = static_cast<double>(dy[o + j]);
         s1 += g;
-        s2 += g * (static_cast<double>(x[o + j]) - static_cast<double>(run_mean[c])) * inv;
+        s2 += g * (bn_value(x[o + j]) - static_cast<double>(run_mean[c])) * inv;
       }
     }
     bn_put(dparams[c], s2, accumulate);
@@ -464,16 +480,17 @@ struct bn_rows_op {
 /// Each row's mean and sum of squared deviations per channel into ws (batch x 2C): one call per
 /// row-channel when P is small, else lane sums (bn_lanes): on the host one call per row-channel
 /// for all its lanes, elsewhere one call per lane through `lanes` (2 batch C L values).
-template <class T, std::size_t C, std::size_t P, class Ctx>
-void bn_row_statistics(Ctx& ctx, const T* x, std::size_t batch, T* ws, T* lanes) {
+template <class T, std::size_t C, std::size_t P, class Ctx, class X>
+void bn_row_statistics(Ctx& ctx, const X* x, std::size_t batch, T* ws, T* lanes) {
   constexpr std::size_t L = bn_lanes<P>;
   if constexpr (L == 1) {
     (void)lanes;
-    for_each_index(ctx, batch * C, bn_row_stats_op<T, C, P>{x, ws});
+    for_each_index(ctx, batch * C, bn_row_stats_op<T, C, P, X>{x, ws});
   } else if constexpr (host_context_v<Ctx>) {
     (void)lanes;
-    for_each_index(ctx, batch * C, bn_lane_rows_op<T, C, P, L>{x, nullptr, nullptr, nullptr, ws, false});
+    for_each_index(ctx, batch * C, bn_lane_rows_op<T, C, P, L, X>{x, nullptr, nullptr, nullptr, ws, false});
   } else {
+    static_assert(std::is_same_v<X, T>, "lockstep::batch_norm: bf16 inputs are read on host contexts only");
     T* const sums = lanes;
     T* const devs = lanes + batch * C * L;
     for_each_index(ctx, batch * C * L, bn_lane_sum_op<T, P, L>{x, sums});
@@ -483,17 +500,18 @@ void bn_row_statistics(Ctx& ctx, const T* x, std::size_t batch, T* ws, T* lanes)
 }
 
 /// Each row's sums of dy and of dy x̂ per channel into ws (batch x 2C), as bn_row_statistics.
-template <class T, std::size_t C, std::size_t P, class Ctx>
-void bn_row_gradients(Ctx& ctx, const T* x, const T* dy, const T* mean, const T* inv, std::size_t batch, T* ws,
+template <class T, std::size_t C, std::size_t P, class Ctx, class X>
+void bn_row_gradients(Ctx& ctx, const X* x, const T* dy, const T* mean, const T* inv, std::size_t batch, T* ws,
                       T* lanes) {
   constexpr std::size_t L = bn_lanes<P>;
   if constexpr (L == 1) {
     (void)lanes;
-    for_each_index(ctx, batch * C, bn_row_grad_op<T, C, P>{x, dy, mean, inv, ws});
+    for_each_index(ctx, batch * C, bn_row_grad_op<T, C, P, X>{x, dy, mean, inv, ws});
   } else if constexpr (host_context_v<Ctx>) {
     (void)lanes;
-    for_each_index(ctx, batch * C, bn_lane_rows_op<T, C, P, L>{x, dy, mean, inv, ws, true});
+    for_each_index(ctx, batch * C, bn_lane_rows_op<T, C, P, L, X>{x, dy, mean, inv, ws, true});
   } else {
+    static_assert(std::is_same_v<X, T>, "lockstep::batch_norm: bf16 inputs are read on host contexts only");
     T* const dys = lanes;
     T* const dyxs = lanes + batch * C * L;
     for_each_index(ctx, batch * C * L, bn_lane_grad_op<T, C, P, L>{x, dy, mean, inv, dys, dyxs});
@@ -549,6 +567,9 @@ struct batch_norm {
     /// Each row's two sums per channel, and their lane sums when there are lanes.
     static constexpr std::size_t workspace_per_sample = 2 * C + (lanes > 1 ? 2 * C * lanes : 0);
     static constexpr bool mixed_precision = true;  ///< runs under any precision policy (its own arithmetic stays fp32)
+    using fuses_activation = bind_shape;  ///< applies a following activation in its forward (forward_activated)
+    static constexpr bool bf16_activations = true;  ///< reads and writes activations kept in bf16 (forward_stored, backward_stored)
+    static constexpr bool backward_reads_output = false;  ///< backward reads x, never y (output_unread_v)
     /// The batch's mean and 1/σ, kept for backward; the input gradient's three constants per channel.
     static constexpr std::size_t workspace_fixed = 5 * C;
     static constexpr bool couples_rows = true;              ///< training statistics span the global batch
@@ -571,6 +592,56 @@ struct batch_norm {
     /// Normalises with the global batch's statistics (training) or the running ones (evaluation).
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const forward_args<T, Ctx, S, S>& a) {
+      forward_from<void>(ctx, a, a.x.data(), nullptr);
+    }
+
+    /// forward, then the activation Fn of the layer that follows (fuses_activation_v) applied to
+    /// each value as it is written: the same bits as the two layers apart; backward never reads y.
+    template <class Fn, class T, class Ctx>
+    static void forward_activated(Ctx& ctx, const forward_args<T, Ctx, S, S>& a) {
+      forward_from<Fn>(ctx, a, a.x.data(), nullptr);
+    }
+
+    /// forward (Fn void) or forward_activated<Fn>, in a pass on a host context that keeps
+    /// activations in bf16 (bf16_activations_v): the input read from its bf16 encodings x16 when
+    /// x16 is not null (a.x unused), statistics included, and the results written to a.y in fp32
+    /// and, when y16 is not null, as their bf16 encodings to y16. The same bits as forward on the
+    /// widened values.
+    template <class Fn, class T, class Ctx>
+    static void forward_stored(Ctx& ctx, const forward_args<T, Ctx, S, S>& a, const std::uint16_t* x16,
+                               std::uint16_t* y16) {
+      if (x16) forward_from<Fn>(ctx, a, x16, y16);
+      else forward_from<Fn>(ctx, a, a.x.data(), y16);
+    }
+
+    /// Training: dx = γ/σ (dy - mean(dy) - x̂ mean(dy x̂)) with the means over the global batch,
+    /// dγ = Σ dy x̂, dβ = Σ dy (global sums, written by replica 0 of the exchange). Evaluation:
+    /// the gradient of the affine map with the running statistics (local sums).
+    template <class T, class Ctx>
+    static void backward(Ctx& ctx, const backward_args<T, Ctx, S, S>& args) {
+      backward_from(ctx, args, args.x.data());
+    }
+
+    /// backward, with the input read from its bf16 encodings x16 when x16 is not null (a.x
+    /// unused; a host context, see forward_stored): the same bits as backward on the widened values.
+    template <class T, class Ctx>
+    static void backward_stored(Ctx& ctx, const backward_args<T, Ctx, S, S>& args, const std::uint16_t* x16) {
+      if (x16) backward_from(ctx, args, x16);
+      else backward_from(ctx, args, args.x.data());
+    }
+
+  private:
+    // forward_activated<Fn> (forward for Fn = void) with the input x: a.x's values, or their bf16
+    // encodings; then, when y16 is not null, the output's encodings written to it (host contexts).
+    template <class Fn, class T, class Ctx, class X>
+    static void forward_from(Ctx& ctx, const forward_args<T, Ctx, S, S>& a, const X* x, [[maybe_unused]] std::uint16_t* y16) {
+      normalise<Fn>(ctx, a, x);
+      if constexpr (std::is_same_v<T, float> && detail::host_context_v<Ctx>) {
+        if (y16) backend::to_bf16_weights(a.y.data(), a.y.size(), y16);
+      }
+    }
+    template <class Fn, class T, class Ctx, class X>
+    static void normalise(Ctx& ctx, const forward_args<T, Ctx, S, S>& a, const X* x) {
       const T* params = a.params;
       const std::size_t batch = a.batch();
       const pass_info& info = a.info;
@@ -584,25 +655,21 @@ struct batch_norm {
       if (!info.training) {
         for_each_index(ctx, C, detail::bn_running_inv_op<T>{run_var, inv, epsilon});
         detail::bn_for_each_element<C, P>(ctx, batch * C,
-                                       detail::bn_normalise_op<T>{a.x.data(), a.y.data(), run_mean, inv, gamma, beta});
+                                       detail::bn_normalise_op<T, Fn, X>{x, a.y.data(), run_mean, inv, gamma, beta});
         return;
       }
       const std::size_t total = rows_of(info, batch);
       if (total == 0) return;
-      detail::bn_row_statistics<T, C, P>(ctx, a.x.data(), batch, a.workspace, a.workspace + batch * 2 * C);
+      detail::bn_row_statistics<T, C, P>(ctx, x, batch, a.workspace, a.workspace + batch * 2 * C);
       const T* all = gather(ctx, a.workspace, batch, total, info);
       for_each_index(ctx, C, detail::bn_combine_op<T, C, P>{all, total, mean, inv, run_mean, run_var, momentum, epsilon});
       detail::bn_for_each_element<C, P>(ctx, batch * C,
-                                     detail::bn_normalise_op<T>{a.x.data(), a.y.data(), mean, inv, gamma, beta});
+                                     detail::bn_normalise_op<T, Fn, X>{x, a.y.data(), mean, inv, gamma, beta});
     }
-
-    /// Training: dx = γ/σ (dy - mean(dy) - x̂ mean(dy x̂)) with the means over the global batch,
-    /// dγ = Σ dy x̂, dβ = Σ dy (global sums, written by replica 0 of the exchange). Evaluation:
-    /// the gradient of the affine map with the running statistics (local sums).
-    template <class T, class Ctx>
-    static void backward(Ctx& ctx, const backward_args<T, Ctx, S, S>& args) {
+    // backward with the input x: args.x's values, or their bf16 encodings.
+    template <class T, class Ctx, class X>
+    static void backward_from(Ctx& ctx, const backward_args<T, Ctx, S, S>& args, const X* x) {
       const T* params = args.params;
-      const T* x = args.x.data();
       const T* dy = args.dy.data();
       T* dx = args.dx.data();  // null when not wanted
       T* dparams = args.dparams;
@@ -613,7 +680,7 @@ struct batch_norm {
       const T* gamma = params;
       if (!info.training) {
         for_each_index(ctx, C,
-                       detail::bn_eval_param_grad_op<T, C, P>{x, dy, state, state + C, dparams, batch, info.accumulate, epsilon});
+                       detail::bn_eval_param_grad_op<T, C, P, X>{x, dy, state, state + C, dparams, batch, info.accumulate, epsilon});
         if (dx) detail::bn_for_each_element<C, P>(ctx, batch * C, detail::bn_eval_input_grad_op<T>{dy, dx, state + C, gamma, epsilon});
         return;
       }
@@ -631,10 +698,9 @@ struct batch_norm {
       for_each_index(ctx, C,
                      detail::bn_param_grad_op<T, C, P>{all, total, dparams, writes_sums, info.accumulate, gamma, inv, grad_k});
       if (dx)
-        detail::bn_for_each_element<C, P>(ctx, batch * C, detail::bn_input_grad_op<T, C>{x, dy, dx, grad_k, mean, inv});
+        detail::bn_for_each_element<C, P>(ctx, batch * C, detail::bn_input_grad_op<T, C, X>{x, dy, dx, grad_k, mean, inv});
     }
 
-  private:
     /// The exchange to use: none when this call holds the whole batch or is the only replica.
     static bool exchanges(const pass_info& info) noexcept { return info.exchange && !info.exchange->single(); }
     static std::size_t rows_of(const pass_info& info, std::size_t batch) {
