@@ -255,7 +255,7 @@ template <class Net>
     const auto d = t.from == safetensors_entry::source::counter ? safetensors_dtype::i64 : o.dtype;
     const std::uint64_t bytes = t.elements() * st::dtype_size(d);
     h += ',';
-    st::append_json_string(h, t.name);
+    detail::append_json_string(h, t.name);
     h += ":{\"dtype\":\"" + std::string(st::dtype_name(d)) + "\",\"shape\":" + st::shape_json(t.shape) +
          ",\"data_offsets\":[" + std::to_string(at) + "," + std::to_string(at + bytes) + "]}";
     at += bytes;

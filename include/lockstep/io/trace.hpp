@@ -19,6 +19,7 @@
 #include <lockstep/core/trace.hpp>
 #include <lockstep/io/checkpoint.hpp>
 #include <lockstep/io/detail/file_mode.hpp>
+#include <lockstep/io/detail/json.hpp>
 #include <lockstep/version.hpp>
 
 namespace lockstep::io {
@@ -31,25 +32,6 @@ struct trace_block {
 };
 
 namespace detail::trace_json {
-
-inline void append_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (c < 0x20) {
-      static constexpr char hex[] = "0123456789abcdef";
-      out += "\\u00";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    } else {
-      out += ch;
-    }
-  }
-  out += '"';
-}
 
 // ns as microseconds with three decimals ("-12.345"), exactly.
 inline void append_us(std::string& out, std::int64_t ns) {
@@ -82,7 +64,7 @@ inline void append_us(std::string& out, std::int64_t ns) {
     const std::string pid = std::to_string(c.worker);
     sep();
     out += "{\"ph\":\"M\",\"pid\":" + pid + ",\"tid\":0,\"ts\":0,\"name\":\"process_name\",\"cat\":\"__metadata\",\"args\":{\"name\":";
-    tj::append_string(out, c.worker_name.empty() ? "worker " + pid : c.worker_name);
+    detail::append_json_string(out, c.worker_name.empty() ? "worker " + pid : c.worker_name);
     out += "}}";
     sep();
     out += "{\"ph\":\"M\",\"pid\":" + pid + ",\"tid\":0,\"ts\":0,\"name\":\"process_sort_index\",\"cat\":\"__metadata\",\"args\":{\"sort_index\":" + pid + "}}";
@@ -90,7 +72,7 @@ inline void append_us(std::string& out, std::int64_t ns) {
       sep();
       out += "{\"ph\":\"M\",\"pid\":" + pid + ",\"tid\":" + std::to_string(tid) +
              ",\"ts\":0,\"name\":\"thread_name\",\"cat\":\"__metadata\",\"args\":{\"name\":";
-      tj::append_string(out, name);
+      detail::append_json_string(out, name);
       out += "}}";
     }
     std::stable_sort(c.events.begin(), c.events.end(), [](const trace_block_event& x, const trace_block_event& y) {
@@ -105,12 +87,12 @@ inline void append_us(std::string& out, std::int64_t ns) {
       out += ",\"dur\":";
       tj::append_us(out, e.duration_ns);
       out += ",\"name\":";
-      tj::append_string(out, e.name);
+      detail::append_json_string(out, e.name);
       out += ",\"cat\":";
-      tj::append_string(out, e.category);
+      detail::append_json_string(out, e.category);
       out += ",\"args\":{";
       if (!e.arg_name.empty()) {
-        tj::append_string(out, e.arg_name);
+        detail::append_json_string(out, e.arg_name);
         out += ':' + std::to_string(e.arg);
       }
       out += "}}";

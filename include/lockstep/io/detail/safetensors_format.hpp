@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <lockstep/core/error.hpp>
+#include <lockstep/io/detail/json.hpp>
 
 namespace lockstep::io {
 
@@ -165,26 +166,6 @@ namespace detail::safetensors {
   }
   t += ']';
   return t;
-}
-
-/// Appends `s` as a JSON string (quoted, escaped).
-inline void append_json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (c < 0x20) {
-      static constexpr char hex[] = "0123456789abcdef";
-      out += "\\u00";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    } else {
-      out += ch;
-    }
-  }
-  out += '"';
 }
 
 /// Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or values past U+10FFFF).
