@@ -363,6 +363,41 @@ TEST_CASE("gpu: [batch_norm] batch norm on GPUs is bitwise run to run, and its r
 }
 
 namespace {
+// relu without grad_from_output: the same function and gradient, never fused.
+struct plain_relu_fn {
+  template <class T> LOCKSTEP_HD static T f(T x) { return ls::relu_fn::f(x); }
+  template <class T> LOCKSTEP_HD static T df(T x, T y) { return ls::relu_fn::df(x, y); }
+  template <class T> LOCKSTEP_HD static T grad(T x, T y, T dy) { return ls::relu_fn::grad(x, y, dy); }
+};
+// Batch norm followed by a relu, on images (per channel over the batch and positions) and on flat
+// rows: with ls::relu each batch norm applies it in its normalisation kernel (fused), with
+// plain_relu the two layers run apart.
+template <class Relu>
+using bn_relu_net = ls::sequential<ls::reshape<5, 2, 2>, ls::conv2d<6, 3, 1, 1>, ls::batch_norm<>, Relu, ls::flatten,
+                                   ls::dense<24, 8>, ls::batch_norm<>, Relu, ls::dense<8, 5>>;
+using plain_relu = ls::activation<plain_relu_fn>;
+static_assert(ls::bind_t<bn_relu_net<ls::relu>, 20>::fused[2] && ls::bind_t<bn_relu_net<ls::relu>, 20>::fused[6]);
+static_assert(!ls::bind_t<bn_relu_net<plain_relu>, 20>::fused[2] && !ls::bind_t<bn_relu_net<plain_relu>, 20>::fused[6]);
+}  // namespace
+
+TEST_CASE("gpu: [batch_norm] batch norm applying the relu after it trains bit for bit like the two layers apart, 1 and 3 replicas on gpu<0>") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  // The same kernels but the normalisation's (which applies relu to the value it writes) and
+  // relu's backward (from the output): the same bits, losses and parameters after 20 updates.
+  ls::one_device<ls::gpu<0>> one_fused, one_plain;
+  const run_result a = train<float, bn_relu_net<ls::relu>>(one_fused);
+  const run_result b = train<float, bn_relu_net<plain_relu>>(one_plain);
+  CHECK(a.losses == b.losses);
+  CHECK(a.params == b.params);
+  using three = ls::mirrored<ls::gpu<0>, ls::gpu<0>, ls::gpu<0>>;
+  three three_fused{ls::strategy_options{.bucket_bytes = 1024}}, three_plain{ls::strategy_options{.bucket_bytes = 1024}};
+  const run_result c = train<float, bn_relu_net<ls::relu>>(three_fused);
+  const run_result d = train<float, bn_relu_net<plain_relu>>(three_plain);
+  CHECK(c.losses == d.losses);
+  CHECK(c.params == d.params);
+}
+
+namespace {
 // Device operations (kernels, cuBLAS calls, copies) one steady training step of Net queues on
 // one_device<gpu<0>> at `batch` rows (of `width` features, labels below 10).
 template <class Net>

@@ -636,9 +636,7 @@ struct batch_norm {
     template <class Fn, class T, class Ctx, class X>
     static void forward_from(Ctx& ctx, const forward_args<T, Ctx, S, S>& a, const X* x, [[maybe_unused]] std::uint16_t* y16) {
       normalise<Fn>(ctx, a, x);
-      if constexpr (std::is_same_v<T, float> && detail::host_context_v<Ctx>) {
-        if (y16) backend::to_bf16_weights(a.y.data(), a.y.size(), y16);
-      }
+      backend::encode_output16(ctx, a.y.data(), a.y.size(), y16);
     }
     template <class Fn, class T, class Ctx, class X>
     static void normalise(Ctx& ctx, const forward_args<T, Ctx, S, S>& a, const X* x) {

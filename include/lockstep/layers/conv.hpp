@@ -384,9 +384,7 @@ struct conv2d {
     template <class Fn, class T, class Ctx>
     static void activate(Ctx& ctx, T* y, std::size_t n, [[maybe_unused]] std::uint16_t* y16) {
       if constexpr (!std::is_void_v<Fn>) for_each_index(ctx, n, detail::activation_forward_op<Fn, T>{y, y});
-      if constexpr (std::is_same_v<T, float> && detail::host_context_v<Ctx>) {
-        if (y16) backend::to_bf16_weights(y, n, y16);
-      }
+      backend::encode_output16(ctx, y, n, y16);
     }
 
     // forward (the images from x16 when not null), then activate<Fn> over the output (and its
@@ -401,7 +399,7 @@ struct conv2d {
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
       if constexpr (onednn_capable<T, Ctx>) {
         if (const auto g = onednn_geometry(ctx, batch, x16 != nullptr); g && ctx.conv_cache().available(*g)) {
-          ctx.conv_cache().forward(ctx.blas_threads(), *g, x16 ? static_cast<const void*>(x16) : a.x.data(), a.params,
+          ctx.conv_cache().forward(ctx.blas_threads(), *g, images_of(a, x16), a.params,
                                    a.params + Filters * patch, a.y.data());
           activate<Fn>(ctx, a.y.data(), a.y.size(), y16);
           return;
@@ -451,7 +449,7 @@ struct conv2d {
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
       if constexpr (onednn_capable<T, Ctx>) {
         if (const auto g = onednn_geometry(ctx, batch, x16 != nullptr); g && ctx.conv_cache().available(*g)) {
-          ctx.conv_cache().backward(ctx.blas_threads(), *g, x16 ? static_cast<const void*>(x16) : a.x.data(), a.params,
+          ctx.conv_cache().backward(ctx.blas_threads(), *g, images_of(a, x16), a.params,
                                     a.dy.data(), a.dparams,
                                     a.dparams + Filters * patch, a.info.accumulate, a.dx ? a.dx.data() : nullptr);
           return;
@@ -586,6 +584,11 @@ struct conv2d {
     static void columns(Ctx& ctx, const In* x, const scratch<T>& s) {
       for_each_index(ctx, C * (H + 2 * Padding), detail::pad_image_op<T, geometry, In>{x, s.xp});
       for_each_index(ctx, patch, detail::im2col_op<T, geometry>{s.xp, s.cols});
+    }
+    /// The images of a pass as oneDNN reads them: their bf16 encodings x16 when not null, else a.x.
+    template <class Args>
+    static const void* images_of(const Args& a, const std::uint16_t* x16) noexcept {
+      return x16 ? static_cast<const void*>(x16) : static_cast<const void*>(a.x.data());
     }
     /// columns of image b of a pass: from its bf16 encodings in x16 when not null, else from a.x.
     template <class Args, class T, class Ctx>

@@ -132,9 +132,10 @@ struct dense {
 
     /// forward (Fn void) or forward_activated<Fn>, in a pass on a host context that keeps
     /// activations in bf16 (bf16_activations_v): x read from its bf16 encodings x16 when x16 is not
-    /// null (a.x unused), and Fn's results written as bf16 encodings y16 when y16 is not null (then
-    /// Fn is not void, and a.y receives the same results in fp32). The same bits as forward and
-    /// forward_activated on the widened values, rounded to bf16 as the next GEMM rounds them.
+    /// null (a.x unused), and Fn's results (the output itself for Fn void) written as bf16
+    /// encodings y16 when y16 is not null (a.y receives the same results in fp32). The same bits as
+    /// forward and forward_activated on the widened values, rounded to bf16 as the next GEMM
+    /// rounds them.
     template <class Fn, class T, class Ctx>
     static void forward_stored(Ctx& ctx, const forward_args<T, Ctx, shape<In>, shape<Out>>& a,
                                [[maybe_unused]] const std::uint16_t* x16, [[maybe_unused]] std::uint16_t* y16) {
@@ -152,6 +153,7 @@ struct dense {
       if constexpr (std::is_void_v<Fn>) {
         broadcast_rows(ctx, a.y.data(), a.params + In * Out, batch, Out);
         product(T(1));
+        backend::encode_output16(ctx, a.y.data(), a.y.size(), y16);
       } else {
         product(T(0));
         if constexpr (stored_kernels<T, Ctx>) {

@@ -272,6 +272,15 @@ struct bound_sequential<S, Out, type_list<Bs...>> {
   }();
 
 private:
+  // The array of at(std::integral_constant<std::size_t, I>{}) for each layer I.
+  template <class At>
+  static constexpr std::array<bool, layer_count> each_layer(At at) {
+    std::array<bool, layer_count> k{};
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((k[I] = at(std::integral_constant<std::size_t, I>{})), ...);
+    }(std::make_index_sequence<layer_count>{});
+    return k;
+  }
   // Whether layer I's output is kept as bf16 encodings in a pass that keeps activations in bf16
   // (pass_info::bf16_activations). Either layer I is an activation that layer I - 1, which writes
   // bf16 too (bf16_activations_v), applies in its own forward, whose gradient reads only the
@@ -309,12 +318,8 @@ private:
       return input_unread_v<B> && !bf16_activations_v<B> && !fused[I];
     }
   }
-  static constexpr std::array<bool, layer_count> stored16 = [] {
-    std::array<bool, layer_count> k{};
-    [&]<std::size_t... I>(std::index_sequence<I...>) { ((k[I] = stored_at<I>()), ...); }(
-        std::make_index_sequence<layer_count>{});
-    return k;
-  }();
+  static constexpr std::array<bool, layer_count> stored16 =
+      each_layer([](auto i) { return stored_at<decltype(i)::value>(); });
   // Whether layer I's output is kept nowhere, in either layout: neither layer I's backward
   // (output_unread_v) nor layer I + 1's (input_unread_v) reads it, layer I + 1 reads it in fp32
   // (not bf16_activations_v), and no activation is fused on either side. Layer I then writes it
@@ -332,12 +337,8 @@ private:
              !bf16_activations_v<next>;
     }
   }
-  static constexpr std::array<bool, layer_count> transient = [] {
-    std::array<bool, layer_count> k{};
-    [&]<std::size_t... I>(std::index_sequence<I...>) { ((k[I] = transient_at<I>()), ...); }(
-        std::make_index_sequence<layer_count>{});
-    return k;
-  }();
+  static constexpr std::array<bool, layer_count> transient =
+      each_layer([](auto i) { return transient_at<decltype(i)::value>(); });
   static constexpr std::array<bool, layer_count> reads_bf16{bf16_activations_v<Bs>...};
   // Which gradient buffer (0 or 1) holds activation i's fp32 values during forward in layout B16,
   // or -1 where they are in its own slot: a transient activation, or one kept in bf16 whose writer
@@ -509,21 +510,24 @@ private:
   }
   template <std::size_t I>
   using fused_function_t = typename decltype(fused_function<I>())::type;
-  // Whether layer I reads its input, and writes (the activation it applies into) its output, as
-  // bf16 encodings in layout B16.
+  // Whether layer I reads its input as bf16 encodings in layout B16.
   template <std::size_t I, bool B16>
-  static constexpr bool reads16 = B16 && I > 0 && stored16[I == 0 ? 0 : I - 1] && bf16_activations_v<layer_type<I>>;
+  static constexpr bool reads16 = B16 && I > 0 && stored16[I == 0 ? 0 : I - 1] && reads_bf16[I];
   // Whether layer I reads its input in fp32 from a gradient buffer (fp32_buffer) in layout B16: a
   // relu kept in bf16 for its own backward (fp32_reader), or a transient activation; its backward
   // is then given no input.
   template <std::size_t I, bool B16>
   static constexpr bool reads_buffer = I > 0 && !reads16<I, B16> && fp32_buffer<B16>[I == 0 ? 0 : I - 1] >= 0;
-  template <std::size_t I, bool B16>
-  static constexpr bool writes16 = B16 && fused[I] && stored16[I + 1 < layer_count ? I + 1 : I];
-  // Whether layer I writes its own output in fp32 for the sequential to encode (stored16, not an
-  // activation applied by layer I - 1).
+  // Whether layer I's own output is kept in bf16 (stored16, not an activation applied by layer
+  // I - 1): layer I writes it in fp32 (where no backward reads it), and its encodings are written
+  // by layer I itself where it reads and writes bf16 (writes16), by the sequential otherwise.
   template <std::size_t I, bool B16>
   static constexpr bool encodes16 = B16 && stored16[I] && !fused_into_previous<I>;
+  // Whether layer I is given where to write the bf16 encodings of what its forward writes (its
+  // forward_stored's y16): the activation it applies, or its own output, kept in bf16.
+  template <std::size_t I, bool B16>
+  static constexpr bool writes16 = B16 && ((fused[I] && stored16[I + 1 < layer_count ? I + 1 : I]) ||
+                                           (encodes16<I, B16> && bf16_activations_v<layer_type<I>>));
   template <bool B16, class T, class Ctx>
   static void forward_in(Ctx& ctx, const forward_args<T, Ctx, S, Out>& a) {
     const std::size_t batch = a.batch();
@@ -589,14 +593,14 @@ private:
         const std::uint16_t* x16 = nullptr;
         std::uint16_t* y16 = nullptr;
         if constexpr (reads16<I, B16>) x16 = stored_output_of<I - 1, B16>(ws, batch);
-        if constexpr (writes16<I, B16>) y16 = stored_output_of<I + 1, B16>(ws, batch);
+        if constexpr (writes16<I, B16>) y16 = stored_output_of<target, B16>(ws, batch);
         layer_type<I>::template forward_stored<fused_function_t<I>>(ctx, args, x16, y16);
       } else if constexpr (fused_with_next<I>) {
         layer_type<I>::template forward_activated<typename layer_type<I + 1>::fused_activation::function>(ctx, args);
       } else {
         layer_type<I>::forward(ctx, args);
       }
-      if constexpr (encodes16<I, B16>)  // the output, kept as the encodings the next GEMMs would make
+      if constexpr (encodes16<I, B16> && !writes16<I, B16>)  // kept as the encodings the next GEMMs would make
         backend::to_bf16_weights(y, batch * outputs[I], stored_output_of<I, B16>(ws, batch));
     }
   }

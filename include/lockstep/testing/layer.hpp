@@ -280,11 +280,12 @@ void coupled_split_check(std::size_t rows, std::size_t n, split_reports& reports
 
 /// For a layer that reads and writes activations in bf16 (bf16_activations_v), under mixed<bf16>
 /// on `rows` rows: whether forward_stored and backward_stored, given the inputs as bf16
-/// encodings, compute the bits of forward and backward on their widened values, and (for a layer
-/// that fuses a following activation) whether forward_stored<relu_fn> writes the encodings of
+/// encodings, compute the bits of forward and backward on their widened values, whether
+/// forward_stored<void> writes the encodings of its outputs, and (for a layer that fuses a
+/// following activation) whether forward_stored<relu_fn> writes the encodings of
 /// forward_activated<relu_fn>'s outputs.
 struct stored_results {
-  bool forward = false;            ///< forward_stored<void> from x16: forward's outputs
+  bool forward = false;            ///< forward_stored<void> from x16 into y16: forward's outputs, and encoded
   bool activated = true;           ///< forward_stored<relu_fn> from x16 into y16: forward_activated's, encoded
   bool backward = false;           ///< backward_stored from x16: backward's gradients
 };
@@ -306,8 +307,9 @@ stored_results stored_check(std::size_t rows) {
   stored_results r;
   B::forward(ctx, fargs{params, {c.x.data(), rows}, {y_ref.data(), rows}, ws.data(), info});
   B::template forward_stored<void>(ctx, fargs{params, {nullptr, rows}, {y.data(), rows}, ws2.data(), info}, x16.data(),
-                                   nullptr);
-  r.forward = y == y_ref;
+                                   y16.data());
+  backend::to_bf16_weights(y_ref.data(), ny, ref16.data());
+  r.forward = y == y_ref && y16 == ref16;  // its output kept in bf16 where the next layer reads bf16
   B::backward(ctx, bargs{params, {c.x.data(), rows}, {y_ref.data(), rows}, {c.dy.data(), rows}, {dx_ref.data(), rows},
                          dp_ref.data(), ws.data(), info});
   B::backward_stored(ctx, bargs{params, {nullptr, rows}, {y.data(), rows}, {c.dy.data(), rows}, {dx.data(), rows},

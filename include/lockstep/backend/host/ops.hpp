@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include <lockstep/backend/host/context.hpp>
 #include <lockstep/config.hpp>
@@ -122,6 +123,16 @@ inline void to_bf16_weights(const float* src, std::size_t n, std::uint16_t* dst)
   }
 #endif
   for (std::size_t i = 0; i < n; ++i) dst[i] = to_bf16_bits(src[i]);
+}
+
+/// A layer's output kept in bf16: to_bf16_weights of the n values at y into y16 when y16 is not
+/// null and Ctx is a host context computing in float (the only place activations are kept in
+/// bf16); nothing on any other context, so a layer's forward calls it on every device.
+template <class Ctx, class T>
+void encode_output16(const Ctx&, const T* y, std::size_t n, [[maybe_unused]] std::uint16_t* y16) noexcept {
+  if constexpr (std::is_same_v<T, float> && lockstep::detail::host_context_v<Ctx>) {
+    if (y16) to_bf16_weights(y, n, y16);
+  }
 }
 
 /// How a host replica's GEMMs compute under `policy`, for start-up lines: "fp32", "mixed<bf16>
