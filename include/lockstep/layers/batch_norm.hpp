@@ -592,14 +592,14 @@ struct batch_norm {
     /// Normalises with the global batch's statistics (training) or the running ones (evaluation).
     template <class T, class Ctx>
     static void forward(Ctx& ctx, const forward_args<T, Ctx, S, S>& a) {
-      forward_from<void>(ctx, a, a.x.data(), nullptr);
+      normalise<void>(ctx, a, a.x.data());
     }
 
     /// forward, then the activation Fn of the layer that follows (fuses_activation_v) applied to
     /// each value as it is written: the same bits as the two layers apart; backward never reads y.
     template <class Fn, class T, class Ctx>
     static void forward_activated(Ctx& ctx, const forward_args<T, Ctx, S, S>& a) {
-      forward_from<Fn>(ctx, a, a.x.data(), nullptr);
+      normalise<Fn>(ctx, a, a.x.data());
     }
 
     /// forward (Fn void) or forward_activated<Fn>, in a pass on a host context that keeps
@@ -610,8 +610,9 @@ struct batch_norm {
     template <class Fn, class T, class Ctx>
     static void forward_stored(Ctx& ctx, const forward_args<T, Ctx, S, S>& a, const std::uint16_t* x16,
                                std::uint16_t* y16) {
-      if (x16) forward_from<Fn>(ctx, a, x16, y16);
-      else forward_from<Fn>(ctx, a, a.x.data(), y16);
+      if (x16) normalise<Fn>(ctx, a, x16);
+      else normalise<Fn>(ctx, a, a.x.data());
+      backend::encode_output16(ctx, a.y.data(), a.y.size(), y16);
     }
 
     /// Training: dx = γ/σ (dy - mean(dy) - x̂ mean(dy x̂)) with the means over the global batch,
@@ -632,12 +633,7 @@ struct batch_norm {
 
   private:
     // forward_activated<Fn> (forward for Fn = void) with the input x: a.x's values, or their bf16
-    // encodings; then, when y16 is not null, the output's encodings written to it (host contexts).
-    template <class Fn, class T, class Ctx, class X>
-    static void forward_from(Ctx& ctx, const forward_args<T, Ctx, S, S>& a, const X* x, [[maybe_unused]] std::uint16_t* y16) {
-      normalise<Fn>(ctx, a, x);
-      backend::encode_output16(ctx, a.y.data(), a.y.size(), y16);
-    }
+    // encodings.
     template <class Fn, class T, class Ctx, class X>
     static void normalise(Ctx& ctx, const forward_args<T, Ctx, S, S>& a, const X* x) {
       const T* params = a.params;

@@ -382,7 +382,7 @@ struct conv2d {
     // Fn applied in place to the n values at y (nothing for Fn = void), then, when y16 is not
     // null, their bf16 encodings written to y16 (host contexts).
     template <class Fn, class T, class Ctx>
-    static void activate(Ctx& ctx, T* y, std::size_t n, [[maybe_unused]] std::uint16_t* y16) {
+    static void activate(Ctx& ctx, T* y, std::size_t n, std::uint16_t* y16) {
       if constexpr (!std::is_void_v<Fn>) for_each_index(ctx, n, detail::activation_forward_op<Fn, T>{y, y});
       backend::encode_output16(ctx, y, n, y16);
     }
