@@ -5,6 +5,7 @@
 // host's single-device training on the same global batches.
 
 #include "gpu_test.hpp"
+#include "../support/plain_relu.hpp"
 
 #include <lockstep/distribute/mirrored.hpp>
 
@@ -363,19 +364,13 @@ TEST_CASE("gpu: [batch_norm] batch norm on GPUs is bitwise run to run, and its r
 }
 
 namespace {
-// relu without grad_from_output: the same function and gradient, never fused.
-struct plain_relu_fn {
-  template <class T> LOCKSTEP_HD static T f(T x) { return ls::relu_fn::f(x); }
-  template <class T> LOCKSTEP_HD static T df(T x, T y) { return ls::relu_fn::df(x, y); }
-  template <class T> LOCKSTEP_HD static T grad(T x, T y, T dy) { return ls::relu_fn::grad(x, y, dy); }
-};
 // Batch norm followed by a relu, on images (per channel over the batch and positions) and on flat
 // rows: with ls::relu each batch norm applies it in its normalisation kernel (fused), with
 // plain_relu the two layers run apart.
 template <class Relu>
 using bn_relu_net = ls::sequential<ls::reshape<5, 2, 2>, ls::conv2d<6, 3, 1, 1>, ls::batch_norm<>, Relu, ls::flatten,
                                    ls::dense<24, 8>, ls::batch_norm<>, Relu, ls::dense<8, 5>>;
-using plain_relu = ls::activation<plain_relu_fn>;
+using test_support::plain_relu;  // relu that never fuses
 static_assert(ls::bind_t<bn_relu_net<ls::relu>, 20>::fused[2] && ls::bind_t<bn_relu_net<ls::relu>, 20>::fused[6]);
 static_assert(!ls::bind_t<bn_relu_net<plain_relu>, 20>::fused[2] && !ls::bind_t<bn_relu_net<plain_relu>, 20>::fused[6]);
 }  // namespace

@@ -15,19 +15,14 @@
 
 #include <lockstep/layers.hpp>
 
+#include "../support/plain_relu.hpp"
 #include "../support/random.hpp"
 
 namespace ls = lockstep;
 
 namespace fusion_test {  // named: the layers' members are used only in unevaluated contexts
 
-// relu without grad_from_output: the same function and gradient, never fused.
-struct plain_relu_fn {
-  template <class T> static T f(T x) { return ls::relu_fn::f(x); }
-  template <class T> static T df(T x, T y) { return ls::relu_fn::df(x, y); }
-  template <class T> static T grad(T x, T y, T dy) { return ls::relu_fn::grad(x, y, dy); }
-};
-using plain_relu = ls::activation<plain_relu_fn>;
+using test_support::plain_relu;  // relu that never fuses
 
 // A user layer built on dense's bound layer (it could change forward or backward): it inherits
 // no fusion.
