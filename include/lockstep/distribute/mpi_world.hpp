@@ -52,11 +52,7 @@ public:
     std::fill(ranges_.begin(), ranges_.end(), 0.0);
     ranges_[2 * me] = static_cast<double>(first_row);
     ranges_[2 * me + 1] = static_cast<double>(rows);
-    mpi_channel::job j;
-    j.kind = mpi_channel::op::gather_doubles;
-    j.data = ranges_.data();
-    j.count = 2;
-    channel_->run(j);
+    channel_->run(mpi_channel::job{.kind = mpi_channel::op::gather_doubles, .data = ranges_.data(), .count = 2});
     std::size_t covered = 0;
     for (std::size_t p = 0; p < w; ++p) {
       const auto lo = static_cast<std::size_t>(ranges_[2 * p]), n = static_cast<std::size_t>(ranges_[2 * p + 1]);
@@ -69,12 +65,9 @@ public:
     if (covered != total_rows)
       throw shape_error("lockstep::multi_worker: the workers hold " + std::to_string(covered) + " rows of a global batch of " +
                         std::to_string(total_rows) + " in a batch-coupled layer's exchange");
-    j.kind = elem_bytes == sizeof(double) ? mpi_channel::op::gather_doubles_v : mpi_channel::op::gather_floats_v;
-    j.data = table;
-    j.count = total_rows * width;
-    j.counts = &counts_;
-    j.displs = &displs_;
-    channel_->run(j);
+    channel_->run(mpi_channel::job{
+        .kind = elem_bytes == sizeof(double) ? mpi_channel::op::gather_doubles_v : mpi_channel::op::gather_floats_v,
+        .data = table, .count = total_rows * width, .counts = &counts_, .displs = &displs_});
   }
 
   /// True on rank 0.
@@ -112,11 +105,7 @@ public:
         span_(std::make_unique<detail::mpi_row_span>(channel)) {
     std::vector<double> counts(size_, 0.0);
     counts[rank_] = static_cast<double>(local_replicas);
-    detail::mpi_channel::job j;
-    j.kind = detail::mpi_channel::op::gather_doubles;
-    j.data = counts.data();
-    j.count = 1;
-    channel.run(j);
+    channel.run(job{.kind = op::gather_doubles, .data = counts.data(), .count = 1});
     firsts_.assign(size_ + 1, 0);
     for (std::size_t p = 0; p < size_; ++p) {
       const auto n = static_cast<std::size_t>(counts[p]);
@@ -158,11 +147,7 @@ public:
     if (size_ == 1 || n == 0) return;
     gather_.assign(size_ * n, 0.0);
     std::copy(v.begin(), v.end(), gather_.begin() + static_cast<std::ptrdiff_t>(rank_ * n));
-    detail::mpi_channel::job j;
-    j.kind = detail::mpi_channel::op::gather_doubles;
-    j.data = gather_.data();
-    j.count = n;
-    channel_->run(j);
+    channel_->run(job{.kind = op::gather_doubles, .data = gather_.data(), .count = n});
     for (std::size_t i = 0; i < n; ++i) {
       double s = gather_[i];
       for (std::size_t p = 1; p < size_; ++p) s += gather_[p * n + i];
@@ -173,7 +158,7 @@ public:
   /// Every worker arrives. Collective.
   void barrier() {
     check_usable();
-    channel_->run(detail::mpi_channel::job{});
+    channel_->run(job{.kind = op::barrier});
   }
 
   /// Every worker's `block` (bytes of any length, a trace's events) in rank order, on every
@@ -191,11 +176,7 @@ public:
     std::vector<std::uint8_t> all(longest * size_, 0);
     std::copy(block.begin(), block.end(), all.begin() + static_cast<std::ptrdiff_t>(rank_ * longest));
     if (size_ > 1) {
-      detail::mpi_channel::job j;
-      j.kind = detail::mpi_channel::op::gather_bytes;
-      j.data = all.data();
-      j.count = longest;
-      channel_->run(j);
+      channel_->run(job{.kind = op::gather_bytes, .data = all.data(), .count = longest});
     }
     for (std::size_t p = 0; p < size_; ++p) {
       const auto first = all.begin() + static_cast<std::ptrdiff_t>(p * longest);
@@ -248,11 +229,7 @@ public:
     const auto& f = plan.fields();
     all[rank_ * words] = f.size();
     for (std::size_t i = 0; i < f.size(); ++i) all[rank_ * words + 1 + i] = f[i].value;
-    detail::mpi_channel::job j;
-    j.kind = detail::mpi_channel::op::gather_bytes;
-    j.data = all.data();
-    j.count = words * sizeof(std::uint64_t);
-    channel_->run(j);
+    channel_->run(job{.kind = op::gather_bytes, .data = all.data(), .count = words * sizeof(std::uint64_t)});
     for (std::size_t p = 1; p < size_; ++p) {
       const std::uint64_t* a = all.data();
       const std::uint64_t* b = all.data() + p * words;
@@ -315,15 +292,9 @@ public:
       recv_counts_[v] = detail::mpi_count((ku_hi - ku_lo) * (mhi - mlo), "a micro-shard exchange");
       recv_displs_[v] = detail::mpi_count(ku_lo * (mhi - mlo), "a micro-shard exchange");
     }
-    detail::mpi_channel::job j;
-    j.kind = detail::mpi_channel::op::alltoallv_floats;
-    j.data = const_cast<float*>(send);  // MPI's send buffer is const, its C binding's argument is not
-    j.counts = &send_counts_;
-    j.displs = &send_displs_;
-    j.recv = recv;
-    j.recv_counts = &recv_counts_;
-    j.recv_displs = &recv_displs_;
-    channel_->run(j);
+    // MPI's send buffer is const, its C binding's argument is not.
+    channel_->run(job{.kind = op::alltoallv_floats, .data = const_cast<float*>(send), .counts = &send_counts_,
+                      .displs = &send_displs_, .recv = recv, .recv_counts = &recv_counts_, .recv_displs = &recv_displs_});
   }
 
   /// The all-gather: every worker's summed slice of `data` (`params` floats) reaches every worker. Collective.
@@ -336,12 +307,7 @@ public:
       send_counts_[v] = detail::mpi_count(hi - lo, "a parameter slice");
       send_displs_[v] = detail::mpi_count(lo, "a parameter slice");
     }
-    detail::mpi_channel::job j;
-    j.kind = detail::mpi_channel::op::gather_floats_v;
-    j.data = data;
-    j.counts = &send_counts_;
-    j.displs = &send_displs_;
-    channel_->run(j);
+    channel_->run(job{.kind = op::gather_floats_v, .data = data, .counts = &send_counts_, .displs = &send_displs_});
   }
 
   /// Every worker's per-micro-shard values (`width` doubles per micro-shard, this worker's at
@@ -355,15 +321,13 @@ public:
       recv_counts_[v] = detail::mpi_count((hi - lo) * width, "a micro-shard loss gather");
       recv_displs_[v] = detail::mpi_count(lo * width, "a micro-shard loss gather");
     }
-    detail::mpi_channel::job j;
-    j.kind = detail::mpi_channel::op::gather_doubles_v;
-    j.data = values;
-    j.counts = &recv_counts_;
-    j.displs = &recv_displs_;
-    channel_->run(j);
+    channel_->run(job{.kind = op::gather_doubles_v, .data = values, .counts = &recv_counts_, .displs = &recv_displs_});
   }
 
 private:
+  using job = detail::mpi_channel::job;  // a job of the channel
+  using op = detail::mpi_channel::op;    // what a job does
+
   std::string prefix() const {
     return "lockstep: worker rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": ";
   }

@@ -187,11 +187,7 @@ private:
       boot.ok = s == ncclSuccess ? 1 : 0;
       if (s != ncclSuccess) std::strncpy(boot.error, ncclGetErrorString(s), sizeof boot.error - 1);
     }
-    detail::mpi_channel::job j;
-    j.kind = detail::mpi_channel::op::broadcast_bytes;
-    j.data = &boot;
-    j.count = sizeof boot;
-    channel.run(j);
+    channel.run(detail::mpi_channel::broadcast(&boot, sizeof boot));
     if (!boot.ok)
       throw device_error("lockstep::multi_worker_mirrored<gpus>: rank " + std::to_string(rank_) +
                          ": rank 0 could not create the NCCL unique id (ncclGetUniqueId: " + std::string(boot.error) + ")");

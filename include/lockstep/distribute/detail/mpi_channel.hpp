@@ -118,12 +118,17 @@ public:
   /// Windows no longer held outside the channel are freed first (on every worker alike).
   [[nodiscard]] std::shared_ptr<mpi_gradient_window> allocate_gradient_window(std::size_t floats) {
     std::shared_ptr<mpi_gradient_window> out;
-    job j;
-    j.kind = op::gradient_window;
-    j.count = floats;
-    j.recv = &out;
-    run(j);
+    run(job{.kind = op::gradient_window, .count = floats, .recv = &out});
     return out;
+  }
+
+  /// The job that sums `count` floats at `data` in place over the workers (collective id `id`).
+  static job sum(void* data, std::size_t count, std::size_t id) {
+    return {.kind = op::sum_floats, .data = data, .count = count, .bucket = id};
+  }
+  /// The job that copies `bytes` bytes at `data` from rank 0 to every rank (collective id `id`).
+  static job broadcast(void* data, std::size_t bytes, std::size_t id = 0) {
+    return {.kind = op::broadcast_bytes, .data = data, .count = bytes, .bucket = id};
   }
 
   /// Queues a job; returns its ticket (jobs complete in ticket order).

@@ -88,14 +88,7 @@ public:
   template <class Ctx, class T>
   void broadcast(std::size_t replica, Ctx&, T* data, std::size_t count, std::size_t root) {
     comm_.broadcast(replica, data, count, sizeof(T), root);
-    if (replica == 0) {
-      detail::mpi_channel::job j;
-      j.kind = detail::mpi_channel::op::broadcast_bytes;
-      j.data = data;
-      j.count = count * sizeof(T);
-      j.bucket = collective_ids::broadcast;
-      channel_->run(j);
-    }
+    if (replica == 0) channel_->run(detail::mpi_channel::broadcast(data, count * sizeof(T), collective_ids::broadcast));
     comm_.broadcast(replica, data, count, sizeof(T), 0);
   }
   /// Releases local waiters and marks the channel unusable.
@@ -113,13 +106,8 @@ private:
     detail::allreduce_work<float>(c, r, bucket, count, seq);
     mpi_host_allreduce& self = *static_cast<engine&>(c).self;
     if ((self.arrived_[bucket].fetch_add(1) + 1) % c.replicas() == 0) {
-      detail::mpi_channel::job j;
-      j.kind = detail::mpi_channel::op::sum_floats;
-      j.data = c.pointer(bucket, 0);
-      j.count = count;
-      j.bucket = bucket;
       self.counts_[bucket] = count;
-      self.tickets_[bucket] = self.channel_->post(j);
+      self.tickets_[bucket] = self.channel_->post(detail::mpi_channel::sum(c.pointer(bucket, 0), count, bucket));
     }
   }
 

@@ -54,28 +54,14 @@ public:
     local_.wait(replica, ctx, bucket);
     const bucket_data& mine = pending_.at(bucket * replicas_ + replica);
     auto* data = static_cast<float*>(mine.data);
-    if (replica == 0) {
-      detail::mpi_channel::job j;
-      j.kind = detail::mpi_channel::op::sum_floats;
-      j.data = data;
-      j.count = mine.count;
-      j.bucket = bucket;
-      channel_->run(j);
-    }
+    if (replica == 0) channel_->run(detail::mpi_channel::sum(data, mine.count, bucket));
     local_.broadcast(replica, ctx, data, mine.count, 0);  // replica 0's sum over the workers, to every local replica
   }
   /// Copies `count` elements of local replica `root` on rank 0 to every replica of every worker.
   template <class Ctx, class T>
   void broadcast(std::size_t replica, Ctx& ctx, T* data, std::size_t count, std::size_t root) {
     local_.broadcast(replica, ctx, data, count, root);
-    if (replica == 0) {
-      detail::mpi_channel::job j;
-      j.kind = detail::mpi_channel::op::broadcast_bytes;
-      j.data = data;
-      j.count = count * sizeof(T);
-      j.bucket = collective_ids::broadcast;
-      channel_->run(j);
-    }
+    if (replica == 0) channel_->run(detail::mpi_channel::broadcast(data, count * sizeof(T), collective_ids::broadcast));
     local_.broadcast(replica, ctx, data, count, 0);
   }
   /// Releases the local waiters and marks the channel unusable.
