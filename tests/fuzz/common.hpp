@@ -65,35 +65,39 @@ inline bytes gzip(std::span<const std::uint8_t> data) {
   return out;
 }
 
-/// One IDX fuzz input: byte 0 holds flags (bit 0: compress the images with gzip first, bit 1:
-/// the same for the labels, bit 2: read images alone), bytes 1-2 the length of the images part
-/// (little-endian, clamped to what is there); the images part follows, the labels part is the rest.
-struct idx_input {
-  std::uint8_t flags = 0;  ///< the flag bits above
-  bytes images;            ///< the images file (before optional compression)
-  bytes labels;            ///< the labels file (before optional compression)
+/// A fuzz input that holds two files: byte 0 holds flags, bytes 1-2 the length of the first file
+/// (little-endian, clamped to what is there); the first file follows, the second is the rest.
+struct two_files_input {
+  std::uint8_t flags = 0;  ///< the harness's flag bits
+  bytes first;             ///< the first file
+  bytes second;            ///< the second file
 
   /// Splits a fuzz input.
-  static idx_input parse(const std::uint8_t* data, std::size_t size) {
-    idx_input in;
+  static two_files_input parse(const std::uint8_t* data, std::size_t size) {
+    two_files_input in;
     if (size < 3) return in;
     in.flags = data[0];
     std::size_t n = std::size_t{data[1]} | (std::size_t{data[2]} << 8);
     data += 3;
     size -= 3;
     if (n > size) n = size;
-    in.images.assign(data, data + n);
-    in.labels.assign(data + n, data + size);
+    in.first.assign(data, data + n);
+    in.second.assign(data + n, data + size);
     return in;
   }
   /// The fuzz input that parse() splits into this.
   [[nodiscard]] bytes encode() const {
-    bytes out{flags, static_cast<std::uint8_t>(images.size() & 0xff), static_cast<std::uint8_t>(images.size() >> 8)};
-    out.insert(out.end(), images.begin(), images.end());
-    out.insert(out.end(), labels.begin(), labels.end());
+    bytes out{flags, static_cast<std::uint8_t>(first.size() & 0xff), static_cast<std::uint8_t>(first.size() >> 8)};
+    out.insert(out.end(), first.begin(), first.end());
+    out.insert(out.end(), second.begin(), second.end());
     return out;
   }
 };
+
+/// One IDX fuzz input: the images file, then the labels file (both before optional
+/// compression); flags bit 0: compress the images with gzip first, bit 1: the same for the
+/// labels, bit 2: read images alone.
+using idx_input = two_files_input;
 
 /// One CSV fuzz input: byte 0 holds flags (bit 0: header line, bit 1: a label column, bit 2: a
 /// target column, (byte 1 >> 3) mod 8, bit 3: a second one, byte 0 >> 4), byte 1 the label
@@ -128,36 +132,9 @@ struct csv_input {
   }
 };
 
-/// One .npy fuzz input: byte 0 holds flags (bit 0: a labels file, bits 1-2: the layout — rows,
-/// HWC or CHW images — bit 3: which of two workers cuts), bytes 1-2 the length of the features
-/// file (little-endian, clamped to what is there); the features file follows, the labels file is
-/// the rest.
-struct npy_input {
-  std::uint8_t flags = 0;  ///< the flag bits above
-  bytes features;          ///< the features file
-  bytes labels;            ///< the labels file
-
-  /// Splits a fuzz input.
-  static npy_input parse(const std::uint8_t* data, std::size_t size) {
-    npy_input in;
-    if (size < 3) return in;
-    in.flags = data[0];
-    std::size_t n = std::size_t{data[1]} | (std::size_t{data[2]} << 8);
-    data += 3;
-    size -= 3;
-    if (n > size) n = size;
-    in.features.assign(data, data + n);
-    in.labels.assign(data + n, data + size);
-    return in;
-  }
-  /// The fuzz input that parse() splits into this.
-  [[nodiscard]] bytes encode() const {
-    bytes out{flags, static_cast<std::uint8_t>(features.size() & 0xff), static_cast<std::uint8_t>(features.size() >> 8)};
-    out.insert(out.end(), features.begin(), features.end());
-    out.insert(out.end(), labels.begin(), labels.end());
-    return out;
-  }
-};
+/// One .npy fuzz input: the features file, then the labels file; flags bit 0: a labels file,
+/// bits 1-2: the layout (rows, HWC or CHW images), bit 3: which of two workers cuts.
+using npy_input = two_files_input;
 
 /// The image limits of the image harnesses: small enough that every image a header may declare
 /// is decoded in milliseconds and allocates well under the 64 MiB the suite allows.

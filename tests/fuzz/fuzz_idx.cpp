@@ -14,8 +14,8 @@ namespace lf = lockstep::fuzz;
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const lf::scratch_dir dir;
   const auto in = lf::idx_input::parse(data, size);
-  const std::string images = dir.write("a", (in.flags & 1) ? lf::gzip(in.images) : in.images);
-  const std::string labels = dir.write("b", (in.flags & 2) ? lf::gzip(in.labels) : in.labels);
+  const std::string images = dir.write("a", (in.flags & 1) ? lf::gzip(in.first) : in.first);
+  const std::string labels = dir.write("b", (in.flags & 2) ? lf::gzip(in.second) : in.second);
   try {
     const auto d = (in.flags & 4) ? lockstep::data::idx(images) : lockstep::data::idx(images, labels);
     lockstep::fuzz::touch_every_sample(d);

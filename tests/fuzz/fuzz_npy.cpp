@@ -16,8 +16,8 @@ namespace ld = lockstep::data;
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const lf::scratch_dir dir;
   const auto in = lf::npy_input::parse(data, size);
-  const std::string features = dir.write("a", in.features);
-  const std::string labels = dir.write("b", in.labels);
+  const std::string features = dir.write("a", in.first);
+  const std::string labels = dir.write("b", in.second);
   ld::npy_options o;
   const int layout = (in.flags >> 1) & 3;
   o.layout = layout == 1 ? ld::npy_layout::hwc : layout == 2 ? ld::npy_layout::chw : ld::npy_layout::rows;
