@@ -2,7 +2,7 @@
 // on the same global batches, exactly-once delivery across workers, evaluate over every worker,
 // chief-only outputs and a checkpoint written by W workers resumed by one; gradient accumulation
 // with clipping bitwise the big batch of one process, and the non-finite guard's decision on
-// every worker.
+// every worker; after a failed step, config_error from every later call.
 
 #include <algorithm>
 #include <chrono>
@@ -221,6 +221,38 @@ TEST_CASE("multi_worker: fit and evaluate cover every worker's samples; only ran
   CHECK(max_diff(solo_m.parameters_to_host(), ref.parameters_to_host()) < 1e-5);
   s.barrier();
   if (s.world().is_chief()) std::filesystem::remove_all(dir);
+}
+
+// softmax cross-entropy whose evaluation throws a data_error.
+struct throwing_loss {
+  using loss_concept = ls::loss_tag;
+  static constexpr std::size_t scratch_per_row = ls::softmax_cross_entropy::scratch_per_row;
+  template <class T, class Ctx, class Shape>
+  ls::loss_sum evaluate(Ctx&, const ls::loss_args<T, Ctx, Shape>&) const {
+    throw ls::data_error("injected failure in the loss");
+  }
+};
+
+TEST_CASE("multi_worker: after a failed step the strategy refuses further use with a config_error, barrier() too") {
+  // Every worker's replica fails in the same step before any collective of it starts, so no
+  // worker waits for another; each worker's step reports a replica_error naming its rank.
+  ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1));
+  auto m = s.replicate<mlp>(ls::seed{42});
+  const ls::shard_plan p = s.plan();
+  const auto db = ls::data::detail::make_sharded(make_batch(8, 0), p.parts, p.first, s.num_replicas());
+  std::string message;
+  try {
+    (void)ls::train_step(s, m, ls::sgd{.lr = 0.1f}, throwing_loss{}, db);
+    FAIL("the failing step returned");
+  } catch (const ls::replica_error& e) {
+    message = e.what();
+  }
+  CAPTURE(message);
+  CHECK(message.find("rank " + std::to_string(world_rank())) != std::string::npos);
+  CHECK(message.find("injected failure in the loss") != std::string::npos);
+  CHECK_THROWS_AS(s.barrier(), ls::config_error);
+  CHECK_THROWS_AS((void)ls::train_step(s, m, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{}, db), ls::config_error);
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST_CASE("multi_worker: workers whose collective plans differ get a config_error naming the field, not a hang") {

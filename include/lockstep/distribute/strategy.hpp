@@ -352,7 +352,9 @@ public:
   }
 
   /// Every worker arrives (nothing to wait for in a local world). Collective.
+  /// @throws config_error when a failure has left the strategy unusable (as train_step does).
   void barrier() {
+    world_.check_usable();
     world_.guarded([&] { world_.barrier(); }, [this] { abort_all(this); });
   }
 
