@@ -143,8 +143,9 @@ TEST_CASE("host: ncclCommRevoke is used only when the NCCL loaded at run time ha
   // The version that decides is the loaded library's, not the headers' NCCL_VERSION_CODE.
   CHECK((ls::detail::nccl_revoke_function() != nullptr) == (loaded >= 22800));
   std::vector<ncclComm_t> none(3, nullptr);
-  CHECK_FALSE(ls::detail::nccl_revoke_all(none, nullptr));
-  ls::detail::nccl_abort_all(none);  // null communicators are skipped
+  ls::detail::nccl_stop_all(none, nullptr);  // null communicators are skipped
+  ls::detail::nccl_stop_all(none, ls::detail::nccl_revoke_function(22800));
+  ls::detail::nccl_abort_all(none);
   CHECK(ls::detail::nccl_finalize_destroy(none, 10ms));
 }
 

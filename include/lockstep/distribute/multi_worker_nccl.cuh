@@ -260,10 +260,10 @@ private:
   void pause(std::size_t r, std::size_t bucket, std::chrono::steady_clock::time_point start, std::uint32_t polls,
              const char* what) {
     const auto now = std::chrono::steady_clock::now();
-    if (now - start > timeout_) {
+    if (const auto limit = detail::nccl_limit(bucket, timeout_); now - start > limit) {
       abort();
       throw timeout_error("lockstep: collective timed out: rank " + std::to_string(rank_) + " (" + where(r) + ") waited " +
-                          std::to_string(timeout_.count()) + " ms for " + what + " in " + bucket_text(bucket) +
+                          std::to_string(limit.count()) + " ms for " + what + " in " + bucket_text(bucket) +
                           "; another worker did not arrive at it or failed (raise strategy_options::timeout if a step "
                           "legitimately takes longer)");
     }

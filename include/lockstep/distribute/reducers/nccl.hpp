@@ -178,8 +178,8 @@ public:
   /// Releases the replicas and stops the communicators' in-flight work, so no GPU waits for a
   /// failed peer; callable from any thread. The communicators are non-blocking, so no replica
   /// stays inside an NCCL call: abort takes them exclusively (waiting at most the timeout) and
-  /// revokes them when the NCCL loaded at run time has ncclCommRevoke (2.28 or newer; they are
-  /// aborted in reset()), else aborts them at once.
+  /// revokes the ready ones when the NCCL loaded at run time has ncclCommRevoke (2.28 or newer;
+  /// they are aborted in reset()), and aborts the others at once (detail::nccl_stop_all).
   void abort() noexcept {
     rv_.abort();
     {
@@ -191,7 +191,7 @@ public:
     std::lock_guard<std::mutex> lock(m_);
     if (stopped_) return;  // another replica's abort got here first
     stopped_ = true;
-    if (!detail::nccl_revoke_all(comms_, revoke_)) detail::nccl_abort_all(comms_);
+    detail::nccl_stop_all(comms_, revoke_);
   }
   /// Ready again after a failure (no replica may be inside): the communicators are aborted and
   /// made again on next use.
@@ -275,10 +275,10 @@ private:
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) fail(r, id, what, state);
       const auto waited = std::chrono::steady_clock::now() - start;
-      if (waited > timeout_) {
+      if (const auto limit = detail::nccl_limit(id, timeout_); waited > limit) {
         abort();
         throw timeout_error("lockstep: collective timed out: replica " + std::to_string(r) + " (CUDA device " +
-                            std::to_string(devices_[r]) + ") waited " + std::to_string(timeout_.count()) + " ms for " +
+                            std::to_string(devices_[r]) + ") waited " + std::to_string(limit.count()) + " ms for " +
                             what + " in " + collective_ids::name(id) +
                             " (raise strategy_options::timeout if a step legitimately takes longer)");
       }

@@ -9,7 +9,9 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <source_location>
 #include <string>
@@ -19,6 +21,7 @@
 
 #include <lockstep/backend/cuda/error.hpp>
 #include <lockstep/core/error.hpp>
+#include <lockstep/distribute/collective_ids.hpp>
 
 namespace lockstep::detail {
 
@@ -70,14 +73,34 @@ inline void nccl_abort_all(std::vector<ncclComm_t>& comms) noexcept {
     }
 }
 
-/// Revokes every communicator of `comms` (stops their in-flight work; the handles stay valid and
-/// are aborted later) with `revoke` from nccl_revoke_function; returns false, revoking nothing,
-/// when `revoke` is null. No thread may be inside an NCCL call on any of them.
-inline bool nccl_revoke_all(const std::vector<ncclComm_t>& comms, nccl_revoke_fn revoke) noexcept {
-  if (!revoke) return false;
-  for (ncclComm_t c : comms)
-    if (c) (void)revoke(c, 0);  // revokeFlags: NCCL_REVOKE_DEFAULT
-  return true;
+/// Stops every communicator of `comms` after a failure: revokes, with `revoke` from
+/// nccl_revoke_function, each one that is ready (its in-flight work stops; the handle stays valid
+/// and is aborted later), and aborts and nulls the others: all of them when `revoke` is null, and
+/// any still being set up or holding an error (only an abort stops a non-blocking set-up). Null
+/// entries are skipped. No thread may be inside an NCCL call on any of them.
+inline void nccl_stop_all(std::vector<ncclComm_t>& comms, nccl_revoke_fn revoke) noexcept {
+  for (auto& c : comms) {
+    if (!c) continue;
+    ncclResult_t state = ncclInProgress;
+    if (revoke && ncclCommGetAsyncError(c, &state) == ncclSuccess && state == ncclSuccess) {
+      (void)revoke(c, 0);  // revokeFlags: NCCL_REVOKE_DEFAULT
+    } else {
+      (void)ncclCommAbort(c);
+      c = nullptr;
+    }
+  }
+}
+
+/// The least time NCCL's set-up of a communicator and a broadcast (the first collective, where
+/// NCCL connects the peers) may take, whatever strategy_options::timeout says: set-up
+/// legitimately takes seconds, a step's collective far less.
+inline constexpr std::chrono::milliseconds nccl_setup_timeout{60'000};
+
+/// How long an NCCL call of collective `id` may take before the reducer gives up: `timeout`, and
+/// at least nccl_setup_timeout for the set-up and broadcasts.
+inline std::chrono::milliseconds nccl_limit(std::size_t id, std::chrono::milliseconds timeout) noexcept {
+  return id == collective_ids::setup || id == collective_ids::broadcast ? std::max(timeout, nccl_setup_timeout)
+                                                                        : timeout;
 }
 
 /// Tears down the healthy communicators of `comms` (null entries are skipped) and nulls them:
