@@ -222,10 +222,17 @@ TEST_CASE("multigpu: NCCL: an abort from another thread while replicas are insid
     ctx[r].activate();
     data.push_back(to_device(ctx[r], std::vector<float>(1u << 18, 1.0f)));
   }
+  // Rounds 0-4 abort while the communicators are made (each round makes them again after
+  // reset()); rounds 5-19 once a first bucket was summed, so the abort lands among the buckets.
   for (int round = 0; round < 20; ++round) {
     CAPTURE(round);
+    std::atomic<bool> summed{false};
     std::thread aborter([&] {
-      std::this_thread::sleep_for(std::chrono::microseconds(500 * round));
+      if (round >= 5) {
+        const auto give_up = std::chrono::steady_clock::now() + test_timeout(20'000);
+        while (!summed.load() && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(round >= 5 ? 100 * (round - 5) : 500 * round));
       red.abort();
     });
     try {
@@ -234,6 +241,7 @@ TEST_CASE("multigpu: NCCL: an abort from another thread while replicas are insid
         for (std::size_t b = 0; b < 50; ++b) {
           red.start(r, ctx[r], data[r].data(), data[r].size(), b % 8);
           red.wait(r, ctx[r], b % 8);
+          summed.store(true);
         }
       });
     } catch (const ls::detail::collective_aborted&) {
