@@ -668,3 +668,71 @@ TEST_CASE("gpu: [no_host_wait] defer_readback under mixed<fp16>'s dynamic loss s
   CHECK_THROWS_WITH_AS((void)ls::train_step(s, m, ls::sgd{.lr = 0.01f}, ls::softmax_cross_entropy{}, distribute(make_batch(0), 1)),
                        doctest::Contains("loss scale"), ls::config_error);
 }
+
+namespace {
+// The spans of `thread` named `name` in `rec`.
+std::vector<ls::trace_event> spans_named(const ls::trace_recorder& rec, std::size_t thread, const std::string& name) {
+  std::vector<ls::trace_event> out;
+  for (const auto& e : rec.events(thread))
+    if (name == e.name) out.push_back(e);
+  return out;
+}
+
+// Trains 4 steps of net on s, recording steps 1 and 2 on `rec` when given; the parameters.
+template <class S>
+std::vector<float> train_traced(S& s, ls::trace_recorder* rec) {
+  auto m = s.template replicate<net>(ls::seed{7});
+  s.set_trace(rec);
+  for (std::size_t k = 0; k < 4; ++k) {
+    if (rec) rec->begin_step(m.step());
+    (void)ls::train_step(s, m, ls::adam{.lr = 0.01f}, ls::softmax_cross_entropy{}, distribute(make_batch(k), s.num_replicas()));
+  }
+  s.set_trace(nullptr);
+  return m.parameters_to_host();
+}
+
+template <class S>
+void check_device_spans(const char* name) {
+  const std::string label(name);
+  CAPTURE(label);
+  S s{ls::strategy_options{.bucket_bytes = 1024}};
+  const std::size_t n = s.num_replicas();
+  ls::trace_recorder rec(n + 1, {.steps = {1, 3}});
+  const std::int64_t before = rec.now();
+  const std::vector<float> traced = train_traced(s, &rec);
+  const std::int64_t after = rec.now();
+  CHECK(rec.dropped() == 0);
+  for (std::size_t r = 0; r < n; ++r) {
+    CAPTURE(r);
+    const auto fwd = spans_named(rec, r, "forward"), bwd = spans_named(rec, r, "backward");
+    // The same layers' spans in each of the 2 recorded steps.
+    REQUIRE(!fwd.empty());
+    CHECK(fwd.size() % 2 == 0);
+    CHECK(bwd.size() == fwd.size());
+    CHECK(spans_named(rec, r, "update").size() == 2);
+    // On the recorder's clock, well formed, and in stream order: step 1's forward spans end
+    // before its backward spans start (1 us of slack for the events' float milliseconds).
+    for (const auto& e : rec.events(r)) {
+      CHECK(e.duration_ns >= 0);
+      CHECK(e.start_ns >= before);
+      CHECK(e.start_ns + e.duration_ns <= after);
+    }
+    const std::size_t half = fwd.size() / 2;
+    std::int64_t forward_end = 0, backward_start = bwd[0].start_ns;
+    for (std::size_t i = 0; i < half; ++i) {
+      forward_end = std::max(forward_end, fwd[i].start_ns + fwd[i].duration_ns);
+      backward_start = std::min(backward_start, bwd[i].start_ns);
+    }
+    CHECK(forward_end <= backward_start + 1000);
+  }
+  // Tracing changes no bit of the training.
+  S plain{ls::strategy_options{.bucket_bytes = 1024}};
+  CHECK(train_traced(plain, nullptr) == traced);
+}
+}  // namespace
+
+TEST_CASE("gpu: a traced step records each replica's device spans on the recorder's clock, in stream order, changing no bit") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  check_device_spans<ls::one_device<ls::gpu<0>>>("one_device<gpu<0>>");
+  check_device_spans<ls::mirrored<ls::gpu<0>, ls::gpu<0>>>("mirrored<gpu<0> x 2>, same-device reducer");
+}

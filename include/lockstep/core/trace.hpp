@@ -213,8 +213,10 @@ template <class Ctx>
 class work_span {
 public:
   /// Starts a span of `thread` (a replica) on `recorder` (which may be null) for work on `ctx`.
+  /// @throws what the context's trace_open throws (a device_error from CUDA), reported by the
+  ///         step like any other failure of the replica.
   work_span(Ctx& ctx, trace_recorder* recorder, std::size_t thread, const char* name, const char* category,
-            const char* arg_name = nullptr, std::int64_t arg = 0) noexcept
+            const char* arg_name = nullptr, std::int64_t arg = 0)
       : host_(device_timed ? nullptr : recorder, thread, name, category, arg_name, arg) {
     if constexpr (device_timed)
       if (recorder != nullptr && recorder->active()) {
