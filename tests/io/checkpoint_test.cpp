@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <span>
 #include <string>
@@ -359,6 +360,16 @@ TEST_CASE("checkpoint: a checkpoint of another model is refused") {
     CHECK(msg.find("m.lsck") != std::string::npos);
     CHECK(msg.find("section 'model'") != std::string::npos);
     CHECK(msg.find("signature") != std::string::npos);
+    // the offset named is where the file holds the signature
+    const auto at = msg.find("at offset ");
+    REQUIRE(at != std::string::npos);
+    const std::size_t offset = std::stoull(msg.substr(at + 10));
+    std::ifstream in(dir / "m.lsck", std::ios::binary);
+    const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    REQUIRE(offset + 8 <= bytes.size());
+    std::uint64_t stored = 0;
+    for (int b = 7; b >= 0; --b) stored = stored << 8 | static_cast<unsigned char>(bytes[offset + static_cast<std::size_t>(b)]);
+    CHECK(stored == ls::model_signature<small_net>());
   }
   fs::remove_all(dir);
 }

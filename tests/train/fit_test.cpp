@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -178,4 +179,53 @@ TEST_CASE("fit: resume needs a checkpoint directory") {
   auto m = s.replicate<net>(ls::seed{5});
   CHECK_THROWS_AS(ls::fit(s, m, ls::adam{}, ls::softmax_cross_entropy{}, pipeline(20, 5), {.resume = true}),
                   ls::config_error);
+}
+
+TEST_CASE("fit: early stopping raises config_error for a metric the epochs do not measure, and stops on a diverged one") {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  auto m = s.replicate<net>(ls::seed{5});
+  // val_loss (the default) without validation data: at the first epoch's end, naming both
+  try {
+    (void)ls::fit(s, m, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{}, pipeline(30, 10),
+                  {.epochs = 5, .callbacks = {ls::early_stopping()}, .quiet = true});
+    FAIL("early stopping on a metric that is never measured");
+  } catch (const ls::config_error& e) {
+    const std::string msg = e.what();
+    CAPTURE(msg);
+    CHECK(msg.find("monitors val_loss, but epoch 0 had no validation") != std::string::npos);
+    CHECK(msg.find("fit_options::validation") != std::string::npos);
+  }
+  CHECK(m.step() == 3);  // one epoch ran
+  // each metric, NaN because it was not measured or because training diverged
+  const auto nan = std::numeric_limits<double>::quiet_NaN();
+  struct row {
+    ls::monitored metric;
+    ls::epoch_stats st;
+    bool raises;
+  };
+  ls::epoch_stats unmeasured;  // every metric NaN, no validation samples
+  ls::epoch_stats diverged;
+  diverged.train_loss = nan;
+  diverged.val_loss = nan;
+  diverged.val_samples = 10;
+  ls::epoch_stats no_val_labels = diverged;  // validation ran but counted no hits
+  no_val_labels.val_accuracy = nan;
+  for (const row& r : {row{ls::monitored::val_loss, unmeasured, true}, row{ls::monitored::val_accuracy, unmeasured, true},
+                       row{ls::monitored::train_accuracy, unmeasured, true},
+                       row{ls::monitored::val_accuracy, no_val_labels, true},
+                       row{ls::monitored::train_loss, unmeasured, false}, row{ls::monitored::train_loss, diverged, false},
+                       row{ls::monitored::val_loss, diverged, false}}) {
+    CAPTURE(static_cast<int>(r.metric));
+    CAPTURE(r.raises);
+    auto c = ls::early_stopping({.monitor = r.metric, .patience = 2});
+    ls::training_control ctl;
+    if (r.raises) {
+      CHECK_THROWS_AS(c.epoch_end(r.st, ctl), ls::config_error);
+      continue;
+    }
+    c.epoch_end(r.st, ctl);  // a NaN loss is no improvement: stops after `patience` epochs
+    CHECK_FALSE(ctl.stop);
+    c.epoch_end(r.st, ctl);
+    CHECK(ctl.stop);
+  }
 }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <span>
 #include <string>
@@ -104,7 +105,7 @@ TEST_CASE("resume: a checkpoint of another kind of optimiser is refused, naming 
     CHECK(msg.find("section 'optimizer'") != std::string::npos);
     CHECK(msg.find("lockstep::adam or lockstep::adamw") != std::string::npos);
     CHECK(msg.find("lockstep::sgd with momentum 0.9 keeps") != std::string::npos);
-    CHECK(msg.find("(use another checkpoint_dir, or drop resume)") != std::string::npos);  // and what to do
+    CHECK(msg.find("(resume with the model, seed and optimiser that wrote it, or use another checkpoint_dir)") != std::string::npos);  // and what to do
   }
   CHECK(m.step() == 0);  // nothing was loaded
   fs::remove_all(dir);
@@ -128,7 +129,7 @@ TEST_CASE("resume: an AdamW checkpoint resumed with Adam (the same state size) i
     CHECK(msg.find("section 'optimizer'") != std::string::npos);
     CHECK(msg.find("written by lockstep::adamw;") != std::string::npos);
     CHECK(msg.find("this run's optimizer lockstep::adam keeps as much state") != std::string::npos);
-    CHECK(msg.find("(use another checkpoint_dir, or drop resume)") != std::string::npos);
+    CHECK(msg.find("(resume with the model, seed and optimiser that wrote it, or use another checkpoint_dir)") != std::string::npos);
   }
   CHECK(m.step() == 0);  // nothing was loaded
   fs::remove_all(dir);
@@ -248,7 +249,7 @@ TEST_CASE("resume: early stopping stops an interrupted run at the same epoch as 
       CHECK(resumed.epoch_ends == straight.epoch_ends);
       REQUIRE(!resumed.h.epochs.empty());
       const std::uint64_t from = resumed.h.epochs.front().epoch;
-      CHECK(from == (cut - 1) / steps_per_epoch);  // the epoch of the last update before the cut
+      CHECK(from == cut / steps_per_epoch);  // the epoch the cut fell in (one it ended is whole: the next)
       REQUIRE(from + resumed.h.epochs.size() == epochs_run);
       for (std::size_t i = 0; i < resumed.h.epochs.size(); ++i) {
         CAPTURE(i);
@@ -384,4 +385,151 @@ TEST_CASE("resume: fit says where a run starts, and its epoch count honours max_
   CHECK(plain.find("resuming from") == std::string::npos);
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(plain_dir);
+}
+
+TEST_CASE("resume: a fresh run refuses a checkpoint_dir holding checkpoints, and the manager a save below them") {
+  const auto dir = temp_dir("fresh_in_used");
+  (void)train_to<two>(4, dir);  // keeps steps 3 and 4
+  ls::checkpoint_manager mgr(dir, 2);
+  const auto before = mgr.list();
+  REQUIRE(before.size() == 2);
+  // a fresh run there would delete its own checkpoints (lower steps) and a resume would continue the other run
+  try {
+    (void)train_to<two>(2, dir);
+    FAIL("a fresh run started among another run's checkpoints");
+  } catch (const ls::config_error& e) {
+    const std::string msg = e.what();
+    CAPTURE(msg);
+    CHECK(msg.find("checkpoint_dir " + dir.string() + " already holds checkpoints") != std::string::npos);
+    CHECK(msg.find("ckpt-000000000004.lsck") != std::string::npos);
+    CHECK(msg.find("fit_options::resume") != std::string::npos);
+  }
+  CHECK(mgr.list() == before);
+  // the manager refuses a step below the newest; the same step and later ones are saved
+  const auto file = ls::io::load_checkpoint_file(before.back());
+  for (const std::uint64_t step : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{3}}) {
+    CAPTURE(step);
+    try {
+      (void)mgr.save(file, step);
+      FAIL("saved below the newest checkpoint");
+    } catch (const ls::checkpoint_error& e) {
+      const std::string msg = e.what();
+      CAPTURE(msg);
+      CHECK(msg.find("holds ckpt-000000000004.lsck, of a later step than " + std::to_string(step)) != std::string::npos);
+    }
+    CHECK(mgr.list() == before);
+  }
+  CHECK(mgr.save(file, 4) == before.back());
+  CHECK(mgr.save(file, 9) == mgr.path_for(9));
+  CHECK(mgr.list() == std::vector<fs::path>{before.back(), mgr.path_for(9)});
+  fs::remove_all(dir);
+}
+
+TEST_CASE("resume: bad options are refused before a resume changes the model or the callbacks") {
+  const auto dir = temp_dir("opts_first");
+  (void)stopping_to(4, dir);  // callbacks: early stopping, epoch counter
+  const auto run = [&](const ls::fit_options& bad) {
+    two s;
+    auto m = s.replicate<net>(ls::seed{21});
+    const auto before = params_of(m);
+    auto n = std::make_shared<double>(77);
+    ls::fit_options o = bad;
+    o.callbacks = {ls::early_stopping(), epoch_counter(n)};
+    o.quiet = true;
+    o.checkpoint_dir = dir.string();
+    o.resume = true;
+    CHECK_THROWS_AS(ls::fit(s, m, ls::adamw{.lr = 2e-2f, .weight_decay = 0.01f}, ls::softmax_cross_entropy{},
+                            pipeline(samples, batch), o),
+                    ls::config_error);
+    CHECK(params_of(m) == before);
+    CHECK(m.step() == 0);
+    CHECK(*n == 77);  // the counter's state was not loaded
+  };
+  run({.accumulate = 0});
+  run({.top_k = 0});
+  run({.validate_with_ema = true});
+  run({.clip_global_norm = -1});
+  fs::remove_all(dir);
+}
+
+TEST_CASE("resume: a callback refusing its state gives the callbacks before it their own states back") {
+  const auto dir = temp_dir("cb_rollback");
+  (void)stopping_to(4, dir);  // states: early stopping's two values, the counter's one
+  two s;
+  auto m = s.replicate<net>(ls::seed{21});
+  const auto before = params_of(m);
+  auto kept = std::make_shared<std::vector<double>>(std::vector<double>{5, 6, 7});
+  ls::callback first;  // takes any state
+  first.save_state = [kept] { return *kept; };
+  first.load_state = [kept](std::span<const double> v) { kept->assign(v.begin(), v.end()); };
+  ls::callback second;  // refuses every state
+  second.save_state = [] { return std::vector<double>{}; };
+  second.load_state = [](std::span<const double>) { throw ls::checkpoint_error("second: not mine"); };
+  try {
+    (void)ls::fit(s, m, ls::adamw{.lr = 2e-2f, .weight_decay = 0.01f}, ls::softmax_cross_entropy{},
+                  pipeline(samples, batch),
+                  {.callbacks = {first, second}, .quiet = true, .checkpoint_dir = dir.string(), .resume = true});
+    FAIL("no exception");
+  } catch (const ls::checkpoint_error& e) {
+    const std::string msg = e.what();
+    CAPTURE(msg);
+    CHECK(msg.find("callback 1: second: not mine") != std::string::npos);
+  }
+  CHECK(*kept == std::vector<double>{5, 6, 7});
+  CHECK(params_of(m) == before);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("resume: an epoch max_steps cuts short reaches the history only; the resumed run reports it once, whole") {
+  const auto dir = temp_dir("cut_short");
+  const auto metrics = dir / "metrics.jsonl";
+  const auto train = [&](std::uint64_t steps, bool resume, std::shared_ptr<double> n) {
+    two s;
+    auto m = s.replicate<net>(ls::seed{21});
+    return ls::fit(s, m, optimizer, ls::softmax_cross_entropy{}, pipeline(samples, batch),
+                   {.epochs = 1000,
+                    .validation = eval_pipeline(30, 10),
+                    .callbacks = {epoch_counter(std::move(n))},
+                    .quiet = true,
+                    .metrics_file = metrics.string(),
+                    .checkpoint_dir = (dir / "ck").string(),
+                    .resume = resume,
+                    .max_steps = steps});
+  };
+  const auto lines = [&] {
+    std::ifstream in(metrics);
+    std::vector<std::string> out;
+    for (std::string l; std::getline(in, l);) out.push_back(l);
+    return out;
+  };
+  auto n = std::make_shared<double>(0);
+  const auto first = train(4, false, n);  // 6 steps an epoch: cut in epoch 0
+  REQUIRE(first.epochs.size() == 1);
+  CHECK(first.epochs[0].cut_short);
+  CHECK(first.epochs[0].steps == 4);
+  CHECK(first.epochs[0].val_samples == 30);  // validated all the same
+  CHECK(*n == 0);                             // no callback saw it
+  CHECK(lines().empty());                     // nor the metrics file
+  CHECK_FALSE(first.stopped_early);
+  // to the end of epoch 1 exactly: both epochs whole, once each
+  auto n2 = std::make_shared<double>(0);
+  const auto second = train(12, true, n2);
+  REQUIRE(second.epochs.size() == 2);
+  CHECK_FALSE(second.epochs[0].cut_short);
+  CHECK_FALSE(second.epochs[1].cut_short);
+  CHECK(second.epochs[0].steps == 6);
+  CHECK(*n2 == 2);
+  auto rows = lines();
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].rfind("{\"epoch\":0,", 0) == 0);
+  CHECK(rows[1].rfind("{\"epoch\":1,", 0) == 0);
+  // a budget ending at an epoch's end leaves nothing to finish: the next run starts at epoch 2
+  auto n3 = std::make_shared<double>(0);
+  const auto third = train(13, true, n3);
+  REQUIRE(third.epochs.size() == 1);
+  CHECK(third.epochs[0].epoch == 2);
+  CHECK(third.epochs[0].cut_short);
+  CHECK(*n3 == 2);  // the counter's state, and no call for the cut epoch
+  CHECK(lines().size() == 2);
+  fs::remove_all(dir);
 }

@@ -47,6 +47,7 @@ using network_of = typename std::remove_cvref_t<decltype(std::declval<Replicated
 /// What a checkpoint holds of a replicated model.
 struct model_state {
   std::uint64_t signature = 0;          ///< model_signature<Net>() of the model that wrote it
+  std::size_t signature_offset = 0;     ///< file offset of the signature (section MODL's payload; 0: not read from a file)
   std::string model_name;               ///< the network's type name (diagnostics only)
   std::vector<float> parameters;        ///< the flat parameter buffer, then the non-trainable state
   std::vector<float> optimizer_state;   ///< the flat optimiser state (empty before the first update)
@@ -162,6 +163,7 @@ inline void write_model_state(io::checkpoint_file& f, const model_state& s) {
   const auto& ms = f.get(io::tags::model, "model");
   f.check_version(ms, "model", 1, 2);
   io::reader m = f.read(ms, "model");
+  s.signature_offset = ms.offset;
   s.signature = m.get<std::uint64_t>("the model signature");
   const auto declared = m.get<std::uint64_t>("the parameter count");
   s.model_name = m.get_string("the model name");
@@ -239,8 +241,9 @@ inline void write_model_state(io::checkpoint_file& f, const model_state& s) {
 inline void check_signature(const model_state& s, std::uint64_t expected, const std::string& source,
                             const std::string& expected_name = {}) {
   if (s.signature != expected)
-    throw checkpoint_error("lockstep::checkpoint: " + source + ": section 'model' at offset " +
-                           std::to_string(io::detail::header_size + 12) + ": model signature " +
+    throw checkpoint_error("lockstep::checkpoint: " + source + ": section 'model'" +
+                           (s.signature_offset ? " at offset " + std::to_string(s.signature_offset) : std::string()) +
+                           ": model signature " +
                            io::detail::hex64(s.signature) + " (" + s.model_name + ", " +
                            std::to_string(s.parameters.size()) + " parameters) does not match this model's " +
                            io::detail::hex64(expected) + (expected_name.empty() ? std::string() : " (" + expected_name + ")"));

@@ -351,8 +351,15 @@ public:
 
   /// Writes `f` atomically as path_for(step), then deletes all but the newest `keep`
   /// checkpoints and any temporaries left by an interrupted save. Returns the path written.
+  /// @throws checkpoint_error when the directory holds a checkpoint of a later step (another
+  ///         run's): keeping the newest would delete this one, and latest() would not return it.
   std::filesystem::path save(const checkpoint_file& f, std::uint64_t step) {
     const auto path = path_for(step);
+    if (const auto newest = latest(); newest && newest->filename() > path.filename())
+      throw checkpoint_error("lockstep::checkpoint: " + dir_.string() + " holds " + newest->filename().string() +
+                             ", of a later step than " + std::to_string(step) +
+                             " (another run's): saving would delete this checkpoint to keep the later ones; save "
+                             "into an empty directory, or remove the later checkpoints");
     save_checkpoint_file(path, f);
     auto all = list();
     std::error_code ec;

@@ -40,6 +40,11 @@ struct epoch_stats {
   /// Mean over the epoch's updates of the clip factor (1: nothing clipped; NaN as grad_norm).
   double clip_factor = std::numeric_limits<double>::quiet_NaN();
   std::uint64_t skipped_updates = 0;    ///< updates of the epoch the non-finite guard skipped
+  /// True when fit_options::max_steps ended training with batches of this epoch left: the
+  /// statistics cover the updates run. fit puts such an epoch in the history and on the progress
+  /// line but gives it to no callback and no metrics file: a run resumed from its checkpoint
+  /// completes the epoch and reports it once, whole.
+  bool cut_short = false;
 };
 
 /// Everything fit reports: one entry per epoch run.
@@ -177,8 +182,29 @@ struct early_stopping_options {
   double min_delta = 0;                    ///< smallest change that counts as an improvement
 };
 
+namespace detail {
+/// Throws config_error when metric `m` is NaN in `s` because the epoch did not measure it (no
+/// validation data; no labelled rows, for an accuracy), rather than because training diverged.
+inline void check_monitored(monitored m, const epoch_stats& s) {
+  const bool validation = m == monitored::val_loss || m == monitored::val_accuracy;
+  const char* name = m == monitored::val_loss         ? "val_loss"
+                     : m == monitored::val_accuracy   ? "val_accuracy"
+                     : m == monitored::train_loss     ? "train_loss"
+                                                      : "train_accuracy";
+  const std::string where = "lockstep::early_stopping: it monitors " + std::string(name) + ", but epoch " +
+                            std::to_string(s.epoch) + " ";
+  if (validation && s.val_samples == 0)
+    throw config_error(where + "had no validation (give fit_options::validation, or monitor train_loss)");
+  if (m == monitored::val_accuracy || m == monitored::train_accuracy)
+    throw config_error(where + "measured no accuracy (the loss counts no hits: a loss without labels, or replicas "
+                               "whose outputs are not on the host); monitor a loss instead");
+}
+}  // namespace detail
+
 /// A callback that stops training when the monitored metric has not improved by more than
-/// min_delta for `patience` epochs in a row. A NaN metric never counts as an improvement. Its
+/// min_delta for `patience` epochs in a row. A NaN metric never counts as an improvement (a
+/// diverged loss); a metric the epoch did not measure (a validation metric without validation
+/// data, an accuracy without labels) raises config_error at the first epoch's end. Its
 /// state (best value, epochs without improvement) is saved in checkpoints, so a resumed run
 /// stops at the same epoch as an uninterrupted one.
 inline callback early_stopping(early_stopping_options o = {}) {
@@ -197,6 +223,7 @@ inline callback early_stopping(early_stopping_options o = {}) {
       case monitored::train_loss: v = s.train_loss; break;
       case monitored::train_accuracy: v = s.train_accuracy; maximise = true; break;
     }
+    if (std::isnan(v)) detail::check_monitored(o.monitor, s);
     const bool improved =
         !std::isnan(v) && (std::isnan(st->best) || (maximise ? v > st->best + o.min_delta : v < st->best - o.min_delta));
     if (improved) {

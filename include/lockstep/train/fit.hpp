@@ -405,7 +405,28 @@ predictions predict(Strategy& s, Replicated& m, const Source& data) {
 
 namespace detail {
 
-/// Hands each callback its state from checkpoint `st` (read from `source`), in order.
+/// The states of `callbacks` (save_state's values; empty for a callback without one), to put
+/// back with reload_callbacks.
+inline std::vector<std::vector<double>> callback_states(const std::vector<callback>& callbacks) {
+  std::vector<std::vector<double>> out;
+  out.reserve(callbacks.size());
+  for (const auto& c : callbacks) out.push_back(c.save_state ? c.save_state() : std::vector<double>{});
+  return out;
+}
+
+/// Puts back the states `saved` (callback_states) of the first `n` callbacks that can save and
+/// load theirs (after a resume that failed part-way; a callback refusing its own state is left).
+inline void reload_callbacks(const std::vector<callback>& callbacks, const std::vector<std::vector<double>>& saved,
+                             std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n && i < callbacks.size() && i < saved.size(); ++i)
+    if (callbacks[i].save_state && callbacks[i].load_state) try {
+        callbacks[i].load_state(std::span<const double>(saved[i].data(), saved[i].size()));
+      } catch (...) {
+      }
+}
+
+/// Hands each callback its state from checkpoint `st` (read from `source`), in order; when one
+/// refuses its state, those before it get their own states back.
 /// @throws checkpoint_error when the number of states differs from the number of callbacks, or a
 ///         state does not fit its callback.
 inline void restore_callbacks(const std::vector<callback>& callbacks, const checkpoint_state& st,
@@ -415,19 +436,22 @@ inline void restore_callbacks(const std::vector<callback>& callbacks, const chec
     throw checkpoint_error(where + "the checkpoint holds the state of " + std::to_string(st.callback_states.size()) +
                            " callbacks, but fit was given " + std::to_string(callbacks.size()) +
                            " callbacks; resume with the same callbacks in the same order");
+  for (std::size_t i = 0; i < callbacks.size(); ++i)
+    if (!callbacks[i].load_state && !st.callback_states[i].empty())
+      throw checkpoint_error(where + "callback " + std::to_string(i) + " has no load_state, but the checkpoint holds " +
+                             std::to_string(st.callback_states[i].size()) + " values of state for it");
+  const auto before = callback_states(callbacks);
   for (std::size_t i = 0; i < callbacks.size(); ++i) {
     const auto& saved = st.callback_states[i];
-    const auto& c = callbacks[i];
-    if (!c.load_state) {
-      if (!saved.empty())
-        throw checkpoint_error(where + "callback " + std::to_string(i) + " has no load_state, but the checkpoint holds " +
-                               std::to_string(saved.size()) + " values of state for it");
-      continue;
-    }
+    if (!callbacks[i].load_state) continue;
     try {
-      c.load_state(std::span<const double>(saved.data(), saved.size()));
+      callbacks[i].load_state(std::span<const double>(saved.data(), saved.size()));
     } catch (const checkpoint_error& e) {
+      reload_callbacks(callbacks, before, i);
       throw checkpoint_error(where + "callback " + std::to_string(i) + ": " + e.what());
+    } catch (...) {
+      reload_callbacks(callbacks, before, i);
+      throw;
     }
   }
 }
@@ -496,10 +520,17 @@ public:
     ctl.past = &h;
     ctl.base_lr = base_lr;
     lr = base_lr;
-    if (!o.checkpoint_dir.empty())
+    if (!o.checkpoint_dir.empty()) {
       ckpt_.emplace(o.checkpoint_dir, o.keep_checkpoints);
-    else if (o.resume || o.checkpoint_every)
+      // A fresh run among another run's checkpoints would lose its own to their higher steps.
+      if (const auto other = o.resume ? std::optional<std::filesystem::path>() : ckpt_->latest())
+        throw config_error("lockstep::fit: checkpoint_dir " + o.checkpoint_dir + " already holds checkpoints (the newest " +
+                           other->filename().string() + "): a fresh run there would delete its own checkpoints to keep "
+                           "the later steps, and a resume would continue the other run; resume from them "
+                           "(fit_options::resume), or give an empty or new checkpoint_dir");
+    } else if (o.resume || o.checkpoint_every) {
       throw config_error("lockstep::fit: resume and checkpoint_every need checkpoint_dir");
+    }
   }
 
   /// The newest checkpoint to resume from, with its path (none unless resuming and one exists).
@@ -628,12 +659,13 @@ public:
     labelled_ += r.labelled;
   }
 
-  /// Ends the steps of epoch e: checks the resume position, and checkpoints an epoch cut short
-  /// (before its end hooks run: the resumed run finishes the epoch and runs them once). Returns
-  /// the epoch's statistics so far, and whether it finished.
+  /// Ends the steps of epoch e (`left`: training stopped with batches of it left): checks the
+  /// resume position, and checkpoints an epoch cut short (before its end hooks run: the resumed
+  /// run finishes the epoch and runs them once). Returns the epoch's statistics so far, and
+  /// whether it finished.
   template <class Save>
-  std::pair<epoch_stats, bool> end_steps(std::uint64_t e, std::uint64_t model_step, const Save& save) {
-    const bool finished = !ctl.stop && !limit_reached(model_step);
+  std::pair<epoch_stats, bool> end_steps(std::uint64_t e, std::uint64_t model_step, const Save& save, bool left) {
+    const bool finished = !ctl.stop && (!left || !limit_reached(model_step));
     if (finished && batches < to_skip)
       throw checkpoint_error("lockstep::fit: the checkpoint says " + std::to_string(to_skip) + " batches of epoch " +
                              std::to_string(e) + " were consumed, but the epoch has only " + std::to_string(batches));
@@ -657,18 +689,22 @@ public:
       st.clip_factor = clip_sum_ / static_cast<double>(norm_updates_);
     }
     st.skipped_updates = skipped_;
+    st.cut_short = !finished && !ctl.stop;
     return {st, finished};
   }
 
-  /// Ends epoch e (validation already in `st`): callbacks, progress, metrics, the epoch-end checkpoint.
+  /// Ends epoch e (validation already in `st`): callbacks, progress, metrics, the epoch-end
+  /// checkpoint. An epoch max_steps cut short goes to the history and the progress display only:
+  /// callbacks and the metrics file see each epoch once, whole (a resumed run completes it).
   template <class Save>
   void end_epoch(epoch_stats st, bool finished, const Save& save) {
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     h.epochs.push_back(st);
-    for (const auto& c : o_.callbacks)
-      if (c.epoch_end) c.epoch_end(h.epochs.back(), ctl);
+    if (!st.cut_short)
+      for (const auto& c : o_.callbacks)
+        if (c.epoch_end) c.epoch_end(h.epochs.back(), ctl);
     bar_->end_epoch(st);
-    if (mlog_) mlog_->write(st);
+    if (mlog_ && !st.cut_short) mlog_->write(st);
     if (ckpt_ && finished) save(st.epoch + 1, 0);
     if (ctl.stop && st.epoch + 1 < o_.epochs) h.stopped_early = true;
   }
@@ -763,17 +799,19 @@ std::uint64_t model_seed(const M& m, const fit_options& o) {
     return o.seed;
 }
 
-/// Checks that checkpoint `st` read from `source` was written by this model, seed and kind of optimiser.
+/// Checks that checkpoint `st` read from `source` was written by this model, seed (model_seed(m,
+/// o)) and kind of optimiser.
 template <class Replicated, class Optimizer>
 void check_resumable(const Replicated& m, const Optimizer& optimizer, const checkpoint_state& st,
-                     const std::string& source) {
+                     const std::string& source, const fit_options& o) {
   using net = network_of<Replicated>;
   check_signature(st, model_signature<net>(), source, model_name<net>());
-  if constexpr (requires { m.seed().value; })
-    if (st.seed != m.seed().value)
-      throw checkpoint_error("lockstep::fit: " + source + ": section 'rng': the checkpoint's model seed " +
-                             std::to_string(st.seed) + " differs from this model's seed " +
-                             std::to_string(m.seed().value) + "; resuming would not be exact");
+  constexpr bool own_seed = requires { m.seed().value; };
+  if (const std::uint64_t seed = model_seed(m, o); st.seed != seed)
+    throw checkpoint_error("lockstep::fit: " + source + ": section 'rng': the checkpoint's model seed " +
+                           std::to_string(st.seed) + " differs from " +
+                           (own_seed ? "this model's seed " : "fit_options::seed (this model does not know its seed) ") +
+                           std::to_string(seed) + "; resuming would not be exact");
   check_optimizer_state(st, optimizer, model<net>::param_count, source);
 }
 
@@ -782,6 +820,24 @@ template <class Strategy, class Replicated, class Optimizer, class Loss, class S
 history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& loss, const Source& train,
                  const fit_options& o) {
   check_bound(s, m);
+  // Every option is checked before anything changes (a resume restores the model and callbacks).
+  const update_recipe recipe = o.recipe();
+  recipe.check();
+  if (o.accumulate == 0) throw config_error("lockstep::fit: fit_options::accumulate must be >= 1");
+  if constexpr (!requires { s.accumulate(m, loss, std::declval<const data::distributed_batch&>()); })
+    if (o.accumulate > 1)
+      throw config_error("lockstep::fit: fit_options::accumulate > 1 needs a strategy with accumulate(model, loss, batch)");
+  constexpr bool takes_recipe = requires(const Optimizer& op) {
+    s.train_step(m, op, loss, std::declval<const data::distributed_batch&>(), recipe);
+  };
+  if constexpr (!takes_recipe) {
+    if (recipe.needs_epilogue() || recipe.clip_value > 0 || recipe.ema.decay > 0)
+      throw config_error("lockstep::fit: clipping, the non-finite guard and the EMA need a strategy whose train_step "
+                         "takes a lockstep::update_recipe");
+  }
+  if (o.validate_with_ema && recipe.ema.decay <= 0)
+    throw config_error("lockstep::fit: fit_options::validate_with_ema needs fit_options::ema");
+  if (o.top_k == 0) throw config_error("lockstep::fit: fit_options::top_k must be >= 1");
   auto&& w = world_of(s);
   const shard_plan plan = w.plan();
   fit_session run(o, optimizer.lr, plan.parts, w.is_chief());  // plan.parts: the replicas of every worker
@@ -789,14 +845,21 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   if constexpr (requires { s.prepare_update(m, optimizer); }) s.prepare_update(m, optimizer);
   if (const auto ck = run.checkpoint_to_resume()) {
     try {
-      check_resumable(m, optimizer, ck->first, ck->second);
+      check_resumable(m, optimizer, ck->first, ck->second, o);
     } catch (const checkpoint_error& e) {  // the checkpoint is another run's: say what to do
-      throw checkpoint_error(std::string(e.what()) + " (use another checkpoint_dir, or drop resume)");
+      throw checkpoint_error(std::string(e.what()) +
+                             " (resume with the model, seed and optimiser that wrote it, or use another checkpoint_dir)");
     }
+    const auto callbacks_before = callback_states(o.callbacks);
     run.resume_from(ck->first, ck->second);  // refuses callback states that do not fit, before the model changes
     if constexpr (requires { m.precision(); })
       run.note_precision(static_cast<const model_state&>(ck->first).precision, std::string(precision_name(m.precision())));
-    restore(m, static_cast<const model_state&>(ck->first), optimizer, ck->second);
+    try {
+      restore(m, static_cast<const model_state&>(ck->first), optimizer, ck->second);
+    } catch (...) {  // the callbacks get their states back
+      reload_callbacks(o.callbacks, callbacks_before, o.callbacks.size());
+      throw;
+    }
   }
   run.open_outputs();
   if constexpr (requires { typename Strategy::kind_type; })
@@ -815,22 +878,6 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
       trace.driver_span("checkpoint", "io", t0, trace.now(), "step", static_cast<std::int64_t>(m.step()));
     }
   };
-  const update_recipe recipe = o.recipe();
-  recipe.check();
-  if (o.accumulate == 0) throw config_error("lockstep::fit: fit_options::accumulate must be >= 1");
-  if constexpr (!requires { s.accumulate(m, loss, std::declval<const data::distributed_batch&>()); })
-    if (o.accumulate > 1)
-      throw config_error("lockstep::fit: fit_options::accumulate > 1 needs a strategy with accumulate(model, loss, batch)");
-  constexpr bool takes_recipe = requires(const Optimizer& op) {
-    s.train_step(m, op, loss, std::declval<const data::distributed_batch&>(), recipe);
-  };
-  if constexpr (!takes_recipe) {
-    if (recipe.needs_epilogue() || recipe.clip_value > 0 || recipe.ema.decay > 0)
-      throw config_error("lockstep::fit: clipping, the non-finite guard and the EMA need a strategy whose train_step "
-                         "takes a lockstep::update_recipe");
-  }
-  if (o.validate_with_ema && recipe.ema.decay <= 0)
-    throw config_error("lockstep::fit: fit_options::validate_with_ema needs fit_options::ema");
   const std::size_t k = o.accumulate;
   if constexpr (requires { s.abandon_update(); }) s.abandon_update();  // no batch of an earlier call is part of an update
   std::size_t group = 0;  // global batches of the update in progress
@@ -881,7 +928,11 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
     group = 0;
     std::optional<data::distributed_batch> held;  // under accumulation, one batch is held back to know the epoch's last
     bool stopped = false;
-    for (auto&& b : train.epoch(e)) {
+    auto&& epoch_batches = train.epoch(e);
+    auto it = std::ranges::begin(epoch_batches);
+    const auto end = std::ranges::end(epoch_batches);
+    for (; it != end; ++it) {
+      auto&& b = *it;
       if (run.skip_consumed()) continue;  // resume: these batches were consumed before the checkpoint
       data::distributed_batch db = data::detail::make_sharded(std::move(b), plan.parts, plan.first, s.num_replicas());
       if (k == 1) {
@@ -892,8 +943,11 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
       held = std::move(db);
     }
     if (held && !stopped) (void)batch_of_update(*held, true);
+    // Training stopped with batches of the epoch left (under accumulation the batch after the
+    // held one is; otherwise look at the next).
+    const bool left = stopped && (k > 1 || ++it != end);
     run.add_stats(late());  // defer_readback: the epoch's last update
-    auto [st, finished] = run.end_steps(e, m.step(), save);
+    auto [st, finished] = run.end_steps(e, m.step(), save, left);
     if (o.validation) {
       const evaluation v =
           o.validate_with_ema && m.has_ema()
