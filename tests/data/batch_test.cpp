@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <lockstep/data/batch.hpp>
+#include <lockstep/data/shard_batches.hpp>
 
 namespace ld = lockstep::data;
 
@@ -25,6 +27,11 @@ ld::batch consistent(std::size_t rows, std::size_t width) {
     b.indices.push_back(100 + r);
   }
   return b;
+}
+
+/// The batches of `b`, one epoch (a dataset of hand-made global batches).
+ld::generator<ld::batch> each_batch(std::vector<ld::batch> b) {
+  for (auto& x : b) co_yield std::move(x);
 }
 
 /// The message of the shape_error `f` throws (empty when it throws none).
@@ -90,5 +97,28 @@ TEST_CASE("split and whole refuse features, labels or targets that do not hold e
     bare.targets.clear();
     bare.target_width = 0;
     CHECK(ld::split(bare, 2).size() == 2);
+  }
+}
+
+TEST_CASE("shard_by_worker refuses what split refuses: a hand-made batch without indices, labels short of its rows") {
+  const auto parts = [](ld::batch b) {
+    const ld::dataset<ld::batch> d{[b](std::uint64_t) { return each_batch({b}); }};
+    std::size_t rows = 0;
+    for (auto&& p : (d | ld::shard_by_worker(1, 2)).epoch(0)) rows += p.rows();
+    return rows;
+  };
+  for (const std::size_t rows : {1, 2, 7}) {
+    CAPTURE(rows);
+    CHECK(parts(consistent(rows, 3)) == rows / 2);  // worker 1 of 2: the second half
+    auto without_indices = consistent(rows, 3);
+    without_indices.indices.clear();  // would give every worker no row, and train on none
+    std::string m = shape_message([&] { (void)parts(without_indices); });
+    CHECK(m.find("lockstep::data::shard_by_worker") != std::string::npos);
+    CHECK(m.find("`features` holds " + std::to_string(rows * 3) + " values, not 0") != std::string::npos);
+    auto short_labels = consistent(rows + 1, 3);
+    short_labels.labels.pop_back();  // would be read past their end
+    m = shape_message([&] { (void)parts(short_labels); });
+    CHECK(m.find("`labels` holds " + std::to_string(rows) + " values, not " + std::to_string(rows + 1)) !=
+          std::string::npos);
   }
 }

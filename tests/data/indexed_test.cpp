@@ -11,6 +11,7 @@
 #include <memory>
 #include <memory_resource>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -232,6 +233,35 @@ TEST_CASE("index-first: behind prefetch, batches are decoded ahead once the plan
   CHECK(rep.text().find("pipeline report") != std::string::npos);
 }
 
+TEST_CASE("index-first: shard_by_worker after prefetch loads this worker's rows only; before it, ahead") {
+  const auto t = pixel_table(500, 16);
+  for (const bool prefetch_first : {true, false}) {
+    CAPTURE(prefetch_first);
+    const auto src = ld::indexed(t, 1, 4, 4, {.threads = 2});
+    const auto batches = src | ld::shuffle(500, 1) | ld::batched(20);
+    const auto d = prefetch_first ? batches | ld::prefetch(2) | ld::shard_by_worker(1, 2)
+                                  : batches | ld::shard_by_worker(1, 2) | ld::prefetch(2);
+    const auto ref = ld::from_table(t) | ld::shuffle(500, 1) | ld::batched(20) | ld::shard_by_worker(1, 2);
+    std::vector<ld::pooled_batch> want;
+    for (auto&& b : ref.epoch(0)) want.push_back(b);
+    std::size_t k = 0;
+    for (auto&& b : d.epoch(0)) {
+      const auto got = ld::detail::make_sharded(std::move(b), 2, 0, 2);
+      const auto exp = ld::detail::make_sharded(want[k++], 2, 0, 2);
+      for (std::size_t r = 0; r < 2; ++r) CHECK(same_shard(got.shards[r], exp.shards[r]));
+    }
+    CHECK(k == 25);
+    const auto rep = src.report();
+    CHECK(rep.cut_batches == 25);
+    CHECK(rep.samples == 250);  // this worker's half, each row once: nothing of the other worker's
+    CHECK(rep.samples == rep.staged_rows);
+    if (prefetch_first)
+      CHECK(rep.ahead_batches == 0);  // the whole batches are not decoded ahead: their slices are cut
+    else
+      CHECK(rep.ahead_batches > 0);
+  }
+}
+
 TEST_CASE("index-first: a failing sample is reported at its cut, the lowest failing row's error") {
   const auto t = pixel_table(64, 4);
   auto src = std::make_shared<recording_source>(t, 0, 37);
@@ -260,6 +290,49 @@ TEST_CASE("index-first: a failing sample is reported at its cut, the lowest fail
     CHECK(ld::whole(*all.global).size == 4);  // what a step that reads the whole batch uses
   }
   CHECK_THROWS_AS(ld::table_source(pixel_table(3, 12), 1, 3, 5), lockstep::config_error);
+}
+
+namespace {
+
+// A user image source of 4x4 grey images: sample 0 well formed, sample 1 without its pixels,
+// sample 2 with a region past the image's right edge, sample 3 with a row too many.
+class careless_source final : public ld::sample_source {
+public:
+  std::uint64_t size() const override { return 4; }
+  std::uint32_t channels() const override { return 1; }
+  std::optional<std::pair<std::uint32_t, std::uint32_t>> fixed_size() const override { return std::pair{4u, 4u}; }
+  void load(std::uint64_t i, const ld::region_planner& regions, ld::decoded_sample& out, ld::load_scratch&) const override {
+    out.channels = 1;
+    out.height = out.width = 4;
+    out.region = regions.plan(4, 4);
+    if (i == 2) out.region = {2, 0, 4, 4};
+    if (i != 1) out.pixels.assign(std::size_t{out.region.width} * out.region.height + (i == 3 ? 4 : 0), 7);
+  }
+  std::string name_of(std::uint64_t i) const override { return "careless " + std::to_string(i); }
+  std::string describe() const override { return "careless"; }
+};
+
+}  // namespace
+
+TEST_CASE("index-first: a user source's pixels that do not match its region, or a region outside the image, are refused") {
+  const auto d = ld::indexed(std::make_shared<careless_source>()) | ld::batched(1);
+  std::vector<std::string> errors;
+  for (auto&& b : d.epoch(0)) {
+    try {
+      const auto db = ld::detail::make_sharded(std::move(b), 1, 0, 1);
+      CHECK(db.shards[0].features[0] == 7.0f);
+      errors.emplace_back();
+    } catch (const lockstep::data_error& e) {
+      errors.emplace_back(e.what());
+    }
+  }
+  REQUIRE(errors.size() == 4);
+  CHECK(errors[0].empty());
+  CHECK(errors[1].find("careless 1: the source produced 0 bytes of pixels for the region of 4x4 at (0, 0) of a 4x4 image") !=
+        std::string::npos);
+  CHECK(errors[2].find("careless 2: the source produced 16 bytes of pixels for the region of 4x4 at (2, 0)") !=
+        std::string::npos);
+  CHECK(errors[3].find("careless 3: the source produced 20 bytes") != std::string::npos);
 }
 
 namespace {

@@ -81,6 +81,26 @@ TEST_CASE("take, skip, repeat count elements exactly") {
     }
 }
 
+namespace {
+ld::generator<int> count_to(int n) {
+  for (int i = 0; i < n; ++i) co_yield i;
+}
+}  // namespace
+
+TEST_CASE("repeat(k) keeps every repetition of a source whose epochs differ, an empty one among them") {
+  // epoch e of the source holds e % 3 elements: 0, 1, 2, 0, 1, 2, ...
+  const ld::dataset<int> varying{[](std::uint64_t e) { return count_to(static_cast<int>(e % 3)); }};
+  for (std::uint64_t k : {1u, 2u, 4u, 7u}) {
+    CAPTURE(k);
+    for (std::uint64_t e = 0; e < 3; ++e) {
+      CAPTURE(e);
+      std::size_t want = 0;
+      for (std::uint64_t r = 0; r < k; ++r) want += (e * k + r) % 3;
+      CHECK(collect(varying | ld::repeat(k), e).size() == want);
+    }
+  }
+}
+
 TEST_CASE("take pulls no more elements than it yields") {
   int pulled = 0;
   const auto src = ld::from_vector(stage_range(100)) | ld::map([&pulled](int x) {
@@ -300,6 +320,36 @@ TEST_CASE("parallel_map keeps the order and forwards exceptions in place") {
       }(),
       doctest::Contains("bad element 20"));
   CHECK(got == stage_range(20));  // everything before the failing element, in order
+  // an upstream error comes after every element before it, and after an earlier element's own
+  // error, whatever the number of workers
+  for (std::size_t workers : {1u, 2u, 4u, 8u}) {
+    CAPTURE(workers);
+    const auto upstream_fails = ld::from_vector(stage_range(50)) | ld::map([](int x) {
+                                  if (x == 25) throw std::runtime_error("upstream at 25");
+                                  return x;
+                                });
+    const auto mapped = upstream_fails | ld::parallel_map([](int x) { return x + 1000; }, workers);
+    std::vector<int> in_order;
+    CHECK_THROWS_WITH(
+        [&] {
+          for (auto&& x : mapped.epoch()) in_order.push_back(x - 1000);
+        }(),
+        doctest::Contains("upstream at 25"));
+    CHECK(in_order == stage_range(25));
+    const auto both = upstream_fails | ld::parallel_map(
+                                           [](int x) {
+                                             if (x == 22) throw std::runtime_error("map at 22");
+                                             return x;
+                                           },
+                                           workers);
+    in_order.clear();
+    CHECK_THROWS_WITH(
+        [&] {
+          for (auto&& x : both.epoch()) in_order.push_back(x);
+        }(),
+        doctest::Contains("map at 22"));
+    CHECK(in_order == stage_range(22));
+  }
   // leaving early joins the workers
   int seen = 0;
   for (auto&& x : failing.epoch()) {

@@ -451,6 +451,16 @@ private:
       if (d.channels != src.channels())
         throw data_error("lockstep::data: " + src.name_of(index) + ": the decoder produced " +
                          std::to_string(d.channels) + " channels, the source promises " + std::to_string(src.channels()));
+      // What render reads: `pixels` holds exactly the region, and the region lies in the image.
+      const pixel_rect& r = d.region;
+      if (std::uint64_t{r.x} + r.width > d.width || std::uint64_t{r.y} + r.height > d.height ||
+          d.pixels.size() != std::size_t{r.width} * r.height * d.channels)
+        throw data_error("lockstep::data: " + src.name_of(index) + ": the source produced " +
+                         std::to_string(d.pixels.size()) + " bytes of pixels for the region of " +
+                         std::to_string(r.width) + "x" + std::to_string(r.height) + " at (" + std::to_string(r.x) +
+                         ", " + std::to_string(r.y) + ") of a " + std::to_string(d.width) + "x" +
+                         std::to_string(d.height) + " image with " + std::to_string(d.channels) +
+                         " channels (a region inside the image, width x height x channels bytes)");
       const std::size_t n = std::size_t{d.channels} * p.view.height * p.view.width;
       std::byte* dst = dst_for(n, std::to_string(d.channels) + "x" + std::to_string(p.view.height) + "x" +
                                       std::to_string(p.view.width) + " (channels x height x width" +
@@ -481,6 +491,15 @@ struct plan_slot {
   std::mutex mutex;
   bool known = false;
   std::size_t parts = 0, first = 0, count = 0;
+  std::shared_ptr<plan_slot> slices;  // the plan of the epoch's slices (shard_by_worker), made at the first
+
+  /// The plan the slices of this epoch's batches share: their own, since a slice's cut names its
+  /// rows, not the batch's (a batch behind prefetch would be decoded ahead whole, for nothing).
+  std::shared_ptr<plan_slot> slice_plan() {
+    std::lock_guard lock(mutex);
+    if (!slices) slices = std::make_shared<plan_slot>();
+    return slices;
+  }
 };
 
 /// Decoded rows [lo, hi) of one index batch for one plan (uint8 or float), with their labels.
@@ -621,7 +640,7 @@ public:
       sub(rows_->recipes, r.recipes);
       r.owners = rows_->owners;
       r.stage = rows_->stage;
-      r.plan = rows_->plan;  // the slices of an epoch's batches are cut alike: they share its plan
+      r.plan = rows_->plan->slice_plan();  // the slices of an epoch's batches are cut alike: they share a plan
     }
     return b;
   }

@@ -122,14 +122,24 @@ generator<R> parallel_map_gen(generator<T> up, F f, std::size_t workers) {
   const std::size_t window = 2 * workers;
   ordered_workers<T, R, F> pool(f, workers, window);
   std::uint64_t submitted = 0, next = 0;
+  std::exception_ptr upstream;  // what the upstream threw: rethrown after the elements before it
   auto it = std::ranges::begin(up);
   const auto end = std::ranges::end(up);
   while (true) {
-    while (submitted - next < window && it != end) {
-      pool.submit(submitted++, std::move(*it));
-      ++it;
+    try {
+      while (!upstream && submitted - next < window && it != end) {
+        T value = std::move(*it);
+        pool.submit(submitted, std::move(value));
+        ++submitted;
+        ++it;
+      }
+    } catch (...) {
+      upstream = std::current_exception();
     }
-    if (next == submitted) co_return;
+    if (next == submitted) {
+      if (upstream) std::rethrow_exception(upstream);
+      co_return;
+    }
     co_yield pool.take(next++);
   }
 }

@@ -117,6 +117,8 @@ generator<pooled_batch> worker_gen(generator<B> up, std::size_t rank, std::size_
                                    std::shared_ptr<batch_pool> pool) {
   for (auto&& g : up) {
     const batch& global = g;
+    require_every_row(global, "shard_by_worker");
+    require_consistent(global, "shard_by_worker");  // rows are cut through indices: no row dropped, none read past
     // No structured binding: nvcc rejects one inside a coroutine body.
     const std::pair<std::size_t, std::size_t> part = part_of(global.rows(), rank, world);
     const std::size_t offset = part.first, size = part.second;

@@ -72,7 +72,7 @@ generator<T> repeat_gen(dataset<T> up, std::optional<std::uint64_t> times, std::
       any = true;
       co_yield std::move(x);
     }
-    if (!any) co_return;  // an empty dataset repeated forever is empty, not an endless loop
+    if (!any && !times) co_return;  // an empty dataset repeated forever is empty, not an endless loop
   }
 }
 

@@ -113,13 +113,13 @@ public:
       label = parse_label(s.bytes, sh.path, m);
     }
     const tar_member& im = sh.index.members[e.image];
+    if (im.size > o_.image.limits.max_file_bytes)  // checked before anything is read or allocated
+      throw data_error("lockstep::data::tar_shards: " + sh.path + ": member '" + im.name + "': byte offset " +
+                       std::to_string(im.offset) + ": " + std::to_string(im.size) + " bytes, beyond image_limits::max_file_bytes");
     if (o_.on_read) o_.on_read(sh.path, im.name);
     read_member(fd, sh.path, im, s.bytes);
     k.bytes_read += im.size;
     k.read_ns += detail::ns_since(t0);
-    if (im.size > o_.image.limits.max_file_bytes)
-      throw data_error("lockstep::data::tar_shards: " + sh.path + ": member '" + im.name + "': byte offset " +
-                       std::to_string(im.offset) + ": " + std::to_string(im.size) + " bytes, beyond image_limits::max_file_bytes");
     decode_image(s.bytes.data(), s.bytes.size(), name_of(i) + " (data at byte offset " + std::to_string(im.offset) + ")",
                  o_.image, regions, out, s, k);
     out.label = label;

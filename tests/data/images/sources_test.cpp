@@ -202,4 +202,25 @@ TEST_CASE("tar_shards: the same samples as the folder they were made from and th
             .find("has no .cls member") != std::string::npos);
   const auto notnum = ld::tar_shards(std::vector<std::string>{shard({{"a.png", p}, {"a.cls", "one"}})}) | ld::batched(1);
   CHECK(error_of([&] { (void)samples_of(notnum); }).find("not a decimal integer") != std::string::npos);
+  // An image beyond image_limits::max_file_bytes is refused before a byte of it is read (a label
+  // member of more than 32 bytes is refused when the shard is indexed).
+  std::vector<std::string> read_members;
+  const auto note = [&](const std::string&, const std::string& member) {
+    std::lock_guard lock(mutex);
+    read_members.push_back(member);
+  };
+  const auto small_limit = ld::tar_shards(std::vector<std::string>{shard({{"a.png", p}, {"a.cls", "1"}})},
+                                          {.image = {.limits = {.max_file_bytes = p.size() - 1}}, .on_read = note}) |
+                           ld::batched(1);
+  std::string why = error_of([&] { (void)samples_of(small_limit); });
+  CHECK(why.find("member 'a.png'") != std::string::npos);
+  CHECK(why.find(std::to_string(p.size()) + " bytes, beyond image_limits::max_file_bytes") != std::string::npos);
+  CHECK(read_members == std::vector<std::string>{"a.cls"});  // the label only
+  read_members.clear();
+  why = error_of([&] {
+    (void)ld::tar_shards(std::vector<std::string>{shard({{"a.png", p}, {"a.cls", std::string(5000, ' ') + "1"}})},
+                         {.on_read = note});
+  });
+  CHECK(why.find("the label member 'a.cls' holds 5001 bytes, not a class number") != std::string::npos);
+  CHECK(read_members.empty());
 }
