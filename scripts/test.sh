@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what lockstep needs, builds every target with -Wall -Wextra -Wpedantic -Werror, runs all
-# tests with CTest (including a 20 s run of each fuzz harness of tests/fuzz under ASan and UBSan,
+# tests with CTest (including a 10 s run of each fuzz harness of tests/fuzz under ASan and UBSan,
 # CTest label `fuzz`, built with clang in <build>/fuzz, and the interop tests, label `interop`,
 # which read lockstep's files with TensorBoard and PyTorch in <build>/interop/venv and report
 # themselves skipped when Python's packages cannot be had), builds the host tests and examples
