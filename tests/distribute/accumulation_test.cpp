@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include <lockstep/layers/batch_norm.hpp>
@@ -364,4 +365,28 @@ TEST_CASE("the public recipe suite: accumulation equals the big batch on the lib
     c.bitwise = false;
     CHECK(ls::testing::accumulation_equals_big_batch<mlp>(h, ls::sgd{.lr = 0.01f}, ls::softmax_cross_entropy{}, batches, c));
   }
+}
+
+TEST_CASE("accumulation: an empty batch completes the update in progress, with or without its global batch") {
+  const ls::adam opt{.lr = 1e-3f};
+  const auto b = make_batch(6, 9);
+  const auto check = [&](auto strategy_tag) {
+    using S = typename decltype(strategy_tag)::type;
+    S direct(ls::device_selection::first(2)), pending(ls::device_selection::first(2));
+    auto want = direct.template replicate<mlp>(ls::seed{5});
+    (void)ls::train_step(direct, want, opt, ls::softmax_cross_entropy{}, distributed(b, 2));
+    for (const bool with_global : {true, false}) {
+      CAPTURE(with_global);
+      auto got = pending.template replicate<mlp>(ls::seed{5});
+      (void)pending.accumulate(got, ls::softmax_cross_entropy{}, distributed(b, 2));
+      ls::data::distributed_batch empty = distributed(make_batch(0, 1), 2);
+      if (!with_global) empty.global = nullptr;  // as a batch made by hand may come
+      const auto st = ls::train_step(pending, got, opt, ls::softmax_cross_entropy{}, empty);
+      CHECK(st.count == 6);
+      CHECK(got.step() == 1);
+      CHECK(got.parameters_to_host() == want.parameters_to_host());
+    }
+  };
+  check(std::type_identity<invariant>{});
+  check(std::type_identity<host>{});
 }

@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -200,6 +202,34 @@ TEST_CASE("a network whose only trainable layers are batch norms trains bitwise 
     CAPTURE(n);
     ls::mirrored<ls::cpus> s(ls::device_selection::first(n));
     CHECK(bitwise_equal(trained<bn_only>(s), p1));
+  }
+}
+
+namespace {
+/// Strategy S with a bucket per layer and a short collective timeout.
+template <class S>
+struct bucket_per_layer : S {
+  bucket_per_layer() : S(ls::strategy_options{.timeout = std::chrono::seconds(5), .bucket_bytes = 0}) {}
+};
+}  // namespace
+
+TEST_CASE("batch norm with a bucket per layer: reduce_to_one_device on the host trains as host_allreduce, with no wait") {
+  // The dense layer's bucket is summed while the replicas run batch norm's backward, whose row
+  // exchange makes each wait for the others: the aggregating replica must not wait for another
+  // replica's share of a bucket (it waited until the timeout about every other step).
+  bucket_per_layer<ls::mirrored<ls::cpu<0>, ls::cpu<1>>> all2;
+  bucket_per_layer<ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>>> all3;
+  const auto want2 = trained<bn_cnn>(all2), want3 = trained<bn_cnn>(all3);
+  for (int round = 0; round < 3; ++round) {
+    CAPTURE(round);
+    bucket_per_layer<ls::basic_mirrored<ls::reduce_to_one_device<ls::cpu<0>>, ls::determinism::run_to_run, ls::cpu<0>,
+                                        ls::cpu<1>>>
+        to_first;
+    CHECK(bitwise_equal(trained<bn_cnn>(to_first), want2));
+    bucket_per_layer<ls::basic_mirrored<ls::reduce_to_one_device<ls::cpu<1>>, ls::determinism::run_to_run, ls::cpu<0>,
+                                        ls::cpu<1>, ls::cpu<2>>>
+        to_middle;
+    CHECK(bitwise_equal(trained<bn_cnn>(to_middle), want3));
   }
 }
 

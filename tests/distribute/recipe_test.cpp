@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <lockstep/layers/batch_norm.hpp>
@@ -533,6 +534,51 @@ TEST_CASE("non-finite guard, raise: a numerics_error at once, nothing changed") 
   }
 }
 
+TEST_CASE("non-finite guard with batch norm: a skipped, raised or failed update leaves the running statistics as they were") {
+  using bn_net = ls::sequential<ls::dense<6, 8>, ls::batch_norm<>, ls::relu, ls::dense<8, 3>>;
+  const ls::adam opt{.lr = 1e-2f};
+  const auto poisoned = [](std::size_t u) {
+    auto b = reg_batch(u, 12);
+    b.features[7 * 6 + 1] = std::numeric_limits<float>::quiet_NaN();  // row 7: replica 1's shard
+    return b;
+  };
+  for (const auto policy : {ls::nonfinite_policy::skip, ls::nonfinite_policy::raise}) {
+    CAPTURE(static_cast<int>(policy));
+    host s(ls::device_selection::first(2));
+    auto m = s.replicate<bn_net>(ls::seed{2});
+    ls::update_recipe recipe;
+    recipe.nonfinite = policy;
+    (void)ls::train_step(s, m, opt, ls::mse{}, distributed(reg_batch(0, 12), 2), recipe);
+    const auto before = m.parameters_to_host();  // the parameters, then the running statistics
+    // a poisoned batch: the forward pass moved the statistics (to NaN), the guard puts them back
+    try {
+      const auto st = ls::train_step(s, m, opt, ls::mse{}, distributed(poisoned(1), 2), recipe);
+      CHECK(st.skipped);
+      CHECK(policy == ls::nonfinite_policy::skip);
+    } catch (const ls::numerics_error&) {
+      CHECK(policy == ls::nonfinite_policy::raise);
+    }
+    CHECK(m.parameters_to_host() == before);
+    // the same after clean batches accumulated into the update: back to where the update began
+    (void)s.accumulate(m, ls::mse{}, distributed(reg_batch(2, 12), 2));
+    CHECK(m.parameters_to_host() != before);  // the accumulated batch moved them
+    try {
+      (void)ls::train_step(s, m, opt, ls::mse{}, distributed(poisoned(3), 2), recipe);
+    } catch (const ls::numerics_error&) {
+    }
+    CHECK(m.parameters_to_host() == before);
+    // a step that fails after its forward pass (targets of another width) changes nothing either
+    auto wrong = reg_batch(4, 12);
+    wrong.target_width = 2;
+    wrong.targets.resize(12 * 2);
+    CHECK_THROWS(ls::train_step(s, m, opt, ls::mse{}, distributed(wrong, 2), recipe));
+    CHECK(m.parameters_to_host() == before);
+    // and the next clean update trains as from `before`
+    (void)ls::train_step(s, m, opt, ls::mse{}, distributed(reg_batch(5, 12), 2), recipe);
+    CHECK(m.parameters_to_host() != before);
+  }
+}
+
 TEST_CASE("the public recipe suite: skip decisions agree on the library's strategies") {
   const auto batches = [](std::size_t u, std::size_t rows) { return reg_batch(u, rows); };
   for (const std::size_t n : {1u, 2u, 3u}) {
@@ -577,4 +623,52 @@ TEST_CASE("update_recipe: meaningless values are a config_error naming the field
   r.ema.every = 0;
   refuse(r, "ema.every");
   CHECK(m.step() == 0);
+}
+
+TEST_CASE("recipe: models of different sizes taking turns on one strategy clip as on strategies of their own") {
+  using narrow = ls::sequential<ls::dense<784, 2>, ls::relu, ls::dense<2, 10>>;  // 1 600 parameters: 2 chunks
+  const ls::update_recipe clip{.clip_global_norm = 0.05};
+  for (const bool sharded : {false, true})
+    for (const bool narrow_first : {false, true}) {
+      CAPTURE(sharded);
+      CAPTURE(narrow_first);
+      const ls::strategy_options o{.shard_optimizer = sharded};
+      host shared(ls::device_selection::first(2), o), own_wide(ls::device_selection::first(2), o),
+          own_narrow(ls::device_selection::first(2), o);
+      auto wide = shared.replicate<mlp>(ls::seed{42});  // 25 450 parameters: 25 chunks
+      auto thin = shared.replicate<narrow>(ls::seed{43});
+      auto wide_alone = own_wide.replicate<mlp>(ls::seed{42});
+      auto thin_alone = own_narrow.replicate<narrow>(ls::seed{43});
+      const ls::adam opt{.lr = 1e-2f};
+      const auto step = [&](auto& s, auto& m, std::size_t i) {
+        return ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distributed(make_batch(12, i), 2), clip);
+      };
+      for (std::size_t i = 0; i < 4; ++i) {
+        CAPTURE(i);
+        if (narrow_first) CHECK(step(shared, thin, i).grad_norm == step(own_narrow, thin_alone, i).grad_norm);
+        CHECK(step(shared, wide, i).grad_norm == step(own_wide, wide_alone, i).grad_norm);
+        if (!narrow_first) CHECK(step(shared, thin, i).grad_norm == step(own_narrow, thin_alone, i).grad_norm);
+      }
+      CHECK(wide.parameters_to_host() == wide_alone.parameters_to_host());
+      CHECK(thin.parameters_to_host() == thin_alone.parameters_to_host());
+    }
+}
+
+TEST_CASE("EMA: one loaded before the first update survives the strategy's choice to shard the update") {
+  const ls::adam opt{.lr = 1e-2f};
+  ls::update_recipe recipe;
+  recipe.ema.decay = 0.9;
+  const auto run = [&](ls::optimizer_sharding sharding) {
+    host s(ls::device_selection::first(2), ls::strategy_options{.shard_optimizer = sharding});
+    auto m = s.replicate<mlp>(ls::seed{4});
+    m.load_ema(std::vector<float>(m.stored_count, 0.5f), 3);  // a warm start: weights' average, no optimiser state
+    for (std::size_t i = 0; i < 2; ++i)
+      (void)ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distributed(make_batch(10, i), 2), recipe);
+    return std::make_pair(m.ema_to_host(), m.parameters_to_host());
+  };
+  const auto automatic = run(ls::optimizer_sharding::automatic()), unsharded = run(false);
+  CHECK(automatic.second == unsharded.second);
+  CHECK(automatic.first == unsharded.first);  // ema = 0.9 × 0.5-based average + 0.1 × p, not from zeros
+  REQUIRE(!automatic.first.empty());
+  CHECK(automatic.first[0] > 0.3f);
 }

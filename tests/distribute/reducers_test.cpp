@@ -89,10 +89,17 @@ TEST_CASE("strategy::reduce combines per-replica values in every mode") {
   CHECK(s.reduce(ls::reduce_op::mean, v) == doctest::Approx(3.5 / 3));
   CHECK(s.reduce(ls::reduce_op::min, v) == -2.0);
   CHECK(s.reduce(ls::reduce_op::max, v) == 4.0);
-  const std::vector<ls::loss_sum> l{{1.0, 2}, {3.0, 1}, {0.0, 0}};
+  const std::vector<ls::loss_sum> l{{1.0, 2, 1, 2}, {3.0, 1, 0, 1}, {0.0, 0, 0, 0}};
+  for (const auto op : {ls::reduce_op::sum, ls::reduce_op::mean}) {
+    const ls::loss_sum t = s.reduce(op, l);
+    CHECK(t.count == 3);
+    CHECK(t.correct == 1);
+    CHECK(t.labelled == 3);  // so the accuracy of the whole can be computed
+  }
   CHECK(s.reduce(ls::reduce_op::sum, l).sum == 4.0);
-  CHECK(s.reduce(ls::reduce_op::sum, l).count == 3);
   CHECK(s.reduce(ls::reduce_op::mean, l).sum == doctest::Approx(4.0 / 3));
+  CHECK(s.reduce(ls::reduce_op::min, l).sum == 0.0);
+  CHECK(s.reduce(ls::reduce_op::max, l).labelled == 1);  // the replica with the largest sum
 }
 
 TEST_CASE("run gives every replica its shard and all_reduce sums across them") {

@@ -113,6 +113,7 @@ public:
       t.sum += v.sum;
       t.count += v.count;
       t.correct += v.correct;
+      t.labelled += v.labelled;
       if (v.sum < values[lo].sum) lo = i;
       if (v.sum > values[hi].sum) hi = i;
     }

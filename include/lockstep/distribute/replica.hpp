@@ -164,6 +164,25 @@ public:
   /// The device's execution context (copies to the host take it read-only).
   [[nodiscard]] const context_type& context() const noexcept { return ctx_; }
 
+  /// Copies the model's non-trainable state (batch norm's running statistics, which a training
+  /// forward pass moves) aside, for restore_state(); nothing for a model without state. The copy
+  /// is made on first use, then reused.
+  void keep_state() {
+    if constexpr (model_type::state_count > 0) {
+      if (kept_.size() != model_type::state_count) {
+        on_device(ctx_);
+        kept_ = basic_buffer<T, Kind>(model_type::state_count);
+      }
+      copy(ctx_, kept_.data(), model_.parameters().data() + model_type::param_count, model_type::state_count);
+    }
+  }
+  /// Puts back the state keep_state() copied (an update that was skipped or failed).
+  void restore_state() {
+    if constexpr (model_type::state_count > 0)
+      if (kept_.size() == model_type::state_count)
+        copy(ctx_, model_.parameters().data() + model_type::param_count, kept_.data(), model_type::state_count);
+  }
+
   /// Sizes the optimiser state for `opt` and zeroes it (what apply does on first use).
   template <class Optimizer>
   void reset_optimizer_state(const Optimizer& opt) {
@@ -275,6 +294,7 @@ private:
   model_type model_;
   basic_buffer<T, Kind> state_;
   basic_buffer<T, Kind> ema_;
+  basic_buffer<T, Kind> kept_;  // keep_state's copy of the non-trainable state
   basic_buffer<T, Kind> dout_;
   double loss_scale_ = 1;  // see set_loss_scale
   basic_buffer<T, Kind> scratch_;

@@ -408,6 +408,7 @@ public:
                                                                         reducer_);
     finish.set_trace(trace_);
     if (part.first) std::fill(epilogue_.nonfinite_loss.begin(), epilogue_.nonfinite_loss.end(), 0);
+    if (part.first) keep_states(m);
     step_stats out;
     const std::uint64_t step_before = m.step();
     try {
@@ -417,6 +418,7 @@ public:
     } catch (...) {
       pending_ = {};
       drop_late(m);
+      restore_states(m);
       throw;
     }
     pending_ = {};
@@ -428,6 +430,9 @@ public:
       out.clip_factor = r.factor;
     }
     out.skipped = r.skip;
+    // A skipped update leaves the running statistics as the update found them (when this function
+    // returns or throws: the diagnostics below run forward passes too).
+    const state_restorer<Net, T> unmoved{r.skip ? &m : nullptr};
     if (r.skip && effective.nonfinite == nonfinite_policy::raise)
       throw numerics_error(
           numerics_message(m, loss, b, part.offset, "the reduced gradient is not finite; the update was not applied"),
@@ -470,14 +475,15 @@ public:
   /// two or more in this process, with an elementwise optimiser that keeps one or more state
   /// values per parameter (adam, adamw, sgd with momentum) where the reducer reduces onto the
   /// slices (shards_on_grid: host_allreduce), two or more (adam, adamw) with other reducers (what
-  /// bench_scaling measured faster) — while `m` has applied no update and holds no optimiser
-  /// state; otherwise, and under `true` or `false`, it changes nothing. train_step calls it before
+  /// bench_scaling measured faster) — while `m` has applied no update and holds no optimiser state or EMA;
+  /// otherwise, and under `true` or `false`, it changes nothing. train_step calls it before
   /// the model's first update, and fit before it restores a checkpoint (so a resumed run shards as
   /// the first run did); a custom loop that restores a checkpoint calls it first.
   template <class Net, class T, class Optimizer>
   void prepare_update(model_type<Net, T>& m, const Optimizer& opt) {
     check_model(m);
-    if (!options_.shard_optimizer.is_automatic() || m.step() != 0) return;
+    // An EMA loaded before the first update keeps the layout it was loaded in.
+    if (!options_.shard_optimizer.is_automatic() || m.step() != 0 || m.has_ema()) return;
     for (std::size_t r = 0; r < m.size(); ++r)
       if (m.replica(r).optimizer_state().size() != 0) return;
     constexpr std::size_t n = model_type<Net, T>::param_count;
@@ -525,6 +531,7 @@ public:
       info.trace = trace_;
       epilogue_.prepare(num_replicas(), model_type<Net, T>::param_count);
       if (part.first) std::fill(epilogue_.nonfinite_loss.begin(), epilogue_.nonfinite_loss.end(), 0);
+      if (part.first) keep_states(m);
       detail::accumulate_phase<Kind> phase(epilogue_);
       try {
         const defer_scope<model_type<Net, T>> deferring(m, options_.defer_readback);
@@ -533,6 +540,7 @@ public:
       } catch (...) {
         pending_ = {};
         drop_late(m);
+        restore_states(m);
         throw;
       }
       pending_.model = &m;
@@ -554,6 +562,35 @@ public:
   [[nodiscard]] std::size_t pending_batches() const noexcept { return pending_.batches; }
 
 private:
+  // Every replica of `m` keeps its non-trainable state (batch norm's running statistics) as the
+  // update starts, for restore_states (a skipped or failed update changes none of it).
+  template <class Net, class T>
+  static void keep_states(model_type<Net, T>& m) {
+    if constexpr (model_type<Net, T>::stored_count > model_type<Net, T>::param_count)
+      for (std::size_t r = 0; r < m.size(); ++r) m.replica(r).keep_state();
+  }
+  // Puts back what keep_states kept (best effort while an error is on its way: a device that
+  // failed reports its own error).
+  template <class Net, class T>
+  static void restore_states(model_type<Net, T>& m) noexcept {
+    if constexpr (model_type<Net, T>::stored_count > model_type<Net, T>::param_count)
+      for (std::size_t r = 0; r < m.size(); ++r) try {
+          m.replica(r).restore_state();
+        } catch (...) {
+        }
+  }
+  // Calls restore_states on the model it names when it goes.
+  template <class Net, class T>
+  struct state_restorer {
+    model_type<Net, T>* m;  // null: nothing to restore
+    explicit state_restorer(model_type<Net, T>* model) noexcept : m(model) {}
+    state_restorer(const state_restorer&) = delete;
+    state_restorer& operator=(const state_restorer&) = delete;
+    ~state_restorer() {
+      if (m) restore_states(*m);
+    }
+  };
+
   // Every replica of `m` multiplies its loss's gradient by `s` (the dynamic loss scale).
   template <class Net, class T>
   static void set_loss_scale(model_type<Net, T>& m, double s) noexcept {
@@ -869,7 +906,7 @@ private:
 /// backward pass continues, and every replica applies the same update with lr = opt.lr and
 /// grad_scale = 1 / (global sample count of the update: all its batches under accumulation). Returns the loss summed over the global batch, the
 /// count and the training hits; increments m.step(). An empty global batch changes nothing and
-/// returns {0, 0}.
+/// returns {0, 0}, unless batches given to accumulate() are pending: then it completes their update.
 template <class Strategy, class Model, class Optimizer, class Loss>
   requires strategy_for<Strategy, Model, Optimizer, Loss>
 step_stats train_step(Strategy& s, Model& m, const Optimizer& opt, const Loss& loss, const data::distributed_batch& b) {

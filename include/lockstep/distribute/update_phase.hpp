@@ -42,11 +42,15 @@ struct epilogue_workspace {
   std::vector<basic_buffer<double, Kind>> device_chunks;        ///< device kinds: chunk sums on the device
   std::vector<basic_buffer<update_decision, Kind>> device_decision;  ///< device kinds: the decision on the device
 
-  /// Sized for `replicas` replicas and `params` parameters.
+  /// Sized for `replicas` replicas and `params` parameters (models of several sizes may take
+  /// turns on one strategy: the buffers keep their capacity, so a steady alternation allocates
+  /// nothing).
   void prepare(std::size_t replicas, std::size_t params) {
     const std::size_t chunks = epilogue_chunks(params);
     if (shared.size() != chunks) shared.assign(chunks, 0.0);
-    if (per_replica.size() != replicas) per_replica.assign(replicas, std::vector<double>(chunks, 0.0));
+    if (per_replica.size() != replicas) per_replica.resize(replicas);
+    for (auto& c : per_replica)
+      if (c.size() != chunks) c.assign(chunks, 0.0);
     if (results.size() != replicas) results.assign(replicas, epilogue_result{});
     if (nonfinite_loss.size() != replicas) nonfinite_loss.assign(replicas, 0);
     if constexpr (!device_memory<Kind>::host_accessible) {

@@ -5,8 +5,9 @@
 /// each replica's own thread once every replica has arrived, and a replica may keep computing
 /// while earlier collectives wait for the others (start is asynchronous, wait completes).
 ///
-/// Each replica publishes three monotonic counters (cache-line padded): the last sequence it
-/// arrived at, the last it finished, and the last stage it published (for two-phase algorithms).
+/// Each replica publishes two monotonic counters (cache-line padded): the last sequence it
+/// arrived at and the last it finished. A collective's work never waits for another replica's
+/// work (a replica held up there could hold up one that waits for it elsewhere).
 /// Waits are bounded by a timeout (timeout_error naming the missing replicas) and abortable
 /// (collective_aborted), so a failing replica never leaves the others blocked.
 
@@ -54,7 +55,6 @@ public:
         root_(root),
         arrived_(new padded_counter[replicas]),
         finished_(new padded_counter[replicas]),
-        stage_(new padded_counter[replicas]),
         ptrs_(ids * replicas, nullptr),
         counts_(ids * replicas, 0),
         args_(ids * replicas, nullptr),
@@ -158,22 +158,6 @@ public:
     barrier(r);
   }
 
-  /// Publishes that replica r completed the first phase of collective `seq`.
-  void publish_stage(std::size_t r, std::uint64_t seq) noexcept {
-    stage_[r].value.store(seq, std::memory_order_release);
-    hub_.notify();
-  }
-
-  /// Waits (on replica r's thread) until replica `from` published stage `seq`.
-  void await_stage(std::size_t from, std::uint64_t seq, std::size_t r, std::size_t bucket) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    const bool ok = hub_.wait_until(
-        [&] { return aborted_.load(std::memory_order_acquire) || stage_[from].value.load(std::memory_order_acquire) >= seq; },
-        deadline);
-    throw_if_aborted(r, bucket);
-    if (!ok) fail_timeout(r, bucket, "replica(s) " + std::to_string(from) + " did not finish its first phase");
-  }
-
   /// Releases every waiter (they throw collective_aborted); callable from any thread.
   void abort() noexcept {
     aborted_.store(true, std::memory_order_release);
@@ -187,12 +171,11 @@ public:
   void reset() noexcept {
     std::uint64_t m = 0;
     for (std::size_t j = 0; j < n_; ++j) {
-      m = std::max({m, arrived_[j].value.load(), finished_[j].value.load(), stage_[j].value.load(), local_[j].issued});
+      m = std::max({m, arrived_[j].value.load(), finished_[j].value.load(), local_[j].issued});
     }
     for (std::size_t j = 0; j < n_; ++j) {
       arrived_[j].value.store(m);
       finished_[j].value.store(m);
-      stage_[j].value.store(m);
       local_[j].issued = m;
       local_[j].head = local_[j].tail = 0;
       std::fill(local_[j].bucket_seq.begin(), local_[j].bucket_seq.end(), m);
@@ -252,7 +235,7 @@ private:
   std::chrono::milliseconds timeout_;
   std::size_t ids_;
   std::size_t root_;
-  std::unique_ptr<padded_counter[]> arrived_, finished_, stage_;
+  std::unique_ptr<padded_counter[]> arrived_, finished_;
   std::vector<void*> ptrs_;
   std::vector<std::size_t> counts_;
   std::vector<const void*> args_;

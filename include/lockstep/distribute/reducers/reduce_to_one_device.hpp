@@ -1,7 +1,7 @@
 #pragma once
 /// @file reduce_to_one_device.hpp
-/// `reduce_to_one_device<D>`: the replica on D sums the whole bucket (order 0..N-1), then every
-/// other replica copies the result ("aggregate on one device, then broadcast"). The same sums as
+/// `reduce_to_one_device<D>`: the replica on D sums the whole bucket (order 0..N-1) and writes the
+/// result into every replica's buffer ("aggregate on one device, then broadcast"). The same sums as
 /// host_allreduce, bitwise. A backend may let `reduce_to_one_device<cpu<I>>` aggregate its own
 /// replicas on the host (detail/host_aggregation.hpp); `reduce_to_one_device<gpu<K>>` is the
 /// CUDA reducers' specialisation.
@@ -19,8 +19,9 @@
 
 namespace lockstep {
 
-/// Aggregation on one designated device D: the replica on D sums every bucket (order 0..N-1),
-/// then the others copy the result. Simple, but the aggregating thread does N times the work.
+/// Aggregation on one designated device D: the replica on D sums every bucket (order 0..N-1) and
+/// writes the result into every replica's buffer. Simple, but the aggregating thread does N times
+/// the work.
 /// With the CUDA backend, `reduce_to_one_device<cpu<I>>` also serves gpu<I> replicas (the host
 /// sums their buckets in pinned memory) and `reduce_to_one_device<gpu<K>>` is specialised for
 /// GPU replicas (lockstep/distribute/reducers/cuda_reducers.cuh).

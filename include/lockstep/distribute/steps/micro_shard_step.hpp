@@ -90,7 +90,8 @@ public:
           "lockstep: determinism::replica_count_invariant runs the micro-shards of a replica one after another, "
           "so a layer that couples the rows of the global batch (batch_norm) cannot see them all; use "
           "determinism::run_to_run, under which batch_norm still computes its statistics over the global batch");
-    const data::batch& g = *b.global;
+    const data::batch none;  // an empty batch may come without its global batch (check_batch)
+    const data::batch& g = b.global ? *b.global : none;
     const std::size_t n = ex.size();
     const std::size_t k_total = (g.rows() + rows_ - 1) / rows_;
     const bool spans = world_->size() > 1;

@@ -97,19 +97,17 @@ void push_slices_work(host_comm& c, std::size_t r, std::size_t bucket, std::size
     if (j != r) std::memcpy(static_cast<T*>(c.pointer(bucket, j)) + lo, mine + lo, (hi - lo) * sizeof(T));
 }
 
+/// reduce_to_one_device's work: the root sums the bucket (order 0..N-1) and writes the sum into
+/// every replica's buffer; the others have nothing to do, so their work never waits (a replica
+/// whose work waited for the root's could hold up a root that waits elsewhere for it, as in batch
+/// norm's row exchange, until the timeout). A replica's wait() returns once the root finished.
 template <class T>
-void reduce_to_root_work(host_comm& c, std::size_t r, std::size_t bucket, std::size_t count, std::uint64_t seq) {
+void reduce_to_root_work(host_comm& c, std::size_t r, std::size_t bucket, std::size_t count, std::uint64_t) {
   const std::size_t root = c.root();
-  if (c.replicas() == 1) return;
-  if (r == root) {
-    sum_range<T>(c, bucket, 0, count, [&](std::size_t b, const T* acc, std::size_t m) {
-      std::memcpy(static_cast<T*>(c.pointer(bucket, root)) + b, acc, m * sizeof(T));
-    });
-    c.publish_stage(r, seq);
-  } else {
-    c.await_stage(root, seq, r, bucket);
-    if (count) std::memcpy(c.pointer(bucket, r), c.pointer(bucket, root), count * sizeof(T));
-  }
+  if (c.replicas() == 1 || r != root) return;
+  sum_range<T>(c, bucket, 0, count, [&](std::size_t b, const T* acc, std::size_t m) {
+    for (std::size_t j = 0; j < c.replicas(); ++j) std::memcpy(static_cast<T*>(c.pointer(bucket, j)) + b, acc, m * sizeof(T));
+  });
 }
 
 /// What both host reducers share: the engine, broadcast, abort and reset.
