@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
-lockstep_install_deps
+lockstep_install_deps >&2  # what it installs goes to stderr with the build's output
 
 build=${LOCKSTEP_BUILD_DIR:-build-demo}
 # Build output goes to stderr, so stdout carries only the program's results.

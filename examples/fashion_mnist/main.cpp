@@ -22,12 +22,15 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 
 #include <lockstep/data.hpp>
+#include <lockstep/distribute/mpi_launch.hpp>
 #include <lockstep/lockstep.hpp>
 #ifdef LOCKSTEP_HAS_CUDA
 #include <lockstep/cuda.hpp>
@@ -65,10 +68,11 @@ struct usage_error : ls::config_error {
   using ls::config_error::config_error;
 };
 
-auto images(const config& c, const char* split) {
+/// The images and labels of `split` (train, t10k) in --data's IDX files, decoded once.
+std::shared_ptr<const ls::data::table> images(const config& c, const char* split) {
   const auto dir = std::filesystem::path(c.data);
-  return ls::data::idx((dir / (std::string(split) + "-images-idx3-ubyte.gz")).string(),
-                       (dir / (std::string(split) + "-labels-idx1-ubyte.gz")).string());
+  return ls::data::idx_table((dir / (std::string(split) + "-images-idx3-ubyte.gz")).string(),
+                             (dir / (std::string(split) + "-labels-idx1-ubyte.gz")).string());
 }
 
 /// --shard-optimizer, --no-shard-optimizer, or neither: lockstep decides.
@@ -86,18 +90,21 @@ std::size_t pipeline_batch(const config& c) {
   return c.batch / c.accumulate;
 }
 
-/// Calls f(train_set, test_set) with the pipelines of --data-format: the IDX files decoded once, or
-/// (index first) a PNG folder or tar shards written by export_images, whose batches are decoded
-/// when cut into this process's shards. All three yield the same batches, bit for bit.
+/// Calls f(train_set, test_set, training samples) with the pipelines of --data-format: the IDX
+/// files decoded once, or (index first) a PNG folder or tar shards written by export_images,
+/// whose batches are decoded when cut into this process's shards. All three yield the same
+/// batches, bit for bit. The pipeline's report is printed by the `chief` only.
 template <class F>
-int with_data(const config& c, F&& f) {
+int with_data(const config& c, [[maybe_unused]] bool chief, F&& f) {
   namespace ld = ls::data;
   if (c.data_format == "idx") {
     // the training set first, so that a missing directory is reported by its training file
-    auto train = images(c, "train") | ld::map(ld::scale(1.0f / 255)) | ld::shuffle(60'000, c.seed) |
+    const auto train_table = images(c, "train");
+    const std::size_t rows = train_table->rows;
+    auto train = ld::from_table(train_table) | ld::map(ld::scale(1.0f / 255)) | ld::shuffle(rows, c.seed) |
                  ld::batched(pipeline_batch(c)) | ld::prefetch(2);
-    auto test = images(c, "t10k") | ld::map(ld::scale(1.0f / 255)) | ld::batched(1000);
-    return f(train, test);
+    auto test = ld::from_table(images(c, "t10k")) | ld::map(ld::scale(1.0f / 255)) | ld::batched(1000);
+    return f(train, test, rows);
   }
 #ifdef LOCKSTEP_HAS_IMAGES
   const auto dir = std::filesystem::path(c.data);
@@ -118,11 +125,12 @@ int with_data(const config& c, F&& f) {
     return ld::tar_shards(shards, o);
   };
   const auto train = source("train");
-  auto train_set = train | ld::map(ld::scale(1.0f / 255)) | ld::shuffle(60'000, c.seed) | ld::batched(pipeline_batch(c)) |
+  const std::size_t rows = train.size();
+  auto train_set = train | ld::map(ld::scale(1.0f / 255)) | ld::shuffle(rows, c.seed) | ld::batched(pipeline_batch(c)) |
                    ld::prefetch(2);
   auto test_set = source("t10k") | ld::map(ld::scale(1.0f / 255)) | ld::batched(1000);
-  const int rc = f(train_set, test_set);
-  if (!c.quiet) std::fprintf(stderr, "%s", train.report().text().c_str());
+  const int rc = f(train_set, test_set, rows);
+  if (!c.quiet && chief) std::fprintf(stderr, "%s", train.report().text().c_str());
   return rc;
 #else
   throw usage_error{"--data-format " + c.data_format + ": this build has no image component (install libpng-dev and "
@@ -141,16 +149,17 @@ typename Strategy::template model_type<Net> replicate_model(Strategy& strategy, 
     if constexpr (!std::is_same_v<Kind, ls::cpus>)
       return strategy.template replicate<Net, ls::tf32>(seed);
     else
-      throw usage_error("--precision tf32: gpu replicas only (TF32 tensor cores); cpu replicas take fp32 or bf16");
+      throw usage_error(
+          "--precision tf32: gpu replicas only (TF32 tensor cores); cpu replicas take fp32, bf16 or fp16 (emulated)");
   }
   return strategy.template replicate<Net>(seed);
 }
 
-/// Trains on `strategy` (mirrored or multi-worker) with the given pipelines; `workers` processes
-/// take part, and this one prints when `chief`.
+/// Trains on `strategy` (mirrored or multi-worker) with the given pipelines, whose training set
+/// holds `train_rows` samples; `workers` processes take part, and this one prints when `chief`.
 template <class Net, class Kind, class Strategy, class Train, class Test>
 int train_with(Strategy& strategy, const config& c, std::size_t workers, bool chief, const Train& train_set,
-               const Test& test_set) {
+               const Test& test_set, std::size_t train_rows) {
   const std::size_t n = strategy.num_replicas();
   const bool quiet = c.quiet || !chief;
   // Each process sees the cores it may run on (mpirun binds a worker to its own cores).
@@ -160,7 +169,7 @@ int train_with(Strategy& strategy, const config& c, std::size_t workers, bool ch
   auto model = replicate_model<Net, Kind>(strategy, c);
 
   // Updates per epoch: the pipeline's batches, --accumulate to an update (the last one shorter).
-  const std::uint64_t batches_per_epoch = (60'000 + pipeline_batch(c) - 1) / pipeline_batch(c);
+  const std::uint64_t batches_per_epoch = (train_rows + pipeline_batch(c) - 1) / pipeline_batch(c);
   const std::uint64_t steps_per_epoch = (batches_per_epoch + c.accumulate - 1) / c.accumulate;
   const std::uint64_t epochs = epochs_of(c);
   ls::fit_options o;
@@ -213,14 +222,17 @@ int train_with(Strategy& strategy, const config& c, std::size_t workers, bool ch
 /// processes take part, and this one prints when `chief`.
 template <class Net, class Kind, class Strategy>
 int train_on(Strategy& strategy, const config& c, std::size_t workers, bool chief) {
-  return with_data(c, [&](const auto& train_set, const auto& test_set) {
-    return train_with<Net, Kind>(strategy, c, workers, chief, train_set, test_set);
+  return with_data(c, chief, [&](const auto& train_set, const auto& test_set, std::size_t train_rows) {
+    return train_with<Net, Kind>(strategy, c, workers, chief, train_set, test_set, train_rows);
   });
 }
 
 template <class Net, class Kind>
 int train(const config& c) {
-  const auto devices = c.replicas ? ls::device_selection::first(*c.replicas) : ls::device_selection::all();
+  // Default: 2 cpu replicas (the main job's), every visible GPU.
+  const auto devices = c.replicas                          ? ls::device_selection::first(*c.replicas)
+                       : std::is_same_v<Kind, ls::cpus> ? ls::device_selection::first(2)
+                                                        : ls::device_selection::all();
   ls::strategy_options options{.shard_optimizer = sharding_of(c)};
   // GPU replicas: a step never waits for its own work (the progress line shows each update's
   // loss one step later); mixed<fp16>'s dynamic loss scale decides on the host, so not there.
@@ -261,6 +273,11 @@ int run(const config& c) {
                       ": this build has no MPI support (install libopenmpi-dev and reconfigure with -DLOCKSTEP_MPI=ON)");
 #endif
   }
+#ifndef LOCKSTEP_HAS_MPI
+  if (ls::launched_by_mpi())  // each process would train alone and write the same files
+    throw usage_error("started by an MPI launcher, but this build has no MPI support: every process would train on "
+                      "its own (install libopenmpi-dev and reconfigure with -DLOCKSTEP_MPI=ON, or run it without mpirun)");
+#endif
   if (c.device == "cpu") return train<Net, ls::cpus>(c);
 #ifdef LOCKSTEP_HAS_CUDA
   return train<Net, ls::gpus>(c);
@@ -272,6 +289,13 @@ int run(const config& c) {
 /// The model the command line names.
 int run_model(const config& c) {
   (void)pipeline_batch(c);  // --accumulate that does not divide --batch: refused before any work
+  if (!c.export_file.empty()) {  // written after training: its directory is checked before
+    std::filesystem::path dir = std::filesystem::path(c.export_file).parent_path();
+    if (dir.empty()) dir = ".";
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec))
+      throw usage_error("--export " + c.export_file + ": the directory " + dir.string() + " does not exist");
+  }
   if (c.model == "small") return run<small>(c);
   if (c.model == "cnn") return run<cnn>(c);
   if (c.model == "cnn_bn") return run<cnn_bn>(c);

@@ -51,6 +51,8 @@ CLI::Validator finite_number(bool positive) {
             std::fabs(x) > static_cast<double>(std::numeric_limits<float>::max()))
           return "must be a finite number " + bound + " (at most 3.4e38), got " + shown_value(v);
         if (positive ? !(x > 0) : !(x >= 0)) return "must be " + bound + ", got " + v;
+        if (positive && !(static_cast<float>(x) > 0))  // the options are kept as floats
+          return "must be " + bound + " as a float (at least 1.4e-45), got " + shown_value(v);
         return "";
       },
       std::string("a number ") + bound);
@@ -65,6 +67,9 @@ CLI::Validator fraction(bool zero) {
         const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
         if (v.empty() || end != v.data() + v.size() || ec != std::errc{} || !(zero ? x >= 0 : x > 0) || !(x < 1))
           return "must be " + range + ", got " + shown_value(v);
+        if (!(static_cast<float>(x) < 1) || (!zero && !(static_cast<float>(x) > 0)))  // the options are kept as floats
+          return "must be " + range + " as a float, got " + shown_value(v) + ", which rounds to " +
+                 std::to_string(static_cast<float>(x));
         return "";
       },
       range);
@@ -80,8 +85,8 @@ std::string one_line(std::string what) {
 
 void describe(CLI::App& app, config& c) {
   app.add_option("--replicas", c.replicas,
-                 "number of replicas: cpu, any N >= 1 (default 2; beyond the allowed cores they share cores); "
-                 "gpu, up to the visible GPUs (default: all of them)")
+                 "number of replicas: cpu, any N >= 1 (default 2, 1 per worker under mpirun; beyond the allowed "
+                 "cores they share cores); gpu, up to the visible GPUs (default: all of them)")
       ->check(integer_in(1, 4096));
   app.add_option("--device", c.device, "device kind of the replicas")->check(CLI::IsMember({"cpu", "gpu"}));
   app.add_option("--epochs", c.epochs, "epochs to train (default 20 for mlp and small, 12 for cnn and cnn_bn)")
@@ -107,10 +112,12 @@ void describe(CLI::App& app, config& c) {
   app.add_option("--tensorboard", c.tensorboard,
                  "write TensorBoard scalars (loss, accuracy, learning rate, samples/s per epoch; loss and learning "
                  "rate per step) into this directory");
-  app.add_option("--export", c.export_file,
-                 "save the trained weights to this safetensors file, with the names and layouts of PyTorch's "
-                 "nn.Sequential");
-  app.add_option("--export-dtype", c.export_dtype, "element type of --export")->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  auto* export_file = app.add_option("--export", c.export_file,
+                                     "save the trained weights to this safetensors file, with the names and layouts "
+                                     "of PyTorch's nn.Sequential");
+  app.add_option("--export-dtype", c.export_dtype, "element type of --export")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->needs(export_file);
   app.add_option("--accumulate", c.accumulate,
                  "batches per update (gradient accumulation): the pipeline's batch is --batch / k, so the update "
                  "batch, the schedule and the number of updates are those of --batch alone")

@@ -233,7 +233,7 @@ TEST_CASE("index-first: behind prefetch, batches are decoded ahead once the plan
   CHECK(rep.text().find("pipeline report") != std::string::npos);
 }
 
-TEST_CASE("index-first: shard_by_worker after prefetch loads this worker's rows only; before it, ahead") {
+TEST_CASE("index-first: shard_by_worker after prefetch loads this worker's rows only, and before it loads them ahead") {
   const auto t = pixel_table(500, 16);
   for (const bool prefetch_first : {true, false}) {
     CAPTURE(prefetch_first);

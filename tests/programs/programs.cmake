@@ -63,7 +63,11 @@ if(LOCKSTEP_BUILD_EXAMPLES AND EXISTS ${PROJECT_SOURCE_DIR}/examples/fashion_mni
       "replicas_not_a_number|--replicas|two|error: --replicas: 'two' is not a number (an integer from 1 to 4096)"
       "seed_not_a_number|--seed|x1|error: --seed: 'x1' is not a number (an integer from 0 to 18446744073709551615)"
       "unknown_flag|--bogus|error: The following argument was not expected: --bogus"
-      "resume_without_dir|--resume|error: --resume requires --checkpoint-dir")
+      "resume_without_dir|--resume|error: --resume requires --checkpoint-dir"
+      "lr_rounds_to_zero|--lr|1e-46|error: --lr: must be > 0 as a float (at least 1.4e-45), got '1e-46'"
+      "clip_value_rounds_to_zero|--clip-value|1e-50|error: --clip-value: must be > 0 as a float (at least 1.4e-45), got '1e-50'"
+      "label_smoothing_rounds_to_one|--label-smoothing|0.99999999|error: --label-smoothing: must be a number from 0 up to, not including, 1 as a float, got '0.99999999', which rounds to 1.000000"
+      "export_dtype_without_export|--export-dtype|bf16|error: --export-dtype requires --export")
   foreach(_case IN LISTS _cli_cases)
     string(REPLACE "|" ";" _parts "${_case}")
     list(POP_FRONT _parts _name)
@@ -88,8 +92,25 @@ if(LOCKSTEP_BUILD_EXAMPLES AND EXISTS ${PROJECT_SOURCE_DIR}/examples/fashion_mni
                    -DEXIT=2
                    "-DSTDERR=error: --accumulate 3: --batch 128 is not a multiple of it (each update's batch is cut into --accumulate equal batches)"
                    -P ${_check})
+  # --export into a directory that does not exist: refused before any data is read (the file is
+  # written after training).
+  add_test(NAME programs/fashion_mnist_export_directory_missing
+           COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:fashion_mnist>
+                   "-DARGS=--export|${_missing}/w.safetensors|--data|${_missing}|--quiet" -DEXIT=2
+                   "-DSTDERR=error: --export ${_missing}/w.safetensors: the directory ${_missing} does not exist"
+                   -P ${_check})
   set_tests_properties(programs/fashion_mnist_cli_bad_model programs/fashion_mnist_missing_data
-                       programs/fashion_mnist_accumulate_not_a_divisor PROPERTIES LABELS "programs" TIMEOUT 60)
+                       programs/fashion_mnist_accumulate_not_a_divisor programs/fashion_mnist_export_directory_missing
+                       PROPERTIES LABELS "programs" TIMEOUT 60)
+  if(NOT LOCKSTEP_HAS_MPI)
+    # A build without MPI started by mpirun would train once per process: refused, exit 2.
+    add_test(NAME programs/fashion_mnist_mpirun_without_mpi
+             COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:fashion_mnist> "-DARGS=--data|${_missing}|--quiet"
+                     -DEXIT=2 -DENV=OMPI_COMM_WORLD_SIZE=2
+                     "-DSTDERR=error: started by an MPI launcher, but this build has no MPI support: every process would train on its own (install libopenmpi-dev and reconfigure with -DLOCKSTEP_MPI=ON, or run it without mpirun)"
+                     -P ${_check})
+    set_tests_properties(programs/fashion_mnist_mpirun_without_mpi PROPERTIES LABELS "programs" TIMEOUT 60)
+  endif()
   # --accumulate 4 under replica_count_invariant: bitwise the run without it (the same update
   # batches of 128 rows, cut into 4 batches of 32), on 2 epochs of Fashion-MNIST.
   set(_fashion_dir /usr/share/datasets/fashion-mnist)

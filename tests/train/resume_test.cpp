@@ -480,7 +480,7 @@ TEST_CASE("resume: a callback refusing its state gives the callbacks before it t
   fs::remove_all(dir);
 }
 
-TEST_CASE("resume: an epoch max_steps cuts short reaches the history only; the resumed run reports it once, whole") {
+TEST_CASE("resume: an epoch max_steps cuts short reaches the history only, and the resumed run reports it once, whole") {
   const auto dir = temp_dir("cut_short");
   const auto metrics = dir / "metrics.jsonl";
   const auto train = [&](std::uint64_t steps, bool resume, std::shared_ptr<double> n) {

@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <sys/resource.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -187,6 +189,55 @@ TEST_CASE("tensorboard: the writer's file starts with brain.Event:2 and holds ev
   std::ofstream(dir / "a_file") << "x";
   CHECK_THROWS_WITH_AS(ls::io::tensorboard_writer(dir / "a_file" / "sub"), doctest::Contains("a_file"),
                        ls::config_error);  // a file where the directory should be
+  fs::remove_all(dir);
+}
+
+TEST_CASE("tensorboard: a write that fails leaves the file at its last whole record, for the events after it") {
+  const auto dir = temp_dir("tb_full");
+  fs::create_directories(dir);
+  constexpr ::rlim_t limit = 4096;  // the file may not grow past this: writes fail part-way
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    const ::rlimit lim{limit, limit};
+    if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) ::_exit(5);
+    int failures = 0, written_after = 0;  // writes that succeeded after one failed
+    try {
+      ls::io::tensorboard_writer w(dir);
+      const std::vector<ls::io::tensorboard_scalar> many(30, {"a/rather/long/tag", 1.0});
+      for (int s = 0; s < 40; ++s) {
+        try {
+          w.scalars(s, many);
+          written_after += failures > 0 ? 1 : 0;
+        } catch (const ls::error&) {
+          ++failures;
+        }
+        try {
+          w.scalar("small", s, 2.0);  // a record that may still fit after a torn one was cut away
+          written_after += failures > 0 ? 1 : 0;
+        } catch (const ls::error&) {
+          ++failures;
+        }
+      }
+    } catch (...) {
+      ::_exit(3);
+    }
+    ::_exit(failures > 0 && written_after > 0 ? 0 : 4);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path());
+  REQUIRE(files.size() == 1);
+  CHECK(fs::file_size(files[0]) <= limit);
+  std::size_t torn = 1;
+  const auto ev = read_events(files[0], &torn);
+  CHECK(torn == 0);  // every byte belongs to a whole record
+  REQUIRE(ev.size() >= 2);
+  CHECK(ev[0].file_version == "brain.Event:2");
   fs::remove_all(dir);
 }
 

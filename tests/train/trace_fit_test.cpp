@@ -116,3 +116,21 @@ TEST_CASE("fit: a trace whose window holds no step writes a file with no span") 
   CHECK(json.find("{\"name\":\"driver\"}") != std::string::npos);
   fs::remove_all(dir);
 }
+
+TEST_CASE("fit: a trace_file whose directory does not exist is refused before the first step") {
+  const auto dir = temp_dir("trace_nodir");
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  auto m = s.replicate<net>(ls::seed{5});
+  const std::string file = (dir / "missing" / "t.json").string();
+  try {
+    (void)ls::fit(s, m, ls::adam{}, ls::softmax_cross_entropy{}, pipeline(20, 5),
+                  {.epochs = 2, .quiet = true, .trace_file = file});
+    FAIL("trained with a trace file that could never be written");
+  } catch (const ls::config_error& e) {
+    const std::string msg = e.what();
+    CAPTURE(msg);
+    CHECK(msg.find("fit_options::trace_file " + file) != std::string::npos);
+    CHECK(msg.find("does not exist") != std::string::npos);
+  }
+  CHECK(m.step() == 0);
+}

@@ -17,15 +17,9 @@
 #include <lockstep/core/error.hpp>
 #include <lockstep/distribute/detail/mpi_channel.hpp>
 #include <lockstep/distribute/detail/mpi_error.hpp>
+#include <lockstep/distribute/mpi_launch.hpp>
 
 namespace lockstep {
-
-/// True when this process was started by an MPI launcher (mpirun, mpiexec, srun with PMI/PMIx).
-inline bool launched_by_mpi() noexcept {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"})
-    if (std::getenv(v)) return true;
-  return false;
-}
 
 /// Checks, before MPI is started, that a program asked to run on `workers` workers was launched
 /// by an MPI launcher. @throws config_error saying how to launch it.

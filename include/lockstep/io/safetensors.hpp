@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -384,9 +385,11 @@ namespace detail::safetensors {
 /// counters as I64, the largest header accepted).
 template <class Net>
 std::uint64_t largest_file(const safetensors_options& o) {
-  std::uint64_t bytes = 8 + o.max_header_bytes;
-  for (const auto& t : safetensors_tensors<Net>())
-    bytes += t.elements() * (t.from == safetensors_entry::source::counter ? 8 : 4);
+  constexpr std::uint64_t most = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t bytes = 8;
+  const auto add = [&](std::uint64_t n) { bytes = n > most - bytes ? most : bytes + n; };  // saturates
+  add(o.max_header_bytes);
+  for (const auto& t : safetensors_tensors<Net>()) add(t.elements() * (t.from == safetensors_entry::source::counter ? 8 : 4));
   return bytes;
 }
 

@@ -116,7 +116,14 @@ public:
     put_fixed(event_, wall_time());
     static constexpr std::string_view version = "brain.Event:2";
     put_bytes(event_, 3, {reinterpret_cast<const std::uint8_t*>(version.data()), version.size()});
-    write_record();
+    try {
+      write_record();
+    } catch (...) {  // no half-made file, and no descriptor, is left behind
+      ::close(fd_);
+      std::error_code ignored;
+      std::filesystem::remove(path_, ignored);
+      throw;
+    }
   }
   tensorboard_writer(const tensorboard_writer&) = delete;
   tensorboard_writer& operator=(const tensorboard_writer&) = delete;
@@ -129,7 +136,8 @@ public:
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
 
   /// Appends one event at `step` holding every scalar of `values` (one record, one write).
-  /// @throws error when the write fails (the message names the file).
+  /// @throws error when the write fails (the message names the file); the file is cut back to
+  ///         its last whole record, so later events still follow a readable file.
   void scalars(std::int64_t step, std::span<const tensorboard_scalar> values, double wall = wall_time()) {
     using namespace detail::tensorboard;
     summary_.clear();
@@ -171,13 +179,19 @@ private:
     while (done < record_.size()) {  // one write(2) unless the kernel takes less
       const ::ssize_t w = ::write(fd_, record_.data() + done, record_.size() - done);
       if (w < 0 && errno == EINTR) continue;
-      if (w < 0) throw error("lockstep::tensorboard: " + path_.string() + ": write failed: " + std::strerror(errno));
+      if (w < 0) {
+        const int why = errno;
+        if (done > 0) (void)::ftruncate(fd_, static_cast<::off_t>(written_));  // drop the torn record
+        throw error("lockstep::tensorboard: " + path_.string() + ": write failed: " + std::strerror(why));
+      }
       done += static_cast<std::size_t>(w);
     }
+    written_ += record_.size();
   }
 
   std::filesystem::path path_;
   int fd_ = -1;
+  std::uint64_t written_ = 0;  // bytes of whole records in the file
   std::vector<std::uint8_t> value_, summary_, event_, record_;  // reused: steady writes do not allocate
 };
 

@@ -4,13 +4,18 @@
 /// callbacks, progress, checkpoints and exact resume), `evaluate` (exact loss, accuracy and top-k
 /// over every sample exactly once) and `predict`.
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -790,6 +795,20 @@ private:
   std::uint64_t norm_updates_ = 0, skipped_ = 0;  // updates whose norm was computed; updates skipped
 };
 
+/// Throws config_error naming `option` unless the directory file `path` goes into exists and may
+/// be written: before training, for an output written only at its end.
+inline void check_output_directory(const std::string& path, const char* option) {
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    throw config_error("lockstep::fit: " + std::string(option) + " " + path + ": the directory " + dir.string() +
+                       " does not exist (the file is written when the run ends)");
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw config_error("lockstep::fit: " + std::string(option) + " " + path + ": the directory " + dir.string() +
+                       " is not writable: " + std::strerror(errno));
+}
+
 /// The model seed recorded in checkpoints: the model's own, or fit_options::seed.
 template <class M>
 std::uint64_t model_seed(const M& m, const fit_options& o) {
@@ -840,6 +859,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   if (o.top_k == 0) throw config_error("lockstep::fit: fit_options::top_k must be >= 1");
   auto&& w = world_of(s);
   const shard_plan plan = w.plan();
+  if (!o.trace_file.empty() && w.is_chief()) check_output_directory(o.trace_file, "fit_options::trace_file");
   fit_session run(o, optimizer.lr, plan.parts, w.is_chief());  // plan.parts: the replicas of every worker
   // Automatic optimiser sharding is decided before a checkpoint's state is restored into slices.
   if constexpr (requires { s.prepare_update(m, optimizer); }) s.prepare_update(m, optimizer);
