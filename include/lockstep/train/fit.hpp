@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <concepts>
@@ -410,6 +411,14 @@ predictions predict(Strategy& s, Replicated& m, const Source& data) {
 
 namespace detail {
 
+/// The step in a checkpoint file's name (checkpoint_manager::path_for: ckpt-<12 digits>.lsck).
+inline std::uint64_t checkpoint_step(const std::filesystem::path& p) {
+  const std::string name = p.filename().string();
+  std::uint64_t step = 0;
+  if (name.size() > 5) (void)std::from_chars(name.data() + 5, name.data() + name.size(), step);
+  return step;
+}
+
 /// The states of `callbacks` (save_state's values; empty for a callback without one), to put
 /// back with reload_callbacks.
 inline std::vector<std::vector<double>> callback_states(const std::vector<callback>& callbacks) {
@@ -518,21 +527,25 @@ namespace detail {
 /// metrics file and checkpoints. Compiled once, whatever the models a program trains.
 class fit_session {
 public:
-  /// A session for options `o`, an optimiser with base rate `base_lr`, on `replicas` replicas.
-  /// Only the chief (`chief`) writes progress, the metrics file and checkpoints.
-  fit_session(const fit_options& o, float base_lr, std::size_t replicas, bool chief = true)
+  /// A session for options `o`, an optimiser with base rate `base_lr`, on `replicas` replicas,
+  /// for a model that has done `model_step` updates. Only the chief (`chief`) writes progress,
+  /// the metrics file and checkpoints.
+  fit_session(const fit_options& o, float base_lr, std::size_t replicas, bool chief = true, std::uint64_t model_step = 0)
       : o_(o), replicas_(replicas), chief_(chief) {
     ctl.past = &h;
     ctl.base_lr = base_lr;
     lr = base_lr;
     if (!o.checkpoint_dir.empty()) {
       ckpt_.emplace(o.checkpoint_dir, o.keep_checkpoints);
-      // A fresh run among another run's checkpoints would lose its own to their higher steps.
+      // Without resume, checkpoints of later steps than the model's are another run's: this run's
+      // own would be the older ones, deleted first, and a resume would continue the other run.
       if (const auto other = o.resume ? std::optional<std::filesystem::path>() : ckpt_->latest())
-        throw config_error("lockstep::fit: checkpoint_dir " + o.checkpoint_dir + " already holds checkpoints (the newest " +
-                           other->filename().string() + "): a fresh run there would delete its own checkpoints to keep "
-                           "the later steps, and a resume would continue the other run; resume from them "
-                           "(fit_options::resume), or give an empty or new checkpoint_dir");
+        if (const std::uint64_t step = checkpoint_step(*other); step > model_step)
+          throw config_error("lockstep::fit: checkpoint_dir " + o.checkpoint_dir + " holds checkpoints of another run (" +
+                             other->filename().string() + ", step " + std::to_string(step) + ", while the model has done " +
+                             std::to_string(model_step) + " updates): this run's would be the ones deleted to keep the "
+                             "newest, and a resume would continue the other run; resume from them "
+                             "(fit_options::resume), or give an empty or new checkpoint_dir");
     } else if (o.resume || o.checkpoint_every) {
       throw config_error("lockstep::fit: resume and checkpoint_every need checkpoint_dir");
     }
@@ -860,7 +873,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   auto&& w = world_of(s);
   const shard_plan plan = w.plan();
   if (!o.trace_file.empty() && w.is_chief()) check_output_directory(o.trace_file, "fit_options::trace_file");
-  fit_session run(o, optimizer.lr, plan.parts, w.is_chief());  // plan.parts: the replicas of every worker
+  fit_session run(o, optimizer.lr, plan.parts, w.is_chief(), m.step());  // plan.parts: the replicas of every worker
   // Automatic optimiser sharding is decided before a checkpoint's state is restored into slices.
   if constexpr (requires { s.prepare_update(m, optimizer); }) s.prepare_update(m, optimizer);
   if (const auto ck = run.checkpoint_to_resume()) {
