@@ -5,6 +5,7 @@
 /// copies that would each train alone.
 
 #include <cstdlib>
+#include <initializer_list>
 
 namespace lockstep {
 
