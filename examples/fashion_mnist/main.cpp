@@ -290,8 +290,7 @@ int run(const config& c) {
 int run_model(const config& c) {
   (void)pipeline_batch(c);  // --accumulate that does not divide --batch: refused before any work
   if (!c.export_file.empty()) {  // written after training: its directory is checked before
-    std::filesystem::path dir = std::filesystem::path(c.export_file).parent_path();
-    if (dir.empty()) dir = ".";
+    const std::filesystem::path dir = ls::io::directory_of(c.export_file);
     std::error_code ec;
     if (!std::filesystem::is_directory(dir, ec))
       throw usage_error("--export " + c.export_file + ": the directory " + dir.string() + " does not exist");

@@ -387,6 +387,7 @@ TEST_CASE("checkpoint_manager: keeps the newest K and finds the latest") {
       mgr.save(s);
       CHECK(mgr.list().size() == std::min<std::size_t>(step, keep));
       CHECK(mgr.latest() == mgr.path_for(step));
+      CHECK(ls::checkpoint_manager::step_of(*mgr.latest()) == step);
     }
     // a stray temporary from an interrupted save is ignored and cleaned up by the next save
     { std::ofstream(dir / ".ckpt-000000000007.lsck.tmp.abcdef") << "torn"; }
@@ -398,6 +399,19 @@ TEST_CASE("checkpoint_manager: keeps the newest K and finds the latest") {
   }
   CHECK_THROWS_AS(ls::checkpoint_manager(dir, 0), ls::config_error);
   fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint_manager: step_of reads back the step of path_for, and 0 from other names") {
+  ls::checkpoint_manager mgr(temp_dir("step_of"), 1);
+  for (std::uint64_t step : {0ull, 1ull, 7ull, 999'999'999'999ull, 1'000'000'000'000ull, 18'446'744'073'709'551'615ull}) {
+    CAPTURE(step);
+    CHECK(ls::checkpoint_manager::step_of(mgr.path_for(step)) == step);
+  }
+  for (const char* other : {"", "ckpt-", "model.lsck", "xkpt-000000000005.lsck", "ckpt-abc.lsck"}) {
+    CAPTURE(other);
+    CHECK(ls::checkpoint_manager::step_of(other) == 0);
+  }
+  fs::remove_all(mgr.directory());
 }
 
 TEST_CASE("checkpoint: empty arrays and strings round-trip") {

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -280,11 +281,16 @@ inline std::string section_name(std::uint32_t tag) {
   return f;
 }
 
+/// The directory a file at `path` goes into: its parent, or "." for a bare file name.
+inline std::filesystem::path directory_of(const std::filesystem::path& path) {
+  return path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+}
+
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory is written and
 /// fsync'ed, renamed over `path`, and the directory is fsync'ed. A crash at any moment leaves
 /// either the old file or the new one, never a torn one (a stray temporary may remain).
 inline void write_file_atomically(const std::filesystem::path& path, std::span<const std::uint8_t> bytes) {
-  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  const std::filesystem::path dir = directory_of(path);
   std::string tmpl = dir.string();  // built by appending: GCC 12 warns falsely on "." + string
   tmpl.append("/.").append(path.filename().string()).append(".tmp.XXXXXX");
   const int fd = ::mkstemp(tmpl.data());
@@ -347,6 +353,15 @@ public:
     char name[40];
     std::snprintf(name, sizeof name, "ckpt-%012llu.lsck", static_cast<unsigned long long>(step));
     return dir_ / name;
+  }
+
+  /// The step in the name of checkpoint `path` (one of list()'s; 0 for another name).
+  [[nodiscard]] static std::uint64_t step_of(const std::filesystem::path& path) {
+    const std::string name = path.filename().string();
+    std::uint64_t step = 0;
+    if (name.size() > 5 && name.rfind("ckpt-", 0) == 0)
+      (void)std::from_chars(name.data() + 5, name.data() + name.size(), step);
+    return step;
   }
 
   /// Writes `f` atomically as path_for(step), then deletes all but the newest `keep`

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <concepts>
@@ -411,14 +410,6 @@ predictions predict(Strategy& s, Replicated& m, const Source& data) {
 
 namespace detail {
 
-/// The step in a checkpoint file's name (checkpoint_manager::path_for: ckpt-<12 digits>.lsck).
-inline std::uint64_t checkpoint_step(const std::filesystem::path& p) {
-  const std::string name = p.filename().string();
-  std::uint64_t step = 0;
-  if (name.size() > 5) (void)std::from_chars(name.data() + 5, name.data() + name.size(), step);
-  return step;
-}
-
 /// The states of `callbacks` (save_state's values; empty for a callback without one), to put
 /// back with reload_callbacks.
 inline std::vector<std::vector<double>> callback_states(const std::vector<callback>& callbacks) {
@@ -428,11 +419,10 @@ inline std::vector<std::vector<double>> callback_states(const std::vector<callba
   return out;
 }
 
-/// Puts back the states `saved` (callback_states) of the first `n` callbacks that can save and
-/// load theirs (after a resume that failed part-way; a callback refusing its own state is left).
-inline void reload_callbacks(const std::vector<callback>& callbacks, const std::vector<std::vector<double>>& saved,
-                             std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n && i < callbacks.size() && i < saved.size(); ++i)
+/// Puts back the states `saved` (callback_states) of the callbacks that can save and load theirs
+/// (after a resume that failed part-way; a callback refusing its own state is left).
+inline void reload_callbacks(const std::vector<callback>& callbacks, const std::vector<std::vector<double>>& saved) noexcept {
+  for (std::size_t i = 0; i < callbacks.size() && i < saved.size(); ++i)
     if (callbacks[i].save_state && callbacks[i].load_state) try {
         callbacks[i].load_state(std::span<const double>(saved[i].data(), saved[i].size()));
       } catch (...) {
@@ -440,7 +430,7 @@ inline void reload_callbacks(const std::vector<callback>& callbacks, const std::
 }
 
 /// Hands each callback its state from checkpoint `st` (read from `source`), in order; when one
-/// refuses its state, those before it get their own states back.
+/// refuses its state, the caller puts back the states it kept (callback_states, reload_callbacks).
 /// @throws checkpoint_error when the number of states differs from the number of callbacks, or a
 ///         state does not fit its callback.
 inline void restore_callbacks(const std::vector<callback>& callbacks, const checkpoint_state& st,
@@ -454,18 +444,13 @@ inline void restore_callbacks(const std::vector<callback>& callbacks, const chec
     if (!callbacks[i].load_state && !st.callback_states[i].empty())
       throw checkpoint_error(where + "callback " + std::to_string(i) + " has no load_state, but the checkpoint holds " +
                              std::to_string(st.callback_states[i].size()) + " values of state for it");
-  const auto before = callback_states(callbacks);
   for (std::size_t i = 0; i < callbacks.size(); ++i) {
     const auto& saved = st.callback_states[i];
     if (!callbacks[i].load_state) continue;
     try {
       callbacks[i].load_state(std::span<const double>(saved.data(), saved.size()));
     } catch (const checkpoint_error& e) {
-      reload_callbacks(callbacks, before, i);
       throw checkpoint_error(where + "callback " + std::to_string(i) + ": " + e.what());
-    } catch (...) {
-      reload_callbacks(callbacks, before, i);
-      throw;
     }
   }
 }
@@ -540,7 +525,7 @@ public:
       // Without resume, checkpoints of later steps than the model's are another run's: this run's
       // own would be the older ones, deleted first, and a resume would continue the other run.
       if (const auto other = o.resume ? std::optional<std::filesystem::path>() : ckpt_->latest())
-        if (const std::uint64_t step = checkpoint_step(*other); step > model_step)
+        if (const std::uint64_t step = io::checkpoint_manager::step_of(*other); step > model_step)
           throw config_error("lockstep::fit: checkpoint_dir " + o.checkpoint_dir + " holds checkpoints of another run (" +
                              other->filename().string() + ", step " + std::to_string(step) + ", while the model has done " +
                              std::to_string(model_step) + " updates): this run's would be the ones deleted to keep the "
@@ -811,8 +796,7 @@ private:
 /// Throws config_error naming `option` unless the directory file `path` goes into exists and may
 /// be written: before training, for an output written only at its end.
 inline void check_output_directory(const std::string& path, const char* option) {
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (dir.empty()) dir = ".";
+  const std::filesystem::path dir = io::directory_of(path);
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec))
     throw config_error("lockstep::fit: " + std::string(option) + " " + path + ": the directory " + dir.string() +
@@ -884,13 +868,14 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
                              " (resume with the model, seed and optimiser that wrote it, or use another checkpoint_dir)");
     }
     const auto callbacks_before = callback_states(o.callbacks);
-    run.resume_from(ck->first, ck->second);  // refuses callback states that do not fit, before the model changes
-    if constexpr (requires { m.precision(); })
-      run.note_precision(static_cast<const model_state&>(ck->first).precision, std::string(precision_name(m.precision())));
     try {
+      run.resume_from(ck->first, ck->second);  // refuses callback states that do not fit, before the model changes
+      if constexpr (requires { m.precision(); })
+        run.note_precision(static_cast<const model_state&>(ck->first).precision,
+                           std::string(precision_name(m.precision())));
       restore(m, static_cast<const model_state&>(ck->first), optimizer, ck->second);
     } catch (...) {  // the callbacks get their states back
-      reload_callbacks(o.callbacks, callbacks_before, o.callbacks.size());
+      reload_callbacks(o.callbacks, callbacks_before);
       throw;
     }
   }
