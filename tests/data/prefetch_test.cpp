@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <numeric>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -48,7 +49,32 @@ std::vector<int> range_of(int n) {
   return v;
 }
 
+// A source whose elements view into a table its generator owns (a parameter: it lives as long as
+// the generator, as a library source's table does), large enough to be unmapped when freed.
+ld::generator<std::span<const int>> viewing_source(std::vector<int> table) {
+  for (std::size_t i = 0; i < table.size(); i += 4096) co_yield std::span<const int>(table.data() + i, 1);
+}
+
 }  // namespace
+
+TEST_CASE("prefetch: queued elements that view into the upstream stay valid after it is exhausted" *
+          doctest::timeout(10)) {
+  const int n = 10 << 20;
+  for (std::size_t depth : {1u, 3u, 3000u}) {
+    CAPTURE(depth);
+    const auto d = ld::dataset<std::span<const int>>{[n](std::uint64_t) { return viewing_source(range_of(n)); }} |
+                   ld::prefetch(depth);
+    std::vector<int> got;
+    for (auto&& x : d.epoch()) {
+      // the producer runs to the end of the upstream while the consumer waits
+      if (got.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      got.push_back(x[0]);
+    }
+    std::vector<int> want;
+    for (int i = 0; i < n; i += 4096) want.push_back(i);
+    CHECK(got == want);
+  }
+}
 
 TEST_CASE("prefetch: same elements in the same order, for depths and sizes" * doctest::timeout(20)) {
   const std::size_t before = baseline_threads();

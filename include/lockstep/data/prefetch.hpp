@@ -84,16 +84,17 @@ private:
   std::exception_ptr error_;
 };
 
-/// Runs `up` on a thread feeding `ch`; the destructor stops and joins it.
+/// Runs `up` on a thread feeding `ch`; the destructor stops and joins it, then destroys `up`:
+/// queued elements may view into the upstream's state (a sample into its table), so the upstream
+/// lives as long as the consumer's generator, not only until it is exhausted.
 template <class T>
 class producer {
 public:
-  producer(std::shared_ptr<channel<T>> ch, generator<T> up) : channel_(ch) {
-    thread_ = std::thread([ch = std::move(ch), up = std::move(up)]() mutable {
+  producer(std::shared_ptr<channel<T>> ch, generator<T> up) : channel_(ch), source_(std::move(up)) {
+    thread_ = std::thread([ch = std::move(ch), source = &source_] {
       std::exception_ptr error;
       try {
-        generator<T> source = std::move(up);  // destroyed on this thread, before finish()
-        for (auto&& x : source) {
+        for (auto&& x : *source) {
           // An index batch decodes this process's rows here, off the consumer's thread.
           if constexpr (requires { x.load_ahead(); }) x.load_ahead();
           if (!ch->push(std::move(x))) break;
@@ -113,6 +114,7 @@ public:
 
 private:
   std::shared_ptr<channel<T>> channel_;
+  generator<T> source_;  // destroyed after the thread is joined
   std::thread thread_;
 };
 
