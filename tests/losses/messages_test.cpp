@@ -65,23 +65,56 @@ TEST_CASE("softmax_cross_entropy: a bad label and a non-finite logit are two mes
                                   static_cast<float*>(nullptr), scratch.data());
         }) == "lockstep::softmax_cross_entropy: label 5 (row 2) is outside [0, 3): the model has 3 outputs");
   labels[2] = 1;
-  // (-inf in one column of a row whose maximum is finite is a probability of 0, not an error;
-  // a row of -inf has no maximum.)
-  for (const float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                          std::numeric_limits<float>::quiet_NaN()}) {
-    CAPTURE(bad);
-    std::vector<float> zz = z;
-    if (bad < 0) zz[3 * 3 + 0] = zz[3 * 3 + 1] = bad;  // row 3: -inf everywhere
-    zz[3 * 3 + 2] = bad;                              // row 3, column 2
-    const std::string where = bad < 0 ? "logit 0 of row 3" : "logit 2 of row 3";
-    const std::string msg = data_error_of([&] {
-      xent_ref::evaluate_cols(loss, ctx, zz.data(), 4, 3, ls::targets<float>{labels.data(), nullptr, 0},
-                              static_cast<float*>(nullptr), scratch.data());
-    });
-    CAPTURE(msg);
-    const std::string what = bad != bad ? "NaN" : "infinite";
-    CHECK(msg.find("lockstep::softmax_cross_entropy: " + where + " is " + what) == 0);
-    CHECK(msg.find("label") == std::string::npos);
+  // -inf in one column of a row whose maximum is finite is a probability of 0, not an error (row 0
+  // has one, before the bad row); a row of -inf has no maximum. With and without smoothing.
+  z[0 * 3 + 1] = -std::numeric_limits<float>::infinity();
+  for (const float smoothing : {0.0f, 0.1f})
+    for (const float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()}) {
+      CAPTURE(smoothing);
+      CAPTURE(bad);
+      std::vector<float> zz = z;
+      if (bad < 0) zz[3 * 3 + 0] = zz[3 * 3 + 1] = bad;  // row 3: -inf everywhere
+      zz[3 * 3 + 2] = bad;                              // row 3, column 2
+      const std::string msg = data_error_of([&] {
+        xent_ref::evaluate_cols(ls::softmax_cross_entropy{smoothing}, ctx, zz.data(), 4, 3,
+                                ls::targets<float>{labels.data(), nullptr, 0}, static_cast<float*>(nullptr),
+                                scratch.data());
+      });
+      CAPTURE(msg);
+      const std::string want = bad != bad ? "logit 2 of row 3 is NaN"
+                               : bad > 0  ? "logit 2 of row 3 is +inf"
+                                          : "logit 0 of row 3 is -inf, as is every logit of the row";
+      CHECK(msg.find("lockstep::softmax_cross_entropy: " + want) == 0);
+      CHECK(msg.find("label") == std::string::npos);
+    }
+}
+
+TEST_CASE("rank_of: a NaN output ranks above every number, NaNs tie by index, as the loss's arg-max") {
+  const float n = std::numeric_limits<float>::quiet_NaN();
+  const float all_nan[3] = {n, n, n}, one_nan[3] = {n, 1, 2}, plain[4] = {1, 3, 3, 0};
+  CHECK(ls::rank_of(all_nan, 3, 0) == 0);
+  CHECK(ls::rank_of(all_nan, 3, 2) == 2);
+  CHECK(ls::rank_of(one_nan, 3, 2) == 1);
+  CHECK(ls::rank_of(one_nan, 3, 1) == 2);
+  CHECK(ls::rank_of(one_nan, 3, 0) == 0);
+  CHECK(ls::rank_of(plain, 4, 1) == 0);
+  CHECK(ls::rank_of(plain, 4, 2) == 1);
+  CHECK(ls::rank_of(plain, 4, 0) == 2);
+  CHECK(ls::rank_of(plain, 4, 3) == 3);
+  // the top-1 hit agrees with softmax_cross_entropy's arg-max on rows with a NaN
+  const ls::host_context ctx;
+  for (std::int32_t label = 0; label < 3; ++label) {
+    std::vector<float> scratch(2);
+    std::int32_t y = label;
+    std::vector<float> row(one_nan, one_nan + 3);
+    const float hit = [&] {
+      ls::detail::softmax_xent_smoothed_row_op<float>{row.data(), &y, nullptr, scratch.data(), scratch.data() + 1, 3,
+                                                      0.1f}(0);
+      return scratch[1];
+    }();
+    CAPTURE(label);
+    CHECK((hit == 1.0f) == (ls::rank_of(row.data(), 3, static_cast<std::size_t>(label)) == 0));
   }
 }
 
@@ -135,4 +168,24 @@ TEST_CASE("a 5-output model on 10-class data: the training step names the label,
   CHECK(innermost_of([&] { strategy.train_step(model, ls::sgd{}, ls::softmax_cross_entropy{}, db()); }) ==
         "lockstep::softmax_cross_entropy: label 12 of sample 8 (row 2 of replica 1's shard at step 0) is outside [0, 5): "
         "the model has 5 outputs");
+}
+
+TEST_CASE("mse: a batch without regression targets and targets of another width are two messages") {
+  const ls::host_context ctx;
+  const ls::mse loss;
+  std::vector<float> out(2 * 3, 0.5f), scratch(2), values(2 * 2, 1.0f);
+  const std::vector<std::int32_t> labels = {0, 1};
+  using args = ls::loss_args<float, ls::host_context, ls::shape<3>>;
+  const auto message = [&](const ls::targets<float>& t) {
+    try {
+      (void)loss.evaluate(ctx, args{{out.data(), 2}, t, {}, scratch.data()});
+    } catch (const ls::shape_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no shape_error)");
+  };
+  CHECK(message(ls::targets<float>{labels.data(), nullptr, 0}) ==
+        "lockstep::mse: the batch has no regression targets (a dataset of class labels?); mse needs 3 target values "
+        "per row, one per model output");
+  CHECK(message(ls::targets<float>{nullptr, values.data(), 2}) == "lockstep::mse: targets have width 2 but the model outputs 3");
 }

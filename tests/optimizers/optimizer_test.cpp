@@ -2,8 +2,12 @@
 // from PyTorch's definitions, the gradient scale, the schedules, and user-defined optimisers.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include <lockstep/lockstep.hpp>
@@ -227,4 +231,71 @@ TEST_CASE("replica::apply runs any optimiser on the flat buffers and keeps its s
   CHECK(rep.optimizer_state().size() == 2 * P);
   for (float s : rep.optimizer_state().span()) CHECK(s == 0.0f);
   rep.apply(ls::adam{}, ls::update_info{0.1f, 1, 1.0});
+}
+
+namespace {
+// The message of the config_error `f` throws ("" when it throws none).
+template <class F>
+std::string config_error_of(F&& f) {
+  try {
+    f();
+  } catch (const ls::config_error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("optimisers refuse hyper-parameters out of range, naming them, before any parameter changes") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  CHECK_NOTHROW(ls::adam{}.check());
+  CHECK_NOTHROW(ls::adamw{.beta1 = 0.0f, .beta2 = 0.0f, .eps = 0.0f, .weight_decay = 0.0f}.check());
+  CHECK_NOTHROW(ls::sgd{.lr = 0.0f, .momentum = 0.9f, .nesterov = true}.check());
+  CHECK(config_error_of([] { ls::adam{.beta2 = 1.0f}.check(); }) == "lockstep::adam: beta2 must be in [0, 1), got 1.000000");
+  CHECK(config_error_of([] { ls::adamw{.beta1 = 1.0f}.check(); }) == "lockstep::adamw: beta1 must be in [0, 1), got 1.000000");
+  for (const float bad : {-0.5f, 1.0f, 1.5f, nan}) {
+    CAPTURE(bad);
+    CHECK(config_error_of([&] { ls::adam{.beta1 = bad}.check(); }).find("beta1") != std::string::npos);
+    CHECK(config_error_of([&] { ls::adamw{.beta2 = bad}.check(); }).find("beta2") != std::string::npos);
+  }
+  for (const float bad : {-1e-8f, inf, nan}) {
+    CAPTURE(bad);
+    CHECK(config_error_of([&] { ls::adam{.eps = bad}.check(); }).find("eps") != std::string::npos);
+    CHECK(config_error_of([&] { ls::adamw{.weight_decay = bad}.check(); }).find("weight_decay") != std::string::npos);
+    CHECK(config_error_of([&] { ls::sgd{.momentum = bad}.check(); }).find("momentum") != std::string::npos);
+    CHECK(config_error_of([&] { ls::sgd{.weight_decay = bad}.check(); }).find("weight_decay") != std::string::npos);
+  }
+  for (const float bad : {inf, -inf, nan}) {
+    CAPTURE(bad);
+    CHECK(config_error_of([&] { ls::sgd{.lr = bad}.check(); }).find("lr") != std::string::npos);
+    CHECK(config_error_of([&] { ls::adam{.lr = bad}.check(); }).find("lr") != std::string::npos);
+  }
+  CHECK(config_error_of([] { ls::sgd{.nesterov = true}.check(); }) == "lockstep::sgd: nesterov needs momentum > 0");
+  // update number 0 (the count is 1-based) would divide by 1 - beta^0 = 0
+  std::vector<float> p{1}, g{1}, s(2, 0.0f);
+  const ls::host_context ctx;
+  CHECK(config_error_of([&] { ls::adam{}.update(ctx, p.data(), g.data(), s.data(), 1, ls::update_info{1e-3f, 0, 1.0}); })
+            .find("update_info::step") != std::string::npos);
+  CHECK(p[0] == 1.0f);
+
+  // A strategy checks before the step: the model is not changed, and the next step trains.
+  using net = ls::sequential<ls::dense<3, 2>>;
+  ls::mirrored<ls::cpu<0>> strat;
+  auto m = strat.replicate<net>(ls::seed{3});
+  ls::data::batch b;
+  b.width = 3;
+  b.features = {1, 2, 3, 4, 5, 6};
+  b.labels = {0, 1};
+  b.indices = {0, 1};
+  ls::data::distributed_batch db;
+  db.global = std::make_shared<const ls::data::batch>(b);
+  db.shards = ls::data::split(*db.global, 1);
+  const std::vector<float> before(m.replica(0).model().parameters().span().begin(),
+                                  m.replica(0).model().parameters().span().end());
+  CHECK(config_error_of([&] { strat.train_step(m, ls::adam{.beta2 = 1.0f}, ls::softmax_cross_entropy{}, db); })
+            .find("beta2") != std::string::npos);
+  CHECK(m.step() == 0);
+  CHECK(std::equal(before.begin(), before.end(), m.replica(0).model().parameters().span().begin()));
+  strat.train_step(m, ls::adam{}, ls::softmax_cross_entropy{}, db);
+  CHECK(m.step() == 1);
 }

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 #include <set>
+#include <stdexcept>
+#include <string>
 
 #include "train/helpers.hpp"
 
@@ -90,6 +92,32 @@ TEST_CASE("evaluate: exact counts, accuracy and top-k for uneven sizes and 1..4 
   check_exact_evaluation<ls::mirrored<ls::cpu<0>, ls::cpu<1>>>();
   check_exact_evaluation<ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>>>();
   check_exact_evaluation<ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>, ls::cpu<3>>>();
+}
+
+TEST_CASE("evaluate: a label outside the model's classes is a data_error naming the label and the sample") {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  auto m = s.replicate<net>(ls::seed{3});
+  for (const std::size_t bad_row : {0u, 6u, 12u}) {
+    CAPTURE(bad_row);
+    blobs b = make_blobs(13, 2);
+    b.labels[bad_row] = 7;
+    const auto data = ls::data::from_memory(std::move(b.features), width, std::move(b.labels)) | ls::data::batched(5);
+    std::string msg;
+    try {
+      (void)ls::evaluate(s, m, ls::softmax_cross_entropy{}, data);
+    } catch (const std::exception& e) {
+      msg = e.what();
+      try {  // a replica's error arrives nested
+        std::rethrow_if_nested(e);
+      } catch (const ls::data_error& inner) {
+        msg = inner.what();
+      } catch (...) {
+      }
+    }
+    CAPTURE(msg);
+    CHECK(msg.find("label 7 of sample " + std::to_string(bad_row) + " ") != std::string::npos);
+    CHECK(msg.find("outside [0, 3)") != std::string::npos);
+  }
 }
 
 TEST_CASE("evaluate: an empty dataset counts nothing") {

@@ -382,6 +382,7 @@ public:
     world_.check_usable();
     exec_.check_batch(b);
     recipe.check();
+    check_hyperparameters(opt);
     const std::size_t total = b.global_size();
     check_shards(b, total);
     check_pending(m);

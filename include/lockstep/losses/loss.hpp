@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include <lockstep/backend/softmax_xent.hpp>
 #include <lockstep/core/labels.hpp>
 #include <lockstep/core/shape.hpp>
 #include <lockstep/core/views.hpp>
@@ -51,13 +52,17 @@ struct loss_sum {
 };
 
 /// How many outputs of `row` rank ahead of output `label`: those strictly larger, and those equal
-/// with a smaller index (so ties resolve to the lowest index, as an argmax does). The prediction
-/// is top-k correct when the result is < k.
+/// with a smaller index (so ties resolve to the lowest index, as an argmax does). A NaN ranks
+/// above every number, as in softmax_cross_entropy's arg-max (NaNs tie with each other). The
+/// prediction is top-k correct when the result is < k.
 template <class T>
 [[nodiscard]] std::size_t rank_of(const T* row, std::size_t cols, std::size_t label) noexcept {
   const T v = row[label];
   std::size_t ahead = 0;
-  for (std::size_t j = 0; j < cols; ++j) ahead += (row[j] > v || (row[j] == v && j < label)) ? 1 : 0;
+  for (std::size_t j = 0; j < cols; ++j) {
+    const bool tie = row[j] == v || (row[j] != row[j] && v != v);
+    ahead += (backend::detail::xent_above(row[j], v) || (tie && j < label)) ? 1 : 0;
+  }
   return ahead;
 }
 

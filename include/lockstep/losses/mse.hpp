@@ -48,9 +48,12 @@ struct mse {
     const std::size_t rows = a.rows();
     if (rows == 0) return {};
     const targets<T>& t = a.target;
-    if (!t.values || t.width != cols)
-      throw shape_error("lockstep::mse: targets have width " + std::to_string(t.values ? t.width : 0) +
-                        " but the model outputs " + std::to_string(cols));
+    if (!t.values)
+      throw shape_error("lockstep::mse: the batch has no regression targets (a dataset of class labels?); mse needs " +
+                        std::to_string(cols) + " target values per row, one per model output");
+    if (t.width != cols)
+      throw shape_error("lockstep::mse: targets have width " + std::to_string(t.width) + " but the model outputs " +
+                        std::to_string(cols));
     for_each_index(ctx, rows, detail::mse_row_op<T>{a.out.data(), t.values, a.grad.data(), a.scratch, cols});
     return {sum(ctx, a.scratch, rows), rows};
   }

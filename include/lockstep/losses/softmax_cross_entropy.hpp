@@ -23,7 +23,9 @@ namespace detail {
 /// (1 − ε) onehot(label) + ε / C, so, with d and t as in softmax_xent_row_op and lse = log1p(t),
 /// loss[r] = lse − (1 − ε) d_label − (ε / C) Σ_c d_c and grad_r[c] = p_c − (1 − ε) onehot[c] − ε / C.
 /// hit[r] = 1 when the arg-max (first on ties) equals the label. A label outside [0, cols) or a
-/// logit that is not finite yields a NaN loss.
+/// row whose largest logit is not finite (a NaN, +inf, or every logit −inf) yields a NaN loss; a
+/// −inf logit in a row with a finite maximum is a class of probability 0 (with smoothing, or as
+/// the label, the loss is +inf).
 template <class T>
 struct softmax_xent_smoothed_row_op {
   const T* z;                   ///< logits, rows x cols
@@ -72,9 +74,10 @@ struct softmax_cross_entropy {
 
   /// Sum of the losses of the rows of logits a.out against a.target.labels and the number of
   /// top-1 hits; writes the gradient of that sum into a.grad when it is not empty.
-  /// @throws data_error for a label outside [0, cols) (check_labels' message) or a logit that is
-  ///         not finite (naming its row and column; on a device whose memory the host cannot
-  ///         read, one message names both causes: a replica checks the labels before this runs).
+  /// @throws data_error for a label outside [0, cols) (check_labels' message) or a row whose
+  ///         largest logit is not finite (a NaN, +inf, or every logit −inf; naming the first such
+  ///         row and its column; on a device whose memory the host cannot read, one message names
+  ///         both causes: a replica checks the labels before this runs).
   template <class T, class Ctx, class Shape>
   loss_sum evaluate(Ctx& ctx, const loss_args<T, Ctx, Shape>& a) const {
     constexpr std::size_t cols = Shape::size;
@@ -101,18 +104,23 @@ struct softmax_cross_entropy {
   }
 
 private:
-  /// Throws the message of a NaN loss: the bad label or the first logit that is not finite, when
-  /// the host can read them.
+  /// Throws the message of a NaN loss: the bad label, or the first row whose largest logit is not
+  /// finite and that logit's column, when the host can read them.
   template <class T, class Ctx>
   [[noreturn]] static void explain_nan(const T* z, const std::int32_t* labels, std::size_t rows, std::size_t cols) {
     if constexpr (std::is_same_v<std::remove_cv_t<Ctx>, backend::host_context>) {
       check_labels(name, labels, rows, cols, cols);
-      for (std::size_t i = 0; i < rows * cols; ++i)
-        if (!std::isfinite(z[i]))
-          throw data_error(std::string(name) + ": logit " + std::to_string(i % cols) + " of row " +
-                           std::to_string(i / cols) + " is " + (std::isnan(z[i]) ? "NaN" : "infinite") +
-                           ": the model's outputs are not finite (a learning rate too large, or input values "
-                           "that are not finite)");
+      for (std::size_t r = 0; r < rows; ++r) {
+        const auto mx = backend::detail::xent_max_part(z + r * cols, cols, 0, 1);  // the loss's own maximum
+        if (mx.value - mx.value == T(0)) continue;  // finite: −inf logits beside it are classes of probability 0
+        const std::string what = std::isnan(mx.value) ? "is NaN"
+                                 : mx.value > 0       ? "is +inf"
+                                                      : "is -inf, as is every logit of the row";
+        throw data_error(std::string(name) + ": logit " + std::to_string(mx.arg) + " of row " + std::to_string(r) +
+                         " " + what +
+                         ": the model's outputs are not finite (a learning rate too large, or input values "
+                         "that are not finite)");
+      }
     }
     throw data_error(std::string(name) + ": a label is outside [0, " + std::to_string(cols) +
                      ") or a logit is not finite");

@@ -4,9 +4,11 @@
 
 #include <cmath>
 #include <cstddef>
+#include <string>
 
 #include <lockstep/backend/host/ops.hpp>
 #include <lockstep/config.hpp>
+#include <lockstep/core/error.hpp>
 #include <lockstep/optimizers/optimizer.hpp>
 
 namespace lockstep {
@@ -45,9 +47,23 @@ struct adam_op {
   }
 };
 
+/// Throws config_error naming optimiser `name`'s hyper-parameter that is out of range (the
+/// moments' decays in [0, 1), eps and the decay finite and >= 0, the rate finite).
+inline void check_adam(const char* name, float lr, float beta1, float beta2, float eps, float weight_decay) {
+  const auto in = [&](const char* what, float v, bool ok, const char* range) {
+    if (!ok) throw config_error(std::string("lockstep::") + name + ": " + what + " must be " + range + ", got " + std::to_string(v));
+  };
+  in("lr", lr, std::isfinite(lr), "finite");
+  in("beta1", beta1, beta1 >= 0.0f && beta1 < 1.0f, "in [0, 1)");
+  in("beta2", beta2, beta2 >= 0.0f && beta2 < 1.0f, "in [0, 1)");
+  in("eps", eps, eps >= 0.0f && std::isfinite(eps), "finite and >= 0");
+  in("weight_decay", weight_decay, weight_decay >= 0.0f && std::isfinite(weight_decay), "finite and >= 0");
+}
+
 template <class T, class Ctx>
 void adam_update(Ctx& ctx, T* p, const T* g, T* state, std::size_t n, const update_info& u, float beta1, float beta2,
                  float eps, float l2, float decoupled) {
+  if (u.step == 0) throw config_error("lockstep::adam: update_info::step counts updates from 1, got 0");
   const double c1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(u.step));
   const double c2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(u.step));
   const adam_op<T> op{p, g, state, state + n, static_cast<T>(u.lr), static_cast<T>(beta1), static_cast<T>(beta2),
@@ -77,6 +93,8 @@ struct adam {
 
   /// Two moments per parameter.
   [[nodiscard]] std::size_t state_size(std::size_t n) const noexcept { return 2 * n; }
+  /// Throws config_error naming a hyper-parameter out of range (the strategy calls it before an update).
+  void check() const { detail::check_adam("adam", lr, beta1, beta2, eps, weight_decay); }
 
   /// Applies update number u.step (1-based) to n parameters.
   template <class T, class Ctx>
@@ -98,6 +116,8 @@ struct adamw {
 
   /// Two moments per parameter.
   [[nodiscard]] std::size_t state_size(std::size_t n) const noexcept { return 2 * n; }
+  /// Throws config_error naming a hyper-parameter out of range (the strategy calls it before an update).
+  void check() const { detail::check_adam("adamw", lr, beta1, beta2, eps, weight_decay); }
 
   /// Applies update number u.step (1-based) to n parameters.
   template <class T, class Ctx>

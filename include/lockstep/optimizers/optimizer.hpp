@@ -42,7 +42,9 @@ struct update_info {
 ///   - `float lr`: the base learning rate, read and assigned (fit copies the optimiser and sets
 ///     lr to the scheduled rate of each update);
 ///   - `std::size_t state_size(std::size_t n) const`: elements of state for n parameters (the
-///     library zero-initialises them, keeps them beside the parameters and checkpoints them).
+///     library zero-initialises them, keeps them beside the parameters and checkpoints them);
+///   - optionally `void check() const`, throwing config_error for a hyper-parameter out of range
+///     (check_hyperparameters).
 /// Which element types and contexts it runs on is `optimizer_for<O, T, Ctx>`.
 template <class O>
 concept optimizer = std::copy_constructible<O> && requires(const O& o, O& m, std::size_t n, float f) {
@@ -77,6 +79,14 @@ concept optimizer_for = optimizer<O> && detail::optimizer_update<O, T, Ctx>;
 /// the whole update — what strategy_options::shard_optimizer needs.
 template <class O>
 inline constexpr bool optimizer_elementwise_v = requires { requires O::elementwise; };
+
+/// Checks optimiser `o`'s hyper-parameters when it has the optional member `void check() const`
+/// (throwing config_error naming the one out of range); strategies call it before an update, fit
+/// before its first.
+template <class O>
+void check_hyperparameters(const O& o) {
+  if constexpr (requires { o.check(); }) o.check();
+}
 
 /// True when optimiser O says `static constexpr bool applies_recipe = true;`: its update applies
 /// update_info's clip_value, decision and ema itself, in its one pass over the parameters (the

@@ -53,7 +53,7 @@ struct step_schedule {
 /// Cosine decay from the base rate to `min_lr` over `total` steps, then `min_lr`.
 struct cosine_schedule {
   std::uint64_t total = 1000;  ///< steps of the decay
-  float min_lr = 0.0f;         ///< floor
+  float min_lr = 0.0f;         ///< floor: an absolute rate, not scaled with the base
   /// The rate at `step`.
   [[nodiscard]] float operator()(float base, std::uint64_t step) const {
     if (total == 0) throw config_error("lockstep::cosine_schedule: `total` must be > 0");

@@ -3,10 +3,13 @@
 /// Stochastic gradient descent with optional momentum, Nesterov momentum and L2 weight decay
 /// (PyTorch's formulation: the decay is added to the gradient).
 
+#include <cmath>
 #include <cstddef>
+#include <string>
 
 #include <lockstep/backend/host/ops.hpp>
 #include <lockstep/config.hpp>
+#include <lockstep/core/error.hpp>
 #include <lockstep/optimizers/optimizer.hpp>
 
 namespace lockstep {
@@ -56,6 +59,18 @@ struct sgd {
 
   /// State elements for n parameters: a momentum buffer when momentum is used.
   [[nodiscard]] std::size_t state_size(std::size_t n) const noexcept { return momentum != 0.0f ? n : 0; }
+
+  /// Throws config_error naming a hyper-parameter out of range (the strategy calls it before an
+  /// update): lr finite, momentum and weight_decay finite and >= 0, nesterov with momentum > 0.
+  void check() const {
+    const auto in = [](const char* what, float v, bool ok, const char* range) {
+      if (!ok) throw config_error(std::string("lockstep::sgd: ") + what + " must be " + range + ", got " + std::to_string(v));
+    };
+    in("lr", lr, std::isfinite(lr), "finite");
+    in("momentum", momentum, momentum >= 0.0f && std::isfinite(momentum), "finite and >= 0");
+    in("weight_decay", weight_decay, weight_decay >= 0.0f && std::isfinite(weight_decay), "finite and >= 0");
+    if (nesterov && !(momentum > 0.0f)) throw config_error("lockstep::sgd: nesterov needs momentum > 0");
+  }
 
   /// Applies one update to n parameters (state must hold state_size(n) zero-initialised elements).
   template <class T, class Ctx>

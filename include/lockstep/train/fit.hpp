@@ -191,7 +191,9 @@ metric_sums shard_metrics(Rep& rep, const Loss& loss, const data::shard& sh, con
   constexpr std::size_t cols = model_type::output_size;
   using T = typename model_type::value_type;
   if constexpr (device_memory<typename Rep::device_type>::host_accessible && std::is_same_v<T, float>) {
+    static_assert(detail::check_loss<Loss, float, typename Rep::context_type, typename model_type::output_shape>());
     const float* out = rep.predict(sh, info);
+    check_loss_labels<Loss>(sh.labels, sh.size, cols, {sh.indices});  // as the replica's loss_of does
     auto& ls = scratch.loss_scratch[r];
     ls.resize(std::max<std::size_t>(1, sh.size * Loss::scratch_per_row));
     using args = loss_args<float, typename Rep::context_type, typename model_type::output_shape>;
@@ -839,6 +841,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   // Every option is checked before anything changes (a resume restores the model and callbacks).
   const update_recipe recipe = o.recipe();
   recipe.check();
+  check_hyperparameters(optimizer);
   if (o.accumulate == 0) throw config_error("lockstep::fit: fit_options::accumulate must be >= 1");
   if constexpr (!requires { s.accumulate(m, loss, std::declval<const data::distributed_batch&>()); })
     if (o.accumulate > 1)
