@@ -310,6 +310,41 @@ TEST_CASE("max_pool2d: the gradient of a tied window goes to its first maximum")
   CHECK(dx == std::vector<double>{1.0, 10.0, 0.0, 100.0, 1000.0, 0.0, 0.0, 0.0, 0.0});
 }
 
+TEST_CASE("batch_norm: one value per channel (a flat batch of one row) moves the running mean, not the variance") {
+  using B = bn_flat;
+  constexpr std::size_t C = B::param_count / 2;
+  ls::host_context ctx{1};
+  std::vector<double> p(B::param_count + B::state_count);
+  B::init(p.data(), ls::counter_rng(1, 1));
+  B::init_state(p.data() + B::param_count);
+  for (std::size_t c = 0; c < C; ++c) p[C + c] = 0.25 * static_cast<double>(c) - 0.1;  // β
+  const double* state = p.data() + B::param_count;
+  for (const std::size_t rows : {std::size_t{1}, std::size_t{2}}) {
+    CAPTURE(rows);
+    const std::vector<double> before(state, state + 2 * C);
+    std::vector<double> x = values(rows * C, 8);
+    std::vector<double> y(x.size()), ws(rows * B::workspace_per_sample + ls::workspace_fixed_v<B>);
+    ls::pass_info info;
+    info.training = true;
+    info.state_offset = static_cast<std::ptrdiff_t>(B::param_count);
+    lockstep::testing::run_forward<B>(ctx, p.data(), x.data(), y.data(), ws.data(), rows, info);
+    for (std::size_t c = 0; c < C; ++c) {
+      double mean = 0;
+      for (std::size_t r = 0; r < rows; ++r) mean += x[r * C + c];
+      mean /= static_cast<double>(rows);
+      const double m = 1.0 / 3.0;  // batch_norm<1, 3>
+      CHECK(std::abs(state[c] - ((1 - m) * before[c] + m * mean)) <= 1e-12);
+      if (rows == 1) {
+        CHECK(state[C + c] == before[C + c]);             // one value: no spread to learn from
+        CHECK(std::abs(y[c] - p[C + c]) <= 1e-12);        // the value normalises to β
+      } else {
+        const double d = x[c] - x[C + c];
+        CHECK(std::abs(state[C + c] - ((1 - m) * before[C + c] + m * d * d / 2)) <= 1e-12);
+      }
+    }
+  }
+}
+
 TEST_CASE("batch_norm: training normalises each channel over the batch and positions, and evaluation uses running statistics") {
   using B = bn_image;  // shape<3, 4, 5>, momentum 1/10
   constexpr std::size_t rows = 5, C = 3, P = 20;

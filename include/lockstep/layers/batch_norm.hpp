@@ -268,9 +268,10 @@ struct bn_combine_op {
     const double var = m2 / count;
     mean[c] = static_cast<T>(n_mean);
     inv[c] = static_cast<T>(bn_inv_sigma(var, epsilon));
-    const double unbiased = count > 1 ? m2 / (count - 1) : var;
     run_mean[c] = static_cast<T>((1 - momentum) * static_cast<double>(run_mean[c]) + momentum * n_mean);
-    run_var[c] = static_cast<T>((1 - momentum) * static_cast<double>(run_var[c]) + momentum * unbiased);
+    // One value says nothing of the spread (its unbiased variance is 0 / 0): the running variance
+    // is left as it is, not pulled towards 0.
+    if (count > 1) run_var[c] = static_cast<T>((1 - momentum) * static_cast<double>(run_var[c]) + momentum * m2 / (count - 1));
   }
 };
 

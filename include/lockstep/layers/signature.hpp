@@ -17,8 +17,10 @@ namespace lockstep {
 
 /// A structural fingerprint of network Net: a 64-bit FNV-1a hash of its input width, output
 /// width, total parameter count, number of top-level layers, and each top-level layer's parameter
-/// count and output width. It changes when any width or parameter count changes; it does not see
-/// parameter-free differences that keep every shape (relu vs tanh, a dropout rate).
+/// count and output width. It changes when the width or parameter count of a top-level layer
+/// changes; it does not see parameter-free differences that keep those (relu vs tanh, a dropout
+/// rate, or a width inside a nested sequential or residual block whose own output width and
+/// parameter counts stay: a pooling's stride there).
 template <class Net>
 [[nodiscard]] constexpr std::uint64_t model_signature() noexcept {
   using bound = typename model<Net>::bound;
