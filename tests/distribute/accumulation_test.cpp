@@ -361,9 +361,17 @@ TEST_CASE("the public recipe suite: accumulation equals the big batch on the lib
     c.recipe.clip_global_norm = 0.1;
     CHECK(ls::testing::accumulation_equals_big_batch<mlp_dropout>(s, ls::adam{.lr = 1e-3f}, ls::softmax_cross_entropy{},
                                                                   batches, c));
+    ls::testing::recipe_check uneven = c;  // batches of 8, 40 and 16 rows (multiples of micro_shard_rows)
+    uneven.split = {8, 40, 16};
+    CHECK(ls::testing::accumulation_equals_big_batch<mlp_dropout>(s, ls::adam{.lr = 1e-3f}, ls::softmax_cross_entropy{},
+                                                                  batches, uneven));
     host h(ls::device_selection::first(n));
     c.bitwise = false;
     CHECK(ls::testing::accumulation_equals_big_batch<mlp>(h, ls::sgd{.lr = 0.01f}, ls::softmax_cross_entropy{}, batches, c));
+    uneven.bitwise = false;
+    uneven.split = {5, 50, 9};
+    CHECK(ls::testing::accumulation_equals_big_batch<mlp>(h, ls::sgd{.lr = 0.01f}, ls::softmax_cross_entropy{}, batches,
+                                                          uneven));
   }
 }
 

@@ -5,6 +5,8 @@
 #    silences it), and a missing data directory ends it with the OS reason and exit code 2;
 #  - the layer conformance suite on a layer with a planted bug: a report of at most 60 lines that
 #    gives the failing elements' numbers;
+#  - the reducer, layer and optimiser suites on types with one planted defect each: each fails in
+#    the check made for it;
 #  - the Fashion-MNIST example's command-line errors: one line naming the option and the value,
 #    then `run with --help for usage`, exit code 2.
 # Included by tests/CMakeLists.txt.
@@ -25,6 +27,26 @@ add_test(NAME programs/planted_bug_layer_report
                  "-DSTDOUT_REGEX=input gradient vs central finite differences: [0-9]+ of [0-9]+ elements differ\n  \\[evaluation, 1 rows\\] element 0: analytic -?[0-9.e+-]+, numeric -?[0-9.e+-]+, \\|difference\\| [0-9.e+-]+ > tolerance [0-9.e+-]+\n.*\n  … and [0-9]+ more"
                  -P ${_check})
 set_tests_properties(programs/planted_bug_layer_report PROPERTIES LABELS "programs" TIMEOUT 120)
+
+# The conformance suites on types with one planted defect each: every run fails, in its check.
+add_executable(program_suite_mutants ${CMAKE_CURRENT_SOURCE_DIR}/programs/suite_mutants.cpp)
+target_link_libraries(program_suite_mutants PRIVATE lockstep::lockstep lockstep_doctest_main lockstep_warnings)
+foreach(_mutant
+    "broadcast_from_zero{;}broadcast copies*{;}CHECK\\( wrong == 0 \\) is NOT correct"
+    "stale_bucket{;}every replica gets*{;}a later round on the same reducer and buckets differs from the first"
+    "row_mask_layer{;}gradients of inputs*{;}input gradient vs central finite differences: [0-9]+ of [0-9]+ elements differ\n  \\[training, a shard at offsets"
+    "accumulating_layer{;}accumulates_gradients*{;}dparams after an accumulating backward vs what it held \\+ the batch's gradient: [0-9]+ of"
+    "forgets_momentum{;}state save/load*{;}CHECK\\( a.p == b.p \\) is NOT correct"
+    "ascends{;}updates descend*{;}the updates do not descend")
+  string(REPLACE "{;}" ";" _parts "${_mutant}")
+  list(GET _parts 0 _type)
+  list(GET _parts 1 _subcase)
+  list(GET _parts 2 _regex)
+  add_test(NAME programs/suite_catches_${_type}
+           COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:program_suite_mutants> "-DARGS=-tc=*<mutant::${_type}>|-sc=${_subcase}"
+                   -DEXIT=1 "-DSTDOUT_REGEX=${_regex}" -P ${_check})
+  set_tests_properties(programs/suite_catches_${_type} PROPERTIES LABELS "programs" TIMEOUT 120)
+endforeach()
 
 # getting_started at -O0: the warning comes from the strategy, made before the data is read.
 add_executable(getting_started_O0 ${PROJECT_SOURCE_DIR}/examples/getting_started.cpp)

@@ -6,13 +6,17 @@
 ///     TEST_CASE_TEMPLATE_INVOKE(lockstep_layer_conformance, lockstep::bind_t<my_layer, 7>);
 ///
 /// It checks, in double on the host (`host_context`): the gradients of the inputs and of the
-/// parameters against central finite differences over batch sizes 0, 1, 7 and 64; that
-/// `backward` overwrites `dparams` and writes `dx` only when asked; that `init` writes exactly
+/// parameters against central finite differences over batch sizes 0, 1, 7 and 64, in evaluation,
+/// in training, and in training on a shard of a larger batch in a later batch of an accumulated
+/// update (`pass_info::sample_offset`, `global_rows` and `update_offset` set as a strategy sets
+/// them); that `backward` overwrites `dparams` and writes `dx` only when asked, and that a layer
+/// that says `accumulates_gradients` adds to `dparams` under `pass_info::accumulate`; that `init` writes exactly
 /// `param_count` elements and is a pure function of its generator (and, for a sequential, that
 /// `param_offsets` are the prefix sums of the layers' parameter counts); that forward is
 /// deterministic in train and in evaluation mode and leaves its input alone; and micro-shard
-/// invariance: a row's output does not depend on the other rows, nor on how the batch is split
-/// into shards (with `pass_info::sample_offset` set as a strategy sets it), the property that
+/// invariance: a row's output and input gradient do not depend on the other rows, nor on how the
+/// batch is split into shards (with `pass_info::sample_offset` set as a strategy sets it), and the
+/// shards' parameter gradients sum to the whole batch's, the property that
 /// `determinism::replica_count_invariant` relies on; for a layer that `couples_rows` (batch norm),
 /// instead, that the batch split over 1 to 4 threads through a row exchange gives one call's
 /// results. A layer that opts in to mixed precision (`mixed_precision`) and runs in float is also
@@ -350,6 +354,20 @@ bool unread_check(std::size_t rows, bool poison_input) {
   return same_bits(dx, dx2) && same_bits(dp, dp2);
 }
 
+/// The pass_info of a shard that a strategy makes: bound layer B's `info` for rows that start at
+/// row 5 of a global batch of rows + 9, in the fourth batch of an accumulated update (a layer
+/// that keys randomness by local rows, or ignores the update's earlier rows, then fails the
+/// checks that use it). A layer that couples rows keeps the whole batch.
+template <class B>
+pass_info shard_info(pass_info info, std::size_t rows) {
+  if constexpr (!couples_rows_v<B>) {
+    info.sample_offset = 5;
+    info.global_rows = rows + 9;
+    info.update_offset = 3 * (rows + 9);
+  }
+  return info;
+}
+
 }  // namespace detail
 
 }  // namespace lockstep::testing
@@ -427,15 +445,21 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
     lt::element_report param_report("parameter gradient vs central finite differences", "analytic", "numeric");
     lt::element_report input_report("input gradient vs central finite differences", "analytic", "numeric");
     lt::element_report nodx_report("parameter gradient without dx vs with dx", "without dx", "with dx");
-    for (const bool training : {false, true}) {
+    // evaluation; training on a whole batch; training on a shard of a global batch in a later
+    // batch of an accumulated update (pass_info's offsets set as a strategy sets them)
+    for (const int mode : {0, 1, 2}) {
+      const bool training = mode > 0;
+      if (mode == 2 && lockstep::couples_rows_v<B>) continue;  // its shards are checked through a row exchange
       for (const std::size_t rows : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{64}}) {
-        CAPTURE(training);
+        CAPTURE(mode);
         CAPTURE(rows);
-        const std::string where = std::string(training ? "training" : "evaluation") + ", " + std::to_string(rows) + " rows";
+        const std::string where = std::string(mode == 0 ? "evaluation" : mode == 1 ? "training" : "training, a shard at offsets") +
+                                  ", " + std::to_string(rows) + " rows";
         param_report.context(where);
         input_report.context(where);
         nodx_report.context(where);
-        const lockstep::pass_info info = lt::suite_info<B>(training);
+        const lockstep::pass_info info =
+            mode == 2 ? lt::detail::shard_info<B>(lt::suite_info<B>(true), rows) : lt::suite_info<B>(training);
         lt::detail::layer_harness<B> h;
         const auto x = lt::detail::inputs<B>(rows);
         const auto w = lt::detail::weights(rows * B::output_size);
@@ -449,9 +473,8 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
         lockstep::testing::run_backward<B>(h.ctx, h.params.data(), x.data(), y.data(), w.data(), dx.data(), dp.data(), ws.data(), rows, info);
         CHECK(dx.back() == -7.0);  // nothing written past the input gradient
         CHECK(dp.back() == -7.0);  // nor past the parameter gradient
-        // Parameters: probe up to 40 of them, spread over the buffer.
-        const std::size_t pstride = std::max<std::size_t>(1, B::param_count / 40);
-        for (std::size_t k = 0; k < B::param_count; k += pstride) {
+        // Parameters: probe the first and last few and some spread over the buffer.
+        for (const std::size_t k : lt::detail::probe_indices(B::param_count)) {
           auto a = h.params, b = h.params;
           a[k] += tol.step;
           b[k] -= tol.step;
@@ -459,9 +482,8 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
           // also: backward OVERWRITES (-7 is gone)
           param_report.close(k, dp[k], numeric, tol.relative * std::max(1.0, std::abs(numeric)));
         }
-        // Inputs: probe up to 40 of them.
-        const std::size_t xstride = std::max<std::size_t>(1, x.size() / 40);
-        for (std::size_t k = 0; k < x.size(); k += xstride) {
+        // Inputs: likewise.
+        for (const std::size_t k : lt::detail::probe_indices(x.size())) {
           auto a = x, b = x;
           a[k] += tol.step;
           b[k] -= tol.step;
@@ -480,6 +502,37 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
     CHECK_MESSAGE(param_report.ok(), param_report.text());
     CHECK_MESSAGE(input_report.ok(), input_report.text());
     CHECK_MESSAGE(nodx_report.ok(), nodx_report.text());
+  }
+
+  if constexpr (requires { B::accumulates_gradients; } && B::param_count > 0) {
+    if constexpr (bool{B::accumulates_gradients}) {
+      SUBCASE("accumulates_gradients: backward with pass_info::accumulate adds the batch's parameter gradient to dparams") {
+        lt::element_report added("dparams after an accumulating backward vs what it held + the batch's gradient",
+                                 "accumulated", "held + batch");
+        for (const std::size_t rows : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{64}}) {
+          added.context(std::to_string(rows) + " rows");
+          lt::detail::layer_harness<B> h;
+          const lockstep::pass_info info = lt::suite_info<B>(true);
+          const auto x = lt::detail::inputs<B>(rows);
+          const auto w = lt::detail::weights(rows * B::output_size);
+          std::vector<double> y(rows * B::output_size + 1), ws(lt::detail::workspace_size<B>(rows) + 1),
+              dx(rows * B::input_size + 1), fresh(B::param_count + 1), held(B::param_count + 1);
+          lockstep::testing::run_forward<B>(h.ctx, h.params.data(), x.data(), y.data(), ws.data(), rows, info);
+          lockstep::testing::run_backward<B>(h.ctx, h.params.data(), x.data(), y.data(), w.data(), dx.data(), fresh.data(),
+                                             ws.data(), rows, info);
+          for (std::size_t k = 0; k < B::param_count; ++k) held[k] = std::cos(0.9 * static_cast<double>(k) + 0.2);
+          std::vector<double> acc = held;
+          lockstep::pass_info adding = info;
+          adding.accumulate = true;
+          lockstep::testing::run_forward<B>(h.ctx, h.params.data(), x.data(), y.data(), ws.data(), rows, adding);
+          lockstep::testing::run_backward<B>(h.ctx, h.params.data(), x.data(), y.data(), w.data(), dx.data(), acc.data(),
+                                             ws.data(), rows, adding);
+          for (std::size_t k = 0; k < B::param_count; ++k)
+            added.close(k, acc[k], held[k] + fresh[k], 1e-12 * std::max(1.0, std::abs(held[k] + fresh[k])));
+        }
+        CHECK_MESSAGE(added.ok(), added.text());
+      }
+    }
   }
 
   SUBCASE("init writes exactly param_count elements and is a pure function of its generator") {
@@ -545,31 +598,61 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
 #endif
 
   if constexpr (!lockstep::couples_rows_v<B>) {
-    SUBCASE("micro-shard invariance: a row's output does not depend on the other rows or on the split") {
+    SUBCASE("micro-shard invariance: a row's output and input gradient do not depend on the other rows or on the split, "
+            "and the shards' parameter gradients sum to the whole batch's") {
       lt::element_report split("a row's output, computed in two shards vs in the whole batch", "in a shard",
                                "in the whole batch");
+      lt::element_report split_dx("a row's input gradient, computed in two shards vs in the whole batch", "in a shard",
+                                  "in the whole batch");
+      lt::element_report split_dp("the parameter gradient summed over two shards vs the whole batch's", "summed",
+                                  "whole batch");
       for (const bool training : {false, true}) {
         CAPTURE(training);
-        const lockstep::pass_info info = lt::suite_info<B>(training);
-        lt::detail::layer_harness<B> h;
         constexpr std::size_t rows = 29;
+        lockstep::pass_info info = lt::suite_info<B>(training);
+        info.global_rows = rows;
+        info.update_offset = training ? 2 * rows : 0;  // the third batch of an accumulated update
+        lt::detail::layer_harness<B> h;
         const auto x = lt::detail::inputs<B>(rows);
-        const auto whole = h.forward(h.params, x, rows, info);
+        const auto w = lt::detail::weights(rows * B::output_size);
+        // One forward and backward of `n` rows from row `first` (its sample_offset).
+        const auto run = [&](std::size_t first, std::size_t n, std::vector<double>& y, std::vector<double>& dx,
+                             std::vector<double>& dp) {
+          lockstep::pass_info i = info;
+          i.sample_offset = info.sample_offset + first;  // as a strategy keys each shard
+          y.assign(n * B::output_size, 0.0);
+          dx.assign(n * B::input_size, 0.0);
+          dp.assign(B::param_count, 0.0);
+          std::vector<double> ws(lt::detail::workspace_size<B>(n) + 1);
+          const double* xs = x.data() + first * B::input_size;
+          lockstep::testing::run_forward<B>(h.ctx, h.params.data(), xs, y.data(), ws.data(), n, i);
+          lockstep::testing::run_backward<B>(h.ctx, h.params.data(), xs, y.data(), w.data() + first * B::output_size,
+                                             dx.data(), dp.data(), ws.data(), n, i);
+        };
+        std::vector<double> y, dx, dp, ya, dxa, dpa, yb, dxb, dpb;
+        run(0, rows, y, dx, dp);
         for (const std::size_t cut : {std::size_t{1}, std::size_t{10}, std::size_t{28}}) {
-          split.context(std::string(training ? "training" : "evaluation") + ", cut after row " + std::to_string(cut));
-          const std::vector<double> head(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(cut * B::input_size));
-          const std::vector<double> tail(x.begin() + static_cast<std::ptrdiff_t>(cut * B::input_size), x.end());
-          lockstep::pass_info second = info;
-          second.sample_offset = info.sample_offset + cut;  // as a strategy keys the second shard
-          const auto a = h.forward(h.params, head, cut, info);
-          const auto b = h.forward(h.params, tail, rows - cut, second);
-          for (std::size_t i = 0; i < whole.size(); ++i) {
-            const double part = i < a.size() ? a[i] : b[i - a.size()];
-            split.close(i, part, whole[i], 1e-12 * std::max(1.0, std::abs(whole[i])));
+          const std::string where = std::string(training ? "training" : "evaluation") + ", cut after row " + std::to_string(cut);
+          split.context(where);
+          split_dx.context(where);
+          split_dp.context(where);
+          run(0, cut, ya, dxa, dpa);
+          run(cut, rows - cut, yb, dxb, dpb);
+          for (std::size_t i = 0; i < y.size(); ++i) {
+            const double part = i < ya.size() ? ya[i] : yb[i - ya.size()];
+            split.close(i, part, y[i], 1e-12 * std::max(1.0, std::abs(y[i])));
           }
+          for (std::size_t i = 0; i < dx.size(); ++i) {
+            const double part = i < dxa.size() ? dxa[i] : dxb[i - dxa.size()];
+            split_dx.close(i, part, dx[i], 1e-12 * std::max(1.0, std::abs(dx[i])));
+          }
+          for (std::size_t k = 0; k < dp.size(); ++k)
+            split_dp.close(k, dpa[k] + dpb[k], dp[k], 1e-11 * std::max(1.0, std::abs(dp[k])));
         }
       }
       CHECK_MESSAGE(split.ok(), split.text());
+      CHECK_MESSAGE(split_dx.ok(), split_dx.text());
+      CHECK_MESSAGE(split_dp.ok(), split_dp.text());
     }
   } else {
     SUBCASE("a layer that couples rows: split over 1 to 4 replicas through a row exchange, bitwise one device") {

@@ -7,13 +7,17 @@
 ///     TEST_CASE_TEMPLATE_INVOKE(lockstep_schedule_conformance, my_schedule);
 ///
 /// The optimiser suite runs `update` in double on the host over flat buffers of 0, 1, 13 and 1000
-/// parameters and checks: that it equals the reference when one is given (specialise
+/// parameters and checks: that it equals the reference when one is given (the suite says so when
+/// none is: specialise
 /// `lockstep::testing::optimizer_reference<O>` with `static void update(const O&, double* p,
 /// const double* g, double* state, std::size_t n, const update_info&)`, scalar code written from
 /// the optimiser's definition); that the gradient is used only through `grads * grad_scale`; that
-/// it touches nothing outside its n parameters and state_size(n) state elements; and the state
-/// save/load round trip: k updates, a copy of the parameters and the state (what a checkpoint
-/// keeps), m more updates on the copy and on the original give bitwise the same buffers; and, for
+/// it touches nothing outside its n parameters and state_size(n) state elements; that three
+/// updates on one gradient move the parameters against it; the state save/load round trip: k
+/// updates, a copy of the parameters and the state (what a checkpoint keeps), m more updates on
+/// the copy, each by a fresh optimiser (as fit makes one per update), and on the original give
+/// bitwise the same buffers; for an optimiser that says `applies_recipe`, that it applies
+/// update_info's per-value clipping, decision (scale and skip) and EMA as the library does; and, for
 /// an optimiser that says it is elementwise (optimizer_elementwise_v, what
 /// strategy_options::shard_optimizer needs), that updating slices of the parameters on their own,
 /// each with state_size(slice) state laid out as k arrays, gives the whole update's bits. The
@@ -135,6 +139,16 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep optimizer conformance", O, lockstep_optimize
     }
   }
 
+  if constexpr (!requires(const O& oo, double* d, const double* c, std::size_t n, const lockstep::update_info& u) {
+                  lt::optimizer_reference<O>::update(oo, d, c, d, n, u);
+                }) {
+    static_assert(!requires { &lt::optimizer_reference<O>::update; },
+                  "lockstep optimizer suite: optimizer_reference<O>::update must be `static void update(const O&, "
+                  "double* p, const double* g, double* state, std::size_t n, const lockstep::update_info&)`");
+    MESSAGE("lockstep optimizer suite: no lockstep::testing::optimizer_reference<O> is specialised; the updates are "
+            "checked for their properties only, not against a reference");
+  }
+
   SUBCASE("the gradient counts only as grads * grad_scale") {
     lt::detail::optimizer_buffers<O> scaled(o, 57), unscaled(o, 57);
     for (std::uint64_t k = 1; k <= 4; ++k) {
@@ -155,15 +169,80 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep optimizer conformance", O, lockstep_optimize
       a.step(o, lt::detail::info_at(k));
     }
     lt::detail::optimizer_buffers<O> b = a;  // what a checkpoint keeps: parameters and state
-    const O restored = o;                    // and the optimiser's hyper-parameters
     for (std::uint64_t k = 4; k <= 6; ++k) {
       a.new_gradients(k);
       b.new_gradients(k);
       a.step(o, lt::detail::info_at(k));
-      b.step(restored, lt::detail::info_at(k));
+      // a fresh copy of the hyper-parameters for every update, as fit makes one (with the
+      // scheduled rate) and a resumed run starts from the user's: the update keeps nothing in
+      // the optimiser object
+      b.step(lt::detail::suite_optimizer<O>(), lt::detail::info_at(k));
     }
     CHECK(a.p == b.p);
     CHECK(a.state == b.state);
+  }
+
+  SUBCASE("updates descend: three updates on one gradient move the parameters against it") {
+    for (const std::size_t n : {std::size_t{1}, std::size_t{13}, std::size_t{1000}}) {
+      CAPTURE(n);
+      lt::detail::optimizer_buffers<O> b(o, n);
+      const std::vector<double> before = b.p;
+      for (std::uint64_t k = 1; k <= 3; ++k) b.step(o, lt::detail::info_at(k, 1.0));
+      double slope = 0;  // the first-order change of the loss whose gradient is g
+      for (std::size_t i = 0; i < n; ++i) slope += b.g[i + 1] * (b.p[i + 1] - before[i + 1]);
+      CHECK_MESSAGE(slope < 0, "sum of g * (p after - p before) is " << slope << ": the updates do not descend");
+    }
+  }
+
+  if constexpr (lockstep::optimizer_applies_recipe_v<O>) {
+    SUBCASE("applies_recipe: per-value clipping, a host-readable decision (scale, skip) and the EMA as the library's passes apply them") {
+      constexpr std::size_t n = 37;
+      const double scale = 0.125;
+      const float bound = 0.2f;  // update_info::clip_value is a float
+      // Clipping: the same bits as the update of the gradients already scaled and clamped.
+      lt::detail::optimizer_buffers<O> clipped(o, n), ref(o, n);
+      for (std::uint64_t k = 1; k <= 3; ++k) {
+        clipped.new_gradients(k);
+        ref.new_gradients(k);
+        for (std::size_t i = 0; i < n; ++i)
+          ref.g[i + 1] = lockstep::detail::clip_to(ref.g[i + 1] * scale, static_cast<double>(bound));  // what it uses
+        lockstep::update_info u = lt::detail::info_at(k, scale);
+        u.clip_value = bound;
+        clipped.step(o, u);
+        ref.step(o, lt::detail::info_at(k, 1.0));
+      }
+      CHECK(clipped.p == ref.p);
+      CHECK(clipped.state == ref.state);
+      // A decision: its scale replaces grad_scale; skip changes nothing.
+      lt::detail::optimizer_buffers<O> decided(o, n), plain(o, n);
+      lockstep::update_decision d;
+      d.scale = 0.25f;
+      lockstep::update_info u = lt::detail::info_at(1, 8.0);
+      u.decision = &d;
+      decided.step(o, u);
+      plain.step(o, lt::detail::info_at(1, 0.25));
+      CHECK(decided.p == plain.p);
+      CHECK(decided.state == plain.state);
+      d.skip = 1;
+      const auto p_before = decided.p, s_before = decided.state;
+      std::vector<double> ema(n, 0.5);
+      u.step = 2;
+      u.ema = ema.data();
+      u.ema_decay = 0.9;
+      decided.step(o, u);
+      CHECK(decided.p == p_before);
+      CHECK(decided.state == s_before);
+      CHECK(ema == std::vector<double>(n, 0.5));
+      // The EMA: ema = decay × ema + (1 − decay) × p after the update.
+      d.skip = 0;
+      decided.step(o, u);
+      lt::element_report avg("the EMA after an update vs decay x ema + (1 - decay) x p", "ema", "expected");
+      for (std::size_t i = 0; i < n; ++i) {
+        const double want = 0.9 * 0.5 + (1.0 - 0.9) * decided.p[i + 1];
+        avg.close(i, ema[i], want, 1e-14 * (1.0 + std::abs(want)));
+      }
+      CHECK_MESSAGE(avg.ok(), avg.text());
+    }
   }
 
   if constexpr (lockstep::optimizer_elementwise_v<O>) {

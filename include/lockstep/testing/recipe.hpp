@@ -1,11 +1,11 @@
 #pragma once
 /// @file recipe.hpp
-/// Public checks of a strategy's training recipe, for doctest, which the strategy conformance
-/// suite runs and users run on their own strategies:
+/// Public checks of a strategy's training recipe, for doctest, which users run on their own
+/// strategies (tests/distribute/accumulation_test.cpp runs them on the library's):
 ///
 ///   - `accumulation_equals_big_batch<Net>(s, opt, loss, make_batch, check)`: every update trained
-///     as one global batch, and again as `check.accumulate` consecutive batches of its rows
-///     (accumulate() then train_step()), give the same parameters on every replica (of every
+///     as one global batch, and again as `check.accumulate` consecutive batches of its rows (or
+///     batches of `check.split` rows) (accumulate() then train_step()), give the same parameters on every replica (of every
 ///     worker) — bitwise for a strategy under determinism::replica_count_invariant when each
 ///     batch's rows are a multiple of micro_shard_rows, else within `check.tolerance` relative —
 ///     and the same loss, norm and clip factor per update;
@@ -47,6 +47,10 @@ struct recipe_check {
   std::size_t updates = 3;      ///< updates trained
   std::size_t rows = 64;        ///< rows of each update's global batch
   std::size_t accumulate = 4;   ///< batches per update in the accumulated run (rows split as evenly as possible)
+  /// The rows of each batch of the accumulated run, summing to `rows` (empty: `accumulate`
+  /// batches split as evenly as possible). An uneven split catches an accumulation that averages
+  /// each batch's mean gradient, which equal batches hide.
+  std::vector<std::size_t> split{};
   update_recipe recipe{};       ///< the recipe of every update (clipping, guard, EMA)
   bool bitwise = true;          ///< the two runs must agree bitwise (replica_count_invariant), else within `tolerance`
   double tolerance = 1e-5;      ///< largest relative difference per parameter (|a − b| / max(|b|, 1e-3)) when not bitwise
@@ -116,6 +120,14 @@ template <class Net, class Strategy, class Optimizer, class Loss, class MakeBatc
 bool accumulation_equals_big_batch(Strategy& s, const Optimizer& opt, const Loss& loss, MakeBatch&& make_batch,
                                    const recipe_check& c = {}) {
   REQUIRE(c.accumulate >= 1);
+  std::vector<std::size_t> bounds{0};  // the accumulated run's batches: rows [bounds[j], bounds[j + 1])
+  if (c.split.empty()) {
+    for (std::size_t j = 0; j < c.accumulate; ++j) bounds.push_back(c.rows * (j + 1) / c.accumulate);
+  } else {
+    for (const std::size_t n : c.split) bounds.push_back(bounds.back() + n);
+    REQUIRE_MESSAGE(bounds.back() == c.rows, "recipe_check::split must sum to recipe_check::rows");
+  }
+  const std::size_t batches = bounds.size() - 1;
   auto big = s.template replicate<Net>(seed{c.seed});
   auto acc = s.template replicate<Net>(seed{c.seed});
   bool ok = true;
@@ -123,10 +135,9 @@ bool accumulation_equals_big_batch(Strategy& s, const Optimizer& opt, const Loss
     const data::batch b = make_batch(u, c.rows);
     const step_stats one = s.train_step(big, opt, loss, detail::shards_for(s, b), c.recipe);
     step_stats last;
-    for (std::size_t j = 0; j < c.accumulate; ++j) {
-      const std::size_t lo = c.rows * j / c.accumulate, hi = c.rows * (j + 1) / c.accumulate;
-      const auto part = detail::shards_for(s, detail::rows_of(b, lo, hi));
-      if (j + 1 < c.accumulate)
+    for (std::size_t j = 0; j < batches; ++j) {
+      const auto part = detail::shards_for(s, detail::rows_of(b, bounds[j], bounds[j + 1]));
+      if (j + 1 < batches)
         (void)s.accumulate(acc, loss, part);
       else
         last = s.train_step(acc, opt, loss, part, c.recipe);

@@ -8,17 +8,19 @@
 /// Each replica drives the reducer from its own thread, as a strategy does (workspace sized by
 /// `workspace_bytes` and bound per replica first). It checks: the all-reduce over 1 to 8 replicas
 /// and lengths 0, 1, primes and 65537, split in two buckets, gives every replica the same sum,
-/// equal to the exact sum within float rounding, and bitwise the same on a second run (a fixed
-/// summation order); 10^7 elements over 1 to 3 replicas; broadcast from every root; a replica that
+/// equal to the exact sum within float rounding, and bitwise the same on later rounds of the same
+/// reducer and buckets and on a second reducer (a fixed summation order, buckets re-armed); 10^7
+/// elements over 1 to 3 replicas; broadcast of the root's values from every root; a replica that
 /// never arrives makes the others fail within the configured timeout, at least one of them with a
-/// `timeout_error` whose message names it as `replica(s) I`; `abort()` from another thread releases every waiter (each
-/// throws a `lockstep::error`) at once; after `reset()` the reducer works again; and, for a
-/// reducer that reduces a sharded update onto the slices (reduces_to_slices_v), each slice's sums,
-/// the chunk sums and the gather over 1 to 8 replicas. Include it
-/// from a doctest test file compiled by a host compiler.
+/// `timeout_error` whose message names it as `replica(s) I`; `abort()` from another thread releases
+/// every waiter (each throws a `lockstep::error`) at once; after `reset()` the reducer works again,
+/// the aborted bucket too; and, for a reducer that reduces a sharded update onto the slices
+/// (reduces_to_slices_v), each slice's sums, the chunk sums and the gather over 1 to 8 replicas.
+/// Include it from a doctest test file compiled by a host compiler.
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -68,23 +70,38 @@ inline float reducer_value(std::size_t i, std::size_t r) {
   return static_cast<float>((i * 2654435761u + r * 97u) % 1000u) * 1e-3f - 0.5f;
 }
 
-/// All-reduces `length` elements over `replicas` replicas in two buckets; returns every replica's
-/// result.
+/// All-reduces `length` elements over `replicas` replicas in two buckets, `rounds` times on one
+/// reducer (as the steps of a training run reuse its buckets: a reducer that does not re-arm a
+/// bucket after its sum fails the later rounds); checks that every round gives the first round's
+/// bits and returns every replica's result.
 template <class R>
-std::vector<std::vector<float>> reducer_sums(std::size_t replicas, std::size_t length) {
-  std::vector<std::vector<float>> data(replicas, std::vector<float>(length));
-  for (std::size_t r = 0; r < replicas; ++r)
-    for (std::size_t i = 0; i < length; ++i) data[r][i] = reducer_value(i, r);
+std::vector<std::vector<float>> reducer_sums(std::size_t replicas, std::size_t length, std::size_t rounds = 3) {
   R red(reducer_config{replicas, std::chrono::milliseconds(60'000), collective_ids::count, 0});
-  const auto errors = on_replicas(red, replicas, length * sizeof(float), [&](std::size_t r, host_context& ctx) {
-    const std::size_t half = length / 2;
-    red.start(r, ctx, data[r].data(), half, 0);
-    red.start(r, ctx, data[r].data() + half, length - half, 1);
-    red.wait(r, ctx, 0);
-    red.wait(r, ctx, 1);
-  });
-  for (const auto& e : errors) CHECK(e == "");
-  return data;
+  std::vector<std::vector<float>> first;
+  for (std::size_t round = 0; round < rounds; ++round) {
+    std::vector<std::vector<float>> data(replicas, std::vector<float>(length));
+    for (std::size_t r = 0; r < replicas; ++r)
+      for (std::size_t i = 0; i < length; ++i) data[r][i] = reducer_value(i, r);
+    const auto errors = on_replicas(red, replicas, length * sizeof(float), [&](std::size_t r, host_context& ctx) {
+      const std::size_t half = length / 2;
+      red.start(r, ctx, data[r].data(), half, 0);
+      red.start(r, ctx, data[r].data() + half, length - half, 1);
+      red.wait(r, ctx, 0);
+      red.wait(r, ctx, 1);
+    });
+    CAPTURE(round);
+    for (const auto& e : errors) CHECK(e == "");
+    if (round == 0) {
+      first = std::move(data);
+    } else {
+      std::size_t differ = 0;
+      for (std::size_t r = 0; r < replicas; ++r)
+        differ += length != 0 && std::memcmp(data[r].data(), first[r].data(), length * sizeof(float)) != 0;
+      CHECK_MESSAGE(differ == 0, "a later round on the same reducer and buckets differs from the first on " << differ
+                                                                                                          << " replica(s)");
+    }
+  }
+  return first;
 }
 
 }  // namespace lockstep::testing::detail
@@ -123,7 +140,7 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
     for (std::size_t replicas = 1; replicas <= 3; ++replicas) {
       CAPTURE(replicas);
       sums.context(std::to_string(replicas) + " replicas");
-      const auto a = lt::reducer_sums<R>(replicas, 10'000'000);
+      const auto a = lt::reducer_sums<R>(replicas, 10'000'000, 1);
       for (std::size_t i = 0; i < a[0].size(); i += 997) {
         double exact = 0;
         for (std::size_t r = 0; r < replicas; ++r) exact += lt::reducer_value(i, r);
@@ -145,10 +162,12 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
         const auto errors = lt::on_replicas(red, replicas, 101 * sizeof(float), [&](std::size_t r, lockstep::host_context& ctx) {
           red.broadcast(r, ctx, data[r].data(), 101, root);
         });
+        std::size_t wrong = 0;  // elements that are not the root's values as they were
         for (std::size_t r = 0; r < replicas; ++r) {
           CHECK(errors[r] == "");
-          CHECK(data[r] == data[root]);
+          for (std::size_t i = 0; i < 101; ++i) wrong += data[r][i] != lt::reducer_value(i, root);
         }
+        CHECK(wrong == 0);
       }
   }
 
@@ -248,13 +267,20 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
     CHECK(errors[1].find("!lockstep error: ") == 0);
     red.reset();
     std::vector<std::vector<float>> data(3, std::vector<float>(9, 2.0f));
-    const auto again = lt::on_replicas(red, 3, 9 * sizeof(float), [&](std::size_t r, lockstep::host_context& ctx) {
-      red.start(r, ctx, data[r].data(), 9, 1);
-      red.wait(r, ctx, 1);
-    });
-    for (std::size_t r = 0; r < 3; ++r) {
-      CHECK(again[r] == "");
-      for (float x : data[r]) CHECK(x == 6.0f);
+    // the aborted bucket 0 as well as bucket 1, twice
+    for (int round = 0; round < 2; ++round) {
+      CAPTURE(round);
+      for (auto& d : data) std::fill(d.begin(), d.end(), 2.0f);
+      const auto again = lt::on_replicas(red, 3, 9 * sizeof(float), [&](std::size_t r, lockstep::host_context& ctx) {
+        red.start(r, ctx, data[r].data(), 4, 0);
+        red.start(r, ctx, data[r].data() + 4, 5, 1);
+        red.wait(r, ctx, 0);
+        red.wait(r, ctx, 1);
+      });
+      for (std::size_t r = 0; r < 3; ++r) {
+        CHECK(again[r] == "");
+        for (float x : data[r]) CHECK(x == 6.0f);
+      }
     }
   }
 }

@@ -13,6 +13,7 @@
 ///
 /// A suite asserts `CHECK_MESSAGE(report.ok(), report.text())` once per check.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
@@ -103,5 +104,22 @@ private:
   std::size_t checked_ = 0, failures_ = 0;
   std::vector<std::string> lines_;
 };
+
+namespace detail {
+
+/// The indices of an n-element buffer the finite-difference checks probe: the first and last 8
+/// (a layer's blocks often end there: a bias after the weights) and up to 32 more at places a
+/// multiplicative hash picks, so that no single column of a row-major buffer is all that is probed.
+inline std::vector<std::size_t> probe_indices(std::size_t n) {
+  std::vector<std::size_t> out;
+  for (std::size_t k = 0; k < n && k < 8; ++k) out.push_back(k);
+  for (std::size_t k = n > 8 ? n - 8 : 0; k < n; ++k) out.push_back(k);
+  for (std::size_t j = 0; n > 16 && j < 32; ++j) out.push_back(8 + (j * 2654435761u) % (n - 16));
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace detail
 
 }  // namespace lockstep::testing

@@ -15,8 +15,10 @@
 ///    replica_count_invariant strategy, bitwise those of the same strategy with one replica);
 ///  - exactly once: over those batches, `run` hands every sample of every global batch to
 ///    exactly one replica, in the shards the strategy's world plans;
-///  - failure release: a replica that throws inside `run` makes the call throw (at once, not after
-///    the timeout), and a strategy whose world recovers (`recovers_after_failure`) runs again.
+///  - failure release: a replica that throws inside `run`, or inside `train_step` while the others
+///    wait in the gradient's collectives, makes the call throw (at once, not after the timeout),
+///    and a strategy whose world recovers (`recovers_after_failure`) runs and trains again;
+///  - reduce: the local replicas' values combined by sum, mean, min and max.
 /// Include it from a doctest test file compiled by a host compiler.
 
 #include <doctest/doctest.h>
@@ -26,6 +28,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -119,6 +122,23 @@ std::vector<float> suite_train(S& s, bool& identical) {
   return p;
 }
 
+/// softmax_cross_entropy that throws "lockstep suite: injected failure in the loss" in a shard
+/// holding a row labelled 9: a replica failing in the middle of train_step while the others go on
+/// to the gradient's collectives.
+struct suite_failing_loss {
+  using loss_concept = loss_tag;                     ///< opts in to the loss concept
+  static constexpr std::size_t scratch_per_row = 2;  ///< as softmax_cross_entropy
+  /// Labels are classes 0 .. outputs - 1.
+  static constexpr std::size_t label_classes(std::size_t outputs) noexcept { return outputs; }
+  /// softmax_cross_entropy's, unless a label is 9.
+  template <class T, class Ctx, class Shape>
+  loss_sum evaluate(Ctx& ctx, const loss_args<T, Ctx, Shape>& a) const {
+    for (std::size_t r = 0; r < a.rows(); ++r)
+      if (a.target.labels && a.target.labels[r] == 9) throw std::runtime_error("lockstep suite: injected failure in the loss");
+    return softmax_cross_entropy{}.evaluate(ctx, a);
+  }
+};
+
 /// Largest |a - b| over the largest |b|.
 inline double suite_relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
   double diff = 0, scale = 0;
@@ -207,6 +227,63 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep strategy conformance", S, lockstep_strategy_
         for (const int v : again) total += v;
         CHECK(total == 8);
       }
+    }
+
+    SUBCASE("a replica failing inside train_step releases the others from the collectives at once") {
+      // The rows of the last local replica's shard are labelled 9 (the suite's loss throws on
+      // them); the other replicas compute their gradients and wait in the reducer.
+      auto m = maker::template replicate<lt::detail::suite_mlp>(s, ls::seed{42});
+      ls::data::batch b = lt::detail::suite_batch(16, 3);
+      const auto probe = lt::detail::suite_shards(s, b);
+      const ls::data::shard& last = probe.shards[n - 1];
+      for (std::size_t r = 0; r < b.labels.size(); ++r) b.labels[r] = b.labels[r] % 9;
+      std::size_t marked = 0;
+      for (std::size_t k = 0; k < last.size; ++k) {
+        b.labels[static_cast<std::size_t>(last.indices[k] - 3000)] = 9;
+        ++marked;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      bool threw = false;
+      try {
+        (void)ls::train_step(s, m, ls::adam{.lr = 1e-3f}, lt::detail::suite_failing_loss{}, lt::detail::suite_shards(s, b));
+      } catch (const std::exception& e) {
+        threw = true;
+        std::string all = e.what();  // the replica's error may arrive nested
+        try {
+          std::rethrow_if_nested(e);
+        } catch (const std::exception& inner) {
+          all += std::string(" / ") + inner.what();
+        } catch (...) {
+        }
+        CHECK(all.find("injected failure in the loss") != std::string::npos);
+      }
+      CHECK((threw || marked == 0));  // a shard of no rows (fewer rows than replicas) cannot fail
+      CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));  // not after a timeout
+      using world_t = std::remove_cvref_t<decltype(ls::detail::world_of(s))>;
+      if constexpr (world_t::recovers_after_failure) {  // the next step trains, every replica alike
+        for (auto& label : b.labels) label = label % 9;
+        const ls::step_stats st = ls::train_step(s, m, ls::adam{.lr = 1e-3f}, ls::softmax_cross_entropy{},
+                                                 lt::detail::suite_shards(s, b));
+        CHECK(st.count == 16);
+        const auto p = m.parameters_to_host();
+        for (std::size_t r = 1; r < m.size(); ++r)
+          CHECK(std::equal(p.begin(), p.end(), m.replica(r).model().parameters().data()));
+      }
+    }
+
+    SUBCASE("reduce combines the local replicas' values in replica order") {
+      std::vector<double> v(n);
+      double sum = 0, lo = 1e300, hi = -1e300;
+      for (std::size_t r = 0; r < n; ++r) {
+        v[r] = 0.25 + 1.5 * static_cast<double>(r * r) - (r == 1 ? 4.0 : 0.0);
+        sum += v[r];
+        lo = std::min(lo, v[r]);
+        hi = std::max(hi, v[r]);
+      }
+      CHECK(static_cast<double>(s.reduce(ls::reduce_op::sum, v)) == sum);
+      CHECK(static_cast<double>(s.reduce(ls::reduce_op::mean, v)) == doctest::Approx(sum / static_cast<double>(n)));
+      CHECK(static_cast<double>(s.reduce(ls::reduce_op::min, v)) == lo);
+      CHECK(static_cast<double>(s.reduce(ls::reduce_op::max, v)) == hi);
     }
   }
 }
