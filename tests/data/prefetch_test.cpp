@@ -59,10 +59,10 @@ ld::generator<std::span<const int>> viewing_source(std::vector<int> table) {
 
 TEST_CASE("prefetch: queued elements that view into the upstream stay valid after it is exhausted" *
           doctest::timeout(10)) {
-  const int n = 10 << 20;
+  constexpr int n = 10 << 20;
   for (std::size_t depth : {1u, 3u, 3000u}) {
     CAPTURE(depth);
-    const auto d = ld::dataset<std::span<const int>>{[n](std::uint64_t) { return viewing_source(range_of(n)); }} |
+    const auto d = ld::dataset<std::span<const int>>{[](std::uint64_t) { return viewing_source(range_of(n)); }} |
                    ld::prefetch(depth);
     std::vector<int> got;
     for (auto&& x : d.epoch()) {

@@ -171,7 +171,7 @@ TEST_CASE("a 5-output model on 10-class data: the training step names the label,
 }
 
 TEST_CASE("mse: a batch without regression targets and targets of another width are two messages") {
-  const ls::host_context ctx;
+  ls::host_context ctx;
   const ls::mse loss;
   std::vector<float> out(2 * 3, 0.5f), scratch(2), values(2 * 2, 1.0f);
   const std::vector<std::int32_t> labels = {0, 1};
