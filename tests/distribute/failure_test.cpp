@@ -175,3 +175,34 @@ TEST_CASE("a non-standard exception in a replica is still a replica_error with t
   }
   CHECK(got);
 }
+
+TEST_CASE("broadcast re-synchronises replicas whose optimiser states a failure left in different sizes") {
+  // As an update that failed part-way in its first step leaves them: some replicas made their
+  // state, others not. broadcast gives every replica root's parameters and state, in root's size
+  // (an update that is not sharded: under a sharded one each replica's slice of the state is its own).
+  const ls::sgd opt{.lr = 0.05f, .momentum = 0.9f};
+  for (const std::size_t root : {0u, 1u}) {
+    CAPTURE(root);
+    three s(ls::strategy_options{.shard_optimizer = false});
+    auto m = s.replicate<mlp>(ls::seed{5});
+    ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distributed(make_batch(30, 0), 3));  // every replica has state
+    m.replica(1).reset_optimizer_state(ls::sgd{});  // replica 1: none (sgd without momentum keeps no state)
+    for (float& p : m.replica(2).model().parameters().span()) p += 1.0f;
+    s.broadcast(m, root);
+    const std::size_t want = m.replica(root).optimizer_state().size();
+    CHECK(want == (root == 1 ? 0u : decltype(m)::param_count));
+    const auto p = m.replica(root).model().parameters().span();
+    std::vector<float> state(m.replica(root).optimizer_state().span().begin(), m.replica(root).optimizer_state().span().end());
+    for (std::size_t r = 0; r < 3; ++r) {
+      CHECK(std::equal(p.begin(), p.end(), m.replica(r).model().parameters().data()));
+      REQUIRE(m.replica(r).optimizer_state().size() == want);
+      CHECK(std::equal(state.begin(), state.end(), m.replica(r).optimizer_state().span().begin()));
+    }
+    // and training goes on alike on every replica
+    if (root == 0) {
+      ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distributed(make_batch(30, 1), 3));
+      const auto q = m.parameters_to_host();
+      for (std::size_t r = 1; r < 3; ++r) CHECK(std::equal(q.begin(), q.end(), m.replica(r).model().parameters().data()));
+    }
+  }
+}

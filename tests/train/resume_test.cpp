@@ -461,6 +461,7 @@ TEST_CASE("resume: bad options are refused before a resume changes the model or 
   run({.top_k = 0});
   run({.validate_with_ema = true});
   run({.clip_global_norm = -1});
+  run({.metrics_file = (dir / "no-such-directory" / "metrics.jsonl").string()});  // cannot be opened
   fs::remove_all(dir);
 }
 

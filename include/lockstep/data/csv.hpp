@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -130,16 +131,22 @@ inline std::optional<float> parse_float(std::string_view field, std::string& why
 }  // namespace detail
 
 namespace detail {
-/// The whole file at `path`. @throws data_error naming the file and the operating system's reason.
+/// The whole file at `path`. @throws data_error naming the file and the operating system's reason
+/// (or that the file does not fit in memory).
 inline std::string read_text_file(const std::string& path, const char* who) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) throw data_error(std::string(who) + ": " + path + ": cannot open file: " + os_reason(errno));
   std::string text;
   char buf[1 << 16];
-  while (true) {
-    const std::size_t got = std::fread(buf, 1, sizeof buf, f.get());
-    text.append(buf, got);
-    if (got < sizeof buf) break;
+  try {
+    while (true) {
+      const std::size_t got = std::fread(buf, 1, sizeof buf, f.get());
+      text.append(buf, got);
+      if (got < sizeof buf) break;
+    }
+  } catch (const std::bad_alloc&) {  // a file larger than memory
+    throw data_error(std::string(who) + ": " + path + ": cannot allocate memory for the file's " +
+                     std::to_string(text.size()) + "+ bytes");
   }
   if (std::ferror(f.get())) throw data_error(std::string(who) + ": " + path + ": read error: " + os_reason(errno));
   return text;

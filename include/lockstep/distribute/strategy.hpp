@@ -17,8 +17,10 @@
 /// Failure: an exception in any replica reaches the caller as a replica_error naming the replica
 /// (and the step) with the original nested (a collective that waited longer than
 /// strategy_options::timeout raises timeout_error naming the replicas and the bucket); every
-/// other replica is released; a failed train_step has changed neither the parameters nor the step
-/// counter. In a local world the strategy is usable again afterwards; in an MPI world the error
+/// other replica is released; a train_step that failed before its update (in forward, backward
+/// or the gradient's collectives) has changed neither the parameters nor the step counter, while
+/// one that failed inside the optimiser's update may leave replicas different (broadcast
+/// re-synchronises them from replica 0). In a local world the strategy is usable again afterwards; in an MPI world the error
 /// also names the worker's rank, and the strategy refuses further use (end the job).
 
 #include <algorithm>
@@ -299,7 +301,9 @@ public:
 
   /// Copies replica `root`'s parameters and optimiser state (of rank 0, across workers) to every
   /// other replica (only the parameters when the update is sharded: each replica owns its slice
-  /// of the state). Collective.
+  /// of the state). A local replica whose state differs in size from root's (a failure before
+  /// every replica had made its state) is given root's size first: none when root has none.
+  /// Collective.
   template <class Net, class T>
   void broadcast(model_type<Net, T>& m, std::size_t root = 0) {
     [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // replica 0 runs on this thread
@@ -312,11 +316,9 @@ public:
       auto& rep = m.replica(r);
       rep.context().activate();
       reducer_.broadcast(r, rep.context(), rep.model().parameters().data(), m.stored_count, root);
-      if (state) {
-        if (rep.optimizer_state().size() != state)
-          throw shape_error("lockstep::mirrored::broadcast: optimiser states differ in size");
-        reducer_.broadcast(r, rep.context(), rep.optimizer_state().data(), state, root);
-      }
+      if (!m.optimizer_sharded() && rep.optimizer_state().size() != state)
+        rep.optimizer_state() = std::remove_reference_t<decltype(rep.optimizer_state())>(state);
+      if (state) reducer_.broadcast(r, rep.context(), rep.optimizer_state().data(), state, root);
     };
     world_.guarded([&] { exec_.execute(job); }, [this] { abort_all(this); });
   }

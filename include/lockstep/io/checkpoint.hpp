@@ -29,6 +29,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -324,15 +325,21 @@ inline void save_checkpoint_file(const std::filesystem::path& path, const checkp
 }
 
 /// Reads and verifies the checkpoint at `path`.
-/// @throws checkpoint_error when the file cannot be read (with the system's reason) or is corrupt,
-///         truncated or of another version.
+/// @throws checkpoint_error when the file cannot be read (with the system's reason; also when it
+///         does not fit in memory) or is corrupt, truncated or of another version.
 [[nodiscard]] inline checkpoint_file load_checkpoint_file(const std::filesystem::path& path) {
   errno = 0;
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw checkpoint_error("lockstep::checkpoint: " + path.string() + ": cannot open file" +
                            (errno ? std::string(": ") + std::strerror(errno) : std::string()));
-  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::uint8_t> bytes;
+  try {
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::bad_alloc&) {  // a file larger than memory
+    throw checkpoint_error("lockstep::checkpoint: " + path.string() + ": cannot allocate memory for the file (" +
+                           std::to_string(bytes.size()) + "+ bytes read)");
+  }
   if (in.bad()) throw checkpoint_error("lockstep::checkpoint: " + path.string() + ": read error");
   return decode_checkpoint_file(bytes, path.string());
 }

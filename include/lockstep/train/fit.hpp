@@ -578,8 +578,15 @@ public:
   }
 
   /// Opens the metrics file and the progress display (after resuming).
+  /// Opens (appends to) the metrics file on the chief: before a resume changes anything.
+  /// @throws config_error when it cannot be opened.
+  void open_metrics_file() {
+    if (!o_.metrics_file.empty() && chief_ && !mlog_) mlog_.emplace(o_.metrics_file);
+  }
+
+  /// Opens the outputs of the run: the metrics file (open_metrics_file) and the progress bar.
   void open_outputs() {
-    if (!o_.metrics_file.empty() && chief_) mlog_.emplace(o_.metrics_file);
+    open_metrics_file();
     progress_options po = o_.progress;
     po.quiet = po.quiet || o_.quiet || !chief_;
     bar_.emplace(po, o_.epochs, o_.max_steps);
@@ -859,8 +866,12 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   if (o.top_k == 0) throw config_error("lockstep::fit: fit_options::top_k must be >= 1");
   auto&& w = world_of(s);
   const shard_plan plan = w.plan();
+  if constexpr (!requires(trace_recorder* r) { s.set_trace(r); })
+    if (!o.trace_file.empty())
+      throw config_error("lockstep::fit: fit_options::trace_file needs a strategy with set_trace(trace_recorder*)");
   if (!o.trace_file.empty() && w.is_chief()) check_output_directory(o.trace_file, "fit_options::trace_file");
   fit_session run(o, optimizer.lr, plan.parts, w.is_chief(), m.step());  // plan.parts: the replicas of every worker
+  run.open_metrics_file();  // a file that cannot be opened is refused before a resume changes anything
   // Automatic optimiser sharding is decided before a checkpoint's state is restored into slices.
   if constexpr (requires { s.prepare_update(m, optimizer); }) s.prepare_update(m, optimizer);
   if (const auto ck = run.checkpoint_to_resume()) {
