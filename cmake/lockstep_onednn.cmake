@@ -4,11 +4,14 @@
 # CMakeLists.txt, by the installed lockstepConfig.cmake and by tests/build_tests.cmake (to know
 # what the default picks). With LOCKSTEP_ONEDNN_OPTIONAL set (LOCKSTEP_HOST_GEMM=auto), a missing
 # or unusable oneDNN defines nothing instead of failing.
+if(NOT DEFINED _lockstep_onednn_fallback)
+  set(_lockstep_onednn_fallback "using OpenBLAS")
+endif()
 if(NOT TARGET lockstep::onednn)
   find_path(LOCKSTEP_DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.h DOC "Folder holding oneapi/dnnl/dnnl.h")
   find_library(LOCKSTEP_DNNL_LIBRARY NAMES dnnl DOC "oneDNN's library (libdnnl)")
   if((NOT LOCKSTEP_DNNL_INCLUDE_DIR OR NOT LOCKSTEP_DNNL_LIBRARY) AND LOCKSTEP_ONEDNN_OPTIONAL)
-    message(STATUS "lockstep: oneDNN not found (install libdnnl-dev for its kernels): using OpenBLAS")
+    message(STATUS "lockstep: oneDNN not found (install libdnnl-dev for its kernels): ${_lockstep_onednn_fallback}")
     return()
   endif()
   if(NOT LOCKSTEP_DNNL_INCLUDE_DIR OR NOT LOCKSTEP_DNNL_LIBRARY)
@@ -25,7 +28,7 @@ if(NOT TARGET lockstep::onednn)
     # too, for systems without the compiler's development link libgomp.so).
     find_library(LOCKSTEP_GOMP_LIBRARY NAMES gomp libgomp.so.1 DOC "The OpenMP runtime oneDNN uses (libgomp)")
     if(NOT LOCKSTEP_GOMP_LIBRARY AND LOCKSTEP_ONEDNN_OPTIONAL)
-      message(STATUS "lockstep: oneDNN was built with OpenMP, but libgomp was not found: using OpenBLAS")
+      message(STATUS "lockstep: oneDNN was built with OpenMP, but libgomp was not found: ${_lockstep_onednn_fallback}")
       return()
     endif()
     if(NOT LOCKSTEP_GOMP_LIBRARY)
@@ -33,7 +36,7 @@ if(NOT TARGET lockstep::onednn)
     endif()
     list(APPEND _lockstep_dnnl_libs ${LOCKSTEP_GOMP_LIBRARY})
   elseif(NOT _lockstep_dnnl_runtime MATCHES "DNNL_RUNTIME_SEQ" AND LOCKSTEP_ONEDNN_OPTIONAL)
-    message(STATUS "lockstep: oneDNN's CPU threading is neither OpenMP nor sequential: using OpenBLAS")
+    message(STATUS "lockstep: oneDNN's CPU threading is neither OpenMP nor sequential: ${_lockstep_onednn_fallback}")
     return()
   elseif(NOT _lockstep_dnnl_runtime MATCHES "DNNL_RUNTIME_SEQ")
     message(FATAL_ERROR "lockstep: LOCKSTEP_HOST_GEMM=onednn supports oneDNN built with OpenMP or sequential "

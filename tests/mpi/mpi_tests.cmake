@@ -77,7 +77,7 @@ add_library(lockstep_mpi_header_check OBJECT ${_mpi_header_tus})
 target_link_libraries(lockstep_mpi_header_check PRIVATE lockstep::mpi lockstep_warnings)
 add_test(NAME mpi/headers_compile_alone
          COMMAND ${CMAKE_COMMAND} --build ${CMAKE_BINARY_DIR} --target lockstep_mpi_header_check)
-set_tests_properties(mpi/headers_compile_alone PROPERTIES LABELS "mpi;build" TIMEOUT 900)
+set_tests_properties(mpi/headers_compile_alone PROPERTIES LABELS "mpi;build" TIMEOUT 900 RESOURCE_LOCK lockstep_build_tree)
 
 # The program docs/multi-node.md shows, compiled as shown (the docs_multi-node test compares the
 # page with it; the tests above run the same calls under mpirun).
