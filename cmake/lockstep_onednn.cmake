@@ -20,6 +20,22 @@ if(NOT TARGET lockstep::onednn)
                         "On Debian or Ubuntu install the package libdnnl-dev; elsewhere add oneDNN's "
                         "prefix to CMAKE_PREFIX_PATH, or configure with -DLOCKSTEP_HOST_GEMM=openblas.")
   endif()
+  # lockstep calls oneDNN 2's C API (operation descriptors, which oneDNN 3 removed).
+  set(_lockstep_dnnl_major "")
+  if(EXISTS "${LOCKSTEP_DNNL_INCLUDE_DIR}/oneapi/dnnl/dnnl_version.h")
+    file(STRINGS "${LOCKSTEP_DNNL_INCLUDE_DIR}/oneapi/dnnl/dnnl_version.h" _lockstep_dnnl_major
+         REGEX "^#define DNNL_VERSION_MAJOR ")
+    string(REGEX REPLACE "^#define DNNL_VERSION_MAJOR +([0-9]+).*" "\\1" _lockstep_dnnl_major "${_lockstep_dnnl_major}")
+  endif()
+  if(NOT _lockstep_dnnl_major STREQUAL "2" AND LOCKSTEP_ONEDNN_OPTIONAL)
+    message(STATUS "lockstep: oneDNN ${_lockstep_dnnl_major} found, lockstep needs oneDNN 2.x: ${_lockstep_onednn_fallback}")
+    return()
+  endif()
+  if(NOT _lockstep_dnnl_major STREQUAL "2")
+    message(FATAL_ERROR "lockstep: LOCKSTEP_HOST_GEMM=onednn needs oneDNN 2.x (its operation-descriptor C API); "
+                        "${LOCKSTEP_DNNL_INCLUDE_DIR}/oneapi/dnnl/dnnl_version.h says major version '${_lockstep_dnnl_major}'. "
+                        "Install oneDNN 2 (Debian 12: libdnnl-dev), or configure with -DLOCKSTEP_HOST_GEMM=openblas.")
+  endif()
   file(STRINGS "${LOCKSTEP_DNNL_INCLUDE_DIR}/oneapi/dnnl/dnnl_config.h" _lockstep_dnnl_runtime
        REGEX "^#define DNNL_CPU_THREADING_RUNTIME ")
   set(_lockstep_dnnl_libs ${LOCKSTEP_DNNL_LIBRARY} ${CMAKE_DL_LIBS})
