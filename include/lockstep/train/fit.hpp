@@ -577,7 +577,6 @@ public:
     if (bar_) bar_->note(line);
   }
 
-  /// Opens the metrics file and the progress display (after resuming).
   /// Opens (appends to) the metrics file on the chief: before a resume changes anything.
   /// @throws config_error when it cannot be opened.
   void open_metrics_file() {
