@@ -22,6 +22,7 @@
 #include <lockstep/testing/recipe.hpp>
 
 #include "distribute/common.hpp"
+#include "support/plain_sgd.hpp"
 
 using namespace dist_test;
 namespace ls = lockstep;
@@ -269,21 +270,6 @@ TEST_CASE("clipping by global norm: the same norm bits on every replica count un
   }
   for (const double v : norms[0]) CHECK(std::isfinite(v));
 }
-
-namespace user {
-// An elementwise SGD of the user's: it applies neither clipping nor the EMA itself.
-struct plain_sgd {
-  using optimizer_concept = lockstep::optimizer_tag;
-  static constexpr bool elementwise = true;
-  float lr = 0.1f;
-  std::size_t state_size(std::size_t) const { return 0; }
-  template <class T, class Ctx>
-  void update(Ctx&, T* p, const T* g, T*, std::size_t n, const lockstep::update_info& u) const {
-    const T s = static_cast<T>(u.grad_scale), r = static_cast<T>(u.lr);
-    for (std::size_t i = 0; i < n; ++i) p[i] -= r * (g[i] * s);
-  }
-};
-}  // namespace user
 
 TEST_CASE("per-value clipping and the EMA: the library's fused pass and a user optimiser's separate passes give the same bits") {
   for (const bool shard : {false, true}) {

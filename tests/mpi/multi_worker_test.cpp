@@ -28,6 +28,7 @@
 
 #include "distribute/common.hpp"
 #include "support/mpi.hpp"
+#include "support/plain_sgd.hpp"
 #include "support/user_reducer.hpp"
 
 namespace {
@@ -137,6 +138,25 @@ TEST_CASE("multi_worker run_to_run: batch norm over the global batch of every wo
     CHECK(max_diff(got, ref) < 1e-5);
     CHECK(same_on_every_rank(got));
   }
+}
+
+TEST_CASE("multi_worker run_to_run: batch norm below a reduced bucket, with workers of 1 and 2 replicas, equals one process (1e-5)") {
+  // A bucket per layer: the dense layer's bucket is reduced while batch norm's backward exchanges rows
+  // with the other workers. A worker of one replica hands the bucket to its communication thread
+  // at once; one of two replicas only when both finished their local part, which the exchange
+  // must not overtake (else the workers' collectives differ and both wait until the timeout).
+  const ls::sgd opt{.lr = 0.05f, .momentum = 0.9f};
+  ls::one_device<ls::cpu<0>> single;
+  const auto ref = train20<cnn_bn>(single, opt);
+  ls::strategy_options o;
+  o.bucket_bytes = 0;  // every layer with parameters its own bucket
+  o.timeout = std::chrono::seconds(20);
+  const std::size_t local = world_rank() % 2 == 0 ? 1 : 2;
+  CAPTURE(local);
+  ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(local), o);
+  const auto got = train20<cnn_bn>(s, opt);
+  CHECK(max_diff(got, ref) < 1e-5);
+  CHECK(same_on_every_rank(got));
 }
 
 TEST_CASE("multi_worker replica_count_invariant: a network with batch norm is a config_error naming it") {
@@ -602,4 +622,31 @@ TEST_CASE("multi_worker: on one machine local replica 0's gradients live in the 
     CHECK_THROWS_WITH_AS(s.all_reduce(0, ctx, g, 64), doctest::Contains("the workers' collectives do not match"),
                          ls::replica_error);
   }
+}
+
+TEST_CASE("multi_worker: per-value clipping for a user optimiser leaves every local replica the same update") {
+  // Local replica 0's reduced gradient is what the others copy; the strategy clamps it in place
+  // for an optimiser that does not clip itself, so the copies must be complete before it does.
+  using wide = ls::sequential<ls::dense<784, 256>, ls::relu, ls::dense<256, 10>>;
+  ls::strategy_options o;
+  o.shard_optimizer = false;
+  ls::update_recipe recipe;
+  recipe.clip_value = 1e-3f;
+  const auto run = [&](auto opt) {
+    ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(2), o);
+    auto m = s.replicate<wide>(ls::seed{12});
+    for (std::size_t u = 0; u < 12; ++u) {
+      const ls::shard_plan p = s.plan();
+      const auto db = ls::data::detail::make_sharded(make_batch(64, 700 + u), p.parts, p.first, s.num_replicas());
+      (void)ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, db, recipe);
+      const auto p0 = m.parameters_to_host();
+      CAPTURE(u);
+      for (std::size_t r = 1; r < m.size(); ++r)
+        CHECK(std::equal(p0.begin(), p0.end(), m.replica(r).model().parameters().data()));  // CHECK: every rank goes on
+    }
+    return m.parameters_to_host();
+  };
+  const auto separate = run(user::plain_sgd{.lr = 0.5f});
+  CHECK(separate == run(ls::sgd{.lr = 0.5f}));  // the library's fused clamp: the same bits
+  CHECK(same_on_every_rank(separate));
 }

@@ -10,12 +10,17 @@
 ///    steady state allocates nothing;
 ///  - per bucket, `start(replica, ctx, data, count, bucket)` (an in-place SUM all-reduce that may
 ///    run asynchronously) and `wait(replica, ctx, bucket)` (after which data holds the sum on
-///    every replica); buckets start in the same order on every replica;
+///    every replica, and no other replica reads or writes this replica's data in that collective
+///    any more); buckets start in the same order on every replica;
 ///  - `broadcast(replica, ctx, data, count, root)`, synchronous;
 ///  - `abort()` (any thread: every waiter throws) and `reset()` (when no replica is inside);
 ///  - optionally `std::shared_ptr<float> gradient_storage(replica, count)`: memory the reducer
 ///    wants a replica's float gradients kept in (mpi_host_allreduce's shared window), or null;
 ///    asked for every replica at replicate(), collectively;
+///  - optionally `settle(replica)`: hands every bucket the replica started to whatever thread
+///    carries it across the workers, before a row exchange (batch_norm) queues work there in the
+///    backward pass, so every worker queues the same collectives in the same order
+///    (mpi_host_allreduce::settle); every local replica calls it at the same point;
 ///  - optionally, for an optimiser update sharded over the replicas (strategy_options::
 ///    shard_optimizer), a reduce-scatter and an all-gather in place of the all-reduce and the
 ///    copies: `static constexpr bool reduces_to_slices = true` and

@@ -141,6 +141,18 @@ public:
     }
   }
 
+  /// Completes every collective replica r has started and waits until every replica has finished
+  /// them (each replica calls it at the same point of its sequence): whatever their work does
+  /// (a reducer's hand-off to another thread) is done on return.
+  void settle(std::size_t r) {
+    const local_state& l = local_[r];
+    if (l.tail == 0) return;  // nothing started since the last reset
+    const std::uint64_t seq = l.issued;
+    const std::size_t last = l.ring[(l.tail - 1) % l.ring.size()].bucket;
+    progress(r, seq);
+    await(finished_.get(), seq, r, last, "finish");
+  }
+
   /// Every replica calls this; returns once all have arrived.
   void barrier(std::size_t r) {
     start(r, collective_ids::barrier, nullptr, 0, nullptr);

@@ -57,6 +57,14 @@ public:
     return rank == 0 && (!span_ || span_->first_process());
   }
 
+  /// Has every replica call `settle(reducer, rank)` before its rows cross to other processes (the
+  /// step's reducer hands the buckets it started to the communication thread first: see
+  /// mpi_host_allreduce::settle); null: nothing. Set before the replicas run.
+  void settle_before_crossing(void* reducer, void (*settle)(void*, std::size_t)) noexcept {
+    settle_reducer_ = reducer;
+    settle_ = settle;
+  }
+
   /// True for one replica and no other process.
   [[nodiscard]] bool single() const noexcept override { return rows_.size() == 1 && !span_; }
 
@@ -73,6 +81,7 @@ private:
       throw shape_error("lockstep: replica " + std::to_string(rank) + " exchanges rows [" + std::to_string(first_row) +
                         ", " + std::to_string(first_row + rows) + ") of a global batch of " +
                         std::to_string(total_rows) + " rows");
+    if (span_ && settle_) settle_(settle_reducer_, rank);  // the buckets started so far go first
     comm_.barrier(rank);  // every replica is done with the previous table
     const std::size_t bytes = total_rows * width * sizeof(T);
     if (rank == 0 && table_.size() < bytes) table_ = buffer<std::byte, cpus>(bytes);
@@ -103,6 +112,8 @@ private:
   host_comm comm_;
   std::vector<std::size_t> rows_, first_;
   row_exchange_span* span_;
+  void* settle_reducer_ = nullptr;
+  void (*settle_)(void*, std::size_t) = nullptr;
   buffer<std::byte, cpus> table_;
 };
 

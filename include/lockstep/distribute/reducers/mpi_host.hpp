@@ -74,16 +74,27 @@ public:
     static_assert(std::is_same_v<T, float>, "lockstep::mpi_host_allreduce sums float gradients");
     comm_.start(replica, bucket, data, count, &work);
   }
-  /// Completes the bucket: every local replica holds the sum over all replicas of all workers.
+  /// Completes the bucket: every local replica holds the sum over all replicas of all workers
+  /// (the others copy local replica 0's; all return once every copy is made).
   template <class Ctx>
   void wait(std::size_t replica, Ctx&, std::size_t bucket) {
     comm_.wait(replica, bucket);
     channel_->wait(tickets_[bucket]);
+    if (comm_.replicas() == 1) return;
     if (replica != 0) {
       const std::size_t n = counts_[bucket];
       if (n) std::memcpy(comm_.pointer(bucket, replica), comm_.pointer(bucket, 0), n * sizeof(float));
     }
+    // Replica 0 may change its sums once this returns (a per-value clamp in place, the next
+    // step's backward pass): not before every other local replica has copied them.
+    comm_.barrier(replica);
   }
+  /// Hands every bucket local replica `replica` started to the communication thread before the
+  /// caller queues other work there (a row exchange across the workers inside the backward pass):
+  /// a bucket is handed over by the last local replica to finish its local part, which may
+  /// otherwise come after the exchange on one worker and before it on another, so that the
+  /// workers' collectives would not match. Every local replica calls it at the same point.
+  void settle(std::size_t replica) { comm_.settle(replica); }
   /// Copies `count` elements of local replica `root` on rank 0 to every replica of every worker.
   template <class Ctx, class T>
   void broadcast(std::size_t replica, Ctx&, T* data, std::size_t count, std::size_t root) {

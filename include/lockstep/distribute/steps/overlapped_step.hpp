@@ -62,6 +62,8 @@ public:
     const bool on_grid = m.update_plan().on_grid();
     if (part.first)
       for (auto& l : loss_) l = {};
+    if constexpr (requires { reducer.settle(std::size_t{}); })  // see mpi_host_allreduce::settle
+      exchange_.settle_before_crossing(&reducer, [](void* red, std::size_t r) { static_cast<Reducer*>(red)->settle(r); });
     auto job = [&](std::size_t r) {
       auto& rep = m.replica(r);
       auto& ctx = rep.context();
