@@ -10,46 +10,12 @@
 #include <lockstep/layers/layer.hpp>
 #include <lockstep/testing/layer.hpp>
 
+#include "support/scale_shift.hpp"
+
 namespace planted {
 
-namespace ls = lockstep;
-
-/// y = x * a + b per feature, with the bug in backward.
-struct scale_shift_bug {
-  using layer_concept = ls::layer_tag;
-  static constexpr std::size_t expected_input = 0;
-
-  template <std::size_t In>
-  struct bind {
-    static constexpr std::size_t input_size = In, output_size = In, param_count = 2 * In, workspace_per_sample = 0;
-
-    template <class T>
-    static void init(T* p, const ls::counter_rng& rng) {
-      for (std::size_t j = 0; j < In; ++j) {
-        p[j] = T(0.75) + T(0.5) * static_cast<T>(rng.uniform(j));
-        p[In + j] = T(0);
-      }
-    }
-    template <class T, class Ctx>
-    static void forward(Ctx&, const ls::forward_args<T, Ctx, ls::shape<In>, ls::shape<In>>& a) {
-      for (std::size_t r = 0; r < a.batch(); ++r)
-        for (std::size_t j = 0; j < In; ++j) a.y.data()[r * In + j] = a.x.data()[r * In + j] * a.params[j] + a.params[In + j];
-    }
-    template <class T, class Ctx>
-    static void backward(Ctx&, const ls::backward_args<T, Ctx, ls::shape<In>, ls::shape<In>>& a) {
-      for (std::size_t j = 0; j < In; ++j) {
-        T da = 0, db = 0;
-        for (std::size_t r = 0; r < a.batch(); ++r) {
-          da += a.x.data()[r * In + j] * a.dy.data()[r * In + j];
-          db += a.dy.data()[r * In + j];
-          if (a.dx) a.dx.data()[r * In + j] = a.dy.data()[r * In + j];  // the bug: * a.params[j] is missing
-        }
-        a.dparams[j] = da;
-        a.dparams[In + j] = db;
-      }
-    }
-  };
-};
+/// y = x * a + b per feature, whose backward forgets a in the input gradient.
+using scale_shift_bug = test_support::scale_shift<test_support::scale_shift_defect::dx_without_scale>;
 
 }  // namespace planted
 

@@ -22,6 +22,7 @@ add_test(NAME programs/label_error_ends_cleanly
 
 add_executable(program_planted_bug_layer ${CMAKE_CURRENT_SOURCE_DIR}/programs/planted_bug_layer.cpp)
 target_link_libraries(program_planted_bug_layer PRIVATE lockstep::lockstep lockstep_doctest_main lockstep_warnings)
+target_include_directories(program_planted_bug_layer PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})  # support/scale_shift.hpp
 add_test(NAME programs/planted_bug_layer_report
          COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:program_planted_bug_layer> -DEXIT=1 -DMAX_LINES=60
                  "-DSTDOUT_REGEX=input gradient vs central finite differences: [0-9]+ of [0-9]+ elements differ\n  \\[evaluation, 1 rows\\] element 0: analytic -?[0-9.e+-]+, numeric -?[0-9.e+-]+, \\|difference\\| [0-9.e+-]+ > tolerance [0-9.e+-]+\n.*\n  … and [0-9]+ more"
@@ -31,9 +32,12 @@ set_tests_properties(programs/planted_bug_layer_report PROPERTIES LABELS "progra
 # The conformance suites on types with one planted defect each: every run fails, in its check.
 add_executable(program_suite_mutants ${CMAKE_CURRENT_SOURCE_DIR}/programs/suite_mutants.cpp)
 target_link_libraries(program_suite_mutants PRIVATE lockstep::lockstep lockstep_doctest_main lockstep_warnings)
+target_include_directories(program_suite_mutants PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})  # support/scale_shift.hpp
 foreach(_mutant
     "broadcast_from_zero{;}broadcast copies*{;}CHECK\\( wrong == 0 \\) is NOT correct"
     "stale_bucket{;}every replica gets*{;}a later round on the same reducer and buckets differs from the first"
+    "copies_after_return{;}a replica may reuse*{;}element\\(s\\) of the replicas' sums were changed after another replica's wait"
+    "ignores_timeout{;}a replica that never arrives*{;}replica\\(s\\) 0, 2 still inside the reducer 30.6 s after the collective began"
     "row_mask_layer{;}gradients of inputs*{;}input gradient vs central finite differences: [0-9]+ of [0-9]+ elements differ\n  \\[training, a shard at offsets"
     "accumulating_layer{;}accumulates_gradients*{;}dparams after an accumulating backward vs what it held \\+ the batch's gradient: [0-9]+ of"
     "forgets_momentum{;}state save/load*{;}CHECK\\( a.p == b.p \\) is NOT correct"

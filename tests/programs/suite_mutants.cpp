@@ -5,7 +5,9 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -14,6 +16,8 @@
 #include <lockstep/testing/layer.hpp>
 #include <lockstep/testing/optimizer.hpp>
 #include <lockstep/testing/reducer.hpp>
+
+#include "support/scale_shift.hpp"
 
 namespace mutant {
 
@@ -58,6 +62,47 @@ private:
   std::unique_ptr<std::atomic<int>[]> rounds_;
 };
 
+/// A reducer in which replicas other than 0 copy replica 0's sum at their wait, while replica 0's
+/// wait returns without waiting for those copies (the defect: replica 0 may already be writing its
+/// buffer again).
+struct copies_after_return : ls::host_allreduce {
+  /// As host_allreduce, remembering each replica's data.
+  explicit copies_after_return(const ls::reducer_config& c)
+      : ls::host_allreduce(c), replicas_(c.replicas), data_(c.replicas * c.ids), counts_(c.replicas * c.ids) {}
+  /// Remembers where replica `replica`'s part of `bucket` is.
+  template <class Ctx, class T>
+  void start(std::size_t replica, Ctx& ctx, T* data, std::size_t count, std::size_t bucket) {
+    data_[bucket * replicas_ + replica] = data;
+    counts_[bucket * replicas_ + replica] = count;
+    ls::host_allreduce::start(replica, ctx, data, count, bucket);
+  }
+  /// Completes the bucket, then copies replica 0's sum (the defect: no wait for replica 0).
+  template <class Ctx>
+  void wait(std::size_t replica, Ctx& ctx, std::size_t bucket) {
+    ls::host_allreduce::wait(replica, ctx, bucket);
+    const std::size_t n = counts_[bucket * replicas_ + replica];
+    if (replica != 0 && n) std::memcpy(data_[bucket * replicas_ + replica], data_[bucket * replicas_], n * sizeof(float));
+  }
+
+private:
+  std::size_t replicas_;
+  std::vector<float*> data_;
+  std::vector<std::size_t> counts_;
+};
+
+/// A reducer that waits an hour for a replica that never arrives, whatever timeout it was given (the
+/// defect); it honours abort().
+struct ignores_timeout : ls::host_allreduce {
+  /// host_allreduce with a timeout of one hour.
+  explicit ignores_timeout(const ls::reducer_config& c) : ls::host_allreduce(an_hour(c)) {}
+
+private:
+  static ls::reducer_config an_hour(ls::reducer_config c) {
+    c.timeout = std::chrono::hours(1);
+    return c;
+  }
+};
+
 /// y = x * mask(row) per feature, where forward keys the mask by the row's position in the global
 /// batch (sample_offset + r), as it should, and backward by the shard's own row r (the defect:
 /// right on one whole batch, wrong in every shard but the first).
@@ -90,43 +135,7 @@ struct local_row_mask {
 
 /// y = x * a + b per feature with right gradients, which says it accumulates gradients
 /// (`accumulates_gradients`) but overwrites dparams under pass_info::accumulate (the defect).
-struct claims_accumulation {
-  using layer_concept = ls::layer_tag;
-  static constexpr std::size_t expected_input = 0;
-
-  template <std::size_t In>
-  struct bind {
-    static constexpr std::size_t input_size = In, output_size = In, param_count = 2 * In, workspace_per_sample = 0;
-    static constexpr bool accumulates_gradients = true;
-
-    template <class T>
-    static void init(T* p, const ls::counter_rng& rng) {
-      for (std::size_t j = 0; j < In; ++j) {
-        p[j] = T(0.75) + T(0.5) * static_cast<T>(rng.uniform(j));
-        p[In + j] = T(0.1);
-      }
-    }
-    template <class T, class Ctx>
-    static void forward(Ctx&, const ls::forward_args<T, Ctx, ls::shape<In>, ls::shape<In>>& a) {
-      for (std::size_t r = 0; r < a.batch(); ++r)
-        for (std::size_t j = 0; j < In; ++j)
-          a.y.data()[r * In + j] = a.x.data()[r * In + j] * a.params[j] + a.params[In + j];
-    }
-    template <class T, class Ctx>
-    static void backward(Ctx&, const ls::backward_args<T, Ctx, ls::shape<In>, ls::shape<In>>& a) {
-      for (std::size_t j = 0; j < In; ++j) {
-        T da = 0, db = 0;
-        for (std::size_t r = 0; r < a.batch(); ++r) {
-          da += a.x.data()[r * In + j] * a.dy.data()[r * In + j];
-          db += a.dy.data()[r * In + j];
-          if (a.dx) a.dx.data()[r * In + j] = a.dy.data()[r * In + j] * a.params[j];
-        }
-        a.dparams[j] = da;  // the defect: `+=` under a.info.accumulate
-        a.dparams[In + j] = db;
-      }
-    }
-  };
-};
+using claims_accumulation = test_support::scale_shift<test_support::scale_shift_defect::overwrites_accumulation>;
 
 /// SGD with momentum that zeroes its momentum at the first update of each optimiser object (the
 /// defect: fit makes a fresh copy of the optimiser for every update, so momentum never builds up).
@@ -167,11 +176,14 @@ using accumulating_layer = ls::bind_t<claims_accumulation, 5>;
 
 TYPE_TO_STRING(mutant::broadcast_from_zero);
 TYPE_TO_STRING(mutant::stale_bucket);
+TYPE_TO_STRING(mutant::copies_after_return);
+TYPE_TO_STRING(mutant::ignores_timeout);
 TYPE_TO_STRING(mutant::row_mask_layer);
 TYPE_TO_STRING(mutant::accumulating_layer);
 TYPE_TO_STRING(mutant::forgets_momentum);
 TYPE_TO_STRING(mutant::ascends);
 
-TEST_CASE_TEMPLATE_INVOKE(lockstep_reducer_conformance, mutant::broadcast_from_zero, mutant::stale_bucket);
+TEST_CASE_TEMPLATE_INVOKE(lockstep_reducer_conformance, mutant::broadcast_from_zero, mutant::stale_bucket,
+                          mutant::copies_after_return, mutant::ignores_timeout);
 TEST_CASE_TEMPLATE_INVOKE(lockstep_layer_conformance, mutant::row_mask_layer, mutant::accumulating_layer);
 TEST_CASE_TEMPLATE_INVOKE(lockstep_optimizer_conformance, mutant::forgets_momentum, mutant::ascends);

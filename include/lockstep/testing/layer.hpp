@@ -134,6 +134,19 @@ struct layer_harness {
     return y;
   }
 
+  /// Forward of `rows` rows of x (training or evaluation as `info` says) into the workspace `ws`
+  /// (grown to what B needs for `rows`), then backward with dy = w into `dx` (null: none) and
+  /// `dp`; returns the output.
+  std::vector<double> forward_backward(const double* x, const double* w, std::size_t rows, const pass_info& info,
+                                       std::vector<double>& ws, double* dx, double* dp) {
+    std::vector<double> y(rows * B::output_size + 1);
+    ws.resize(std::max(ws.size(), workspace_size<B>(rows) + 1));
+    lockstep::testing::run_forward<B>(ctx, params.data(), x, y.data(), ws.data(), rows, info);
+    lockstep::testing::run_backward<B>(ctx, params.data(), x, y.data(), w, dx, dp, ws.data(), rows, info);
+    y.pop_back();
+    return y;
+  }
+
   /// The objective sum(forward(x) * w), whose gradient backward computes with dy = w.
   double objective(const std::vector<double>& p, const std::vector<double>& x, const std::vector<double>& w,
                    std::size_t rows, const pass_info& info) {
@@ -357,14 +370,11 @@ bool unread_check(std::size_t rows, bool poison_input) {
 /// The pass_info of a shard that a strategy makes: bound layer B's `info` for rows that start at
 /// row 5 of a global batch of rows + 9, in the fourth batch of an accumulated update (a layer
 /// that keys randomness by local rows, or ignores the update's earlier rows, then fails the
-/// checks that use it). A layer that couples rows keeps the whole batch.
-template <class B>
-pass_info shard_info(pass_info info, std::size_t rows) {
-  if constexpr (!couples_rows_v<B>) {
-    info.sample_offset = 5;
-    info.global_rows = rows + 9;
-    info.update_offset = 3 * (rows + 9);
-  }
+/// checks that use it). Layers that couple rows are checked on shards through a row exchange.
+inline pass_info shard_info(pass_info info, std::size_t rows) {
+  info.sample_offset = 5;
+  info.global_rows = rows + 9;
+  info.update_offset = 3 * (rows + 9);
   return info;
 }
 
@@ -459,18 +469,12 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
         input_report.context(where);
         nodx_report.context(where);
         const lockstep::pass_info info =
-            mode == 2 ? lt::detail::shard_info<B>(lt::suite_info<B>(true), rows) : lt::suite_info<B>(training);
+            mode == 2 ? lt::detail::shard_info(lt::suite_info<B>(true), rows) : lt::suite_info<B>(training);
         lt::detail::layer_harness<B> h;
         const auto x = lt::detail::inputs<B>(rows);
         const auto w = lt::detail::weights(rows * B::output_size);
-        const auto y = h.forward(h.params, x, rows, info);
-        std::vector<double> ws(lt::detail::workspace_size<B>(rows) + 1), dx(rows * B::input_size + 1, -7.0),
-            dp(B::param_count + 1, -7.0);
-        {  // forward again into the workspace backward reads
-          std::vector<double> y2(rows * B::output_size + 1);
-          lockstep::testing::run_forward<B>(h.ctx, h.params.data(), x.data(), y2.data(), ws.data(), rows, info);
-        }
-        lockstep::testing::run_backward<B>(h.ctx, h.params.data(), x.data(), y.data(), w.data(), dx.data(), dp.data(), ws.data(), rows, info);
+        std::vector<double> ws, dx(rows * B::input_size + 1, -7.0), dp(B::param_count + 1, -7.0);
+        const auto y = h.forward_backward(x.data(), w.data(), rows, info, ws, dx.data(), dp.data());
         CHECK(dx.back() == -7.0);  // nothing written past the input gradient
         CHECK(dp.back() == -7.0);  // nor past the parameter gradient
         // Parameters: probe the first and last few and some spread over the buffer.
@@ -491,7 +495,9 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
               (h.objective(h.params, a, w, rows, info) - h.objective(h.params, b, w, rows, info)) / (2 * tol.step);
           input_report.close(k, dx[k], numeric, tol.relative * std::max(1.0, std::abs(numeric)));
         }
-        // Without dx the parameter gradient is the same and nothing is written to the input side.
+        // Without dx the parameter gradient is the same and nothing is written to the input side
+        // (a layer that writes through a null dx crashes here: the report names this check).
+        INFO("backward with dx = null (as a model's first layer gets it): the layer must not write dx");
         std::vector<double> dp2(B::param_count + 1, 3.0);
         lockstep::testing::run_backward<B>(h.ctx, h.params.data(), x.data(), y.data(), w.data(), static_cast<double*>(nullptr), dp2.data(),
                     ws.data(), rows, info);
@@ -504,34 +510,27 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
     CHECK_MESSAGE(nodx_report.ok(), nodx_report.text());
   }
 
-  if constexpr (requires { B::accumulates_gradients; } && B::param_count > 0) {
-    if constexpr (bool{B::accumulates_gradients}) {
-      SUBCASE("accumulates_gradients: backward with pass_info::accumulate adds the batch's parameter gradient to dparams") {
-        lt::element_report added("dparams after an accumulating backward vs what it held + the batch's gradient",
-                                 "accumulated", "held + batch");
-        for (const std::size_t rows : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{64}}) {
-          added.context(std::to_string(rows) + " rows");
-          lt::detail::layer_harness<B> h;
-          const lockstep::pass_info info = lt::suite_info<B>(true);
-          const auto x = lt::detail::inputs<B>(rows);
-          const auto w = lt::detail::weights(rows * B::output_size);
-          std::vector<double> y(rows * B::output_size + 1), ws(lt::detail::workspace_size<B>(rows) + 1),
-              dx(rows * B::input_size + 1), fresh(B::param_count + 1), held(B::param_count + 1);
-          lockstep::testing::run_forward<B>(h.ctx, h.params.data(), x.data(), y.data(), ws.data(), rows, info);
-          lockstep::testing::run_backward<B>(h.ctx, h.params.data(), x.data(), y.data(), w.data(), dx.data(), fresh.data(),
-                                             ws.data(), rows, info);
-          for (std::size_t k = 0; k < B::param_count; ++k) held[k] = std::cos(0.9 * static_cast<double>(k) + 0.2);
-          std::vector<double> acc = held;
-          lockstep::pass_info adding = info;
-          adding.accumulate = true;
-          lockstep::testing::run_forward<B>(h.ctx, h.params.data(), x.data(), y.data(), ws.data(), rows, adding);
-          lockstep::testing::run_backward<B>(h.ctx, h.params.data(), x.data(), y.data(), w.data(), dx.data(), acc.data(),
-                                             ws.data(), rows, adding);
-          for (std::size_t k = 0; k < B::param_count; ++k)
-            added.close(k, acc[k], held[k] + fresh[k], 1e-12 * std::max(1.0, std::abs(held[k] + fresh[k])));
-        }
-        CHECK_MESSAGE(added.ok(), added.text());
+  if constexpr (lockstep::accumulates_gradients_v<B> && B::param_count > 0) {
+    SUBCASE("accumulates_gradients: backward with pass_info::accumulate adds the batch's parameter gradient to dparams") {
+      lt::element_report added("dparams after an accumulating backward vs what it held + the batch's gradient",
+                               "accumulated", "held + batch");
+      for (const std::size_t rows : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{64}}) {
+        added.context(std::to_string(rows) + " rows");
+        lt::detail::layer_harness<B> h;
+        const lockstep::pass_info info = lt::suite_info<B>(true);
+        const auto x = lt::detail::inputs<B>(rows);
+        const auto w = lt::detail::weights(rows * B::output_size);
+        std::vector<double> ws, dx(rows * B::input_size + 1), fresh(B::param_count + 1), held(B::param_count + 1);
+        (void)h.forward_backward(x.data(), w.data(), rows, info, ws, dx.data(), fresh.data());
+        for (std::size_t k = 0; k < B::param_count; ++k) held[k] = std::cos(0.9 * static_cast<double>(k) + 0.2);
+        std::vector<double> acc = held;
+        lockstep::pass_info adding = info;
+        adding.accumulate = true;
+        (void)h.forward_backward(x.data(), w.data(), rows, adding, ws, dx.data(), acc.data());
+        for (std::size_t k = 0; k < B::param_count; ++k)
+          added.close(k, acc[k], held[k] + fresh[k], 1e-12 * std::max(1.0, std::abs(held[k] + fresh[k])));
       }
+      CHECK_MESSAGE(added.ok(), added.text());
     }
   }
 
@@ -620,14 +619,11 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
                              std::vector<double>& dp) {
           lockstep::pass_info i = info;
           i.sample_offset = info.sample_offset + first;  // as a strategy keys each shard
-          y.assign(n * B::output_size, 0.0);
           dx.assign(n * B::input_size, 0.0);
           dp.assign(B::param_count, 0.0);
-          std::vector<double> ws(lt::detail::workspace_size<B>(n) + 1);
-          const double* xs = x.data() + first * B::input_size;
-          lockstep::testing::run_forward<B>(h.ctx, h.params.data(), xs, y.data(), ws.data(), n, i);
-          lockstep::testing::run_backward<B>(h.ctx, h.params.data(), xs, y.data(), w.data() + first * B::output_size,
-                                             dx.data(), dp.data(), ws.data(), n, i);
+          std::vector<double> ws;
+          y = h.forward_backward(x.data() + first * B::input_size, w.data() + first * B::output_size, n, i, ws, dx.data(),
+                                 dp.data());
         };
         std::vector<double> y, dx, dp, ya, dxa, dpa, yb, dxb, dpb;
         run(0, rows, y, dx, dp);

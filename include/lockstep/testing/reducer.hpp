@@ -10,8 +10,11 @@
 /// and lengths 0, 1, primes and 65537, split in two buckets, gives every replica the same sum,
 /// equal to the exact sum within float rounding, and bitwise the same on later rounds of the same
 /// reducer and buckets and on a second reducer (a fixed summation order, buckets re-armed); 10^7
-/// elements over 1 to 3 replicas; broadcast of the root's values from every root; a replica that
-/// never arrives makes the others fail within the configured timeout, at least one of them with a
+/// elements over 1 to 3 replicas; every replica's sum intact when each overwrites its data as soon
+/// as its own wait returns while the others arrive late; broadcast of the root's values from every
+/// root (synchronous: the root reuses its data once its call returns); a replica that never
+/// arrives makes the others fail within the configured timeout (a replica still inside the
+/// reducer long after it fails the check, abort() releasing it), at least one of them with a
 /// `timeout_error` whose message names it as `replica(s) I`; `abort()` from another thread releases
 /// every waiter (each throws a `lockstep::error`) at once; after `reset()` the reducer works again,
 /// the aborted bucket too; and, for a reducer that reduces a sharded update onto the slices
@@ -23,10 +26,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -43,13 +50,21 @@
 namespace lockstep::testing::detail {
 
 /// Runs f(replica, ctx) on one thread per replica after binding each replica's workspace; returns
-/// what each threw ("" when nothing).
+/// what each threw ("" when nothing). A replica still inside 4 x `timeout` + 30 s after the start
+/// (the reducer was built with `timeout`: it should have given up long before) fails the check,
+/// and the reducer is aborted to release it; one that even abort() does not release ends the
+/// program with a message naming it, rather than a suite that hangs.
 template <class R>
 std::vector<std::string> on_replicas(R& red, std::size_t replicas, std::size_t max_bucket_bytes,
-                                     const std::function<void(std::size_t, host_context&)>& f) {
+                                     const std::function<void(std::size_t, host_context&)>& f,
+                                     std::chrono::milliseconds timeout = std::chrono::milliseconds(60'000)) {
+  const std::chrono::milliseconds deadline = 4 * timeout + std::chrono::milliseconds(30'000);
   std::vector<std::string> errors(replicas);
   const std::size_t ws = red.workspace_bytes(max_bucket_bytes);
   std::vector<std::unique_ptr<unsigned char[]>> workspaces(replicas);
+  std::mutex m;
+  std::condition_variable finished;
+  std::vector<char> done(replicas, 0);
   std::vector<std::thread> threads;
   for (std::size_t r = 0; r < replicas; ++r)
     threads.emplace_back([&, r] {
@@ -61,8 +76,40 @@ std::vector<std::string> on_replicas(R& red, std::size_t replicas, std::size_t m
       } catch (const std::exception& e) {
         errors[r] = std::string("!") + e.what();
       }
+      std::lock_guard<std::mutex> lock(m);
+      done[r] = 1;
+      finished.notify_all();
     });
+  const auto all_done = [&] { return std::count(done.begin(), done.end(), char{1}) == static_cast<std::ptrdiff_t>(replicas); };
+  const auto inside = [&] {
+    std::string list;
+    for (std::size_t r = 0; r < replicas; ++r)
+      if (!done[r]) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    return list;
+  };
+  std::string stuck;
+  {
+    std::unique_lock<std::mutex> lock(m);
+    if (!finished.wait_for(lock, deadline, all_done)) {
+      stuck = inside();
+      lock.unlock();
+      red.abort();
+      lock.lock();
+      if (!finished.wait_for(lock, std::chrono::seconds(10), all_done)) {
+        std::fprintf(stderr,
+                     "lockstep reducer conformance: replica(s) %s still inside the reducer %.1f s after the collective "
+                     "began, and abort() did not release them: the reducer honours neither its timeout nor abort()\n",
+                     inside().c_str(), static_cast<double>(deadline.count()) / 1000.0);
+        std::fflush(stderr);
+        std::abort();
+      }
+    }
+  }
   for (auto& t : threads) t.join();
+  CHECK_MESSAGE(stuck.empty(), "replica(s) " << stuck << " still inside the reducer "
+                                             << static_cast<double>(deadline.count()) / 1000.0
+                                             << " s after the collective began (far beyond its timeout of " << timeout.count()
+                                             << " ms); abort() released them");
   return errors;
 }
 
@@ -150,22 +197,63 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
     CHECK_MESSAGE(sums.ok(), sums.text());
   }
 
+  SUBCASE("a replica may reuse its data as soon as its wait returns: late replicas still get the sum") {
+    // As a strategy does: replica 0 clamps its sums in place, or starts the next step's backward
+    // pass, the moment its wait returns. Replicas 1.. arrive late (before start and before wait),
+    // so a reducer whose wait returns while others still read that replica's data hands them
+    // what it wrote next.
+    constexpr std::size_t length = 4099;
+    for (std::size_t replicas = 2; replicas <= 4; ++replicas) {
+      CAPTURE(replicas);
+      std::vector<std::vector<float>> data(replicas, std::vector<float>(length)), got(replicas);
+      for (std::size_t r = 0; r < replicas; ++r)
+        for (std::size_t i = 0; i < length; ++i) data[r][i] = lt::reducer_value(i, r);
+      R red(lockstep::reducer_config{replicas, ms(60'000), lockstep::collective_ids::count, 0});
+      const auto errors = lt::on_replicas(red, replicas, length * sizeof(float), [&](std::size_t r, lockstep::host_context& ctx) {
+        if (r != 0) std::this_thread::sleep_for(ms(10));
+        red.start(r, ctx, data[r].data(), length, 0);
+        if (r != 0) std::this_thread::sleep_for(ms(10));
+        red.wait(r, ctx, 0);
+        got[r] = data[r];
+        std::fill(data[r].begin(), data[r].end(), 1e30f);  // this replica's next use of its buffer
+      });
+      std::size_t wrong = 0;  // elements not within float rounding of the exact sum
+      for (std::size_t r = 0; r < replicas; ++r) {
+        CHECK(errors[r] == "");
+        if (got[r].size() != length) continue;
+        for (std::size_t i = 0; i < length; ++i) {
+          double exact = 0;
+          for (std::size_t q = 0; q < replicas; ++q) exact += lt::reducer_value(i, q);
+          wrong += !(std::abs(got[r][i] - exact) <= 1e-5 * (1.0 + std::abs(exact)));
+        }
+      }
+      CHECK_MESSAGE(wrong == 0, wrong << " element(s) of the replicas' sums were changed after another replica's wait "
+                                         "returned (a reducer must not read a replica's data once its wait returned)");
+    }
+  }
+
   SUBCASE("broadcast copies the root's data to every replica") {
+    // Synchronous: the root may reuse its data as soon as its broadcast returns, so the replicas
+    // arrive late (the root first) and each overwrites its data once it has its copy.
     for (std::size_t replicas = 1; replicas <= 4; ++replicas)
       for (std::size_t root = 0; root < replicas; ++root) {
         CAPTURE(replicas);
         CAPTURE(root);
-        std::vector<std::vector<float>> data(replicas, std::vector<float>(101));
+        std::vector<std::vector<float>> data(replicas, std::vector<float>(101)), got(replicas);
         for (std::size_t r = 0; r < replicas; ++r)
           for (std::size_t i = 0; i < 101; ++i) data[r][i] = lt::reducer_value(i, r);
         R red(lockstep::reducer_config{replicas, ms(60'000), lockstep::collective_ids::count, 0});
         const auto errors = lt::on_replicas(red, replicas, 101 * sizeof(float), [&](std::size_t r, lockstep::host_context& ctx) {
+          if (r != root) std::this_thread::sleep_for(ms(5));
           red.broadcast(r, ctx, data[r].data(), 101, root);
+          got[r] = data[r];
+          std::fill(data[r].begin(), data[r].end(), 1e30f);
         });
         std::size_t wrong = 0;  // elements that are not the root's values as they were
         for (std::size_t r = 0; r < replicas; ++r) {
           CHECK(errors[r] == "");
-          for (std::size_t i = 0; i < 101; ++i) wrong += data[r][i] != lt::reducer_value(i, root);
+          if (got[r].size() != 101) continue;
+          for (std::size_t i = 0; i < 101; ++i) wrong += got[r][i] != lt::reducer_value(i, root);
         }
         CHECK(wrong == 0);
       }
@@ -231,15 +319,18 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
     R red(lockstep::reducer_config{3, ms(150), lockstep::collective_ids::count, 0});
     std::vector<float> v(3 * 17, 1.0f);
     const auto t0 = std::chrono::steady_clock::now();
-    const auto errors = lt::on_replicas(red, 3, 17 * sizeof(float), [&](std::size_t r, lockstep::host_context& ctx) {
-      if (r == 1) return;  // never arrives
-      try {
-        red.start(r, ctx, v.data() + r * 17, 17, 0);
-        red.wait(r, ctx, 0);
-      } catch (const lockstep::timeout_error& e) {
-        throw lockstep::timeout_error(std::string("timeout: ") + e.what());
-      }
-    });
+    const auto errors = lt::on_replicas(
+        red, 3, 17 * sizeof(float),
+        [&](std::size_t r, lockstep::host_context& ctx) {
+          if (r == 1) return;  // never arrives
+          try {
+            red.start(r, ctx, v.data() + r * 17, 17, 0);
+            red.wait(r, ctx, 0);
+          } catch (const lockstep::timeout_error& e) {
+            throw lockstep::timeout_error(std::string("timeout: ") + e.what());
+          }
+        },
+        ms(150));
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
     lt::check_missing_replica_named(errors);
   }
