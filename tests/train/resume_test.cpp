@@ -546,3 +546,36 @@ TEST_CASE("resume: an epoch max_steps cuts short reaches the history only, and t
   CHECK(lines().size() == 2);
   fs::remove_all(dir);
 }
+
+TEST_CASE("fit: a batch past max_steps that fails to load ends nothing: the run stops as asked, with its checkpoint") {
+  // fit looks at the batch after the last update to know whether the epoch is finished; the error
+  // of that batch is not this run's (it trained none of it), so the run keeps its history and
+  // writes its cut-short checkpoint.
+  for (const std::uint64_t steps : {1u, 4u, 5u}) {
+    CAPTURE(steps);
+    const auto dir = temp_dir("stop_before_bad_batch");
+    two s;
+    auto m = s.replicate<net>(ls::seed{21});
+    auto loaded = std::make_shared<std::uint64_t>(0);
+    const auto bad_after = [loaded, steps](ls::data::batch b) {
+      if (++*loaded == steps + 1) throw ls::data_error("lockstep test: batch " + std::to_string(steps) + " is corrupt");
+      return b;
+    };
+    const auto h = ls::fit(s, m, optimizer, ls::softmax_cross_entropy{}, pipeline(samples, batch) | ls::data::map(bad_after),
+                           {.epochs = 3, .quiet = true, .checkpoint_dir = (dir / "ck").string(), .max_steps = steps});
+    CHECK(m.step() == steps);
+    REQUIRE(h.epochs.size() == 1);
+    CHECK(h.epochs[0].steps == steps);
+    CHECK(h.epochs[0].cut_short);
+    const ls::checkpoint_manager ck((dir / "ck").string());
+    REQUIRE(ck.latest().has_value());
+    CHECK(ls::checkpoint_manager::step_of(*ck.latest()) == steps);
+    // the same batch met by a run that trains on it: the error is raised
+    auto again = s.replicate<net>(ls::seed{21});
+    *loaded = 0;
+    CHECK_THROWS_AS(ls::fit(s, again, optimizer, ls::softmax_cross_entropy{}, pipeline(samples, batch) | ls::data::map(bad_after),
+                            {.epochs = 3, .quiet = true, .max_steps = steps + 1}),
+                    ls::data_error);
+    fs::remove_all(dir);
+  }
+}

@@ -975,8 +975,16 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
     }
     if (held && !stopped) (void)batch_of_update(*held, true);
     // Training stopped with batches of the epoch left (under accumulation the batch after the
-    // held one is; otherwise look at the next).
-    const bool left = stopped && (k > 1 || ++it != end);
+    // held one is; otherwise look at the next). A batch past the stop that fails to load (a
+    // reader's error, a stage's) is left for a later run to meet: this run ends as asked, with
+    // its checkpoint.
+    const bool left = stopped && (k > 1 || [&] {
+                        try {
+                          return ++it != end;
+                        } catch (const std::exception&) {
+                          return true;
+                        }
+                      }());
     run.add_stats(late());  // defer_readback: the epoch's last update
     auto [st, finished] = run.end_steps(e, m.step(), save, left);
     if (o.validation) {
