@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <lockstep/data.hpp>
@@ -393,4 +395,63 @@ TEST_CASE("batch_pool: row buffers are reused, aligned and returned") {
   b.reset();
   c.reset();
   CHECK(pool->peak_row_bytes() == 5000);
+}
+
+namespace {
+
+// A user source of grey images whose size the recipe does not fix: samples 0 to 3 are 4x4,
+// the others 5x5. The 4x4 samples load slowly (the window in which another thread could learn a
+// width from a later batch).
+class mixed_size_source final : public ld::sample_source {
+public:
+  std::uint64_t size() const override { return 16; }
+  std::uint32_t channels() const override { return 1; }
+  std::optional<std::pair<std::uint32_t, std::uint32_t>> fixed_size() const override { return std::nullopt; }
+  void load(std::uint64_t i, const ld::region_planner& regions, ld::decoded_sample& out, ld::load_scratch&) const override {
+    if (i < 4) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    const std::uint32_t side = i < 4 ? 4 : 5;
+    out.channels = 1;
+    out.height = out.width = side;
+    out.region = regions.plan(side, side);
+    out.pixels.assign(std::size_t{out.region.width} * out.region.height, static_cast<std::uint8_t>(i));
+  }
+  std::string name_of(std::uint64_t i) const override { return "mixed " + std::to_string(i); }
+  std::string describe() const override { return "mixed sizes"; }
+};
+
+}  // namespace
+
+TEST_CASE("index-first: a width the recipe does not fix is learned by the first cut, and a sample of another size is an error at its cut") {
+  // Batch 0 holds samples 0..3 (4x4), batch 1 samples 4..7 (5x5). For every plan, with and without
+  // decoding ahead behind prefetch (which must not learn a width from batch 1 while batch 0's cut
+  // loads), the first cut learns 16 from its first row, stages batch 0 at that width and refuses
+  // batch 1, naming its first sample this process loads.
+  for (const std::size_t depth : {0u, 2u})
+    for (const auto& plan : {std::pair<std::size_t, std::size_t>{1, 0}, {2, 0}, {2, 1}, {4, 3}}) {
+      const std::size_t parts = plan.first, first = plan.second;  // (lambdas below capture them)
+      CAPTURE(depth);
+      CAPTURE(parts);
+      CAPTURE(first);
+      const auto src = std::make_shared<mixed_size_source>();
+      std::size_t cut = 0;
+      std::string error;
+      const auto run = [&](const auto& d) {
+        try {
+          for (auto&& b : d.epoch(0)) {
+            const auto db = ld::detail::make_sharded(std::move(b), parts, first, 1);
+            CHECK(db.shards[0].width == 16);
+            ++cut;
+          }
+        } catch (const lockstep::shape_error& e) {
+          error = e.what();
+        }
+      };
+      if (depth == 0)
+        run(ld::indexed(src, {.threads = 2}) | ld::batched(4));
+      else
+        run(ld::indexed(src, {.threads = 2}) | ld::batched(4) | ld::prefetch(depth));
+      CHECK(cut == 1);
+      const std::size_t named = 4 + 4 * first / parts;  // batch 1's first row on this worker
+      CHECK_MESSAGE(error.find("mixed " + std::to_string(named)) != std::string::npos, error);
+    }
 }

@@ -512,7 +512,7 @@ struct decoded_rows {
 };
 
 /// What the batches of one `batched` stage share: the float batch pool and the row width learned
-/// from the first batch when the recipe does not fix it.
+/// by the first cut that loads a row, when the recipe does not fix it.
 struct index_stage {
   std::shared_ptr<batch_pool> floats = std::make_shared<batch_pool>();
   std::atomic<std::size_t> width{0};
@@ -612,6 +612,8 @@ public:
       std::lock_guard lock(rows_->ahead_mutex);
       if (rows_->ahead) return;
     }
+    // A width the recipe does not fix is learned by the first cut, on the consumer's thread.
+    if (rows_->owners.front()->known_width() == 0 && rows_->stage->width.load() == 0) return;
     const auto t0 = std::chrono::steady_clock::now();
     auto d = decode(parts, first, count);
     {
@@ -693,8 +695,9 @@ private:
     }
     const bool labels_from_data = labels.empty();
     if (labels_from_data) d->labels.assign(hi - lo, no_label);
-    // The row width: fixed by the recipe, learned from an earlier batch, or from row lo (loaded
-    // here once, then copied in).
+    // The row width: fixed by the recipe, or learned once, by the first cut that loads a row
+    // (load_ahead waits for it, so no other thread learns another), from its first row (loaded
+    // here once, then copied in): this process loads no row outside its shards.
     std::size_t width = head.known_width();
     if (width == 0) width = rows_->stage->width.load();
     std::size_t start = lo;
@@ -704,8 +707,7 @@ private:
       const std::int32_t l = rows_->recipes[lo]->load_any(indices[lo], rows_->epochs[lo], first_row, s);
       width = first_row.size() / elem;
       if (labels_from_data) d->labels[0] = l;
-      std::size_t expected = 0;
-      rows_->stage->width.compare_exchange_strong(expected, width);
+      rows_->stage->width.store(width);
       start = lo + 1;
     }
     d->width = width;
