@@ -64,6 +64,16 @@ TEST_CASE("split and whole take a consistent batch of any size and cut every row
     }
 }
 
+TEST_CASE("split into 0 shards is a config_error naming the batch's rows, whatever the rows") {
+  for (const std::size_t rows : {0, 1, 7}) {
+    CAPTURE(rows);
+    const auto b = consistent(rows, 3);
+    CHECK_THROWS_WITH_AS((void)ld::split(b, 0),
+                         ("lockstep::data::split: a batch of " + std::to_string(rows) + " rows into 0 shards").c_str(),
+                         lockstep::config_error);
+  }
+}
+
 TEST_CASE("split and whole refuse features, labels or targets that do not hold exactly the batch's rows") {
   for (const std::size_t rows : {0, 1, 5, 11}) {
     CAPTURE(rows);

@@ -116,10 +116,11 @@ inline shard rows_of(const batch& b, std::size_t first, std::size_t count) noexc
 }
 
 /// Cuts a global batch into n contiguous shards whose sizes differ by at most one (the first
-/// `rows % n` shards get one extra row). Requires n >= 1.
-/// @throws config_error when the batch does not hold every row (see batch::first_held), and
-/// shape_error when its features, labels or targets do not hold exactly rows() rows.
+/// `rows % n` shards get one extra row).
+/// @throws config_error when n is 0 or the batch does not hold every row (see batch::first_held),
+/// and shape_error when its features, labels or targets do not hold exactly rows() rows.
 inline std::vector<shard> split(const batch& b, std::size_t n) {
+  if (n == 0) throw config_error("lockstep::data::split: a batch of " + std::to_string(b.rows()) + " rows into 0 shards");
   detail::require_every_row(b, "split");
   detail::require_consistent(b, "split");
   std::vector<shard> out(n);
