@@ -94,4 +94,12 @@ public:
 /// directory"), for messages that say why a file could not be opened or read.
 inline std::string os_reason(int errnum) { return std::generic_category().message(errnum); }
 
+namespace detail {
+/// Throws config_error "<who>: <what> must be <range>, got <value>" unless `ok` (the range
+/// checks of options: optimisers' hyper-parameters, update_recipe).
+inline void require_option(const char* who, const char* what, double value, bool ok, const char* range) {
+  if (!ok) throw config_error(std::string(who) + ": " + what + " must be " + range + ", got " + std::to_string(value));
+}
+}  // namespace detail
+
 }  // namespace lockstep

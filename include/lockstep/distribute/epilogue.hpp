@@ -56,13 +56,12 @@ struct update_recipe {
   }
   /// @throws config_error naming the field of a value that has no meaning.
   void check() const {
-    if (!(clip_global_norm >= 0) || !std::isfinite(clip_global_norm))
-      throw config_error("lockstep: update_recipe::clip_global_norm must be finite and >= 0, got " +
-                         std::to_string(clip_global_norm));
-    if (!(clip_value >= 0) || !std::isfinite(clip_value))
-      throw config_error("lockstep: update_recipe::clip_value must be finite and >= 0, got " + std::to_string(clip_value));
-    if (!(ema.decay >= 0 && ema.decay < 1))
-      throw config_error("lockstep: update_recipe::ema.decay must be in [0, 1), got " + std::to_string(ema.decay));
+    constexpr const char* who = "lockstep";
+    detail::require_option(who, "update_recipe::clip_global_norm", clip_global_norm,
+                           clip_global_norm >= 0 && std::isfinite(clip_global_norm), "finite and >= 0");
+    detail::require_option(who, "update_recipe::clip_value", clip_value, clip_value >= 0 && std::isfinite(clip_value),
+                           "finite and >= 0");
+    detail::require_option(who, "update_recipe::ema.decay", ema.decay, ema.decay >= 0 && ema.decay < 1, "in [0, 1)");
     if (ema.every == 0) throw config_error("lockstep: update_recipe::ema.every must be >= 1");
     if (nonfinite == nonfinite_policy::skip && max_consecutive_skips == 0)
       throw config_error("lockstep: update_recipe::max_consecutive_skips must be >= 1");

@@ -50,14 +50,11 @@ struct adam_op {
 /// Throws config_error naming optimiser `name`'s hyper-parameter that is out of range (the
 /// moments' decays in [0, 1), eps and the decay finite and >= 0, the rate finite).
 inline void check_adam(const char* name, float lr, float beta1, float beta2, float eps, float weight_decay) {
-  const auto in = [&](const char* what, float v, bool ok, const char* range) {
-    if (!ok) throw config_error(std::string("lockstep::") + name + ": " + what + " must be " + range + ", got " + std::to_string(v));
-  };
-  in("lr", lr, std::isfinite(lr), "finite");
-  in("beta1", beta1, beta1 >= 0.0f && beta1 < 1.0f, "in [0, 1)");
-  in("beta2", beta2, beta2 >= 0.0f && beta2 < 1.0f, "in [0, 1)");
-  in("eps", eps, eps >= 0.0f && std::isfinite(eps), "finite and >= 0");
-  in("weight_decay", weight_decay, weight_decay >= 0.0f && std::isfinite(weight_decay), "finite and >= 0");
+  require_option(name, "lr", lr, std::isfinite(lr), "finite");
+  require_option(name, "beta1", beta1, beta1 >= 0.0f && beta1 < 1.0f, "in [0, 1)");
+  require_option(name, "beta2", beta2, beta2 >= 0.0f && beta2 < 1.0f, "in [0, 1)");
+  require_option(name, "eps", eps, eps >= 0.0f && std::isfinite(eps), "finite and >= 0");
+  require_option(name, "weight_decay", weight_decay, weight_decay >= 0.0f && std::isfinite(weight_decay), "finite and >= 0");
 }
 
 template <class T, class Ctx>
@@ -94,7 +91,7 @@ struct adam {
   /// Two moments per parameter.
   [[nodiscard]] std::size_t state_size(std::size_t n) const noexcept { return 2 * n; }
   /// Throws config_error naming a hyper-parameter out of range (the strategy calls it before an update).
-  void check() const { detail::check_adam("adam", lr, beta1, beta2, eps, weight_decay); }
+  void check() const { detail::check_adam("lockstep::adam", lr, beta1, beta2, eps, weight_decay); }
 
   /// Applies update number u.step (1-based) to n parameters.
   template <class T, class Ctx>
@@ -117,7 +114,7 @@ struct adamw {
   /// Two moments per parameter.
   [[nodiscard]] std::size_t state_size(std::size_t n) const noexcept { return 2 * n; }
   /// Throws config_error naming a hyper-parameter out of range (the strategy calls it before an update).
-  void check() const { detail::check_adam("adamw", lr, beta1, beta2, eps, weight_decay); }
+  void check() const { detail::check_adam("lockstep::adamw", lr, beta1, beta2, eps, weight_decay); }
 
   /// Applies update number u.step (1-based) to n parameters.
   template <class T, class Ctx>

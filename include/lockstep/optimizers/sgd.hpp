@@ -63,12 +63,11 @@ struct sgd {
   /// Throws config_error naming a hyper-parameter out of range (the strategy calls it before an
   /// update): lr finite, momentum and weight_decay finite and >= 0, nesterov with momentum > 0.
   void check() const {
-    const auto in = [](const char* what, float v, bool ok, const char* range) {
-      if (!ok) throw config_error(std::string("lockstep::sgd: ") + what + " must be " + range + ", got " + std::to_string(v));
-    };
-    in("lr", lr, std::isfinite(lr), "finite");
-    in("momentum", momentum, momentum >= 0.0f && std::isfinite(momentum), "finite and >= 0");
-    in("weight_decay", weight_decay, weight_decay >= 0.0f && std::isfinite(weight_decay), "finite and >= 0");
+    constexpr const char* who = "lockstep::sgd";
+    detail::require_option(who, "lr", lr, std::isfinite(lr), "finite");
+    detail::require_option(who, "momentum", momentum, momentum >= 0.0f && std::isfinite(momentum), "finite and >= 0");
+    detail::require_option(who, "weight_decay", weight_decay, weight_decay >= 0.0f && std::isfinite(weight_decay),
+                           "finite and >= 0");
     if (nesterov && !(momentum > 0.0f)) throw config_error("lockstep::sgd: nesterov needs momentum > 0");
   }
 
