@@ -696,8 +696,8 @@ private:
     const bool labels_from_data = labels.empty();
     if (labels_from_data) d->labels.assign(hi - lo, no_label);
     // The row width: fixed by the recipe, or learned once, by the first cut that loads a row
-    // (load_ahead waits for it, so no other thread learns another), from its first row (loaded
-    // here once, then copied in): this process loads no row outside its shards.
+    // (load_ahead does not decode until then, so no other thread learns another), from its first
+    // row (loaded here once, then copied in): this process loads no row outside its shards.
     std::size_t width = head.known_width();
     if (width == 0) width = rows_->stage->width.load();
     std::size_t start = lo;

@@ -18,9 +18,9 @@
 ///    wants a replica's float gradients kept in (mpi_host_allreduce's shared window), or null;
 ///    asked for every replica at replicate(), collectively;
 ///  - optionally `settle(replica)`: hands every bucket the replica started to whatever thread
-///    carries it across the workers, before a row exchange (batch_norm) queues work there in the
-///    backward pass, so every worker queues the same collectives in the same order
-///    (mpi_host_allreduce::settle); every local replica calls it at the same point;
+///    carries it across the workers, before a row exchange across the workers (batch_norm's, in
+///    forward and backward) queues work there, so every worker queues the same collectives in
+///    the same order (mpi_host_allreduce::settle); every local replica calls it at the same point;
 ///  - optionally, for an optimiser update sharded over the replicas (strategy_options::
 ///    shard_optimizer), a reduce-scatter and an all-gather in place of the all-reduce and the
 ///    copies: `static constexpr bool reduces_to_slices = true` and

@@ -51,7 +51,8 @@ namespace lockstep::testing::detail {
 
 /// Runs f(replica, ctx) on one thread per replica after binding each replica's workspace; returns
 /// what each threw ("" when nothing). A replica still inside 4 x `timeout` + 30 s after the start
-/// (the reducer was built with `timeout`: it should have given up long before) fails the check,
+/// (`timeout`: the one the caller built the reducer with, or a longer one; the reducer should
+/// have given up long before) fails the check,
 /// and the reducer is aborted to release it; one that even abort() does not release ends the
 /// program with a message naming it, rather than a suite that hangs.
 template <class R>
