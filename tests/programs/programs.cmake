@@ -36,7 +36,7 @@ target_include_directories(program_suite_mutants PRIVATE ${CMAKE_CURRENT_SOURCE_
 foreach(_mutant
     "broadcast_from_zero{;}broadcast copies*{;}CHECK\\( wrong == 0 \\) is NOT correct"
     "stale_bucket{;}every replica gets*{;}a later round on the same reducer and buckets differs from the first"
-    "copies_after_return{;}a replica may reuse*{;}element\\(s\\) of the replicas' sums were changed after another replica's wait"
+    "copies_after_return{;}a replica may reuse*{;}each replica's sum vs the exact sum, each replica reusing its data once its wait returns: [0-9]+ of [0-9]+ elements differ\n  \\[[2-4] replicas, replica [0-3]\\] element"
     "ignores_timeout{;}a replica that never arrives*{;}replica\\(s\\) 0, 2 still inside the reducer 30.6 s after the collective began"
     "row_mask_layer{;}gradients of inputs*{;}input gradient vs central finite differences: [0-9]+ of [0-9]+ elements differ\n  \\[training, a shard at offsets"
     "accumulating_layer{;}accumulates_gradients*{;}dparams after an accumulating backward vs what it held \\+ the batch's gradient: [0-9]+ of"

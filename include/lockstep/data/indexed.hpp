@@ -613,7 +613,7 @@ public:
       if (rows_->ahead) return;
     }
     // A width the recipe does not fix is learned by the first cut, on the consumer's thread.
-    if (rows_->owners.front()->known_width() == 0 && rows_->stage->width.load() == 0) return;
+    if (width_now() == 0) return;
     const auto t0 = std::chrono::steady_clock::now();
     auto d = decode(parts, first, count);
     {
@@ -648,6 +648,12 @@ public:
   }
 
 private:
+  // The row width: fixed by the recipe, else the one the stage has learned (0: not learned yet).
+  [[nodiscard]] std::size_t width_now() const {
+    const std::size_t fixed = rows_->owners.front()->known_width();
+    return fixed ? fixed : rows_->stage->width.load();
+  }
+
   // The counters of the batch's source (only for a batch with rows: each row adds its recipe).
   [[nodiscard]] pipeline_counters& counters() const noexcept { return rows_->owners.front()->source().counters(); }
 
@@ -690,7 +696,7 @@ private:
     d->hi = hi;
     d->floats = floats;
     if (hi == lo) {  // this process's shards are empty: nothing to load
-      d->width = head.known_width() ? head.known_width() : rows_->stage->width.load();
+      d->width = width_now();
       return d;
     }
     const bool labels_from_data = labels.empty();
@@ -698,8 +704,7 @@ private:
     // The row width: fixed by the recipe, or learned once, by the first cut that loads a row
     // (load_ahead does not decode until then, so no other thread learns another), from its first
     // row (loaded here once, then copied in): this process loads no row outside its shards.
-    std::size_t width = head.known_width();
-    if (width == 0) width = rows_->stage->width.load();
+    std::size_t width = width_now();
     std::size_t start = lo;
     std::vector<std::byte> first_row;
     if (width == 0) {

@@ -118,6 +118,16 @@ inline float reducer_value(std::size_t i, std::size_t r) {
   return static_cast<float>((i * 2654435761u + r * 97u) % 1000u) * 1e-3f - 0.5f;
 }
 
+/// The exact sum of element i over `replicas` replicas' reducer_value.
+inline double reducer_exact(std::size_t i, std::size_t replicas) {
+  double exact = 0;
+  for (std::size_t r = 0; r < replicas; ++r) exact += reducer_value(i, r);
+  return exact;
+}
+
+/// How far a float sum of `exact` may be from it (float rounding of a short sum).
+inline double reducer_tolerance(double exact) { return 1e-5 * (1.0 + std::abs(exact)); }
+
 /// All-reduces `length` elements over `replicas` replicas in two buckets, `rounds` times on one
 /// reducer (as the steps of a training run reuse its buckets: a reducer that does not re-arm a
 /// bucket after its sum fails the later rounds); checks that every round gives the first round's
@@ -175,9 +185,8 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
         }
         sums.context(std::to_string(replicas) + " replicas, length " + std::to_string(length));
         for (std::size_t i = 0; i < length; ++i) {
-          double exact = 0;
-          for (std::size_t r = 0; r < replicas; ++r) exact += lt::reducer_value(i, r);
-          sums.close(i, a[0][i], exact, 1e-5 * (1.0 + std::abs(exact)));
+          const double exact = lt::reducer_exact(i, replicas);
+          sums.close(i, a[0][i], exact, lt::reducer_tolerance(exact));
         }
       }
     CHECK_MESSAGE(sums.ok(), sums.text());
@@ -190,9 +199,8 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
       sums.context(std::to_string(replicas) + " replicas");
       const auto a = lt::reducer_sums<R>(replicas, 10'000'000, 1);
       for (std::size_t i = 0; i < a[0].size(); i += 997) {
-        double exact = 0;
-        for (std::size_t r = 0; r < replicas; ++r) exact += lt::reducer_value(i, r);
-        sums.close(i, a[replicas - 1][i], exact, 1e-5 * (1.0 + std::abs(exact)));
+        const double exact = lt::reducer_exact(i, replicas);
+        sums.close(i, a[replicas - 1][i], exact, lt::reducer_tolerance(exact));
       }
     }
     CHECK_MESSAGE(sums.ok(), sums.text());
@@ -204,6 +212,8 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
     // so a reducer whose wait returns while others still read that replica's data hands them
     // what it wrote next.
     constexpr std::size_t length = 4099;
+    lockstep::testing::element_report sums("each replica's sum vs the exact sum, each replica reusing its data once its wait returns",
+                                           "sum", "exact");
     for (std::size_t replicas = 2; replicas <= 4; ++replicas) {
       CAPTURE(replicas);
       std::vector<std::vector<float>> data(replicas, std::vector<float>(length)), got(replicas);
@@ -218,19 +228,18 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
         got[r] = data[r];
         std::fill(data[r].begin(), data[r].end(), 1e30f);  // this replica's next use of its buffer
       });
-      std::size_t wrong = 0;  // elements not within float rounding of the exact sum
       for (std::size_t r = 0; r < replicas; ++r) {
         CHECK(errors[r] == "");
         if (got[r].size() != length) continue;
+        sums.context(std::to_string(replicas) + " replicas, replica " + std::to_string(r));
         for (std::size_t i = 0; i < length; ++i) {
-          double exact = 0;
-          for (std::size_t q = 0; q < replicas; ++q) exact += lt::reducer_value(i, q);
-          wrong += !(std::abs(got[r][i] - exact) <= 1e-5 * (1.0 + std::abs(exact)));
+          const double exact = lt::reducer_exact(i, replicas);
+          sums.close(i, got[r][i], exact, lt::reducer_tolerance(exact));
         }
       }
-      CHECK_MESSAGE(wrong == 0, wrong << " element(s) of the replicas' sums were changed after another replica's wait "
-                                         "returned (a reducer must not read a replica's data once its wait returned)");
     }
+    // A failure here: the reducer read a replica's data after that replica's wait returned.
+    CHECK_MESSAGE(sums.ok(), sums.text());
   }
 
   SUBCASE("broadcast copies the root's data to every replica") {
@@ -298,9 +307,8 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
             for (std::size_t r = 0; r < replicas; ++r) {
               CHECK(errors[r] == "");
               for (std::size_t i = slices[r].first; i < slices[r].second; ++i) {
-                double exact = 0;
-                for (std::size_t k = 0; k < replicas; ++k) exact += lt::reducer_value(i, k);
-                if (!(std::abs(static_cast<double>(grads[r][i]) - exact) <= 1e-5 * (1.0 + std::abs(exact)))) ++bad;
+                const double exact = lt::reducer_exact(i, replicas);
+                if (!(std::abs(static_cast<double>(grads[r][i]) - exact) <= lt::reducer_tolerance(exact))) ++bad;
                 own[r].push_back(grads[r][i]);
               }
               for (std::size_t c = 0; c < chunks; ++c) wrong_sums += sums[r][c] != 1.0 + 0.1 * static_cast<double>(c);
@@ -317,7 +325,8 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
   }
 
   SUBCASE("a replica that never arrives: the others time out, and the message names it") {
-    R red(lockstep::reducer_config{3, ms(150), lockstep::collective_ids::count, 0});
+    constexpr ms timeout(150);
+    R red(lockstep::reducer_config{3, timeout, lockstep::collective_ids::count, 0});
     std::vector<float> v(3 * 17, 1.0f);
     const auto t0 = std::chrono::steady_clock::now();
     const auto errors = lt::on_replicas(
@@ -331,7 +340,7 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep reducer conformance", R, lockstep_reducer_co
             throw lockstep::timeout_error(std::string("timeout: ") + e.what());
           }
         },
-        ms(150));
+        timeout);
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
     lt::check_missing_replica_named(errors);
   }

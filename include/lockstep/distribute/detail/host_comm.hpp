@@ -147,10 +147,7 @@ public:
   void settle(std::size_t r) {
     const local_state& l = local_[r];
     if (l.tail == 0) return;  // nothing started since the last reset
-    const std::uint64_t seq = l.issued;
-    const std::size_t last = l.ring[(l.tail - 1) % l.ring.size()].bucket;
-    progress(r, seq);
-    await(finished_.get(), seq, r, last, "finish");
+    wait(r, l.ring[(l.tail - 1) % l.ring.size()].bucket);
   }
 
   /// Every replica calls this; returns once all have arrived.
