@@ -8,6 +8,8 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <lockstep/data.hpp>
@@ -85,6 +87,42 @@ TEST_CASE("augment: crops and flips are the same bits for any plan and load thre
           for (std::size_t r = 0; r < s.size; ++r)
             CHECK(std::vector<float>(s.features + r * s.width, s.features + (r + 1) * s.width) == ref.at(s.indices[r]));
     }
+}
+
+TEST_CASE("augment: behind or before cache() the random stages draw anew each epoch, the same bits for any plan") {
+  // cache() keeps the references, not decoded rows: each epoch decodes and draws again, the epoch
+  // that filled the cache with the draws it had without cache().
+  const auto t = images(61);
+  const auto uncached = ld::indexed(t, C, H, W) | ld::random_flip(12) | ld::random_crop(7, 9, 2, 13) | ld::batched(8);
+  const auto fill = rows_of(uncached, 0, 1);
+  REQUIRE(fill.size() == 61);
+  const auto changed = [](const auto& a, const auto& b) {
+    std::size_t n = 0;
+    for (const auto& [i, row] : a) n += b.at(i) != row;
+    return n;
+  };
+  const std::vector<std::pair<std::string, ld::dataset<ld::index_batch>>> placements = {
+      {"stages, cache, batched",
+       ld::indexed(t, C, H, W) | ld::random_flip(12) | ld::random_crop(7, 9, 2, 13) | ld::cache() | ld::batched(8)},
+      {"cache, stages, batched",
+       ld::indexed(t, C, H, W) | ld::cache() | ld::random_flip(12) | ld::random_crop(7, 9, 2, 13) | ld::batched(8)},
+      {"stages, batched, cache", uncached | ld::cache()},
+      {"stages, batched, prefetch, cache",
+       ld::indexed(t, C, H, W) | ld::random_flip(12) | ld::random_crop(7, 9, 2, 13) | ld::batched(8) | ld::prefetch(3) |
+           ld::cache()},
+  };
+  for (const auto& [name, d] : placements) {
+    CAPTURE(name);
+    CHECK(rows_of(d, 0, 2) == fill);  // the pass that fills the cache
+    CHECK(rows_of(d, 0, 3) == fill);  // replayed in that epoch: the same draws
+    const auto one = rows_of(d, 1, 1);
+    REQUIRE(one.size() == 61);
+    CHECK(rows_of(d, 1, 3) == one);  // any plan, the same bits
+    CHECK(changed(fill, one) > 50);  // other draws in another epoch
+    const auto two = rows_of(d, 2, 2);
+    CHECK(changed(one, two) > 50);
+    CHECK(rows_of(d, 2, 4) == two);
+  }
 }
 
 TEST_CASE("augment: random_flip mirrors exactly, with its probability") {

@@ -37,6 +37,7 @@
 #include <lockstep/data/batch.hpp>
 #include <lockstep/data/batch_pool.hpp>
 #include <lockstep/data/dataset.hpp>
+#include <lockstep/data/detail/random.hpp>
 #include <lockstep/data/detail/render.hpp>
 #include <lockstep/data/generator.hpp>
 #include <lockstep/data/memory.hpp>
@@ -549,6 +550,16 @@ class index_batch;
 namespace detail {
 generator<index_batch> index_batch_gen(generator<sample_ref> up, std::size_t size, bool drop_remainder,
                                        std::shared_ptr<index_stage> stage);
+index_batch batch_for_pass(const index_batch& b, std::shared_ptr<plan_slot> plan, std::uint64_t filled,
+                           std::uint64_t epoch);
+
+/// The key of a cached sample's random image draws when cache() gives it in epoch `epoch`, the
+/// pass that filled the cache having run in epoch `filled`: its own source epoch in that epoch,
+/// a key mixed from (source epoch, epoch) in any other, so the draws are new each epoch.
+constexpr std::uint64_t replay_epoch(std::uint64_t source, std::uint64_t filled, std::uint64_t epoch) noexcept {
+  if (epoch == filled) return source;
+  return mix64(source ^ mix64(epoch ^ 0x6361636865ull));  // "cache"
+}
 }  // namespace detail
 
 /// A global batch of an index-first pipeline: `indices` lists its rows' dataset indices, `labels`
@@ -659,6 +670,8 @@ private:
 
   friend generator<index_batch> detail::index_batch_gen(generator<sample_ref>, std::size_t, bool,
                                                         std::shared_ptr<detail::index_stage>);
+  friend index_batch detail::batch_for_pass(const index_batch&, std::shared_ptr<detail::plan_slot>, std::uint64_t,
+                                            std::uint64_t);
 
   distributed_batch empty_cut(std::size_t parts, std::size_t first, std::size_t count) const {
     auto g = std::make_shared<batch>();
@@ -879,6 +892,27 @@ inline generator<index_batch> index_batch_gen(generator<sample_ref> up, std::siz
     }
   }
   if (rows > 0 && !drop_remainder) co_yield std::move(b);
+}
+
+/// A copy of `b` that shares nothing decoded with it, for cache(): the shard plan `plan` (one per
+/// pass, shared by the pass's batches), no rows decoded ahead, and each row's epoch
+/// replay_epoch(its epoch, filled, epoch).
+inline index_batch batch_for_pass(const index_batch& b, std::shared_ptr<plan_slot> plan, std::uint64_t filled,
+                                  std::uint64_t epoch) {
+  index_batch out;
+  out.indices = b.indices;
+  out.labels = b.labels;
+  if (!b.rows_) return out;
+  out.rows_ = std::make_shared<index_rows>();
+  index_rows& r = *out.rows_;
+  r.epochs = b.rows_->epochs;
+  for (std::uint64_t& e : r.epochs) e = replay_epoch(e, filled, epoch);
+  r.scales = b.rows_->scales;
+  r.recipes = b.rows_->recipes;
+  r.owners = b.rows_->owners;
+  r.stage = b.rows_->stage;
+  r.plan = std::move(plan);
+  return out;
 }
 
 }  // namespace detail

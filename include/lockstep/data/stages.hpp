@@ -261,26 +261,56 @@ struct cache_state {
   dataset<T> upstream;
   std::mutex mutex;
   std::shared_ptr<const std::vector<T>> values;
+  std::uint64_t filled = 0;  // the epoch of the pass that filled `values`
 };
+
+/// One pass of cache(): the epoch it gives and the one that filled the cache; for index batches,
+/// the shard plan the pass's batches share.
+struct cache_pass {
+  std::uint64_t filled = 0, epoch = 0;
+  std::shared_ptr<plan_slot> plan;
+};
+
+/// What cache() stores of, and gives for, element v in a pass: v itself, except for index-first
+/// elements (below).
+template <class T>
+const T& cache_copy(const T& v, const cache_pass&) noexcept {
+  return v;
+}
+/// A sample reference with its random image draws keyed for the pass's epoch (replay_epoch).
+inline sample_ref cache_copy(sample_ref s, const cache_pass& p) noexcept {
+  s.epoch = replay_epoch(s.epoch, p.filled, p.epoch);
+  return s;
+}
+/// An index batch keyed for the pass's epoch, sharing no decoded rows with v (batch_for_pass).
+inline index_batch cache_copy(const index_batch& v, const cache_pass& p) {
+  return batch_for_pass(v, p.plan, p.filled, p.epoch);
+}
 
 template <class T>
 generator<T> cache_gen(std::shared_ptr<cache_state<T>> state, std::uint64_t epoch) {
   std::shared_ptr<const std::vector<T>> values;
+  cache_pass pass{epoch, epoch, nullptr};
+  if constexpr (std::is_same_v<T, index_batch>) pass.plan = std::make_shared<plan_slot>();
   {
     std::lock_guard lock(state->mutex);
     values = state->values;
+    if (values) pass.filled = state->filled;
   }
   if (values) {
-    for (const T& v : *values) co_yield v;
+    for (const T& v : *values) co_yield cache_copy(v, pass);
     co_return;
   }
   auto fill = std::make_shared<std::vector<T>>();
   for (auto&& x : state->upstream.epoch(epoch)) {
-    fill->push_back(x);
+    fill->push_back(cache_copy(x, pass));
     co_yield std::move(x);
   }
   std::lock_guard lock(state->mutex);  // only a pass that ran to the end fills the cache
-  if (!state->values) state->values = std::move(fill);
+  if (!state->values) {
+    state->values = std::move(fill);
+    state->filled = epoch;
+  }
 }
 
 }  // namespace detail
@@ -428,7 +458,10 @@ struct cache_closure : closure<cache_closure> {
 };
 /// Caches the elements of the first pass that runs to its end; later epochs replay them in the
 /// same order (put shuffle after cache to reshuffle each epoch). A pass abandoned early caches
-/// nothing. Copies of one dataset share the cache.
+/// nothing. Copies of one dataset share the cache. Index-first elements (sample_ref, index_batch)
+/// are references, decoded at the cut: cache() keeps no decoded rows, and the random image stages,
+/// before or after it, draw anew in each epoch (keyed by the sample's source epoch in the epoch
+/// that filled the cache, by a key mixed from it and the epoch in any other).
 inline cache_closure cache() { return {}; }
 
 }  // namespace lockstep::data
