@@ -6,6 +6,7 @@
 #include <fstream>
 #include <memory>
 #include <span>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -548,21 +549,27 @@ TEST_CASE("resume: an epoch max_steps cuts short reaches the history only, and t
 }
 
 TEST_CASE("fit: a batch past max_steps that fails to load ends nothing: the run stops as asked, with its checkpoint") {
-  // fit looks at the batch after the last update to know whether the epoch is finished; the error
-  // of that batch is not this run's (it trained none of it), so the run keeps its history and
-  // writes its cut-short checkpoint.
-  for (const std::uint64_t steps : {1u, 4u, 5u}) {
+  // fit looks at the batch after the last update to know whether the epoch is finished (under
+  // accumulation, before that update); the error of that batch is not this run's (it trained none
+  // of it), so the run makes its last update, keeps its history and writes its cut-short
+  // checkpoint. 6 batches per epoch: the bad batch is batch steps x accumulate + 1.
+  const std::vector<std::pair<std::uint64_t, std::uint64_t>> cases = {{1, 1}, {1, 4}, {1, 5}, {2, 1}, {2, 2}, {3, 1}};
+  for (const auto& c : cases) {
+    const std::uint64_t accumulate = c.first, steps = c.second;  // named: clang 14's lambdas cannot capture bindings
+    CAPTURE(accumulate);
     CAPTURE(steps);
     const auto dir = temp_dir("stop_before_bad_batch");
     two s;
     auto m = s.replicate<net>(ls::seed{21});
     auto loaded = std::make_shared<std::uint64_t>(0);
-    const auto bad_after = [loaded, steps](ls::data::batch b) {
-      if (++*loaded == steps + 1) throw ls::data_error("lockstep test: batch " + std::to_string(steps) + " is corrupt");
+    const std::uint64_t bad = steps * accumulate + 1;  // counted from 1
+    const auto bad_after = [loaded, bad](ls::data::batch b) {
+      if (++*loaded == bad) throw ls::data_error("lockstep test: batch " + std::to_string(bad - 1) + " is corrupt");
       return b;
     };
     const auto h = ls::fit(s, m, optimizer, ls::softmax_cross_entropy{}, pipeline(samples, batch) | ls::data::map(bad_after),
-                           {.epochs = 3, .quiet = true, .checkpoint_dir = (dir / "ck").string(), .max_steps = steps});
+                           {.epochs = 3, .quiet = true, .checkpoint_dir = (dir / "ck").string(), .max_steps = steps,
+                            .accumulate = accumulate});
     CHECK(m.step() == steps);
     REQUIRE(h.epochs.size() == 1);
     CHECK(h.epochs[0].steps == steps);
@@ -574,8 +581,9 @@ TEST_CASE("fit: a batch past max_steps that fails to load ends nothing: the run 
     auto again = s.replicate<net>(ls::seed{21});
     *loaded = 0;
     CHECK_THROWS_AS(ls::fit(s, again, optimizer, ls::softmax_cross_entropy{}, pipeline(samples, batch) | ls::data::map(bad_after),
-                            {.epochs = 3, .quiet = true, .max_steps = steps + 1}),
+                            {.epochs = 3, .quiet = true, .max_steps = steps + 1, .accumulate = accumulate}),
                     ls::data_error);
+    CHECK(again.step() == steps);  // the updates before the bad batch's were made
     fs::remove_all(dir);
   }
 }

@@ -19,6 +19,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <exception>
 #include <optional>
 #include <span>
 #include <string>
@@ -962,12 +963,30 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
     auto&& epoch_batches = train.epoch(e);
     auto it = std::ranges::begin(epoch_batches);
     const auto end = std::ranges::end(epoch_batches);
-    for (; it != end; ++it) {
-      auto&& b = *it;
-      if (run.skip_consumed()) continue;  // resume: these batches were consumed before the checkpoint
-      data::distributed_batch db = data::detail::make_sharded(std::move(b), plan.parts, plan.first, s.num_replicas());
+    for (bool first = true;; first = false) {
+      std::optional<data::distributed_batch> db;
+      std::exception_ptr failed;  // under accumulation: the batch after the held one failed to load
+      try {
+        if (!first) ++it;
+        if (it == end) break;
+        auto&& b = *it;
+        if (run.skip_consumed()) continue;  // resume: these batches were consumed before the checkpoint
+        db.emplace(data::detail::make_sharded(std::move(b), plan.parts, plan.first, s.num_replicas()));
+      } catch (...) {
+        if (k == 1 || !held) throw;
+        failed = std::current_exception();
+      }
+      if (failed) {
+        // The held batch is not the epoch's last (another follows): it is trained as such, and
+        // the error is raised unless training stops there (the failed batch is then left for a
+        // later run to meet, as without accumulation).
+        stopped = batch_of_update(*held, false);
+        held.reset();
+        if (!stopped) std::rethrow_exception(failed);
+        break;
+      }
       if (k == 1) {
-        if ((stopped = batch_of_update(db, false))) break;
+        if ((stopped = batch_of_update(*db, false))) break;
         continue;
       }
       if (held && (stopped = batch_of_update(*held, false))) break;
@@ -975,9 +994,9 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
     }
     if (held && !stopped) (void)batch_of_update(*held, true);
     // Training stopped with batches of the epoch left (under accumulation the batch after the
-    // held one is; otherwise look at the next). A batch past the stop that fails to load (a
-    // reader's error, a stage's) is left for a later run to meet: this run ends as asked, with
-    // its checkpoint.
+    // held one is, loaded or failed; otherwise look at the next). A batch past the stop that
+    // fails to load (a reader's error, a stage's) is left for a later run to meet: this run ends
+    // as asked, with its checkpoint.
     const bool left = stopped && (k > 1 || [&] {
                         try {
                           return ++it != end;
