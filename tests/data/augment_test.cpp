@@ -111,7 +111,9 @@ TEST_CASE("augment: behind or before cache() the random stages draw anew each ep
        ld::indexed(t, C, H, W) | ld::random_flip(12) | ld::random_crop(7, 9, 2, 13) | ld::batched(8) | ld::prefetch(3) |
            ld::cache()},
   };
-  for (const auto& [name, d] : placements) {
+  for (const auto& placement : placements) {
+    const std::string& name = placement.first;  // named: clang 14's lambdas (CAPTURE) cannot capture bindings
+    const ld::dataset<ld::index_batch>& d = placement.second;
     CAPTURE(name);
     CHECK(rows_of(d, 0, 2) == fill);  // the pass that fills the cache
     CHECK(rows_of(d, 0, 3) == fill);  // replayed in that epoch: the same draws

@@ -172,7 +172,8 @@ private:
 }  // namespace detail
 
 /// Whether this process computes `mixed<bf16>` GEMMs with native bf16 instructions (oneDNN build
-/// on a CPU with AVX512-BF16 or AMX) rather than by rounding the operands for the fp32 kernels.
+/// on a CPU where they outrun fp32: AMX, or AVX512-BF16 on AMD; detail::onednn_native_bf16) rather
+/// than by rounding the operands for the fp32 kernels.
 inline bool host_bf16_native() noexcept {
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
   return detail::onednn_native_bf16();

@@ -90,14 +90,31 @@ inline void to_bf16_row(const float* src, std::size_t n, std::uint16_t* dst) noe
 }
 #endif
 
-/// Whether oneDNN runs bf16 matmuls natively here: its effective instruction set (after any
-/// ONEDNN_MAX_CPU_ISA cap) includes AVX512-BF16 (Zen 4 and later, Cooper Lake, Sapphire Rapids'
-/// AMX). Elsewhere lockstep emulates bf16 (rounded operands, fp32 kernels) rather than use oneDNN's
-/// slow emulation.
-inline bool onednn_native_bf16() noexcept {
+/// Whether oneDNN's effective instruction set here (after any ONEDNN_MAX_CPU_ISA cap) includes
+/// AVX512-BF16: its bf16 kernels and lockstep's bf16 conversion (to_bf16_row) can run.
+inline bool onednn_bf16_isa() noexcept {
   const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
   const auto bf16 = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
   return (isa & bf16) == bf16;
+}
+
+/// Whether lockstep runs bf16 matmuls on oneDNN's bf16 kernels here, where they outrun the fp32
+/// ones: with AMX in oneDNN's instruction set (Intel Sapphire Rapids and later, where the system
+/// exposes it), or with AVX512-BF16 on AMD (Zen 4 and Zen 5 run its dot products at twice their
+/// fp32 FMA rate). Intel's AVX512-BF16 without AMX (Cooper Lake; a Xeon whose AMX is hidden) runs
+/// them at its fp32 FMA rate, where oneDNN 2.6.3's bf16 matmul trained config L at 0.56x fp32 and
+/// the emulation at 0.91x (docs/precision.md). Elsewhere lockstep emulates bf16 (rounded operands,
+/// fp32 kernels) rather than use oneDNN's slow emulation.
+inline bool onednn_native_bf16() noexcept {
+  if (!onednn_bf16_isa()) return false;
+  const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const auto amx = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_amx);
+  if ((isa & amx) == amx) return true;
+#if defined(__x86_64__)
+  return __builtin_cpu_is("amd") != 0;
+#else
+  return false;
+#endif
 }
 
 /// Whether the code address `pc` lies in the shared oneDNN library (false where it cannot be told

@@ -152,6 +152,10 @@ inline std::string host_precision_description(compute_precision policy) {
 inline std::string host_precision_warning(compute_precision policy) {
   if (policy != compute_precision::bf16 || host_bf16_native()) return {};
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+  if (detail::onednn_bf16_isa())
+    return "lockstep: warning: mixed<bf16> is emulated (operands rounded to bf16, fp32 GEMMs: no faster than fp32): "
+           "oneDNN runs " + detail::onednn_name() + ", and without AMX this CPU's AVX512-BF16 instructions run no "
+           "faster than its fp32 ones; fp32 (the default policy) trains faster here";
   return "lockstep: warning: mixed<bf16> is emulated (operands rounded to bf16, fp32 GEMMs: no faster than fp32): "
          "oneDNN runs " + detail::onednn_name() + ", without the AVX512-BF16 or AMX instructions its bf16 kernels need";
 #else
