@@ -2,6 +2,7 @@
 // same bits for any plan, load-thread count or worker split; each stage against a reference.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -89,42 +90,63 @@ TEST_CASE("augment: crops and flips are the same bits for any plan and load thre
     }
 }
 
-TEST_CASE("augment: behind or before cache() the random stages draw anew each epoch, the same bits for any plan") {
-  // cache() keeps the references, not decoded rows: each epoch decodes and draws again, the epoch
-  // that filled the cache with the draws it had without cache().
+TEST_CASE("augment: before or behind cache() the random stages draw in each epoch what they draw without it") {
+  // cache() keeps the references, not decoded rows: each epoch decodes and draws again, the same
+  // draws as the pipeline without cache() whichever epoch filled it (a resumed run fills it in a
+  // later epoch), and reads the source only once.
   const auto t = images(61);
-  const auto uncached = ld::indexed(t, C, H, W) | ld::random_flip(12) | ld::random_crop(7, 9, 2, 13) | ld::batched(8);
-  const auto fill = rows_of(uncached, 0, 1);
-  REQUIRE(fill.size() == 61);
+  const auto stages = ld::random_flip(12) | ld::random_crop(7, 9, 2, 13);
+  const auto uncached = ld::indexed(t, C, H, W) | stages | ld::batched(8);
+  std::vector<std::map<std::uint64_t, std::vector<float>>> want;
+  for (std::uint64_t e = 0; e < 4; ++e) want.push_back(rows_of(uncached, e, 1));
+  REQUIRE(want[0].size() == 61);
   const auto changed = [](const auto& a, const auto& b) {
     std::size_t n = 0;
     for (const auto& [i, row] : a) n += b.at(i) != row;
     return n;
   };
-  const std::vector<std::pair<std::string, ld::dataset<ld::index_batch>>> placements = {
-      {"stages, cache, batched",
-       ld::indexed(t, C, H, W) | ld::random_flip(12) | ld::random_crop(7, 9, 2, 13) | ld::cache() | ld::batched(8)},
-      {"cache, stages, batched",
-       ld::indexed(t, C, H, W) | ld::cache() | ld::random_flip(12) | ld::random_crop(7, 9, 2, 13) | ld::batched(8)},
-      {"stages, batched, cache", uncached | ld::cache()},
-      {"stages, batched, prefetch, cache",
-       ld::indexed(t, C, H, W) | ld::random_flip(12) | ld::random_crop(7, 9, 2, 13) | ld::batched(8) | ld::prefetch(3) |
-           ld::cache()},
-  };
-  for (const auto& placement : placements) {
-    const std::string& name = placement.first;  // named: clang 14's lambdas (CAPTURE) cannot capture bindings
-    const ld::dataset<ld::index_batch>& d = placement.second;
-    CAPTURE(name);
-    CHECK(rows_of(d, 0, 2) == fill);  // the pass that fills the cache
-    CHECK(rows_of(d, 0, 3) == fill);  // replayed in that epoch: the same draws
-    const auto one = rows_of(d, 1, 1);
-    REQUIRE(one.size() == 61);
-    CHECK(rows_of(d, 1, 3) == one);  // any plan, the same bits
-    CHECK(changed(fill, one) > 50);  // other draws in another epoch
-    const auto two = rows_of(d, 2, 2);
-    CHECK(changed(one, two) > 50);
-    CHECK(rows_of(d, 2, 4) == two);
-  }
+  CHECK(changed(want[0], want[1]) > 50);  // the epochs draw differently
+  CHECK(changed(want[1], want[2]) > 50);
+  auto pulled = std::make_shared<std::atomic<std::size_t>>(0);
+  const auto count = ld::map([pulled](ld::sample_ref s) {
+    ++*pulled;
+    return s;
+  });
+  const auto source = [&] { return ld::indexed(t, C, H, W) | count; };
+  for (const std::uint64_t first : {0u, 3u})  // the epoch that fills the cache
+    for (int placement = 0; placement < 4; ++placement) {
+      CAPTURE(first);
+      CAPTURE(placement);  // stages, cache, batched | cache, stages, batched | cache after batched | after prefetch
+      const ld::dataset<ld::index_batch> d =
+          placement == 0   ? source() | stages | ld::cache() | ld::batched(8)
+          : placement == 1 ? source() | ld::cache() | stages | ld::batched(8)
+          : placement == 2 ? source() | stages | ld::batched(8) | ld::cache()
+                           : source() | stages | ld::batched(8) | ld::prefetch(3) | ld::cache();
+      *pulled = 0;
+      CHECK(rows_of(d, first, 2) == want[first]);  // the pass that fills the cache
+      CHECK(pulled->load() == 61);
+      for (const std::uint64_t e : {0u, 1u, 2u, 3u})
+        for (const std::size_t parts : {1u, 3u}) {
+          CAPTURE(e);
+          CAPTURE(parts);
+          CHECK(rows_of(d, e, parts) == want[e]);  // replayed: the draws of the uncached pipeline, any plan
+        }
+      CHECK(pulled->load() == 61);  // replays read nothing upstream
+      // Each worker's part of a cached epoch, cut for its replicas, holds the same rows.
+      if (placement == 2)
+        for (std::size_t rank = 0; rank < 2; ++rank)
+          for (auto&& db : (d | ld::shard_by_worker(rank, 2) | ld::shard_batches(2)).epoch(1))
+            for (const auto& sh : db.shards)
+              for (std::size_t r = 0; r < sh.size; ++r)
+                CHECK(std::vector<float>(sh.features + r * sh.width, sh.features + (r + 1) * sh.width) ==
+                      want[1].at(sh.indices[r]));
+    }
+  // Behind a repeat, the repetitions of an epoch and the epochs draw anew too.
+  const auto repeated = ld::indexed(t, C, H, W) | ld::repeat(2) | ld::cache() | stages | ld::batched(8);
+  const auto r0 = rows_of(repeated, 0, 1), r1 = rows_of(repeated, 1, 2);
+  REQUIRE(r1.size() == 61);
+  CHECK(changed(r0, r1) > 50);
+  CHECK(rows_of(repeated, 1, 3) == r1);
 }
 
 TEST_CASE("augment: random_flip mirrors exactly, with its probability") {

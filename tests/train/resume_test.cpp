@@ -586,4 +586,21 @@ TEST_CASE("fit: a batch past max_steps that fails to load ends nothing: the run 
     CHECK(again.step() == steps);  // the updates before the bad batch's were made
     fs::remove_all(dir);
   }
+  // The bad batch inside an update, after a held batch that only accumulates: the error is raised,
+  // after the updates before it.
+  for (const std::uint64_t accumulate : {2u, 3u}) {
+    CAPTURE(accumulate);
+    two s;
+    auto m = s.replicate<net>(ls::seed{21});
+    auto loaded = std::make_shared<std::uint64_t>(0);
+    const std::uint64_t bad = accumulate + 2;  // the second batch of update 2
+    const auto bad_at = [loaded, bad](ls::data::batch b) {
+      if (++*loaded == bad) throw ls::data_error("lockstep test: batch " + std::to_string(bad - 1) + " is corrupt");
+      return b;
+    };
+    CHECK_THROWS_AS(ls::fit(s, m, optimizer, ls::softmax_cross_entropy{}, pipeline(samples, batch) | ls::data::map(bad_at),
+                            {.epochs = 3, .quiet = true, .max_steps = 2, .accumulate = accumulate}),
+                    ls::data_error);
+    CHECK(m.step() == 1);
+  }
 }

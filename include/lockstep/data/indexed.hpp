@@ -554,10 +554,14 @@ index_batch batch_for_pass(const index_batch& b, std::shared_ptr<plan_slot> plan
                            std::uint64_t epoch);
 
 /// The key of a cached sample's random image draws when cache() gives it in epoch `epoch`, the
-/// pass that filled the cache having run in epoch `filled`: its own source epoch in that epoch,
-/// a key mixed from (source epoch, epoch) in any other, so the draws are new each epoch.
+/// pass that filled the cache having run in epoch `filled`: its source epoch in that epoch; in
+/// another, `epoch` when the source epoch was `filled` (a source read once per epoch: the draws
+/// are those of the pipeline without cache(), whichever epoch filled it, so a resumed run draws
+/// as an uninterrupted one), else a key mixed from (source epoch, epoch) (a `repeat` before
+/// cache(): its repetitions keep distinct draws). The draws are new each epoch.
 constexpr std::uint64_t replay_epoch(std::uint64_t source, std::uint64_t filled, std::uint64_t epoch) noexcept {
   if (epoch == filled) return source;
+  if (source == filled) return epoch;
   return mix64(source ^ mix64(epoch ^ 0x6361636865ull));  // "cache"
 }
 }  // namespace detail

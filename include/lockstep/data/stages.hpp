@@ -460,8 +460,8 @@ struct cache_closure : closure<cache_closure> {
 /// same order (put shuffle after cache to reshuffle each epoch). A pass abandoned early caches
 /// nothing. Copies of one dataset share the cache. Index-first elements (sample_ref, index_batch)
 /// are references, decoded at the cut: cache() keeps no decoded rows, and the random image stages,
-/// before or after it, draw anew in each epoch (keyed by the sample's source epoch in the epoch
-/// that filled the cache, by a key mixed from it and the epoch in any other).
+/// before or after it, draw anew in each epoch, as they would without cache()
+/// (detail::replay_epoch).
 inline cache_closure cache() { return {}; }
 
 }  // namespace lockstep::data

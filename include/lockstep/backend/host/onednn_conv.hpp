@@ -48,7 +48,7 @@ public:
   ~onednn_conv_cache() = default;
 
   /// True when the convolutions of shape g run here: always for fp32 (a failure to create them is
-  /// an error); for bf16 where the CPU has bf16 instructions and oneDNN has primitives for g
+  /// an error); for bf16 where bf16 runs natively (onednn_native_bf16) and oneDNN has primitives for g
   /// (else the caller computes the convolution its own way). The first call per shape creates
   /// the primitives.
   bool available(const conv_geometry& g) {

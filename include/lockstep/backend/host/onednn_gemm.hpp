@@ -69,7 +69,8 @@ inline std::string onednn_name() {
 
 /// dst[i] = to_bf16_bits_daz(src[i], true) for n values with the CPU's AVX512-BF16 conversion
 /// (round to nearest even; subnormal inputs read as zero, as the thread's DAZ mode reads them
-/// anyway); only where the CPU has those instructions (onednn_native_bf16).
+/// anyway); only where the CPU has those instructions (onednn_bf16_isa; lockstep calls it where
+/// onednn_native_bf16).
 #if defined(__x86_64__) && !defined(__CUDACC__)
 __attribute__((target("avx512f,avx512bf16"))) inline void to_bf16_row(const float* src, std::size_t n,
                                                                       std::uint16_t* dst) noexcept {
