@@ -291,16 +291,18 @@ template <class T>
 generator<T> cache_gen(std::shared_ptr<cache_state<T>> state, std::uint64_t epoch) {
   std::shared_ptr<const std::vector<T>> values;
   cache_pass pass{epoch, epoch, nullptr};
-  if constexpr (std::is_same_v<T, index_batch>) pass.plan = std::make_shared<plan_slot>();
   {
     std::lock_guard lock(state->mutex);
     values = state->values;
     if (values) pass.filled = state->filled;
   }
   if (values) {
+    if constexpr (std::is_same_v<T, index_batch>) pass.plan = std::make_shared<plan_slot>();
     for (const T& v : *values) co_yield cache_copy(v, pass);
     co_return;
   }
+  // The filling pass gives the upstream's elements; the copies it stores get no shard plan (each
+  // replay gives its own).
   auto fill = std::make_shared<std::vector<T>>();
   for (auto&& x : state->upstream.epoch(epoch)) {
     fill->push_back(cache_copy(x, pass));

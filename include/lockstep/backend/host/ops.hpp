@@ -151,17 +151,17 @@ inline std::string host_precision_description(compute_precision policy) {
 /// shows it on the chief's progress display (unless quiet).
 inline std::string host_precision_warning(compute_precision policy) {
   if (policy != compute_precision::bf16 || host_bf16_native()) return {};
+  std::string warning =
+      "lockstep: warning: mixed<bf16> is emulated (operands rounded to bf16, fp32 GEMMs: no faster than fp32)";
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+  warning += ": oneDNN runs " + detail::onednn_name();
   if (detail::onednn_bf16_isa())
-    return "lockstep: warning: mixed<bf16> is emulated (operands rounded to bf16, fp32 GEMMs: no faster than fp32): "
-           "oneDNN runs " + detail::onednn_name() + ": with no AMX in oneDNN's instruction set, this CPU's "
-           "AVX512-BF16 instructions run no faster than its fp32 ones; fp32 (the default policy) trains faster here";
-  return "lockstep: warning: mixed<bf16> is emulated (operands rounded to bf16, fp32 GEMMs: no faster than fp32): "
-         "oneDNN runs " + detail::onednn_name() + ", without the AVX512-BF16 or AMX instructions its bf16 kernels need";
+    return warning + ": with no AMX in oneDNN's instruction set, this CPU's AVX512-BF16 instructions run no faster "
+                     "than its fp32 ones; fp32 (the default policy) trains faster here";
+  return warning + ", without the AVX512-BF16 or AMX instructions its bf16 kernels need";
 #else
-  return "lockstep: warning: mixed<bf16> is emulated (operands rounded to bf16, fp32 GEMMs: no faster than fp32) in "
-         "the OpenBLAS build; build with oneDNN (libdnnl-dev, -DLOCKSTEP_HOST_GEMM=onednn) for native bf16 GEMMs on "
-         "CPUs with AMX, or AMD CPUs with AVX512-BF16";
+  return warning + " in the OpenBLAS build; build with oneDNN (libdnnl-dev, -DLOCKSTEP_HOST_GEMM=onednn) for native "
+                   "bf16 GEMMs on CPUs with AMX, or AMD CPUs with AVX512-BF16";
 #endif
 }
 
