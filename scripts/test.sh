@@ -15,6 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh
 lockstep_install_deps
+echo "lockstep: dependencies installed in $SECONDS s"
 
 build=${LOCKSTEP_BUILD_DIR:-build}
 jobs=$(nproc)
@@ -51,18 +52,23 @@ for preset in gcc clang tsan; do
   [ "$preset" = gcc ] || dir="${build}-${preset}"
   generator=()
   [ -f "$dir/CMakeCache.txt" ] || generator=(-G Ninja)  # a build directory made before keeps its generator
+  started=$SECONDS
   cmake --preset "$preset" -S . -B "$dir" "${generator[@]}"
   case "$preset" in
     gcc | clang)
       cmake --build "$dir" -j "$jobs"
+      built=$SECONDS
       [ "$preset" = gcc ] || echo "lockstep: running the host tests built with clang++ and the oneDNN host GEMM, under ASan and UBSan"
       run_tests "$dir"
+      echo "lockstep: $preset: configured and built in $((built - started)) s, tests ran in $((SECONDS - built)) s"
       ;;
     tsan)
       cmake --build "$dir" -j "$jobs" --target test_data test_threads
+      built=$SECONDS
       echo "lockstep: running the pipeline tests and the reducer and stage suites under ThreadSanitizer"
       TSAN_OPTIONS="halt_on_error=1" "$dir/tests/test_data"
       TSAN_OPTIONS="halt_on_error=1" "$dir/tests/test_threads"
+      echo "lockstep: $preset: configured and built in $((built - started)) s, tests ran in $((SECONDS - built)) s"
       continue
       ;;
   esac

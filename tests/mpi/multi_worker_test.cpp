@@ -2,7 +2,8 @@
 // on the same global batches, exactly-once delivery across workers, evaluate over every worker,
 // chief-only outputs and a checkpoint written by W workers resumed by one; gradient accumulation
 // with clipping bitwise the big batch of one process, and the non-finite guard's decision on
-// every worker; after a failed step, config_error from every later call.
+// every worker; after a failed step, config_error from every later call; fit refuses workers that
+// would start at different positions or were given different options.
 
 #include <algorithm>
 #include <chrono>
@@ -291,6 +292,88 @@ TEST_CASE("multi_worker: workers whose collective plans differ get a config_erro
   CHECK(message.find("rank 0's is 4194304") != std::string::npos);
   // The check's collective completed on every worker: the strategy is still usable.
   s.barrier();
+}
+
+TEST_CASE("multi_worker: fit refuses workers that would start at different steps or count updates differently (config_error, not a hang)") {
+  const ls::adam opt{.lr = 1e-3f};
+  ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1));
+  const auto dir = test_support::job_directory("lockstep-mpi-agree-");
+  if (s.world().is_chief()) std::filesystem::remove_all(dir);
+  s.barrier();
+  const std::string rank = std::to_string(world_rank());
+  // Each worker names its own checkpoint directory: only the chief writes, so the others' stay empty.
+  const auto own = dir / ("ckpt-" + rank);
+  auto m = s.replicate<mlp>(ls::seed{7});
+  ls::fit_options fo{.epochs = 1, .quiet = true};
+  fo.checkpoint_dir = own.string();
+  (void)ls::fit(s, m, opt, ls::softmax_cross_entropy{}, twenty_batches{}, fo);
+  s.barrier();
+  REQUIRE(m.step() == 20);
+
+  const auto refused = [&](ls::fit_options o) {
+    auto fresh = s.replicate<mlp>(ls::seed{7});
+    const std::vector<float> before = fresh.parameters_to_host();
+    std::string message;
+    try {
+      (void)ls::fit(s, fresh, opt, ls::softmax_cross_entropy{}, twenty_batches{}, o);
+      FAIL("the workers' differing runs were accepted");
+    } catch (const ls::config_error& e) {
+      message = e.what();
+    }
+    CHECK(fresh.step() == 0);  // nothing trained, nothing restored on the worker that found a checkpoint
+    CHECK(fresh.parameters_to_host() == before);
+    s.barrier();  // the check's collective completed on every worker: the strategy is still usable
+    return message;
+  };
+  // A resume on workers that do not share checkpoint_dir: rank 0 would continue from step 20,
+  // the others from step 0, and wait at the end for collectives rank 0 never starts.
+  ls::fit_options ro{.epochs = 2, .quiet = true};
+  ro.checkpoint_dir = own.string();
+  ro.resume = true;
+  std::string message = refused(ro);
+  CAPTURE(message);
+  CHECK(message.find("rank 1's step to start from (the checkpoint's, when resuming) is 0, rank 0's is 20") !=
+        std::string::npos);
+  CHECK(message.find("keep checkpoint_dir on a file system that every worker shares") != std::string::npos);
+  // Options that change the number of updates.
+  ls::fit_options eo{.epochs = world_rank() == 1 ? 3u : 2u, .quiet = true};
+  message = refused(eo);
+  CHECK(message.find("rank 1's fit_options::epochs is 3, rank 0's is 2") != std::string::npos);
+  ls::fit_options ao{.epochs = 1, .quiet = true};
+  ao.accumulate = world_rank() == 1 ? 2 : 1;
+  message = refused(ao);
+  CHECK(message.find("rank 1's fit_options::accumulate is 2, rank 0's is 1") != std::string::npos);
+  // Options that change the update: the replicas would drift apart without a word.
+  ls::fit_options co{.epochs = 1, .quiet = true};
+  co.clip_global_norm = world_rank() == 1 ? 1.0 : 0.0;
+  message = refused(co);
+  CHECK(message.find("rank 1's fit_options::clip_global_norm differs from rank 0's") != std::string::npos);
+
+  // A setup that fails on some workers only: they raise their own error, the others a
+  // config_error naming the first of them, and none waits for another.
+  ls::fit_options zo{.epochs = 1, .quiet = true};
+  zo.accumulate = world_rank() == 1 ? 0 : 1;
+  message = refused(zo);
+  CHECK(message.find(world_rank() == 1 ? "fit_options::accumulate must be >= 1"
+                                       : "rank 1's fit's setup failed (1: yes; that worker raises its own error) is 1, "
+                                         "rank 0's is 0") != std::string::npos);
+  // Without resume, only rank 0 finds the earlier run's checkpoints in its directory.
+  ls::fit_options no{.epochs = 1, .quiet = true};
+  no.checkpoint_dir = own.string();
+  message = refused(no);
+  CHECK(message.find(world_rank() == 0 ? "holds checkpoints of another run" : "setup failed (1: yes; that worker "
+                                                                              "raises its own error) is 0, rank 0's is 1") !=
+        std::string::npos);
+
+  // One directory that every worker sees: every worker resumes at step 20.
+  ro.checkpoint_dir = (dir / "ckpt-0").string();
+  auto resumed = s.replicate<mlp>(ls::seed{7});
+  const auto h = ls::fit(s, resumed, opt, ls::softmax_cross_entropy{}, twenty_batches{}, ro);
+  CHECK(h.resumed_from_step == 20);
+  CHECK(resumed.step() == 40);
+  CHECK(same_on_every_rank(resumed.parameters_to_host()));
+  s.barrier();
+  if (s.world().is_chief()) std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("multi_worker: a user's reducer of local replicas trains the workers like one process (1e-5)") {

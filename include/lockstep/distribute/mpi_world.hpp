@@ -234,9 +234,10 @@ public:
       const std::uint64_t* a = all.data();
       const std::uint64_t* b = all.data() + p * words;
       if (a[0] != b[0])
-        throw config_error(mismatch(p, "the number of plan fields (different lockstep builds)", a[0], b[0], true));
+        throw config_error(mismatch(p, "the number of plan fields (different lockstep builds)", a[0], b[0], true,
+                                    plan.remedy()));
       for (std::size_t i = 0; i < std::min<std::size_t>(a[0], f.size()); ++i)
-        if (a[1 + i] != b[1 + i]) throw config_error(mismatch(p, f[i].name, a[1 + i], b[1 + i], f[i].shown));
+        if (a[1 + i] != b[1 + i]) throw config_error(mismatch(p, f[i].name, a[1 + i], b[1 + i], f[i].shown, plan.remedy()));
     }
   }
 
@@ -332,15 +333,16 @@ private:
     return "lockstep: worker rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ": ";
   }
 
-  std::string mismatch(std::size_t p, const std::string& field, std::uint64_t a, std::uint64_t b, bool shown) const {
+  std::string mismatch(std::size_t p, const std::string& field, std::uint64_t a, std::uint64_t b, bool shown,
+                       const std::string& remedy) const {
     std::string text = "lockstep::multi_worker: rank " + std::to_string(rank_) +
-                       ": the workers' collective plans differ, so their collectives would not match: worker rank " +
-                       std::to_string(p) + "'s " + field;
+                       ": the workers' plans differ (they would wait in collectives that others never start, or "
+                       "drift apart): worker rank " + std::to_string(p) + "'s " + field;
     if (shown)
       text += " is " + std::to_string(b) + ", rank 0's is " + std::to_string(a);
     else
       text += " differs from rank 0's";
-    return text + " (every worker must build the same model with the same strategy options and lockstep version)";
+    return text + " (" + remedy + ")";
   }
 
   detail::mpi_channel* channel_;

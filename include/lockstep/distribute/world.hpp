@@ -63,6 +63,14 @@ public:
   }
   /// The fields, in the order they were added (a mismatch names the first differing one).
   [[nodiscard]] const std::vector<field>& fields() const noexcept { return fields_; }
+  /// Sets what a mismatch message tells the user to do (by default: build the same model with
+  /// the same strategy options and lockstep version on every worker).
+  collective_plan& remedy(std::string text) {
+    remedy_ = std::move(text);
+    return *this;
+  }
+  /// What a mismatch message tells the user to do.
+  [[nodiscard]] const std::string& remedy() const noexcept { return remedy_; }
 
   /// FNV-1a over `text` (stable across processes and builds).
   [[nodiscard]] static constexpr std::uint64_t hash(std::string_view text) noexcept {
@@ -82,6 +90,7 @@ private:
     return *this;
   }
   std::vector<field> fields_;
+  std::string remedy_ = "every worker must build the same model with the same strategy options and lockstep version";
 };
 
 /// A world as fit, evaluate and predict see it (see the file comment).

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -15,11 +16,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <limits>
 #include <memory>
-#include <exception>
 #include <optional>
 #include <span>
 #include <string>
@@ -824,6 +825,77 @@ std::uint64_t model_seed(const M& m, const fit_options& o) {
     return o.seed;
 }
 
+/// Where a fit starts and what it runs, as every worker of a multi-worker fit must agree on it
+/// before the first step (start_agreement): whether this worker's setup failed (then the other
+/// fields mean nothing), the start position (the checkpoint's, when resuming), and the options and values
+/// that count, validate or change the updates (a worker would wait in a collective that another
+/// never starts, or the replicas would drift apart).
+inline collective_plan start_plan(bool failed, const fit_options& o, double lr, std::uint64_t seed, std::uint64_t step,
+                                  std::uint64_t epoch, std::uint64_t batches) {
+  const auto exact = [](double x) { return std::to_string(std::bit_cast<std::uint64_t>(x)); };  // hashed
+  const auto given = [](bool b) -> std::uint64_t { return b ? 1 : 0; };
+  collective_plan p;
+  p.add("fit's setup failed (1: yes; that worker raises its own error)", given(failed));
+  p.add("step to start from (the checkpoint's, when resuming)", step)
+      .add("epoch to start from", epoch)
+      .add("batches of that epoch already trained", batches)
+      .add("fit_options::epochs", o.epochs)
+      .add("fit_options::max_steps", o.max_steps)
+      .add("fit_options::accumulate", o.accumulate)
+      .add("fit_options::drop_partial_update", given(o.drop_partial_update))
+      .add("fit_options::validation (1: given)", given(static_cast<bool>(o.validation)))
+      .add("fit_options::validate_with_ema", given(o.validate_with_ema))
+      .add("fit_options::top_k", o.top_k)
+      .add("fit_options::trace_file (1: given)", given(!o.trace_file.empty()))
+      .add("fit_options::callbacks (their number)", o.callbacks.size())
+      .add("the model seed", seed)
+      .add_hashed("the optimizer's learning rate", exact(lr))
+      .add_hashed("fit_options::clip_global_norm", exact(o.clip_global_norm))
+      .add_hashed("fit_options::clip_value", exact(o.clip_value))
+      .add("fit_options::nonfinite", static_cast<std::uint64_t>(o.nonfinite))
+      .add("fit_options::max_consecutive_skips", o.max_consecutive_skips)
+      .add_hashed("fit_options::ema", exact(o.ema.decay) + "," + std::to_string(o.ema.start_step) + "," +
+                                          std::to_string(o.ema.every))
+      .remedy("every worker must call fit with the same model, optimizer and options, and a resume must find the "
+              "same newest checkpoint on every worker: keep checkpoint_dir on a file system that every worker shares");
+  return p;
+}
+
+/// The agreement of a multi-worker fit's workers on start_plan: one collective (the world's
+/// agree; nothing in one process), with a config_error on every worker when their plans differ.
+/// Made before fit's setup (option checks, the checkpoint search, the metrics file), which can
+/// fail on some workers only: a failing worker's guard still takes part in the agreement as it
+/// unwinds, so the others get a config_error naming it instead of waiting for it in their first
+/// collective, and it raises its own error.
+template <class World>
+class start_agreement {
+public:
+  /// A guard for the setup that follows, on world `w`.
+  explicit start_agreement(World& w) noexcept : w_(w), uncaught_(std::uncaught_exceptions()) {}
+  start_agreement(const start_agreement&) = delete;
+  start_agreement& operator=(const start_agreement&) = delete;
+  /// While the setup unwinds: agrees on a failed setup (errors swallowed: this worker's own propagates).
+  ~start_agreement() {
+    if (done_ || std::uncaught_exceptions() <= uncaught_) return;
+    try {
+      agree(start_plan(true, fit_options{}, 0, 0, 0, 0, 0));
+    } catch (...) {  // the setup's own error is on its way
+    }
+  }
+
+  /// Agrees on `plan` (a start_plan of a setup that succeeded). Collective.
+  /// @throws config_error when the workers' plans differ.
+  void agree(const collective_plan& plan) {
+    done_ = true;
+    if constexpr (requires { w_.agree(plan); }) w_.agree(plan);
+  }
+
+private:
+  World& w_;
+  int uncaught_;
+  bool done_ = false;
+};
+
 /// Checks that checkpoint `st` read from `source` was written by this model, seed (model_seed(m,
 /// o)) and kind of optimiser.
 template <class Replicated, class Optimizer>
@@ -845,6 +917,10 @@ template <class Strategy, class Replicated, class Optimizer, class Loss, class S
 history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const Loss& loss, const Source& train,
                  const fit_options& o) {
   check_bound(s, m);
+  auto&& w = world_of(s);
+  // The workers agree on where they start before the first step, also when the setup below fails
+  // on some of them (start_agreement).
+  start_agreement<std::remove_reference_t<decltype(w)>> agreement(w);
   // Every option is checked before anything changes (a resume restores the model and callbacks).
   const update_recipe recipe = o.recipe();
   recipe.check();
@@ -864,7 +940,6 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   if (o.validate_with_ema && recipe.ema.decay <= 0)
     throw config_error("lockstep::fit: fit_options::validate_with_ema needs fit_options::ema");
   if (o.top_k == 0) throw config_error("lockstep::fit: fit_options::top_k must be >= 1");
-  auto&& w = world_of(s);
   const shard_plan plan = w.plan();
   if constexpr (!requires(trace_recorder* r) { s.set_trace(r); })
     if (!o.trace_file.empty())
@@ -874,7 +949,10 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   run.open_metrics_file();  // a file that cannot be opened is refused before a resume changes anything
   // Automatic optimiser sharding is decided before a checkpoint's state is restored into slices.
   if constexpr (requires { s.prepare_update(m, optimizer); }) s.prepare_update(m, optimizer);
-  if (const auto ck = run.checkpoint_to_resume()) {
+  const auto ck = run.checkpoint_to_resume();
+  agreement.agree(start_plan(false, o, optimizer.lr, model_seed(m, o), ck ? ck->first.step : m.step(),
+                             ck ? ck->first.epoch : 0, ck ? ck->first.batches : 0));
+  if (ck) {
     try {
       check_resumable(m, optimizer, ck->first, ck->second, o);
     } catch (const checkpoint_error& e) {  // the checkpoint is another run's: say what to do
