@@ -365,6 +365,20 @@ TEST_CASE("multi_worker: fit refuses workers that would start at different steps
                                                                               "raises its own error) is 0, rank 0's is 1") !=
         std::string::npos);
 
+  // A checkpoint of the same step but of another run (another learning rate) in rank 1's own
+  // directory, written by a run of rank 1 alone: the steps agree, the parameters do not.
+  if (world_rank() == 1) {
+    ls::one_device<ls::cpu<0>> alone;
+    auto other = alone.replicate<mlp>(ls::seed{7});
+    ls::fit_options lo{.epochs = 1, .quiet = true};
+    lo.checkpoint_dir = own.string();
+    (void)ls::fit(alone, other, ls::adam{.lr = 2e-3f}, ls::softmax_cross_entropy{}, twenty_batches{}, lo);
+    REQUIRE(other.step() == 20);
+  }
+  s.barrier();
+  message = refused(ro);
+  CHECK(message.find("rank 1's the parameters of the checkpoint resumed differs from rank 0's") != std::string::npos);
+
   // One directory that every worker sees: every worker resumes at step 20.
   ro.checkpoint_dir = (dir / "ckpt-0").string();
   auto resumed = s.replicate<mlp>(ls::seed{7});

@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -827,18 +828,24 @@ std::uint64_t model_seed(const M& m, const fit_options& o) {
 
 /// Where a fit starts and what it runs, as every worker of a multi-worker fit must agree on it
 /// before the first step (start_agreement): whether this worker's setup failed (then the other
-/// fields mean nothing), the start position (the checkpoint's, when resuming), and the options and values
+/// fields mean nothing), the start position (checkpoint `ck`'s when resuming, with a hash of its
+/// parameters; else step `model_step` of epoch 0), and the options and values
 /// that count, validate or change the updates (a worker would wait in a collective that another
 /// never starts, or the replicas would drift apart).
-inline collective_plan start_plan(bool failed, const fit_options& o, double lr, std::uint64_t seed, std::uint64_t step,
-                                  std::uint64_t epoch, std::uint64_t batches) {
+inline collective_plan start_plan(bool failed, const fit_options& o, double lr, std::uint64_t seed,
+                                  const checkpoint_state* ck, std::uint64_t model_step) {
   const auto exact = [](double x) { return std::to_string(std::bit_cast<std::uint64_t>(x)); };  // hashed
   const auto given = [](bool b) -> std::uint64_t { return b ? 1 : 0; };
+  // The parameters of the checkpoint to resume, as bytes (hashed; none without one).
+  const std::string_view resumed =
+      ck ? std::string_view(reinterpret_cast<const char*>(ck->parameters.data()), ck->parameters.size() * sizeof(float))
+         : std::string_view();
   collective_plan p;
   p.add("fit's setup failed (1: yes; that worker raises its own error)", given(failed));
-  p.add("step to start from (the checkpoint's, when resuming)", step)
-      .add("epoch to start from", epoch)
-      .add("batches of that epoch already trained", batches)
+  p.add("step to start from (the checkpoint's, when resuming)", ck ? ck->step : model_step)
+      .add("epoch to start from", ck ? ck->epoch : 0)
+      .add("batches of that epoch already trained", ck ? ck->batches : 0)
+      .add_hashed("the parameters of the checkpoint resumed", resumed)
       .add("fit_options::epochs", o.epochs)
       .add("fit_options::max_steps", o.max_steps)
       .add("fit_options::accumulate", o.accumulate)
@@ -878,7 +885,7 @@ public:
   ~start_agreement() {
     if (done_ || std::uncaught_exceptions() <= uncaught_) return;
     try {
-      agree(start_plan(true, fit_options{}, 0, 0, 0, 0, 0));
+      agree(start_plan(true, fit_options{}, 0, 0, nullptr, 0));
     } catch (...) {  // the setup's own error is on its way
     }
   }
@@ -950,8 +957,6 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   // Automatic optimiser sharding is decided before a checkpoint's state is restored into slices.
   if constexpr (requires { s.prepare_update(m, optimizer); }) s.prepare_update(m, optimizer);
   const auto ck = run.checkpoint_to_resume();
-  agreement.agree(start_plan(false, o, optimizer.lr, model_seed(m, o), ck ? ck->first.step : m.step(),
-                             ck ? ck->first.epoch : 0, ck ? ck->first.batches : 0));
   if (ck) {
     try {
       check_resumable(m, optimizer, ck->first, ck->second, o);
@@ -959,6 +964,9 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
       throw checkpoint_error(std::string(e.what()) +
                              " (resume with the model, seed and optimiser that wrote it, or use another checkpoint_dir)");
     }
+  }
+  agreement.agree(start_plan(false, o, optimizer.lr, model_seed(m, o), ck ? &ck->first : nullptr, m.step()));
+  if (ck) {
     const auto callbacks_before = callback_states(o.callbacks);
     try {
       run.resume_from(ck->first, ck->second);  // refuses callback states that do not fit, before the model changes
