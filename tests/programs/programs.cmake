@@ -37,7 +37,7 @@ foreach(_mutant
     "broadcast_from_zero{;}broadcast copies*{;}CHECK\\( wrong == 0 \\) is NOT correct"
     "stale_bucket{;}every replica gets*{;}a later round on the same reducer and buckets differs from the first"
     "copies_after_return{;}a replica may reuse*{;}each replica's sum vs the exact sum, each replica reusing its data once its wait returns: [0-9]+ of [0-9]+ elements differ\n  \\[[2-4] replicas, replica [0-3]\\] element"
-    "ignores_timeout{;}a replica that never arrives*{;}replica\\(s\\) 0, 2 still inside the reducer 30.6 s after the collective began"
+    "ignores_timeout{;}a replica that never arrives*{;}replica\\(s\\) 0, 2 still inside the reducer 10.6 s after the collective began"
     "row_mask_layer{;}gradients of inputs*{;}input gradient vs central finite differences: [0-9]+ of [0-9]+ elements differ\n  \\[training, a shard at offsets"
     "accumulating_layer{;}accumulates_gradients*{;}dparams after an accumulating backward vs what it held \\+ the batch's gradient: [0-9]+ of"
     "forgets_momentum{;}state save/load*{;}CHECK\\( a.p == b.p \\) is NOT correct"

@@ -50,7 +50,7 @@
 namespace lockstep::testing::detail {
 
 /// Runs f(replica, ctx) on one thread per replica after binding each replica's workspace; returns
-/// what each threw ("" when nothing). A replica still inside 4 x `timeout` + 30 s after the start
+/// what each threw ("" when nothing). A replica still inside 4 x `timeout` + 10 s after the start
 /// (`timeout`: the one the caller built the reducer with, or a longer one; the reducer should
 /// have given up long before) fails the check,
 /// and the reducer is aborted to release it; one that even abort() does not release ends the
@@ -59,7 +59,7 @@ template <class R>
 std::vector<std::string> on_replicas(R& red, std::size_t replicas, std::size_t max_bucket_bytes,
                                      const std::function<void(std::size_t, host_context&)>& f,
                                      std::chrono::milliseconds timeout = std::chrono::milliseconds(60'000)) {
-  const std::chrono::milliseconds deadline = 4 * timeout + std::chrono::milliseconds(30'000);
+  const std::chrono::milliseconds deadline = 4 * timeout + std::chrono::milliseconds(10'000);
   std::vector<std::string> errors(replicas);
   const std::size_t ws = red.workspace_bytes(max_bucket_bytes);
   std::vector<std::unique_ptr<unsigned char[]>> workspaces(replicas);
