@@ -12,20 +12,29 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 namespace lockstep::detail {
 
-/// Asks and answers "how far did you get?" over a control communicator.
+/// Asks and answers "how far did you get?" over a control communicator. Every buffer a pending
+/// send or receive reads or writes lives until MPI is done with it: a send's value in a slot kept
+/// until the send completes, a receive that got no answer cancelled and completed before its
+/// buffer goes.
 class mpi_straggler_probe {
 public:
   /// A probe over `ctrl` (a communicator no collective uses) for rank `rank` of `size`.
   mpi_straggler_probe(MPI_Comm ctrl, int rank, int size) noexcept : ctrl_(ctrl), rank_(rank), size_(size) {}
+  mpi_straggler_probe(const mpi_straggler_probe&) = delete;
+  mpi_straggler_probe& operator=(const mpi_straggler_probe&) = delete;
+  /// Cancels the sends still pending (before the control communicator is freed).
+  ~mpi_straggler_probe() { settle(true); }
 
   /// Replies to every pending question with `posted()`, the number of jobs posted here.
   void answer(const std::function<std::uint64_t()>& posted) {
+    settle(false);
     for (;;) {
       int flag = 0;
       MPI_Status st;
@@ -33,64 +42,55 @@ public:
       if (!flag) return;
       std::uint64_t q = 0;
       MPI_Recv(&q, 1, MPI_UINT64_T, st.MPI_SOURCE, tag_query, ctrl_, MPI_STATUS_IGNORE);
-      std::uint64_t mine = posted();
-      MPI_Request r;
-      MPI_Isend(&mine, 1, MPI_UINT64_T, st.MPI_SOURCE, tag_reply, ctrl_, &r);
-      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-      int done = 0;
-      while (!done && std::chrono::steady_clock::now() < until) {
-        MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-        if (!done) std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
-      if (!done) {
-        MPI_Cancel(&r);
-        MPI_Request_free(&r);
-      }
+      send(st.MPI_SOURCE, tag_reply, posted());
     }
   }
 
   /// Asks every other rank how many jobs it posted; returns who is behind job `ticket` (or
   /// silent), in words.
   [[nodiscard]] std::string missing(std::uint64_t ticket) {
+    settle(false);
     const auto w = static_cast<std::size_t>(size_);
     std::vector<std::uint64_t> reply(w, 0);
-    std::vector<MPI_Request> reqs;
+    std::vector<MPI_Request> reqs(w, MPI_REQUEST_NULL);
     std::vector<int> answered(w, 0);
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
-      MPI_Request s;
-      MPI_Isend(&ticket, 1, MPI_UINT64_T, p, tag_query, ctrl_, &s);
-      MPI_Request_free(&s);
-      MPI_Request rr;
-      MPI_Irecv(&reply[static_cast<std::size_t>(p)], 1, MPI_UINT64_T, p, tag_reply, ctrl_, &rr);
-      reqs.push_back(rr);
+      send(p, tag_query, ticket);
+      MPI_Irecv(&reply[static_cast<std::size_t>(p)], 1, MPI_UINT64_T, p, tag_reply, ctrl_, &reqs[static_cast<std::size_t>(p)]);
     }
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
     while (std::chrono::steady_clock::now() < until) {
       bool all = true;
-      std::size_t i = 0;
       for (int p = 0; p < size_; ++p) {
+        const auto up = static_cast<std::size_t>(p);
         if (p == rank_) continue;
-        if (!answered[static_cast<std::size_t>(p)]) MPI_Test(&reqs[i], &answered[static_cast<std::size_t>(p)], MPI_STATUS_IGNORE);
-        all = all && answered[static_cast<std::size_t>(p)];
-        ++i;
+        if (!answered[up]) MPI_Test(&reqs[up], &answered[up], MPI_STATUS_IGNORE);
+        all = all && answered[up];
       }
       if (all) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    // A receive still pending is cancelled and completed (MPI guarantees that this wait returns),
+    // so no late reply lands in `reply` after it is gone; one that arrived meanwhile counts.
+    for (int p = 0; p < size_; ++p) {
+      const auto up = static_cast<std::size_t>(p);
+      if (p == rank_ || answered[up]) continue;
+      MPI_Cancel(&reqs[up]);
+      MPI_Status st;
+      MPI_Wait(&reqs[up], &st);
+      int cancelled = 0;
+      MPI_Test_cancelled(&st, &cancelled);
+      answered[up] = cancelled ? 0 : 1;
+    }
     std::string late, silent;
-    std::size_t i = 0;
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
       const auto up = static_cast<std::size_t>(p);
-      if (!answered[up]) {
+      if (!answered[up])
         silent += (silent.empty() ? "" : ", ") + std::to_string(p);
-        MPI_Cancel(&reqs[i]);
-        MPI_Request_free(&reqs[i]);
-      } else if (reply[up] < ticket) {
+      else if (reply[up] < ticket)
         late += (late.empty() ? "" : ", ") + std::to_string(p);
-      }
-      ++i;
     }
     std::string out;
     if (!late.empty()) out += "rank(s) " + late + " did not arrive at it";
@@ -101,8 +101,56 @@ public:
 
 private:
   static constexpr int tag_query = 7101, tag_reply = 7102;
+
+  /// A send in flight and the value it reads (on the heap: its address must not move).
+  struct outgoing {
+    std::uint64_t value = 0;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+
+  /// Sends `value` to rank `to` without waiting; its slot is kept until the send completes.
+  void send(int to, int tag, std::uint64_t value) {
+    auto& o = sends_.emplace_back(std::make_unique<outgoing>());
+    o->value = value;
+    MPI_Isend(&o->value, 1, MPI_UINT64_T, to, tag, ctrl_, &o->request);
+  }
+
+  /// Drops the slots of completed sends; when `closing`, cancels the others and waits up to
+  /// 100 ms for each; a send that still has not completed keeps its slot for good (8 bytes
+  /// leaked rather than freed while MPI may still read them).
+  void settle(bool closing) noexcept {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) {
+      for (auto& o : sends_) (void)o.release();
+      sends_.clear();
+      return;
+    }
+    std::erase_if(sends_, [](const std::unique_ptr<outgoing>& o) {
+      int done = 0;
+      MPI_Test(&o->request, &done, MPI_STATUS_IGNORE);
+      return done != 0;
+    });
+    if (!closing) return;
+    for (auto& o : sends_) {
+      MPI_Cancel(&o->request);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      int done = 0;
+      while (!done && std::chrono::steady_clock::now() < until) {
+        MPI_Test(&o->request, &done, MPI_STATUS_IGNORE);
+        if (!done) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      if (!done) {
+        MPI_Request_free(&o->request);
+        (void)o.release();
+      }
+    }
+    sends_.clear();
+  }
+
   MPI_Comm ctrl_;
   int rank_, size_;
+  std::vector<std::unique_ptr<outgoing>> sends_;
 };
 
 }  // namespace lockstep::detail
