@@ -200,9 +200,7 @@ TEST_CASE("multi_worker<gpus>: every sample of an epoch reaches exactly one GPU 
 
 TEST_CASE("multi_worker<gpus>: fit sums over workers, only rank 0 writes, its checkpoint resumes on one host device") {
   ls::multi_worker_mirrored<ls::gpus> s(my_gpus());
-  const auto dir = test_support::job_directory("lockstep-mpi-gpu-test-");
-  if (s.world().is_chief()) std::filesystem::remove_all(dir);
-  s.barrier();
+  const auto dir = test_support::fresh_job_directory("lockstep-mpi-gpu-test-");
 
   ls::one_device<ls::cpu<0>> host;
   auto ref = host.replicate<net>(ls::seed{7});
@@ -239,8 +237,7 @@ TEST_CASE("multi_worker<gpus>: fit sums over workers, only rank 0 writes, its ch
   const auto h2 = ls::fit(host, solo, opt, ls::softmax_cross_entropy{}, twenty_batches{}, ro);
   CHECK(h2.resumed_from_step == sizes.size());
   check_close(solo.parameters_to_host(), ref.parameters_to_host(), 1e-4);
-  s.barrier();
-  if (s.world().is_chief()) std::filesystem::remove_all(dir);
+  test_support::remove_job_directory(dir);
 }
 
 // Last: it leaves the strategy unusable; needs 2 workers. Rank 1 reaches the all-reduce 2 timeouts late: rank 0

@@ -1,5 +1,6 @@
 // multi_worker_mirrored under mpirun (-np 2 and -np 3): training equals single-process training
-// on the same global batches, exactly-once delivery across workers, evaluate over every worker,
+// on the same global batches, exactly-once delivery across workers, evaluate over every worker
+// (and its refusal of workers given different data),
 // chief-only outputs and a checkpoint written by W workers resumed by one; gradient accumulation
 // with clipping bitwise the big batch of one process, and the non-finite guard's decision on
 // every worker; after a failed step, config_error from every later call; fit refuses workers that
@@ -198,9 +199,7 @@ TEST_CASE("multi_worker: fit and evaluate cover every worker's samples; only ran
   const ls::adam opt{.lr = 1e-3f};
   ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1));
   // One directory for the whole job: rank 0's name, broadcast.
-  const auto dir = test_support::job_directory("lockstep-mpi-test-");
-  if (s.world().is_chief()) std::filesystem::remove_all(dir);
-  s.barrier();
+  const auto dir = test_support::fresh_job_directory("lockstep-mpi-test-");
 
   ls::one_device<ls::cpu<0>> single;
   auto ref = single.replicate<mlp>(ls::seed{7});
@@ -240,8 +239,7 @@ TEST_CASE("multi_worker: fit and evaluate cover every worker's samples; only ran
   const auto h2 = ls::fit(single, solo_m, opt, ls::softmax_cross_entropy{}, twenty_batches{}, ro);
   CHECK(h2.resumed_from_step == 20);
   CHECK(max_diff(solo_m.parameters_to_host(), ref.parameters_to_host()) < 1e-5);
-  s.barrier();
-  if (s.world().is_chief()) std::filesystem::remove_all(dir);
+  test_support::remove_job_directory(dir);
 }
 
 // softmax cross-entropy whose evaluation throws a data_error.
@@ -253,6 +251,70 @@ struct throwing_loss {
     throw ls::data_error("injected failure in the loss");
   }
 };
+
+namespace {
+// The first `count` of the 20 test batches, batch i drawn with key i + `shift` (other rows).
+struct some_batches {
+  std::size_t count = 20;
+  std::uint64_t shift = 0;
+  ls::data::generator<ls::data::batch> epoch(std::uint64_t) const {
+    for (std::size_t i = 0; i < count; ++i) co_yield make_batch(sizes[i], i + shift);
+  }
+};
+}  // namespace
+
+TEST_CASE("multi_worker: evaluate refuses workers given different data (config_error on every worker, not mixed metrics)") {
+  ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1));
+  auto m = s.replicate<mlp>(ls::seed{7});
+  const auto refused = [&](const some_batches& d) {
+    std::string message;
+    try {
+      (void)ls::evaluate(s, m, ls::softmax_cross_entropy{}, d);
+      FAIL("the workers' different data was evaluated");
+    } catch (const ls::config_error& e) {
+      message = e.what();
+    }
+    s.barrier();  // the check's collective completed on every worker
+    return message;
+  };
+  const int last = world_size() - 1;
+  // The last worker's dataset is one batch shorter.
+  std::string message = refused(some_batches{.count = world_rank() == last ? 19u : 20u});
+  CAPTURE(message);
+  CHECK(message.find("worker rank " + std::to_string(last) + "'s number of evaluation batches is 19, rank 0's is 20") !=
+        std::string::npos);
+  CHECK(message.find("every worker must evaluate the same data") != std::string::npos);
+  // As many batches of the same sizes, but other rows.
+  message = refused(some_batches{.shift = world_rank() == last ? 1u : 0u});
+  CHECK(message.find("worker rank " + std::to_string(last) +
+                     "'s evaluation rows (the dataset index of every row, batch by batch) differs from rank 0's") !=
+        std::string::npos);
+  // The same data everywhere: every sample counted once, the same result on every worker.
+  const auto ev = ls::evaluate(s, m, ls::softmax_cross_entropy{}, some_batches{});
+  std::uint64_t total = 0;
+  for (const auto n : sizes) total += n;
+  CHECK(ev.samples == total);
+  CHECK(same_on_every_rank(std::vector<float>{static_cast<float>(ev.loss)}));
+}
+
+TEST_CASE("multi_worker: broadcast gives rank 0's optimiser state to a worker that has made none yet") {
+  ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1));
+  auto m = s.replicate<mlp>(ls::seed{7});
+  const ls::adam opt{.lr = 1e-3f};
+  const auto value = [](std::size_t i) { return static_cast<float>(i % 7) * 0.25f; };
+  if (world_rank() == 0) {  // only rank 0 has made its state (the others would make theirs at their first update)
+    m.replica(0).reset_optimizer_state(opt);
+    auto& st = m.replica(0).optimizer_state();
+    for (std::size_t i = 0; i < st.size(); ++i) st.data()[i] = value(i);
+  }
+  s.broadcast(m);
+  const auto& st = m.replica(0).optimizer_state();
+  CHECK(st.size() == opt.state_size(ls::model<mlp>::param_count));
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < st.size(); ++i) wrong += st.data()[i] != value(i);
+  CHECK(wrong == 0);
+  CHECK(same_on_every_rank(m.parameters_to_host()));
+}
 
 TEST_CASE("multi_worker: after a failed step the strategy refuses further use with a config_error, barrier() too") {
   // Every worker's replica fails in the same step before any collective of it starts, so no
@@ -297,9 +359,7 @@ TEST_CASE("multi_worker: workers whose collective plans differ get a config_erro
 TEST_CASE("multi_worker: fit refuses workers that would start at different steps or count updates differently (config_error, not a hang)") {
   const ls::adam opt{.lr = 1e-3f};
   ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1));
-  const auto dir = test_support::job_directory("lockstep-mpi-agree-");
-  if (s.world().is_chief()) std::filesystem::remove_all(dir);
-  s.barrier();
+  const auto dir = test_support::fresh_job_directory("lockstep-mpi-agree-");
   const std::string rank = std::to_string(world_rank());
   // Each worker names its own checkpoint directory: only the chief writes, so the others' stay empty.
   const auto own = dir / ("ckpt-" + rank);
@@ -379,6 +439,19 @@ TEST_CASE("multi_worker: fit refuses workers that would start at different steps
   message = refused(ro);
   CHECK(message.find("rank 1's the parameters of the checkpoint resumed differs from rank 0's") != std::string::npos);
 
+  // Options that cannot act in the run may differ: top_k without validation, max_consecutive_skips
+  // without the skip policy, the EMA's schedule without an EMA.
+  {
+    ls::fit_options io{.epochs = 1, .quiet = true};
+    io.top_k = world_rank() == 1 ? 3 : 5;
+    io.max_consecutive_skips = world_rank() == 1 ? 7 : 20;
+    io.ema.every = world_rank() == 1 ? 2 : 1;
+    auto fresh = s.replicate<mlp>(ls::seed{7});
+    (void)ls::fit(s, fresh, opt, ls::softmax_cross_entropy{}, twenty_batches{}, io);
+    CHECK(fresh.step() == 20);
+    CHECK(same_on_every_rank(fresh.parameters_to_host()));
+  }
+
   // One directory that every worker sees: every worker resumes at step 20.
   ro.checkpoint_dir = (dir / "ckpt-0").string();
   auto resumed = s.replicate<mlp>(ls::seed{7});
@@ -386,8 +459,7 @@ TEST_CASE("multi_worker: fit refuses workers that would start at different steps
   CHECK(h.resumed_from_step == 20);
   CHECK(resumed.step() == 40);
   CHECK(same_on_every_rank(resumed.parameters_to_host()));
-  s.barrier();
-  if (s.world().is_chief()) std::filesystem::remove_all(dir);
+  test_support::remove_job_directory(dir);
 }
 
 TEST_CASE("multi_worker: a user's reducer of local replicas trains the workers like one process (1e-5)") {

@@ -40,6 +40,20 @@ inline std::filesystem::path job_directory(const std::string& prefix) {
   return std::filesystem::temp_directory_path() / (prefix + std::to_string(tag));
 }
 
+/// job_directory(prefix), emptied by rank 0 before any rank goes on (collective; not created).
+inline std::filesystem::path fresh_job_directory(const std::string& prefix) {
+  const auto dir = job_directory(prefix);
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  return dir;
+}
+
+/// Removes a job's directory once every rank is done with it (collective; rank 0 removes it).
+inline void remove_job_directory(const std::filesystem::path& dir) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
+}
+
 /// True when every rank passed `v` with the same bits as rank 0 (collective).
 inline bool same_on_every_rank(const std::vector<float>& v) {
   std::vector<float> root = v;

@@ -301,9 +301,9 @@ public:
 
   /// Copies replica `root`'s parameters and optimiser state (of rank 0, across workers) to every
   /// other replica (only the parameters when the update is sharded: each replica owns its slice
-  /// of the state). A local replica whose state differs in size from root's (a failure before
-  /// every replica had made its state) is given root's size first: none when root has none.
-  /// Collective.
+  /// of the state). A replica whose state differs in size from root's (a failure before every
+  /// replica had made its state, a worker that has made none yet) is given the size of rank 0's
+  /// root first: none when it has none. Collective.
   template <class Net, class T>
   void broadcast(model_type<Net, T>& m, std::size_t root = 0) {
     [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // replica 0 runs on this thread
@@ -311,7 +311,12 @@ public:
     world_.check_usable();
     if (root >= num_replicas())
       throw config_error("lockstep::mirrored::broadcast: root " + std::to_string(root) + " is not a replica");
-    const std::size_t state = m.optimizer_sharded() ? 0 : m.replica(root).optimizer_state().size();
+    std::size_t state = m.optimizer_sharded() ? 0 : m.replica(root).optimizer_state().size();
+    if (world_.size() > 1) {  // rank 0's size on every worker: they all take part in the same broadcasts
+      double size[1] = {world_.rank() == 0 ? static_cast<double>(state) : 0.0};
+      world_.sum(std::span<double>(size));
+      state = static_cast<std::size_t>(size[0]);
+    }
     auto job = [&](std::size_t r) {
       auto& rep = m.replica(r);
       rep.context().activate();

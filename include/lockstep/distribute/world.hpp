@@ -72,9 +72,9 @@ public:
   /// What a mismatch message tells the user to do.
   [[nodiscard]] const std::string& remedy() const noexcept { return remedy_; }
 
-  /// FNV-1a over `text` (stable across processes and builds).
-  [[nodiscard]] static constexpr std::uint64_t hash(std::string_view text) noexcept {
-    std::uint64_t h = 0xcbf29ce484222325ull;
+  /// FNV-1a over `text` (stable across processes and builds), continuing from `h` (the hash of
+  /// what came before; FNV's offset basis by default), so a long input can be hashed in parts.
+  [[nodiscard]] static constexpr std::uint64_t hash(std::string_view text, std::uint64_t h = 0xcbf29ce484222325ull) noexcept {
     for (const char c : text) {
       h ^= static_cast<unsigned char>(c);
       h *= 0x100000001b3ull;

@@ -286,7 +286,16 @@ evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eva
   auto&& w = world_of(s);
   const shard_plan plan = w.plan();
   const std::size_t grid = evaluation_grid(s);
+  // What this worker evaluated: its batches and their rows' dataset indices (compared across workers below).
+  [[maybe_unused]] std::uint64_t batches = 0, rows_hash = collective_plan::hash({});
   for (auto& db : data.batches(plan.parts, plan.first, n)) {
+    if (w.size() > 1) {
+      const auto& idx = db.global->indices;
+      const std::uint64_t rows = idx.size();
+      rows_hash = collective_plan::hash({reinterpret_cast<const char*>(&rows), sizeof rows}, rows_hash);
+      rows_hash = collective_plan::hash({reinterpret_cast<const char*>(idx.data()), idx.size() * sizeof idx[0]}, rows_hash);
+    }
+    ++batches;
     auto per = s.run(
         [&](std::size_t r, const data::shard& sh) {
           metric_sums sums;
@@ -299,6 +308,16 @@ evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eva
     total += reduce_metric_sums(s, per);
   }
   if (w.size() > 1) {  // more than one process: every process's sums, added in rank order
+    // Workers given different data would add up sums of different datasets without a word.
+    if constexpr (requires(const collective_plan& p) { w.agree(p); }) {
+      collective_plan same;
+      same.add("number of evaluation batches", batches)
+          .add_hashed("evaluation rows (the dataset index of every row, batch by batch)",
+                      {reinterpret_cast<const char*>(&rows_hash), sizeof rows_hash})
+          .remedy("every worker must evaluate the same data: the same dataset, batch size and order (each worker "
+                  "evaluates its own rows of every global batch)");
+      w.agree(same);
+    }
     double v[5] = {total.loss_sum, static_cast<double>(total.count), static_cast<double>(total.labelled),
                    static_cast<double>(total.correct), static_cast<double>(total.top_k_correct)};
     w.sum(v);
@@ -322,6 +341,8 @@ evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eva
 /// Evaluates `m` on every sample of one pass of `data` (epoch 0), through the strategy: each
 /// replica computes sums over its shard (s.run), the sums are reduced (s.reduce), and the ratios
 /// are taken last. Every sample is counted exactly once — uneven last batches are split, never padded.
+/// The workers of a multi-worker job must evaluate the same batches (the same data, batch size and
+/// order): a config_error on every worker otherwise, before their sums are added.
 template <class Strategy, class Replicated, class Loss>
 evaluation evaluate(Strategy& s, Replicated& m, const Loss& loss, const eval_data& data, const evaluate_options& o = {}) {
   static_assert(detail::check_strategy<Strategy>());  // names a missing member
@@ -831,7 +852,9 @@ std::uint64_t model_seed(const M& m, const fit_options& o) {
 /// fields mean nothing), the start position (checkpoint `ck`'s when resuming, with a hash of its
 /// parameters; else step `model_step` of epoch 0), and the options and values
 /// that count, validate or change the updates (a worker would wait in a collective that another
-/// never starts, or the replicas would drift apart).
+/// never starts, or the replicas would drift apart); an option that cannot act in this run (top_k
+/// without validation, max_consecutive_skips without the skip policy, the EMA's schedule without
+/// an EMA) is compared as 0 or "none".
 inline collective_plan start_plan(bool failed, const fit_options& o, double lr, std::uint64_t seed,
                                   const checkpoint_state* ck, std::uint64_t model_step) {
   const auto exact = [](double x) { return std::to_string(std::bit_cast<std::uint64_t>(x)); };  // hashed
@@ -852,7 +875,7 @@ inline collective_plan start_plan(bool failed, const fit_options& o, double lr, 
       .add("fit_options::drop_partial_update", given(o.drop_partial_update))
       .add("fit_options::validation (1: given)", given(static_cast<bool>(o.validation)))
       .add("fit_options::validate_with_ema", given(o.validate_with_ema))
-      .add("fit_options::top_k", o.top_k)
+      .add("fit_options::top_k (with validation; else 0)", o.validation ? o.top_k : 0)
       .add("fit_options::trace_file (1: given)", given(!o.trace_file.empty()))
       .add("fit_options::callbacks (their number)", o.callbacks.size())
       .add("the model seed", seed)
@@ -860,9 +883,11 @@ inline collective_plan start_plan(bool failed, const fit_options& o, double lr, 
       .add_hashed("fit_options::clip_global_norm", exact(o.clip_global_norm))
       .add_hashed("fit_options::clip_value", exact(o.clip_value))
       .add("fit_options::nonfinite", static_cast<std::uint64_t>(o.nonfinite))
-      .add("fit_options::max_consecutive_skips", o.max_consecutive_skips)
-      .add_hashed("fit_options::ema", exact(o.ema.decay) + "," + std::to_string(o.ema.start_step) + "," +
-                                          std::to_string(o.ema.every))
+      .add("fit_options::max_consecutive_skips (under nonfinite_policy::skip; else 0)",
+           o.nonfinite == nonfinite_policy::skip ? o.max_consecutive_skips : 0)
+      .add_hashed("fit_options::ema", o.ema.decay > 0 ? exact(o.ema.decay) + "," + std::to_string(o.ema.start_step) +
+                                                            "," + std::to_string(o.ema.every)
+                                                      : std::string("none"))
       .remedy("every worker must call fit with the same model, optimizer and options, and a resume must find the "
               "same newest checkpoint on every worker: keep checkpoint_dir on a file system that every worker shares");
   return p;
@@ -885,16 +910,20 @@ public:
   ~start_agreement() {
     if (done_ || std::uncaught_exceptions() <= uncaught_) return;
     try {
-      agree(start_plan(true, fit_options{}, 0, 0, nullptr, 0));
+      agree([] { return start_plan(true, fit_options{}, 0, 0, nullptr, 0); });
     } catch (...) {  // the setup's own error is on its way
     }
   }
 
-  /// Agrees on `plan` (a start_plan of a setup that succeeded). Collective.
+  /// Agrees on the plan that `make_plan()` returns (a start_plan of a setup that succeeded),
+  /// made only where there is another worker to agree with (in one process it would hash the
+  /// resumed checkpoint's parameters for nothing). Collective.
   /// @throws config_error when the workers' plans differ.
-  void agree(const collective_plan& plan) {
+  template <class MakePlan>
+  void agree(MakePlan&& make_plan) {
     done_ = true;
-    if constexpr (requires { w_.agree(plan); }) w_.agree(plan);
+    if constexpr (requires(const collective_plan& p) { w_.agree(p); })
+      if (w_.size() > 1) w_.agree(std::forward<MakePlan>(make_plan)());
   }
 
 private:
@@ -965,7 +994,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
                              " (resume with the model, seed and optimiser that wrote it, or use another checkpoint_dir)");
     }
   }
-  agreement.agree(start_plan(false, o, optimizer.lr, model_seed(m, o), ck ? &ck->first : nullptr, m.step()));
+  agreement.agree([&] { return start_plan(false, o, optimizer.lr, model_seed(m, o), ck ? &ck->first : nullptr, m.step()); });
   if (ck) {
     const auto callbacks_before = callback_states(o.callbacks);
     try {
