@@ -408,6 +408,21 @@ TEST_CASE("multi_worker: fit refuses workers that would start at different steps
   co.clip_global_norm = world_rank() == 1 ? 1.0 : 0.0;
   message = refused(co);
   CHECK(message.find("rank 1's fit_options::clip_global_norm differs from rank 0's") != std::string::npos);
+  // The optimizer's other hyperparameters: rank 1's Adam has another beta2.
+  {
+    auto fresh = s.replicate<mlp>(ls::seed{7});
+    message.clear();
+    try {
+      (void)ls::fit(s, fresh, ls::adam{.lr = 1e-3f, .beta2 = world_rank() == 1 ? 0.99f : 0.999f},
+                    ls::softmax_cross_entropy{}, twenty_batches{}, ls::fit_options{.epochs = 1, .quiet = true});
+      FAIL("workers with different optimizers were accepted");
+    } catch (const ls::config_error& e) {
+      message = e.what();
+    }
+    CHECK(fresh.step() == 0);
+    CHECK(message.find("rank 1's the optimizer's other hyperparameters differs from rank 0's") != std::string::npos);
+    s.barrier();
+  }
 
   // A setup that fails on some workers only: they raise their own error, the others a
   // config_error naming the first of them, and none waits for another.

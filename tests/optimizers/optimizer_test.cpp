@@ -299,3 +299,29 @@ TEST_CASE("optimisers refuse hyper-parameters out of range, naming them, before 
   strat.train_step(m, ls::adam{}, ls::softmax_cross_entropy{}, db);
   CHECK(m.step() == 1);
 }
+
+TEST_CASE("hyperparameters() tells apart every value other than lr, bit for bit, and nothing else") {
+  // Each optimiser, then a copy with one value changed (the smallest change a float allows).
+  const auto next = [](float v) { return std::nextafter(v, 1.0f); };
+  const ls::sgd s{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-4f};
+  CHECK(ls::optimizer_hyperparameters(s) == ls::optimizer_hyperparameters(ls::sgd{.lr = 0.2f, .momentum = 0.9f, .weight_decay = 1e-4f}));
+  CHECK(ls::optimizer_hyperparameters(s) != ls::optimizer_hyperparameters(ls::sgd{.lr = 0.1f, .momentum = next(0.9f), .weight_decay = 1e-4f}));
+  CHECK(ls::optimizer_hyperparameters(s) != ls::optimizer_hyperparameters(ls::sgd{.lr = 0.1f, .momentum = 0.9f, .nesterov = true, .weight_decay = 1e-4f}));
+  CHECK(ls::optimizer_hyperparameters(s) != ls::optimizer_hyperparameters(ls::sgd{.lr = 0.1f, .momentum = 0.9f, .weight_decay = next(1e-4f)}));
+  const auto adam_like = [&]<class O>(O o) {
+    const std::string base = ls::optimizer_hyperparameters(o);
+    CHECK_FALSE(base.empty());
+    O c = o;
+    c.lr = next(o.lr);
+    CHECK(ls::optimizer_hyperparameters(c) == base);
+    for (float O::*field : {&O::beta1, &O::beta2, &O::eps, &O::weight_decay}) {
+      c = o;
+      c.*field = next(o.*field);
+      CHECK(ls::optimizer_hyperparameters(c) != base);
+    }
+  };
+  adam_like(ls::adam{});
+  adam_like(ls::adamw{});
+  // An optimiser without hyperparameters() has nothing to compare.
+  CHECK(ls::optimizer_hyperparameters(sign_descent{}).empty());
+}

@@ -90,6 +90,8 @@ struct adam {
 
   /// Two moments per parameter.
   [[nodiscard]] std::size_t state_size(std::size_t n) const noexcept { return 2 * n; }
+  /// beta1, beta2, eps and weight_decay, exactly (a multi-worker fit compares them across workers).
+  [[nodiscard]] std::string hyperparameters() const { return detail::hyperparameter_bits({beta1, beta2, eps, weight_decay}); }
   /// Throws config_error naming a hyper-parameter out of range (the strategy calls it before an update).
   void check() const { detail::check_adam("lockstep::adam", lr, beta1, beta2, eps, weight_decay); }
 
@@ -113,6 +115,8 @@ struct adamw {
 
   /// Two moments per parameter.
   [[nodiscard]] std::size_t state_size(std::size_t n) const noexcept { return 2 * n; }
+  /// beta1, beta2, eps and weight_decay, exactly (a multi-worker fit compares them across workers).
+  [[nodiscard]] std::string hyperparameters() const { return detail::hyperparameter_bits({beta1, beta2, eps, weight_decay}); }
   /// Throws config_error naming a hyper-parameter out of range (the strategy calls it before an update).
   void check() const { detail::check_adam("lockstep::adamw", lr, beta1, beta2, eps, weight_decay); }
 

@@ -5,9 +5,12 @@
 /// elementwise pass over the flat buffers that also divides the gradient SUM by the global
 /// sample count.
 
+#include <bit>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 
 #include <lockstep/backend/epilogue.hpp>
 #include <lockstep/config.hpp>
@@ -44,7 +47,9 @@ struct update_info {
 ///   - `std::size_t state_size(std::size_t n) const`: elements of state for n parameters (the
 ///     library zero-initialises them, keeps them beside the parameters and checkpoints them);
 ///   - optionally `void check() const`, throwing config_error for a hyper-parameter out of range
-///     (check_hyperparameters).
+///     (check_hyperparameters);
+///   - optionally `std::string hyperparameters() const`: the values other than lr that change the
+///     update, as text (optimizer_hyperparameters); a multi-worker fit refuses workers whose texts differ.
 /// Which element types and contexts it runs on is `optimizer_for<O, T, Ctx>`.
 template <class O>
 concept optimizer = std::copy_constructible<O> && requires(const O& o, O& m, std::size_t n, float f) {
@@ -87,6 +92,25 @@ template <class O>
 void check_hyperparameters(const O& o) {
   if constexpr (requires { o.check(); }) o.check();
 }
+
+/// The optimiser's hyper-parameters other than lr, as its `hyperparameters()` gives them ("" for
+/// an optimiser without that member: nothing to compare).
+template <class O>
+std::string optimizer_hyperparameters(const O& o) {
+  if constexpr (requires { { o.hyperparameters() } -> std::convertible_to<std::string>; })
+    return o.hyperparameters();
+  else
+    return {};
+}
+
+namespace detail {
+/// The exact bits of `values`, as text (what lockstep's optimisers return from hyperparameters()).
+inline std::string hyperparameter_bits(std::initializer_list<float> values) {
+  std::string text;
+  for (const float v : values) text += std::to_string(std::bit_cast<std::uint32_t>(v)) + ",";
+  return text;
+}
+}  // namespace detail
 
 /// True when optimiser O says `static constexpr bool applies_recipe = true;`: its update applies
 /// update_info's clip_value, decision and ema itself, in its one pass over the parameters (the

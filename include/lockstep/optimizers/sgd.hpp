@@ -59,6 +59,10 @@ struct sgd {
 
   /// State elements for n parameters: a momentum buffer when momentum is used.
   [[nodiscard]] std::size_t state_size(std::size_t n) const noexcept { return momentum != 0.0f ? n : 0; }
+  /// momentum, nesterov and weight_decay, exactly (a multi-worker fit compares them across workers).
+  [[nodiscard]] std::string hyperparameters() const {
+    return detail::hyperparameter_bits({momentum, nesterov ? 1.0f : 0.0f, weight_decay});
+  }
 
   /// Throws config_error naming a hyper-parameter out of range (the strategy calls it before an
   /// update): lr finite, momentum and weight_decay finite and >= 0, nesterov with momentum > 0.

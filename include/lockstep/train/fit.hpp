@@ -850,13 +850,14 @@ std::uint64_t model_seed(const M& m, const fit_options& o) {
 /// Where a fit starts and what it runs, as every worker of a multi-worker fit must agree on it
 /// before the first step (start_agreement): whether this worker's setup failed (then the other
 /// fields mean nothing), the start position (checkpoint `ck`'s when resuming, with a hash of its
-/// parameters; else step `model_step` of epoch 0), and the options and values
+/// parameters; else step `model_step` of epoch 0), and the options and values (the optimizer's
+/// learning rate `lr` and its other `hyperparameters`, optimizer_hyperparameters)
 /// that count, validate or change the updates (a worker would wait in a collective that another
 /// never starts, or the replicas would drift apart); an option that cannot act in this run (top_k
 /// without validation, max_consecutive_skips without the skip policy, the EMA's schedule without
 /// an EMA) is compared as 0 or "none".
-inline collective_plan start_plan(bool failed, const fit_options& o, double lr, std::uint64_t seed,
-                                  const checkpoint_state* ck, std::uint64_t model_step) {
+inline collective_plan start_plan(bool failed, const fit_options& o, double lr, std::string_view hyperparameters,
+                                  std::uint64_t seed, const checkpoint_state* ck, std::uint64_t model_step) {
   const auto exact = [](double x) { return std::to_string(std::bit_cast<std::uint64_t>(x)); };  // hashed
   const auto given = [](bool b) -> std::uint64_t { return b ? 1 : 0; };
   // The parameters of the checkpoint to resume, as bytes (hashed; none without one).
@@ -880,6 +881,7 @@ inline collective_plan start_plan(bool failed, const fit_options& o, double lr, 
       .add("fit_options::callbacks (their number)", o.callbacks.size())
       .add("the model seed", seed)
       .add_hashed("the optimizer's learning rate", exact(lr))
+      .add_hashed("the optimizer's other hyperparameters", hyperparameters)
       .add_hashed("fit_options::clip_global_norm", exact(o.clip_global_norm))
       .add_hashed("fit_options::clip_value", exact(o.clip_value))
       .add("fit_options::nonfinite", static_cast<std::uint64_t>(o.nonfinite))
@@ -910,7 +912,7 @@ public:
   ~start_agreement() {
     if (done_ || std::uncaught_exceptions() <= uncaught_) return;
     try {
-      agree([] { return start_plan(true, fit_options{}, 0, 0, nullptr, 0); });
+      agree([] { return start_plan(true, fit_options{}, 0, {}, 0, nullptr, 0); });
     } catch (...) {  // the setup's own error is on its way
     }
   }
@@ -994,7 +996,10 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
                              " (resume with the model, seed and optimiser that wrote it, or use another checkpoint_dir)");
     }
   }
-  agreement.agree([&] { return start_plan(false, o, optimizer.lr, model_seed(m, o), ck ? &ck->first : nullptr, m.step()); });
+  agreement.agree([&] {
+    return start_plan(false, o, optimizer.lr, optimizer_hyperparameters(optimizer), model_seed(m, o),
+                      ck ? &ck->first : nullptr, m.step());
+  });
   if (ck) {
     const auto callbacks_before = callback_states(o.callbacks);
     try {
