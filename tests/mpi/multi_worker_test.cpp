@@ -17,6 +17,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -297,6 +298,34 @@ TEST_CASE("multi_worker: evaluate refuses workers given different data (config_e
   CHECK(same_on_every_rank(std::vector<float>{static_cast<float>(ev.loss)}));
 }
 
+TEST_CASE("multi_worker: fit refuses workers whose pipelines gave different batches, at the end of the epoch (config_error, not mixed batches)") {
+  ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1));
+  const ls::adam opt{.lr = 1e-3f};
+  const int last = world_size() - 1;
+  // The last worker's pipeline gives as many batches of the same sizes, but other rows (as a
+  // shuffle seeded per worker would): every collective matches, the global batches do not.
+  auto m = s.replicate<mlp>(ls::seed{7});
+  std::string message;
+  try {
+    (void)ls::fit(s, m, opt, ls::softmax_cross_entropy{}, some_batches{.shift = world_rank() == last ? 1u : 0u},
+                  {.epochs = 2, .quiet = true});
+    FAIL("workers whose pipelines differ were trained");
+  } catch (const ls::config_error& e) {
+    message = e.what();
+  }
+  CAPTURE(message);
+  CHECK(message.find("worker rank " + std::to_string(last) + "'s the dataset indices of epoch 0's batches differs from rank 0's") !=
+        std::string::npos);
+  CHECK(message.find("the same dataset, batch size and shuffle seed") != std::string::npos);
+  CHECK(m.step() == sizes.size());  // found at the end of the first epoch, on every worker
+  s.barrier();
+  // The same pipeline on every worker: accepted.
+  auto again = s.replicate<mlp>(ls::seed{7});
+  (void)ls::fit(s, again, opt, ls::softmax_cross_entropy{}, some_batches{}, {.epochs = 2, .quiet = true});
+  CHECK(again.step() == 2 * sizes.size());
+  CHECK(same_on_every_rank(again.parameters_to_host()));
+}
+
 TEST_CASE("multi_worker: broadcast gives rank 0's optimiser state to a worker that has made none yet") {
   ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1));
   auto m = s.replicate<mlp>(ls::seed{7});
@@ -355,6 +384,16 @@ TEST_CASE("multi_worker: workers whose collective plans differ get a config_erro
   // The check's collective completed on every worker: the strategy is still usable.
   s.barrier();
 }
+
+namespace {
+// Adam whose hyperparameters() fails on rank 1 (the start plan cannot be made there).
+struct picky_adam : ls::adam {
+  std::string hyperparameters() const {
+    if (world_rank() == 1) throw std::runtime_error("picky_adam: no hyperparameters on rank 1");
+    return ls::adam::hyperparameters();
+  }
+};
+}  // namespace
 
 TEST_CASE("multi_worker: fit refuses workers that would start at different steps or count updates differently (config_error, not a hang)") {
   const ls::adam opt{.lr = 1e-3f};
@@ -432,6 +471,24 @@ TEST_CASE("multi_worker: fit refuses workers that would start at different steps
   CHECK(message.find(world_rank() == 1 ? "fit_options::accumulate must be >= 1"
                                        : "rank 1's fit's setup failed (1: yes; that worker raises its own error) is 1, "
                                          "rank 0's is 0") != std::string::npos);
+  // The start plan itself fails to be made on rank 1 (a user optimiser's hyperparameters() throws):
+  // rank 1 raises that error, the others a config_error naming it.
+  {
+    auto fresh = s.replicate<mlp>(ls::seed{7});
+    std::string what;
+    try {
+      (void)ls::fit(s, fresh, picky_adam{}, ls::softmax_cross_entropy{}, twenty_batches{},
+                    ls::fit_options{.epochs = 1, .quiet = true});
+      FAIL("a plan that failed on one worker was accepted");
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    CHECK(fresh.step() == 0);
+    CHECK(what.find(world_rank() == 1 ? "picky_adam: no hyperparameters on rank 1"
+                                      : "rank 1's fit's setup failed (1: yes; that worker raises its own error) is 1") !=
+          std::string::npos);
+    s.barrier();
+  }
   // Without resume, only rank 0 finds the earlier run's checkpoints in its directory.
   ls::fit_options no{.epochs = 1, .quiet = true};
   no.checkpoint_dir = own.string();

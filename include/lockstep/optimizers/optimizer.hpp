@@ -97,10 +97,13 @@ void check_hyperparameters(const O& o) {
 /// an optimiser without that member: nothing to compare).
 template <class O>
 std::string optimizer_hyperparameters(const O& o) {
-  if constexpr (requires { { o.hyperparameters() } -> std::convertible_to<std::string>; })
+  if constexpr (requires { o.hyperparameters(); }) {
+    static_assert(std::convertible_to<decltype(o.hyperparameters()), std::string>,
+                  "lockstep: an optimizer's hyperparameters() must return text (a std::string)");
     return o.hyperparameters();
-  else
+  } else {
     return {};
+  }
 }
 
 namespace detail {

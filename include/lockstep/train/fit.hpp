@@ -923,9 +923,17 @@ public:
   /// @throws config_error when the workers' plans differ.
   template <class MakePlan>
   void agree(MakePlan&& make_plan) {
+    if constexpr (requires(const collective_plan& p) { w_.agree(p); }) {
+      if (w_.size() > 1) {
+        // A plan that fails to be made (a user's hyperparameters(), memory) leaves done_ false:
+        // the guard then agrees on a failed setup as the error unwinds.
+        const collective_plan plan = std::forward<MakePlan>(make_plan)();
+        done_ = true;
+        w_.agree(plan);
+        return;
+      }
+    }
     done_ = true;
-    if constexpr (requires(const collective_plan& p) { w_.agree(p); })
-      if (w_.size() > 1) w_.agree(std::forward<MakePlan>(make_plan)());
   }
 
 private:
@@ -948,6 +956,23 @@ void check_resumable(const Replicated& m, const Optimizer& optimizer, const chec
                            (own_seed ? "this model's seed " : "fit_options::seed (this model does not know its seed) ") +
                            std::to_string(seed) + "; resuming would not be exact");
   check_optimizer_state(st, optimizer, model<net>::param_count, source);
+}
+
+/// Multi-worker fit: the workers agree, at the end of epoch `epoch`, on the batches they trained
+/// in it (`batches`, and `rows_hash` over every batch's row count and rows' dataset indices):
+/// pipelines that differ (a shuffle seeded per worker, another dataset) would otherwise train on
+/// mixed global batches without a word. Collective; a config_error on every worker when they differ.
+template <class World>
+void agree_on_epoch(World& w, std::uint64_t epoch, std::uint64_t batches, std::uint64_t rows_hash) {
+  if constexpr (requires(const collective_plan& p) { w.agree(p); }) {
+    const std::string of = "epoch " + std::to_string(epoch) + "'s batches";
+    collective_plan p;
+    p.add("number of " + of, batches)
+        .add_hashed("the dataset indices of " + of, {reinterpret_cast<const char*>(&rows_hash), sizeof rows_hash})
+        .remedy("every worker must build the same input pipeline: the same dataset, batch size and shuffle seed; the "
+                "strategy cuts each global batch among the workers");
+    w.agree(p);
+  }
 }
 
 /// fit on the strategy's core class (see lockstep::fit).
@@ -1043,8 +1068,22 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
       return {};
   };
   std::int64_t waited_from = trace.now();  // the driver's pipeline wait: from the last step's end to the next batch
+  // More than one worker: the batches of the epoch that this worker trained (accumulated, or dropped
+  // as a partial update), compared at the epoch's end (agree_on_epoch). Counted when trained, not
+  // when loaded: a batch past a stop that loaded on some workers only is not part of it.
+  const bool compare_pipelines = w.size() > 1;
+  std::uint64_t seen_batches = 0, seen_rows = 0;
+  const auto note_batch = [&](const data::distributed_batch& db) {
+    if (!compare_pipelines) return;
+    ++seen_batches;
+    const auto& idx = db.global->indices;
+    const std::uint64_t rows = idx.size();
+    seen_rows = collective_plan::hash({reinterpret_cast<const char*>(&rows), sizeof rows}, seen_rows);
+    seen_rows = collective_plan::hash({reinterpret_cast<const char*>(idx.data()), idx.size() * sizeof idx[0]}, seen_rows);
+  };
   const auto batch_of_update = [&](const data::distributed_batch& db, bool epoch_ends) -> bool {
     ++group;
+    note_batch(db);
     trace.begin_step(m.step());
     const std::int64_t t0 = trace.now();
     trace.driver_span("pipeline wait", "pipeline", waited_from, t0, "step", static_cast<std::int64_t>(m.step()));
@@ -1078,6 +1117,8 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   for (std::uint64_t e = run.first_epoch(); run.runs(e, m.step()); ++e) {
     run.begin_epoch(e);
     group = 0;
+    seen_batches = 0;
+    seen_rows = collective_plan::hash({});
     std::optional<data::distributed_batch> held;  // under accumulation, one batch is held back to know the epoch's last
     bool stopped = false;
     auto&& epoch_batches = train.epoch(e);
@@ -1125,6 +1166,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
                         }
                       }());
     run.add_stats(late());  // defer_readback: the epoch's last update
+    if (compare_pipelines) agree_on_epoch(w, e, seen_batches, seen_rows);
     auto [st, finished] = run.end_steps(e, m.step(), save, left);
     if (o.validation) {
       const evaluation v =

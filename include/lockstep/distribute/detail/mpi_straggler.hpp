@@ -29,7 +29,8 @@ public:
   mpi_straggler_probe(MPI_Comm ctrl, int rank, int size) noexcept : ctrl_(ctrl), rank_(rank), size_(size) {}
   mpi_straggler_probe(const mpi_straggler_probe&) = delete;
   mpi_straggler_probe& operator=(const mpi_straggler_probe&) = delete;
-  /// Cancels the sends still pending (before the control communicator is freed).
+  /// Cancels the sends still pending (the channel has freed the control communicator by then:
+  /// requests on a freed communicator still complete).
   ~mpi_straggler_probe() { settle(true); }
 
   /// Replies to every pending question with `posted()`, the number of jobs posted here.
