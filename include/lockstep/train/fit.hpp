@@ -272,6 +272,35 @@ std::size_t evaluation_grid(const Strategy& s) {
   return 0;
 }
 
+/// The batches a worker went through in a pass, to compare across workers: their number and a
+/// hash of every batch's row count and rows' dataset indices.
+struct batch_tally {
+  std::uint64_t batches = 0;                       ///< batches added
+  std::uint64_t rows = collective_plan::hash({});  ///< hash over their row counts and dataset indices
+
+  /// Counts `db` and hashes its global batch's rows.
+  void add(const data::distributed_batch& db) {
+    ++batches;
+    const auto& idx = db.global->indices;
+    const std::uint64_t n = idx.size();
+    rows = collective_plan::hash({reinterpret_cast<const char*>(&n), sizeof n}, rows);
+    rows = collective_plan::hash({reinterpret_cast<const char*>(idx.data()), idx.size() * sizeof idx[0]}, rows);
+  }
+  /// Agrees with the other workers of `w` (its agree; nothing for a world without one) on the
+  /// count (field `count_field`) and the hash (`rows_field`); a mismatch's message ends with
+  /// `remedy`. Collective.
+  template <class World>
+  void agree(World& w, std::string count_field, std::string rows_field, std::string remedy) const {
+    if constexpr (requires(const collective_plan& p) { w.agree(p); }) {
+      collective_plan p;
+      p.add(std::move(count_field), batches)
+          .add_hashed(std::move(rows_field), {reinterpret_cast<const char*>(&rows), sizeof rows})
+          .remedy(std::move(remedy));
+      w.agree(p);
+    }
+  }
+};
+
 /// evaluate on the strategy's core class (see lockstep::evaluate). Under replica_count_invariant
 /// each replica evaluates the training step's micro-shards of the batch, one forward pass each
 /// (grid_shard, for_each_grid_piece).
@@ -286,16 +315,9 @@ evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eva
   auto&& w = world_of(s);
   const shard_plan plan = w.plan();
   const std::size_t grid = evaluation_grid(s);
-  // What this worker evaluated: its batches and their rows' dataset indices (compared across workers below).
-  [[maybe_unused]] std::uint64_t batches = 0, rows_hash = collective_plan::hash({});
+  batch_tally seen;  // what this worker evaluated (compared across workers below)
   for (auto& db : data.batches(plan.parts, plan.first, n)) {
-    if (w.size() > 1) {
-      const auto& idx = db.global->indices;
-      const std::uint64_t rows = idx.size();
-      rows_hash = collective_plan::hash({reinterpret_cast<const char*>(&rows), sizeof rows}, rows_hash);
-      rows_hash = collective_plan::hash({reinterpret_cast<const char*>(idx.data()), idx.size() * sizeof idx[0]}, rows_hash);
-    }
-    ++batches;
+    if (w.size() > 1) seen.add(db);
     auto per = s.run(
         [&](std::size_t r, const data::shard& sh) {
           metric_sums sums;
@@ -309,15 +331,9 @@ evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eva
   }
   if (w.size() > 1) {  // more than one process: every process's sums, added in rank order
     // Workers given different data would add up sums of different datasets without a word.
-    if constexpr (requires(const collective_plan& p) { w.agree(p); }) {
-      collective_plan same;
-      same.add("number of evaluation batches", batches)
-          .add_hashed("evaluation rows (the dataset index of every row, batch by batch)",
-                      {reinterpret_cast<const char*>(&rows_hash), sizeof rows_hash})
-          .remedy("every worker must evaluate the same data: the same dataset, batch size and order (each worker "
-                  "evaluates its own rows of every global batch)");
-      w.agree(same);
-    }
+    seen.agree(w, "number of evaluation batches", "evaluation rows (the dataset index of every row, batch by batch)",
+               "every worker must evaluate the same data: the same dataset, batch size and order (each worker "
+               "evaluates its own rows of every global batch)");
     double v[5] = {total.loss_sum, static_cast<double>(total.count), static_cast<double>(total.labelled),
                    static_cast<double>(total.correct), static_cast<double>(total.top_k_correct)};
     w.sum(v);
@@ -959,20 +975,15 @@ void check_resumable(const Replicated& m, const Optimizer& optimizer, const chec
 }
 
 /// Multi-worker fit: the workers agree, at the end of epoch `epoch`, on the batches they trained
-/// in it (`batches`, and `rows_hash` over every batch's row count and rows' dataset indices):
+/// in it (`trained`: their number and a hash of their rows' dataset indices):
 /// pipelines that differ (a shuffle seeded per worker, another dataset) would otherwise train on
 /// mixed global batches without a word. Collective; a config_error on every worker when they differ.
 template <class World>
-void agree_on_epoch(World& w, std::uint64_t epoch, std::uint64_t batches, std::uint64_t rows_hash) {
-  if constexpr (requires(const collective_plan& p) { w.agree(p); }) {
-    const std::string of = "epoch " + std::to_string(epoch) + "'s batches";
-    collective_plan p;
-    p.add("number of " + of, batches)
-        .add_hashed("the dataset indices of " + of, {reinterpret_cast<const char*>(&rows_hash), sizeof rows_hash})
-        .remedy("every worker must build the same input pipeline: the same dataset, batch size and shuffle seed; the "
+void agree_on_epoch(World& w, std::uint64_t epoch, const batch_tally& trained) {
+  const std::string of = "epoch " + std::to_string(epoch) + "'s batches";
+  trained.agree(w, "number of " + of, "the dataset indices of " + of,
+                "every worker must build the same input pipeline: the same dataset, batch size and shuffle seed; the "
                 "strategy cuts each global batch among the workers");
-    w.agree(p);
-  }
 }
 
 /// fit on the strategy's core class (see lockstep::fit).
@@ -1072,18 +1083,10 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   // as a partial update), compared at the epoch's end (agree_on_epoch). Counted when trained, not
   // when loaded: a batch past a stop that loaded on some workers only is not part of it.
   const bool compare_pipelines = w.size() > 1;
-  std::uint64_t seen_batches = 0, seen_rows = 0;
-  const auto note_batch = [&](const data::distributed_batch& db) {
-    if (!compare_pipelines) return;
-    ++seen_batches;
-    const auto& idx = db.global->indices;
-    const std::uint64_t rows = idx.size();
-    seen_rows = collective_plan::hash({reinterpret_cast<const char*>(&rows), sizeof rows}, seen_rows);
-    seen_rows = collective_plan::hash({reinterpret_cast<const char*>(idx.data()), idx.size() * sizeof idx[0]}, seen_rows);
-  };
+  batch_tally trained;
   const auto batch_of_update = [&](const data::distributed_batch& db, bool epoch_ends) -> bool {
     ++group;
-    note_batch(db);
+    if (compare_pipelines) trained.add(db);
     trace.begin_step(m.step());
     const std::int64_t t0 = trace.now();
     trace.driver_span("pipeline wait", "pipeline", waited_from, t0, "step", static_cast<std::int64_t>(m.step()));
@@ -1117,8 +1120,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   for (std::uint64_t e = run.first_epoch(); run.runs(e, m.step()); ++e) {
     run.begin_epoch(e);
     group = 0;
-    seen_batches = 0;
-    seen_rows = collective_plan::hash({});
+    trained = {};
     std::optional<data::distributed_batch> held;  // under accumulation, one batch is held back to know the epoch's last
     bool stopped = false;
     auto&& epoch_batches = train.epoch(e);
@@ -1166,7 +1168,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
                         }
                       }());
     run.add_stats(late());  // defer_readback: the epoch's last update
-    if (compare_pipelines) agree_on_epoch(w, e, seen_batches, seen_rows);
+    if (compare_pipelines) agree_on_epoch(w, e, trained);
     auto [st, finished] = run.end_steps(e, m.step(), save, left);
     if (o.validation) {
       const evaluation v =
