@@ -1,4 +1,4 @@
-# Optional CUDA parts of lockstep: defines lockstep::cuda (CUDA runtime + cuBLAS) and
+# Optional CUDA parts of lockstep: defines lockstep::cuda (CUDA runtime, cuBLAS and cuBLASLt) and
 # lockstep::nccl (NCCL) when the toolkit is found and LOCKSTEP_CUDA is not OFF.
 set(LOCKSTEP_HAS_CUDA OFF)
 set(LOCKSTEP_HAS_NCCL OFF)
@@ -17,9 +17,9 @@ if(LOCKSTEP_HAS_CUDA AND NOT TARGET lockstep::cuda)
   add_library(lockstep_cuda INTERFACE)
   add_library(lockstep::cuda ALIAS lockstep_cuda)
   if(LOCKSTEP_CUDA_STATIC_RUNTIME)
-    target_link_libraries(lockstep_cuda INTERFACE lockstep::lockstep CUDA::cudart_static CUDA::cublas)
+    target_link_libraries(lockstep_cuda INTERFACE lockstep::lockstep CUDA::cudart_static CUDA::cublas CUDA::cublasLt)
   else()
-    target_link_libraries(lockstep_cuda INTERFACE lockstep::lockstep CUDA::cudart CUDA::cublas)
+    target_link_libraries(lockstep_cuda INTERFACE lockstep::lockstep CUDA::cudart CUDA::cublas CUDA::cublasLt)
   endif()
   target_compile_definitions(lockstep_cuda INTERFACE LOCKSTEP_HAS_CUDA=1)
   find_package(NCCL QUIET)

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <utility>
@@ -316,6 +317,100 @@ TEST_CASE("gpu: gemm under mixed<bf16>, mixed<fp16> and tf32 is the product of t
   }
 }
 
+// What the dense layer's forward_activated<relu_fn> asks of a context (layers/dense.hpp): the
+// CUDA backend answers it, so dense -> relu on a GPU takes the fused cuBLASLt matmul.
+static_assert(requires(ls::cuda_context& c, float* y, const float* p, std::size_t d) {
+  gemm_bias_relu(c, d, d, d, p, d, p, d, p, y, d);
+});
+
+TEST_CASE("gpu: gemm_bias_relu, dense's GEMM with the bias and relu in a cuBLASLt epilogue, under every policy: one matmul, the same bits run to run") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  using cp = ls::compute_precision;
+  struct shape {
+    std::size_t m, n, k;
+  };
+  for (const cp p : {cp::fp32, cp::tf32, cp::bf16, cp::fp16}) {
+    CAPTURE(ls::precision_name(p));
+    ls::cuda_context ctx(0, ls::cuda_options{.precision = p});
+    ctx.set_gemm_precision(p);
+    const auto round = [p](float v) {
+      return p == cp::bf16 ? ls::round_to_bf16(v) : p == cp::fp16 ? ls::round_to_fp16(v) : v;
+    };
+    for (const shape s : {shape{1, 1, 1}, shape{5, 7, 3}, shape{33, 17, 129}, shape{64, 10, 784}, shape{256, 512, 784},
+                          shape{3, 1024, 1}}) {
+      for (const bool padded : {false, true}) {
+        CAPTURE(s.m);
+        CAPTURE(s.n);
+        CAPTURE(s.k);
+        CAPTURE(padded);
+        const std::size_t ldx = s.k + (padded ? 3 : 0), ldw = s.n + (padded ? 1 : 0), ldy = s.n + (padded ? 2 : 0);
+        const auto x = random_vector(s.m * ldx, 40, -2.0f, 2.0f);
+        const auto w = random_vector(s.k * ldw, 41, -2.0f, 2.0f);
+        const auto b = random_vector(s.n, 42, -2.0f, 2.0f);
+        // The double reference on the operands the kernels read, and the size of each sum.
+        std::vector<double> want(s.m * ldy, 0.0), size(s.m * ldy, 0.0);
+        for (std::size_t i = 0; i < s.m; ++i)
+          for (std::size_t j = 0; j < s.n; ++j) {
+            double acc = b[j], mag = std::abs(static_cast<double>(b[j]));
+            for (std::size_t q = 0; q < s.k; ++q) {
+              const double t = static_cast<double>(round(x[i * ldx + q])) * round(w[q * ldw + j]);
+              acc += t;
+              mag += std::abs(t);
+            }
+            want[i * ldy + j] = acc > 0 ? acc : 0.0;
+            size[i * ldy + j] = mag;
+          }
+        auto d_x = to_device(ctx, x);
+        auto d_w = to_device(ctx, w);
+        auto d_b = to_device(ctx, b);
+        auto d_y = to_device(ctx, std::vector<float>(s.m * ldy, -7.0f));
+        auto d_y2 = to_device(ctx, std::vector<float>(s.m * ldy, -7.0f));
+        const std::uint64_t before = ctx.launches();
+        const bool fused =
+            gemm_bias_relu(ctx, s.m, s.n, s.k, d_x.data(), ldx, d_w.data(), ldw, d_b.data(), d_y.data(), ldy);
+        // cuBLASLt may offer no algorithm for an odd layout (k = 1, a leading dimension far above
+        // the rows): the function then queues nothing and the layer takes its own path. The
+        // shapes of the MLPs it serves must be fused.
+        const bool served = !padded && ((s.m == 256 && s.n == 512) || (s.m == 64 && s.n == 10));
+        if (!fused) {
+          MESSAGE("cuBLASLt offers no algorithm for this shape");
+          CHECK_FALSE(served);
+          CHECK(ctx.launches() == before);
+          continue;
+        }
+        // fp32 and TF32 read the float operands: the matmul is the only launch; bf16 and fp16
+        // pack them first (one grid each, as gemm does).
+        CHECK(ctx.launches() - before == (p == cp::fp32 || p == cp::tf32 ? 1u : 3u));
+        REQUIRE(gemm_bias_relu(ctx, s.m, s.n, s.k, d_x.data(), ldx, d_w.data(), ldw, d_b.data(), d_y2.data(), ldy));
+        const auto got = to_host(ctx, d_y.data(), s.m * ldy);
+        const auto again = to_host(ctx, d_y2.data(), s.m * ldy);
+        const double u = (p == cp::tf32 ? 2.0 * std::ldexp(1.0, -10) : 0.0) +
+                         static_cast<double>(s.k + 2) * std::ldexp(1.0, -24);
+        std::size_t bad = 0, padding_touched = 0, differs = 0;
+        for (std::size_t i = 0; i < s.m; ++i)
+          for (std::size_t j = 0; j < ldy; ++j) {
+            const std::size_t e = i * ldy + j;
+            if (j >= s.n) {  // the padding between rows is not written
+              padding_touched += got[e] != -7.0f;
+              continue;
+            }
+            bad += !(got[e] >= 0.0f && std::abs(static_cast<double>(got[e]) - want[e]) <= u * size[e] + 1e-30);
+            differs += std::memcmp(&got[e], &again[e], sizeof(float)) != 0;
+          }
+        CHECK(bad == 0);
+        CHECK(padding_touched == 0);
+        CHECK(differs == 0);
+      }
+    }
+    // Nothing to multiply: no matmul, the caller runs its own path.
+    auto d_b = to_device(ctx, std::vector<float>(4, 1.0f));
+    auto d_y = to_device(ctx, std::vector<float>(8, 0.0f));
+    const std::uint64_t before = ctx.launches();
+    CHECK_FALSE(gemm_bias_relu(ctx, 2, 4, 0, d_b.data(), 0, d_b.data(), 4, d_b.data(), d_y.data(), 4));
+    CHECK(ctx.launches() == before);
+  }
+}
+
 TEST_CASE("gpu: elementwise ops, broadcast, column sums and sum match the host") {
   LOCKSTEP_REQUIRE_GPUS(1);
   ls::cuda_context ctx(0);
@@ -433,6 +528,10 @@ TEST_CASE("gpu: every layer's forward and backward match the host within 1e-5") 
   using block = ls::sequential<ls::dense<13, 16>, ls::gelu, ls::dropout<1, 2>, ls::dense<16, 5>, ls::tanh>;
   check_layer_all_batches<block, 13>("sequential<dense, gelu, dropout, dense, tanh>");
   check_layer_all_batches<ls::sequential<block, ls::sigmoid, ls::dense<5, 3>>, 13>("nested sequential");
+  // dense -> relu: the GPU's forward is one cuBLASLt matmul with the bias and relu in its epilogue
+  // (the biases start at zero here: the gemm_bias_relu case checks nonzero ones).
+  check_layer_all_batches<ls::sequential<ls::dense<13, 16>, ls::relu, ls::dense<16, 5>, ls::relu>, 13>(
+      "sequential<dense, relu, dense, relu>");
   // Image layers: the same kernels through for_each_index and cuBLAS.
   using img = ls::shape<3, 9, 7>;
   check_layer_all_batches_shaped<ls::conv2d<4, 3, 1, 1>, img>("conv2d<4, 3, 1, 1>");

@@ -8,6 +8,7 @@
 
 #include <lockstep/backend/host/ops.hpp>
 #include <lockstep/config.hpp>
+#include <lockstep/layers/activations.hpp>
 #include <lockstep/layers/deferral.hpp>
 #include <lockstep/layers/init.hpp>
 #include <lockstep/layers/layer.hpp>
@@ -120,7 +121,8 @@ struct dense {
 
     /// y = Fn::f(x W + b): the GEMM writes x W (beta = 0), and one pass adds the bias and applies
     /// the activation Fn of the layer that follows (fuses_activation_v), in place of the bias's
-    /// broadcast before the GEMM and the activation's own pass over y. Backward never reads y.
+    /// broadcast before the GEMM and the activation's own pass over y; on GPUs a relu goes into
+    /// the GEMM's epilogue instead (backend::gemm_bias_relu). Backward never reads y.
     template <class Fn, class T, class Ctx>
     static void forward_activated(Ctx& ctx, const forward_args<T, Ctx, shape<In>, shape<Out>>& a) {
       forward_stored<Fn>(ctx, a, nullptr, nullptr);
@@ -155,6 +157,13 @@ struct dense {
         product(T(1));
         backend::encode_output16(ctx, a.y.data(), a.y.size(), y16);
       } else {
+        // On a context with a fused GEMM for it (the CUDA backend's gemm_bias_relu: a cuBLASLt
+        // matmul whose epilogue adds the bias and applies the relu), one call does all of it.
+        if constexpr (std::is_same_v<Fn, relu_fn> &&
+                      requires(T* y, const T* p) { gemm_bias_relu(ctx, batch, Out, In, p, In, p, Out, p, y, Out); }) {
+          if (gemm_bias_relu(ctx, batch, Out, In, a.x.data(), In, a.params, Out, a.params + In * Out, a.y.data(), Out))
+            return;
+        }
         product(T(0));
         if constexpr (stored_kernels<T, Ctx>) {
           if (y16) {

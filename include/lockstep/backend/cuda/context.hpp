@@ -1,15 +1,18 @@
 #pragma once
 /// @file context.hpp
 /// `cuda_context`: the execution context of a GPU replica — its device ordinal, a compute stream,
-/// a communication stream (collectives), a copy stream (input staging), a cuBLAS handle, the
-/// events that order them, reduction scratch and the double-buffered pinned input staging area.
+/// a communication stream (collectives), a copy stream (input staging), a cuBLAS handle and a
+/// cuBLASLt handle with its prepared matmuls, the events that order them, reduction scratch and
+/// the double-buffered pinned input staging area.
 /// Also registers the CUDA kind: `backend_traits<gpus>` and `device_memory<gpus>`. Host code only: this
 /// header compiles with g++ (the kernels are in ops.cuh).
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -174,6 +177,31 @@ struct readback_page {
   }
 };
 
+/// A cuBLASLt matmul prepared for one shape, precision and set of operand alignments
+/// (backend::gemm_bias_relu): its descriptors and the algorithm cuBLASLt's heuristic chose, made
+/// at the first call of that shape and kept, so that a steady step only sets the bias pointer and
+/// calls cublasLtMatmul (no heuristic, nothing allocated). `usable` false records that cuBLASLt
+/// offered no algorithm (the caller then runs the GEMM and the bias pass apart).
+struct lt_matmul_plan {
+  std::array<std::size_t, 12> key{};         ///< what the plan was made for (gemm_bias_relu's key)
+  cublasLtMatmulDesc_t op = nullptr;         ///< compute type, epilogue, bias type
+  cublasLtMatrixLayout_t a = nullptr;        ///< A, B and D as cuBLASLt sees them (column-major)
+  cublasLtMatrixLayout_t b = nullptr;        ///< (see a)
+  cublasLtMatrixLayout_t d = nullptr;        ///< (see a; C is D)
+  cublasLtMatmulAlgo_t algo{};               ///< the heuristic's first choice
+  bool usable = false;                       ///< cuBLASLt offered an algorithm
+
+  lt_matmul_plan() = default;
+  lt_matmul_plan(const lt_matmul_plan&) = delete;
+  lt_matmul_plan& operator=(const lt_matmul_plan&) = delete;
+  ~lt_matmul_plan() {
+    if (d) (void)cublasLtMatrixLayoutDestroy(d);
+    if (b) (void)cublasLtMatrixLayoutDestroy(b);
+    if (a) (void)cublasLtMatrixLayoutDestroy(a);
+    if (op) (void)cublasLtMatmulDescDestroy(op);
+  }
+};
+
 /// Everything a cuda_context owns; created with its device current, destroyed the same way.
 struct cuda_context_state {
   int ordinal;
@@ -185,7 +213,9 @@ struct cuda_context_state {
   cuda_event comm_mark;
   cuda_event update_mark;
   cublasHandle_t blas = nullptr;
-  device_bytes blas_workspace{cublas_workspace_bytes};
+  device_bytes blas_workspace{cublas_workspace_bytes};  // also the workspace of the cuBLASLt matmuls (same stream)
+  cublasLtHandle_t lt = nullptr;
+  std::vector<std::unique_ptr<lt_matmul_plan>> lt_plans;  // gemm_bias_relu's plans, by key
   device_bytes scratch;
   device_bytes operands;
   pinned_buffer<std::byte> host_scratch;
@@ -208,6 +238,7 @@ struct cuda_context_state {
       LOCKSTEP_CUBLAS_CHECK(cublasSetWorkspace(blas, blas_workspace.get(), blas_workspace.size()));
       LOCKSTEP_CUBLAS_CHECK(
           cublasSetMathMode(blas, opts.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+      LOCKSTEP_CUBLAS_CHECK(cublasLtCreate(&lt));
     } catch (...) {
       (void)cublasDestroy(blas);
       throw;
@@ -219,6 +250,8 @@ struct cuda_context_state {
     (void)cudaStreamSynchronize(compute.get());
     (void)cudaStreamSynchronize(comm.get());
     (void)cudaStreamSynchronize(copy.get());
+    lt_plans.clear();
+    (void)cublasLtDestroy(lt);
     (void)cublasDestroy(blas);
   }
 };
@@ -305,6 +338,24 @@ public:
   [[nodiscard]] cudaStream_t copy_stream() const noexcept { return state_->copy.get(); }
   /// The cuBLAS handle (bound to the compute stream).
   [[nodiscard]] cublasHandle_t blas_handle() const noexcept { return state_->blas; }
+  /// The cuBLASLt handle (its matmuls are queued on the compute stream and use the cuBLAS
+  /// handle's fixed workspace, blas_workspace()).
+  [[nodiscard]] cublasLtHandle_t lt_handle() const noexcept { return state_->lt; }
+  /// The fixed workspace of the context's cuBLAS handle (cublas_workspace_bytes of device memory),
+  /// which the cuBLASLt matmuls queued on the same stream share.
+  [[nodiscard]] void* blas_workspace() const noexcept { return state_->blas_workspace.get(); }
+  /// The prepared cuBLASLt matmul for `key` (gemm_bias_relu), made by `make(plan)` at the first
+  /// call with that key and kept for the context's life.
+  template <class Make>
+  [[nodiscard]] const detail::lt_matmul_plan& lt_plan(const std::array<std::size_t, 12>& key, Make&& make) const {
+    for (const auto& p : state_->lt_plans)
+      if (p->key == key) return *p;
+    auto plan = std::make_unique<detail::lt_matmul_plan>();
+    plan->key = key;
+    std::forward<Make>(make)(*plan);
+    state_->lt_plans.push_back(std::move(plan));
+    return *state_->lt_plans.back();
+  }
 
   /// Keeps the calling thread's current CUDA device as it was when made, and makes it current
   /// again when it goes (backend::caller_scope_t): what a strategy holds while replica 0's work

@@ -266,6 +266,39 @@ inline void gemm_fp32_compute(const cuda_context& ctx, cublasComputeType_t compu
   gemm_row_major(ctx, call, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+/// The 16-bit operands of a GEMM on 16-bit operands (P: bf16 or fp16), dense, as stored (op(A)
+/// and op(B) still to apply) with their leading dimensions.
+struct packed16_operands {
+  const std::uint16_t* a;  ///< A's encodings
+  std::size_t lda;         ///< A's leading dimension (its columns as stored)
+  const std::uint16_t* b;  ///< B's encodings
+  std::size_t ldb;         ///< B's leading dimension
+};
+
+/// A and B of C = op(A) op(B) (op(A) m x k, op(B) k x n, none empty) rounded to P and packed into
+/// the context's operand memory (packed_layout_of; pack16_op, one grid each), except an operand
+/// that is a dense run of the model's bf16 weight copy, read from it (the copy holds the
+/// encodings pack16_op writes: bf16_encode_op; counted in weight_copy_reads). With `queue`
+/// false, only where the operands will be: nothing is packed or counted.
+template <compute_precision P>
+packed16_operands pack16_operands(const cuda_context& ctx, trans ta, trans tb, std::size_t m, std::size_t n,
+                                  std::size_t k, const float* a, std::size_t lda, const float* b, std::size_t ldb,
+                                  bool queue = true) {
+  const packed_layout l = packed_layout_of(ta, tb, m, n, k);
+  const std::uint16_t* ca = nullptr;
+  const std::uint16_t* cb = nullptr;
+  if constexpr (P == compute_precision::bf16) {
+    const std::size_t a_rows = l.a_count / l.a_cols, b_rows = l.b_count / l.b_cols;
+    ca = queue ? ctx.weight_copy_of(a, a_rows, l.a_cols, lda) : ctx.weight_copy().find_operand(a, a_rows, l.a_cols, lda);
+    cb = queue ? ctx.weight_copy_of(b, b_rows, l.b_cols, ldb) : ctx.weight_copy().find_operand(b, b_rows, l.b_cols, ldb);
+  }
+  auto* pa = static_cast<std::uint16_t*>(ctx.gemm_operands(l.total() * sizeof(std::uint16_t)));
+  std::uint16_t* pb = pa + l.b_offset;
+  if (queue && !ca) for_each_index(ctx, l.a_count, pack16_op<P>{a, l.a_cols, lda, pa});
+  if (queue && !cb) for_each_index(ctx, l.b_count, pack16_op<P>{b, l.b_cols, ldb, pb});
+  return {ca ? ca : pa, l.a_cols, cb ? cb : pb, l.b_cols};
+}
+
 /// A float GEMM on 16-bit operands (P: bf16 or fp16): A and B are packed, rounded to P, into the
 /// context's operand memory (packed_layout_of; pack16_op, one grid each) unless the model's bf16
 /// weight copy holds them (cuda_context::weight_copy_of), then cuBLAS multiplies
@@ -280,19 +313,7 @@ void gemm_packed16(const cuda_context& ctx, trans ta, trans tb, std::size_t m, s
     gemm_row_major(ctx, &cublasSgemm, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  const packed_layout l = packed_layout_of(ta, tb, m, n, k);
-  // An operand that is a dense run of the model's bf16 weight copy is read from it, not packed
-  // (the copy holds the encodings pack16_op writes: bf16_encode_op).
-  const std::uint16_t* ca = nullptr;
-  const std::uint16_t* cb = nullptr;
-  if constexpr (P == compute_precision::bf16) {
-    ca = ctx.weight_copy_of(a, l.a_count / l.a_cols, l.a_cols, lda);
-    cb = ctx.weight_copy_of(b, l.b_count / l.b_cols, l.b_cols, ldb);
-  }
-  auto* pa = static_cast<std::uint16_t*>(ctx.gemm_operands(l.total() * sizeof(std::uint16_t)));
-  std::uint16_t* pb = pa + l.b_offset;
-  if (!ca) for_each_index(ctx, l.a_count, pack16_op<P>{a, l.a_cols, lda, pa});
-  if (!cb) for_each_index(ctx, l.b_count, pack16_op<P>{b, l.b_cols, ldb, pb});
+  const packed16_operands q = pack16_operands<P>(ctx, ta, tb, m, n, k, a, lda, b, ldb);
   constexpr cudaDataType_t type = P == compute_precision::bf16 ? CUDA_R_16BF : CUDA_R_16F;
   const auto call = [](cublasHandle_t h, cublasOperation_t ob, cublasOperation_t oa, int cm, int cn, int ck,
                        const float* al, const std::uint16_t* qb, int lb, const std::uint16_t* qa, int la,
@@ -300,8 +321,7 @@ void gemm_packed16(const cuda_context& ctx, trans ta, trans tb, std::size_t m, s
     return cublasGemmEx(h, ob, oa, cm, cn, ck, al, qb, type, lb, qa, type, la, be, pc, CUDA_R_32F, lc,
                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   };
-  gemm_row_major(ctx, call, ta, tb, m, n, k, alpha, ca ? ca : static_cast<const std::uint16_t*>(pa), l.a_cols,
-                 cb ? cb : static_cast<const std::uint16_t*>(pb), l.b_cols, beta, c, ldc);
+  gemm_row_major(ctx, call, ta, tb, m, n, k, alpha, q.a, q.lda, q.b, q.ldb, beta, c, ldc);
 }
 
 }  // namespace detail
@@ -334,6 +354,138 @@ inline void gemm(const cuda_context& ctx, trans ta, trans tb, std::size_t m, std
                  double alpha, const double* a, std::size_t lda, const double* b, std::size_t ldb, double beta,
                  double* c, std::size_t ldc) {
   detail::gemm_row_major(ctx, &cublasDgemm, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+namespace detail {
+
+/// The largest power of two, up to 256, that divides the address p: the alignment a cuBLASLt
+/// algorithm may assume for it (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES).
+inline std::size_t lt_alignment(const void* p) noexcept {
+  const auto v = reinterpret_cast<std::uintptr_t>(p);
+  std::size_t a = 256;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
+
+/// Sets attribute `attr` of cuBLASLt descriptor `desc` (through `set`, one of the
+/// cublasLt*SetAttribute functions) to `value`.
+template <class Set, class Desc, class Attr, class V>
+void lt_set(Set set, Desc desc, Attr attr, const V& value) {
+  LOCKSTEP_CUBLAS_CHECK(set(desc, attr, &value, sizeof(V)));
+}
+
+}  // namespace detail
+
+/// y = relu(x w + bias), row-major (x: m x k with leading dimension ldx, w: k x n with ldw, bias:
+/// n, y: m x n with ldy, all on the context's device, y not overlapping the others) as one
+/// cuBLASLt matmul whose epilogue adds the bias and applies the ReLU (CUBLASLT_EPILOGUE_RELU_BIAS),
+/// in the context's gemm_precision() as gemm() computes it: fp32, TF32 (also for fp32 when the
+/// context's options turn TF32 on), or bf16 / fp16 operands packed as gemm() packs them, fp32
+/// accumulation and an fp32 y. The dense layer's forward followed by a relu (forward_activated)
+/// runs it in place of its GEMM and its bias-and-activation pass: one kernel instead of two, and
+/// y written once. Only algorithms that reduce each element in one pass are allowed (no split-K
+/// reduction), so the bits are the same from run to run. The matmul is prepared once per shape,
+/// precision and operand alignment (cuda_context::lt_plan). Returns false, having queued nothing,
+/// where there is nothing to multiply (k = 0) or cuBLASLt offers no algorithm for the shape (its
+/// heuristic found none, or refused the layouts): the caller then runs gemm and the bias pass.
+inline bool gemm_bias_relu(const cuda_context& ctx, std::size_t m, std::size_t n, std::size_t k, const float* x,
+                           std::size_t ldx, const float* w, std::size_t ldw, const float* bias, float* y,
+                           std::size_t ldy) {
+  if (m == 0 || n == 0) return true;
+  if (k == 0) return false;
+  const compute_precision p = ctx.gemm_precision();
+  device_guard g(ctx.ordinal());
+  // The operands cuBLASLt reads: the float matrices, or their 16-bit encodings.
+  const void* ra = w;  // cuBLASLt's A: w as a column-major n x k matrix
+  const void* rb = x;  // cuBLASLt's B: x as a column-major k x m matrix
+  std::size_t lda = ldw;
+  std::size_t ldb = ldx;
+  cudaDataType_t type = CUDA_R_32F;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  // 16-bit operands: where they will be, packed only once cuBLASLt has an algorithm (below).
+  const auto pack16 = [&](bool queue) {
+    return p == compute_precision::bf16
+               ? detail::pack16_operands<compute_precision::bf16>(ctx, trans::no, trans::no, m, n, k, x, ldx, w, ldw,
+                                                                  queue)
+               : detail::pack16_operands<compute_precision::fp16>(ctx, trans::no, trans::no, m, n, k, x, ldx, w, ldw,
+                                                                  queue);
+  };
+  const bool packed = p == compute_precision::bf16 || p == compute_precision::fp16;
+  if (packed) {
+    const detail::packed16_operands q = pack16(false);
+    ra = q.b;
+    lda = q.ldb;
+    rb = q.a;
+    ldb = q.lda;
+    type = p == compute_precision::bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  } else if (p == compute_precision::tf32 || ctx.options().tf32) {
+    compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+  }
+  const std::array<std::size_t, 12> key{m,
+                                        n,
+                                        k,
+                                        lda,
+                                        ldb,
+                                        ldy,
+                                        static_cast<std::size_t>(type),
+                                        static_cast<std::size_t>(compute),
+                                        detail::lt_alignment(ra),
+                                        detail::lt_alignment(rb),
+                                        detail::lt_alignment(y),
+                                        detail::lt_alignment(bias)};
+  const detail::lt_matmul_plan& plan = ctx.lt_plan(key, [&](detail::lt_matmul_plan& made) {
+    const auto dim = [&](std::size_t v) { return static_cast<std::uint64_t>(detail::blas_dim(v, m, n, k)); };
+    LOCKSTEP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&made.op, compute, CUDA_R_32F));
+    detail::lt_set(cublasLtMatmulDescSetAttribute, made.op, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_RELU_BIAS);
+    detail::lt_set(cublasLtMatmulDescSetAttribute, made.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                   static_cast<std::int32_t>(CUDA_R_32F));
+    detail::lt_set(cublasLtMatmulDescSetAttribute, made.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    LOCKSTEP_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&made.a, type, dim(n), dim(k), static_cast<std::int64_t>(dim(lda))));
+    LOCKSTEP_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&made.b, type, dim(k), dim(m), static_cast<std::int64_t>(dim(ldb))));
+    LOCKSTEP_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&made.d, CUDA_R_32F, dim(n), dim(m), static_cast<std::int64_t>(dim(ldy))));
+    cublasLtMatmulPreference_t pref = nullptr;
+    LOCKSTEP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+    try {
+      const auto set = [&](cublasLtMatmulPreferenceAttributes_t attr, auto value) {
+        detail::lt_set(cublasLtMatmulPreferenceSetAttribute, pref, attr, value);
+      };
+      set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<std::uint64_t>(cublas_workspace_bytes));
+      set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, static_cast<std::uint32_t>(CUBLASLT_REDUCTION_SCHEME_NONE));
+      set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, static_cast<std::uint32_t>(key[8]));
+      set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, static_cast<std::uint32_t>(key[9]));
+      set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, static_cast<std::uint32_t>(key[10]));
+      set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, static_cast<std::uint32_t>(key[10]));
+      status = cublasLtMatmulAlgoGetHeuristic(ctx.lt_handle(), made.op, made.a, made.b, made.d, made.d, pref, 1,
+                                              &result, &found);
+    } catch (...) {
+      (void)cublasLtMatmulPreferenceDestroy(pref);
+      throw;
+    }
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+    // No algorithm for this shape (or none that cuBLASLt accepts for these layouts): the caller's
+    // path runs, as where cuBLASLt is older than the epilogue.
+    if (status != CUBLAS_STATUS_SUCCESS || found == 0 || result.state != CUBLAS_STATUS_SUCCESS ||
+        result.workspaceSize > cublas_workspace_bytes)
+      return;
+    made.algo = result.algo;
+    made.usable = true;
+  });
+  if (!plan.usable) return false;
+  if (packed) (void)pack16(true);  // the same places as above: packs (and counts weight-copy reads)
+  detail::lt_set(cublasLtMatmulDescSetAttribute, plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  const float one = 1.0f;
+  const float zero = 0.0f;
+  ctx.count_launches();
+  LOCKSTEP_CUBLAS_CHECK(cublasLtMatmul(ctx.lt_handle(), plan.op, &one, ra, plan.a, rb, plan.b, &zero, y, plan.d, y,
+                                       plan.d, &plan.algo, ctx.blas_workspace(), cublas_workspace_bytes,
+                                       ctx.compute_stream()));
+  return true;
 }
 
 /// Calls f(i) for every i in [0, n) on the device: a grid-stride kernel over a LOCKSTEP_HD
