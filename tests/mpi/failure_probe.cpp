@@ -2,6 +2,8 @@
 //   throw      rank 1's replica throws at step 3
 //   stall      rank 1 sleeps 8 s before step 3 (the collective timeout is 2 s)
 //   kill       rank 1 kills itself with SIGKILL at step 3
+//   diverge    fit over pipelines of different lengths: rank 1's epoch has 5 batches, rank 0's
+//              6, so rank 1 meets the end-of-epoch check while rank 0 sums its sixth step
 //   world      asks for 3 workers (launched with 2)
 //   nompirun   asks for 2 workers without mpirun
 // Every rank that catches an error prints it (once: the other ranks are ended by MPI_Abort).
@@ -48,6 +50,14 @@ ls::data::batch make_batch(std::size_t rows, std::uint64_t key) {
   return b;
 }
 
+// A pipeline of `count` batches of 32 rows (the same rows on every worker, up to its length).
+struct counted_batches {
+  std::uint64_t count;
+  ls::data::generator<ls::data::batch> epoch(std::uint64_t) const {
+    for (std::uint64_t i = 0; i < count; ++i) co_yield make_batch(32, i);
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -68,6 +78,12 @@ int main(int argc, char** argv) {
     o.timeout = std::chrono::milliseconds(2000);
     ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1), o);
     auto m = s.replicate<mlp>(ls::seed{1});
+    if (mode == "diverge") {
+      (void)ls::fit(s, m, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{},
+                    counted_batches{s.world().rank() == 1 ? 5u : 6u}, {.epochs = 1, .quiet = true});
+      if (s.world().is_chief()) std::printf("probe finished\n");
+      return 0;
+    }
     bool fail = false;
     const failing_loss loss{&fail};
     for (std::uint64_t step = 0; step < 10; ++step) {

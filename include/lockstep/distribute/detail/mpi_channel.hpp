@@ -11,6 +11,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -75,6 +76,7 @@ public:
     int node_size = 0;
     MPI_Comm_size(comms_.node, &node_size);
     shm_ = node_size == comms_.size && comms_.size > 1 && std::getenv("LOCKSTEP_MPI_NO_SHM") == nullptr;
+    probe_.set_state([this](std::uint64_t asked) { return state(asked); });
     thread_ = std::thread([this] { loop(); });
   }
   mpi_channel(const mpi_channel&) = delete;
@@ -139,6 +141,7 @@ public:
       if (broken_.load()) throw_broken();
       queue_.push_back(j);
       t = ++posted_;
+      recent_[t % recent_.size()] = {t, code_of(j)};
     }
     cv_.notify_all();
     return t;
@@ -224,6 +227,44 @@ private:
     return posted_;
   }
 
+  // A job's collective as a nonzero code: its kind and collective id (the straggler probe's answer).
+  static std::uint64_t code_of(const job& j) noexcept {
+    return ((static_cast<std::uint64_t>(j.kind) + 1) << 32) | (static_cast<std::uint64_t>(j.bucket) & 0xffffffffu);
+  }
+
+  // The code of job number `ticket`, 0 when it was not posted or is too old to be remembered.
+  std::uint64_t code_of_job(std::uint64_t ticket) {
+    std::lock_guard lk(mu_);
+    const auto& r = recent_[ticket % recent_.size()];
+    return r.first == ticket ? r.second : 0;
+  }
+
+  // What this rank answers the straggler probe about job number `asked`.
+  std::array<std::uint64_t, 2> state(std::uint64_t asked) {
+    std::lock_guard lk(mu_);
+    const auto& r = recent_[asked % recent_.size()];
+    return {posted_, r.first == asked ? r.second : 0};
+  }
+
+  // A collective's code in words, for messages: "bucket 3" (a sum: its collective id's name),
+  // "a broadcast", "an all-gather", ...
+  static std::string describe(std::uint64_t code) {
+    const auto kind = static_cast<op>((code >> 32) - 1);
+    const auto id = static_cast<std::size_t>(code & 0xffffffffu);
+    switch (kind) {
+      case op::sum_floats: return collective_name(id);
+      case op::gather_doubles:
+      case op::gather_floats_v:
+      case op::gather_doubles_v:
+      case op::gather_bytes: return "an all-gather";
+      case op::broadcast_bytes: return "a broadcast";
+      case op::barrier: return "a barrier";
+      case op::alltoallv_floats: return "an all-to-all";
+      case op::gradient_window: return "the allocation of a gradient window";
+    }
+    return "collective code " + std::to_string(code);
+  }
+
   void loop() {
     for (;;) {
       job j;
@@ -233,7 +274,7 @@ private:
           cv_.wait_for(lk, std::chrono::milliseconds(2));
           if (level_ >= MPI_THREAD_MULTIPLE && queue_.empty() && !stop_ && !broken_.load()) {
             lk.unlock();
-            probe_.answer([this] { return posted(); });
+            probe_.answer();
             lk.lock();
           }
         }
@@ -291,14 +332,19 @@ private:
             const std::function<std::string()>& late) override {
     if (broken_.load()) throw worker_aborted(reason_);
     if (std::chrono::steady_clock::now() > start + timeout_) {
+      // The job in progress (this thread's), its collective named by its kind where it is known.
+      const std::uint64_t ticket = completed_ + 1;
+      const std::uint64_t mine = code_of_job(ticket);
       std::string missing = late();
+      if (mine != 0)
+        if (const std::string other = probe_.diverged(ticket, mine, &describe); !other.empty()) missing += "; " + other;
       std::lock_guard lk(mu_);
       fail_locked("lockstep: collective timed out: rank " + std::to_string(comms_.rank) + " waited " +
-                      std::to_string(timeout_.count()) + " ms in " + collective_name(bucket) + "; " + missing +
-                      " (raise strategy_options::timeout if a step legitimately takes longer)",
+                      std::to_string(timeout_.count()) + " ms in " + (mine != 0 ? describe(mine) : collective_name(bucket)) +
+                      "; " + missing + " (raise strategy_options::timeout if a step legitimately takes longer)",
                   true);
     }
-    probe_.answer([this] { return posted(); });
+    probe_.answer();
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 
@@ -379,6 +425,7 @@ private:
   std::condition_variable cv_;
   std::deque<job> queue_;
   std::uint64_t posted_ = 0, completed_ = 0;
+  std::array<std::pair<std::uint64_t, std::uint64_t>, 64> recent_{};  // (job number, code) of the last jobs posted
   bool busy_ = false, stop_ = false, timed_out_ = false;
   std::atomic<bool> broken_{false};
   std::string reason_;

@@ -1,20 +1,24 @@
 #pragma once
 /// @file mpi_straggler.hpp
 /// Internal: the straggler diagnosis of a multi-worker strategy. On a timeout a worker asks every
-/// other rank, on a control communicator of its own, how many jobs it has posted; those behind the
-/// job that timed out are named as not arrived, those that do not answer within 1.5 s as dead or
-/// hung. Every communication thread answers such questions while it waits (and, under
-/// MPI_THREAD_MULTIPLE, while idle).
+/// other rank, on a control communicator of its own, how many jobs it has posted and which
+/// collective its job of the same number is; those behind the job that timed out are named as
+/// not arrived, those in another collective there as diverged (the workers called different
+/// collectives), those that do not answer within 1.5 s as dead or hung. Every communication
+/// thread answers such questions while it waits (and, under MPI_THREAD_MULTIPLE, while idle).
 
 #include <mpi.h>
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace lockstep::detail {
@@ -33,8 +37,15 @@ public:
   /// requests on a freed communicator still complete).
   ~mpi_straggler_probe() { settle(true); }
 
-  /// Replies to every pending question with `posted()`, the number of jobs posted here.
-  void answer(const std::function<std::uint64_t()>& posted) {
+  /// What a rank answers about job number `asked`: the number of jobs it posted, and that job's
+  /// collective as a code (0: not posted, or too old to say).
+  using state_fn = std::function<std::array<std::uint64_t, 2>(std::uint64_t asked)>;
+
+  /// Sets what this rank answers (set before the first question can arrive).
+  void set_state(state_fn state) { state_ = std::move(state); }
+
+  /// Replies to every pending question with the state (set_state) of the job number asked about.
+  void answer() {
     settle(false);
     for (;;) {
       int flag = 0;
@@ -43,22 +54,80 @@ public:
       if (!flag) return;
       std::uint64_t q = 0;
       MPI_Recv(&q, 1, MPI_UINT64_T, st.MPI_SOURCE, tag_query, ctrl_, MPI_STATUS_IGNORE);
-      send(st.MPI_SOURCE, tag_reply, posted());
+      send(st.MPI_SOURCE, tag_reply, state_ ? state_(q) : std::array<std::uint64_t, 2>{0, 0}, 2);
     }
   }
 
   /// Asks every other rank how many jobs it posted; returns who is behind job `ticket` (or
   /// silent), in words.
   [[nodiscard]] std::string missing(std::uint64_t ticket) {
+    const auto reply = ask(ticket);
+    std::string late, silent;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      const auto& r = reply[static_cast<std::size_t>(p)];
+      if (!r)
+        silent += (silent.empty() ? "" : ", ") + std::to_string(p);
+      else if ((*r)[0] < ticket)
+        late += (late.empty() ? "" : ", ") + std::to_string(p);
+    }
+    std::string out;
+    if (!late.empty()) out += "rank(s) " + late + " did not arrive at it";
+    if (!silent.empty()) out += (out.empty() ? "" : "; ") + std::string("rank(s) ") + silent + " did not answer (dead or hung)";
+    if (out.empty()) out = "every rank arrived, but the collective did not complete";
+    return out;
+  }
+
+  /// Asks every other rank which collective its job number `ticket` is; returns, in words (through
+  /// `name`, from a collective's code), the ranks whose job there is another collective than
+  /// `mine`, or "" when none is.
+  [[nodiscard]] std::string diverged(std::uint64_t ticket, std::uint64_t mine,
+                                     const std::function<std::string(std::uint64_t)>& name) {
+    const auto reply = ask(ticket);
+    std::string others;
+    for (int p = 0; p < size_; ++p) {
+      const auto& r = reply[static_cast<std::size_t>(p)];
+      if (p == rank_ || !r || (*r)[0] < ticket || (*r)[1] == 0 || (*r)[1] == mine) continue;
+      others += (others.empty() ? "rank " : ", rank ") + std::to_string(p) + " is in " + name((*r)[1]);
+    }
+    if (others.empty()) return {};
+    return "at this collective (the job numbered " + std::to_string(ticket) + " on every worker) " + others +
+           ", not " + name(mine) +
+           ": the workers called different collectives, as when one worker's input pipeline gives more batches in an "
+           "epoch than another's, or a collective is called on some workers only";
+  }
+
+private:
+  static constexpr int tag_query = 7101, tag_reply = 7102;
+
+  /// A send in flight and the values it reads (on the heap: their address must not move).
+  struct outgoing {
+    std::array<std::uint64_t, 2> value{};
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+
+  /// Sends the first `count` (1 or 2) of `value` to rank `to` without waiting; their slot is kept
+  /// until the send completes.
+  void send(int to, int tag, const std::array<std::uint64_t, 2>& value, int count) {
+    auto& o = sends_.emplace_back(std::make_unique<outgoing>());
+    o->value = value;
+    MPI_Isend(o->value.data(), count, MPI_UINT64_T, to, tag, ctrl_, &o->request);
+  }
+
+  /// Asks every other rank about job number `ticket`; its answer (its state, set_state), or none
+  /// from a rank that did not answer within 1.5 s (and none for this rank). Answers the others'
+  /// questions while it waits (two ranks that time out together ask each other).
+  [[nodiscard]] std::vector<std::optional<std::array<std::uint64_t, 2>>> ask(std::uint64_t ticket) {
     settle(false);
     const auto w = static_cast<std::size_t>(size_);
-    std::vector<std::uint64_t> reply(w, 0);
+    std::vector<std::array<std::uint64_t, 2>> reply(w);
     std::vector<MPI_Request> reqs(w, MPI_REQUEST_NULL);
     std::vector<int> answered(w, 0);
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
-      send(p, tag_query, ticket);
-      MPI_Irecv(&reply[static_cast<std::size_t>(p)], 1, MPI_UINT64_T, p, tag_reply, ctrl_, &reqs[static_cast<std::size_t>(p)]);
+      send(p, tag_query, {ticket, 0}, 1);
+      MPI_Irecv(reply[static_cast<std::size_t>(p)].data(), 2, MPI_UINT64_T, p, tag_reply, ctrl_,
+                &reqs[static_cast<std::size_t>(p)]);
     }
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
     while (std::chrono::steady_clock::now() < until) {
@@ -70,6 +139,7 @@ public:
         all = all && answered[up];
       }
       if (all) break;
+      answer();
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     // A receive still pending is cancelled and completed (MPI guarantees that this wait returns),
@@ -84,36 +154,10 @@ public:
       MPI_Test_cancelled(&st, &cancelled);
       answered[up] = cancelled ? 0 : 1;
     }
-    std::string late, silent;
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
-      const auto up = static_cast<std::size_t>(p);
-      if (!answered[up])
-        silent += (silent.empty() ? "" : ", ") + std::to_string(p);
-      else if (reply[up] < ticket)
-        late += (late.empty() ? "" : ", ") + std::to_string(p);
-    }
-    std::string out;
-    if (!late.empty()) out += "rank(s) " + late + " did not arrive at it";
-    if (!silent.empty()) out += (out.empty() ? "" : "; ") + std::string("rank(s) ") + silent + " did not answer (dead or hung)";
-    if (out.empty()) out = "every rank arrived, but the collective did not complete";
+    std::vector<std::optional<std::array<std::uint64_t, 2>>> out(w);
+    for (std::size_t p = 0; p < w; ++p)
+      if (static_cast<int>(p) != rank_ && answered[p]) out[p] = reply[p];
     return out;
-  }
-
-private:
-  static constexpr int tag_query = 7101, tag_reply = 7102;
-
-  /// A send in flight and the value it reads (on the heap: its address must not move).
-  struct outgoing {
-    std::uint64_t value = 0;
-    MPI_Request request = MPI_REQUEST_NULL;
-  };
-
-  /// Sends `value` to rank `to` without waiting; its slot is kept until the send completes.
-  void send(int to, int tag, std::uint64_t value) {
-    auto& o = sends_.emplace_back(std::make_unique<outgoing>());
-    o->value = value;
-    MPI_Isend(&o->value, 1, MPI_UINT64_T, to, tag, ctrl_, &o->request);
   }
 
   /// Drops the slots of completed sends; when `closing`, cancels the others and waits up to
@@ -151,6 +195,7 @@ private:
 
   MPI_Comm ctrl_;
   int rank_, size_;
+  state_fn state_;
   std::vector<std::unique_ptr<outgoing>> sends_;
 };
 
