@@ -425,7 +425,8 @@ private:
   std::condition_variable cv_;
   std::deque<job> queue_;
   std::uint64_t posted_ = 0, completed_ = 0;
-  std::array<std::pair<std::uint64_t, std::uint64_t>, 64> recent_{};  // (job number, code) of the last jobs posted
+  // (job number, code) of the last jobs posted: more than one step of a model with the most buckets
+  std::array<std::pair<std::uint64_t, std::uint64_t>, 512> recent_{};
   bool busy_ = false, stop_ = false, timed_out_ = false;
   std::atomic<bool> broken_{false};
   std::string reason_;
