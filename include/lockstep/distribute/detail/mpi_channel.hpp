@@ -321,8 +321,7 @@ private:
       if (done) return;
       if (++polls % 256 != 0) continue;
       if (std::chrono::steady_clock::now() < spin_until) continue;
-      const std::uint64_t ticket = completed_ + 1;
-      idle(start, bucket, [&] { return probe_.missing(ticket); });
+      idle(start, bucket, {});  // on timeout, the probe's answers say who is late
       polls = 255;  // check the clock after every poll from now on
     }
   }
@@ -335,9 +334,11 @@ private:
       // The job in progress (this thread's), its collective named by its kind where it is known.
       const std::uint64_t ticket = completed_ + 1;
       const std::uint64_t mine = code_of_job(ticket);
-      std::string missing = late();
+      const mpi_straggler_probe::replies answers = probe_.ask(ticket);  // one question to every rank
+      std::string missing = late ? late() : probe_.missing(answers, ticket);
       if (mine != 0)
-        if (const std::string other = probe_.diverged(ticket, mine, &describe); !other.empty()) missing += "; " + other;
+        if (const std::string other = probe_.diverged(answers, ticket, mine, &describe); !other.empty())
+          missing += "; " + other;
       std::lock_guard lk(mu_);
       fail_locked("lockstep: collective timed out: rank " + std::to_string(comms_.rank) + " waited " +
                       std::to_string(timeout_.count()) + " ms in " + (mine != 0 ? describe(mine) : collective_name(bucket)) +

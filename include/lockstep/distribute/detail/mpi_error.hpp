@@ -52,8 +52,9 @@ public:
   /// @throws timeout_error naming the ranks that did not arrive, or worker_aborted after a failure.
   virtual void complete(MPI_Request& r, std::size_t bucket) = 0;
   /// Between two polls of a wait that began at `start` on `bucket`: throws worker_aborted after a
-  /// failure, or timeout_error naming `late()` once the deadline passed; otherwise answers the
-  /// other ranks' questions and pauses briefly.
+  /// failure, or timeout_error naming `late()` once the deadline passed (an empty `late`: the
+  /// ranks that the straggler probe finds behind); otherwise answers the other ranks' questions
+  /// and pauses briefly.
   virtual void idle(std::chrono::steady_clock::time_point start, std::size_t bucket,
                     const std::function<std::string()>& late) = 0;
 };

@@ -58,66 +58,14 @@ public:
     }
   }
 
-  /// Asks every other rank how many jobs it posted; returns who is behind job `ticket` (or
-  /// silent), in words.
-  [[nodiscard]] std::string missing(std::uint64_t ticket) {
-    const auto reply = ask(ticket);
-    std::string late, silent;
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
-      const auto& r = reply[static_cast<std::size_t>(p)];
-      if (!r)
-        silent += (silent.empty() ? "" : ", ") + std::to_string(p);
-      else if ((*r)[0] < ticket)
-        late += (late.empty() ? "" : ", ") + std::to_string(p);
-    }
-    std::string out;
-    if (!late.empty()) out += "rank(s) " + late + " did not arrive at it";
-    if (!silent.empty()) out += (out.empty() ? "" : "; ") + std::string("rank(s) ") + silent + " did not answer (dead or hung)";
-    if (out.empty()) out = "every rank arrived, but the collective did not complete";
-    return out;
-  }
+  /// What every rank answered about one job number: its state (set_state), or none from a rank
+  /// that did not answer within 1.5 s (and none for this rank). Indexed by rank.
+  using replies = std::vector<std::optional<std::array<std::uint64_t, 2>>>;
 
-  /// Asks every other rank which collective its job number `ticket` is; returns, in words (through
-  /// `name`, from a collective's code), the ranks whose job there is another collective than
-  /// `mine`, or "" when none is.
-  [[nodiscard]] std::string diverged(std::uint64_t ticket, std::uint64_t mine,
-                                     const std::function<std::string(std::uint64_t)>& name) {
-    const auto reply = ask(ticket);
-    std::string others;
-    for (int p = 0; p < size_; ++p) {
-      const auto& r = reply[static_cast<std::size_t>(p)];
-      if (p == rank_ || !r || (*r)[0] < ticket || (*r)[1] == 0 || (*r)[1] == mine) continue;
-      others += (others.empty() ? "rank " : ", rank ") + std::to_string(p) + " is in " + name((*r)[1]);
-    }
-    if (others.empty()) return {};
-    return "at this collective (the job numbered " + std::to_string(ticket) + " on every worker) " + others +
-           ", not " + name(mine) +
-           ": the workers called different collectives, as when one worker's input pipeline gives more batches in an "
-           "epoch than another's, or a collective is called on some workers only";
-  }
-
-private:
-  static constexpr int tag_query = 7101, tag_reply = 7102;
-
-  /// A send in flight and the values it reads (on the heap: their address must not move).
-  struct outgoing {
-    std::array<std::uint64_t, 2> value{};
-    MPI_Request request = MPI_REQUEST_NULL;
-  };
-
-  /// Sends the first `count` (1 or 2) of `value` to rank `to` without waiting; their slot is kept
-  /// until the send completes.
-  void send(int to, int tag, const std::array<std::uint64_t, 2>& value, int count) {
-    auto& o = sends_.emplace_back(std::make_unique<outgoing>());
-    o->value = value;
-    MPI_Isend(o->value.data(), count, MPI_UINT64_T, to, tag, ctrl_, &o->request);
-  }
-
-  /// Asks every other rank about job number `ticket`; its answer (its state, set_state), or none
-  /// from a rank that did not answer within 1.5 s (and none for this rank). Answers the others'
-  /// questions while it waits (two ranks that time out together ask each other).
-  [[nodiscard]] std::vector<std::optional<std::array<std::uint64_t, 2>>> ask(std::uint64_t ticket) {
+  /// Asks every other rank about job number `ticket` (how many jobs it posted, and that job's
+  /// collective). Answers the others' questions while it waits (two ranks that time out together
+  /// ask each other).
+  [[nodiscard]] replies ask(std::uint64_t ticket) {
     settle(false);
     const auto w = static_cast<std::size_t>(size_);
     std::vector<std::array<std::uint64_t, 2>> reply(w);
@@ -154,14 +102,66 @@ private:
       MPI_Test_cancelled(&st, &cancelled);
       answered[up] = cancelled ? 0 : 1;
     }
-    std::vector<std::optional<std::array<std::uint64_t, 2>>> out(w);
+    replies out(w);
     for (std::size_t p = 0; p < w; ++p)
       if (static_cast<int>(p) != rank_ && answered[p]) out[p] = reply[p];
     return out;
   }
 
+  /// From the answers `r` about job `ticket` (ask): who is behind it (or silent), in words.
+  [[nodiscard]] std::string missing(const replies& r, std::uint64_t ticket) const {
+    std::string late, silent;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      const auto& a = r[static_cast<std::size_t>(p)];
+      if (!a)
+        silent += (silent.empty() ? "" : ", ") + std::to_string(p);
+      else if ((*a)[0] < ticket)
+        late += (late.empty() ? "" : ", ") + std::to_string(p);
+    }
+    std::string out;
+    if (!late.empty()) out += "rank(s) " + late + " did not arrive at it";
+    if (!silent.empty()) out += (out.empty() ? "" : "; ") + std::string("rank(s) ") + silent + " did not answer (dead or hung)";
+    if (out.empty()) out = "every rank arrived, but the collective did not complete";
+    return out;
+  }
+
+  /// From the answers `r` about job `ticket` (ask): the ranks whose job there is another
+  /// collective than `mine`, in words (through `name`, from a collective's code), or "" when none is.
+  [[nodiscard]] std::string diverged(const replies& r, std::uint64_t ticket, std::uint64_t mine,
+                                     const std::function<std::string(std::uint64_t)>& name) const {
+    std::string others;
+    for (int p = 0; p < size_; ++p) {
+      const auto& a = r[static_cast<std::size_t>(p)];
+      if (p == rank_ || !a || (*a)[0] < ticket || (*a)[1] == 0 || (*a)[1] == mine) continue;
+      others += (others.empty() ? "rank " : ", rank ") + std::to_string(p) + " is in " + name((*a)[1]);
+    }
+    if (others.empty()) return {};
+    return "at this collective (the job numbered " + std::to_string(ticket) + " on every worker) " + others +
+           ", not " + name(mine) +
+           ": the workers called different collectives, as when one worker's input pipeline gives more batches in an "
+           "epoch than another's, or a collective is called on some workers only";
+  }
+
+private:
+  static constexpr int tag_query = 7101, tag_reply = 7102;
+
+  /// A send in flight and the values it reads (on the heap: their address must not move).
+  struct outgoing {
+    std::array<std::uint64_t, 2> value{};
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+
+  /// Sends the first `count` (1 or 2) of `value` to rank `to` without waiting; their slot is kept
+  /// until the send completes.
+  void send(int to, int tag, const std::array<std::uint64_t, 2>& value, int count) {
+    auto& o = sends_.emplace_back(std::make_unique<outgoing>());
+    o->value = value;
+    MPI_Isend(o->value.data(), count, MPI_UINT64_T, to, tag, ctrl_, &o->request);
+  }
+
   /// Drops the slots of completed sends; when `closing`, cancels the others and waits up to
-  /// 100 ms for each; a send that still has not completed keeps its slot for good (8 bytes
+  /// 100 ms for each; a send that still has not completed keeps its slot for good (16 bytes
   /// leaked rather than freed while MPI may still read them).
   void settle(bool closing) noexcept {
     int finalized = 0;
