@@ -12,6 +12,7 @@
 // `host_gemm=<kernels>`, and per config
 //   config=<c> samples_per_s=<n> gflops=<n> fraction_of_sgemm_peak=<f> gemm_ceiling_samples_per_s=<n>
 //   config=<c> ratio_to_gemm_ceiling=<x> step_ms=<t> gemm_ms=<t> sgemm_gflops=<n>
+//   config=<c> breakdown step_ms=<t> gemm_ms=<t> update_ms=<t> other_ms=<t> gemm_and_update_ratio=<x>
 //   config=<c> trace=off step_ms=<t>
 //   config=<c> trace=on step_ms=<t> overhead=<p>%
 //   config=<c> accumulate=4 update_ms=<t> ratio_to_one_batch=<x> gemm_ms=<t> gemm_ratio_to_one_batch=<x>
@@ -19,7 +20,8 @@
 //   config=<c> clip=1 step_ms=<t> plain_step_ms=<t> ratio_to_no_clip=<x>
 //   config=<c> precision=fp32 step_ms=<t> samples_per_s=<n>
 //   config=<c> precision=bf16 step_ms=<t> samples_per_s=<n> speedup_over_fp32=<x> kernels=native|emulated
-// (trace=on: the same step recording a span per layer's forward and backward; accumulate=4: the
+// (breakdown: the step's time split into its GEMMs, timed alone as above, its optimiser pass
+// (replica::apply), timed alone in the same repeats, and the rest; trace=on: the same step recording a span per layer's forward and backward; accumulate=4: the
 // same rows as 4 batches of a quarter, added into one gradient, then one update; both timed in
 // the same interleaved repeats; its gemm_ms sums the GEMMs of those 4 batches at their own shapes
 // and betas, timed alone like the step's, so gemm_ratio_to_one_batch is what the GEMM kernels
@@ -114,6 +116,7 @@ struct result {
   double accumulate_s = 1e30;   // best time per update of the same rows as 4 accumulated batches
   double accumulate_gemm_s = 0;  // best summed GEMM time of those 4 batches (their own shapes and betas)
   double accumulate_undeferred_s = 1e30;  // the same with every batch adding its weight gradients
+  double apply_s = 1e30;        // best time of the step's optimiser pass alone (replica::apply)
 };
 
 template <class Net>
@@ -150,6 +153,11 @@ result measure(const std::vector<std::size_t>& widths, std::size_t batch, int st
     ls::pass_info info{.training = true, .seed = 42, .step = step};
     info.trace = tracing;
     sink += rep.forward_backward(loss, sh, info).sum;
+    rep.apply(opt, ls::update_info{.lr = opt.lr, .step = step, .grad_scale = 1.0 / static_cast<double>(batch)});
+  };
+  // The step's optimiser pass alone: the same replica's update over its parameters and the
+  // gradients of its last step (applied once more; at lr 1e-4 the parameters barely move).
+  auto update_only = [&] {
     rep.apply(opt, ls::update_info{.lr = opt.lr, .step = step, .grad_scale = 1.0 / static_cast<double>(batch)});
   };
 
@@ -214,6 +222,10 @@ result measure(const std::vector<std::size_t>& widths, std::size_t batch, int st
     for (int i = 0; i < steps_per_repeat; ++i) accumulated_update();
     r.accumulate_undeferred_s = std::min(r.accumulate_undeferred_s, seconds_since(t0) / steps_per_repeat);
     deferral_budget = default_budget;
+    one_step();  // the gradients of a one-batch step again, for the update's timing
+    t0 = clock_type::now();
+    for (int i = 0; i < steps_per_repeat; ++i) update_only();
+    r.apply_s = std::min(r.apply_s, seconds_since(t0) / steps_per_repeat);
     for (std::size_t g = 0; g < ops.size(); ++g) {
       t0 = clock_type::now();
       for (int i = 0; i < steps_per_repeat; ++i) ops[g].run(gemm_ctx);
@@ -306,6 +318,14 @@ void run_config(const char* name, const std::vector<std::size_t>& widths, std::s
              name, samples / r.step_s, flops / r.step_s / 1e9, ratio, samples / r.gemm_s);
   fmt::print("config={} ratio_to_gemm_ceiling={:.3f} step_ms={:.3f} gemm_ms={:.3f} sgemm_gflops={:.2f}\n", name, ratio,
              r.step_s * 1e3, r.gemm_s * 1e3, flops / r.gemm_s / 1e9);
+  // Where the step's time goes: its GEMMs (timed alone, above), the optimiser's pass (timed alone:
+  // an elementwise pass over parameters and gradients, bound by cache bandwidth), and the rest
+  // (bias, activation, loss, their gradients); gemm_and_update_ratio is what the step would reach
+  // with nothing but those two.
+  fmt::print("config={} breakdown step_ms={:.4f} gemm_ms={:.4f} update_ms={:.4f} other_ms={:.4f} "
+             "gemm_and_update_ratio={:.3f}\n",
+             name, r.step_s * 1e3, r.gemm_s * 1e3, r.apply_s * 1e3, (r.step_s - r.gemm_s - r.apply_s) * 1e3,
+             (r.gemm_s + r.apply_s) / r.step_s);
   fmt::print("config={} trace=off step_ms={:.4f}\n", name, r.step_s * 1e3);
   fmt::print("config={} trace=on step_ms={:.4f} overhead={:.2f}%\n", name, r.traced_step_s * 1e3,
              100.0 * (r.traced_step_s / r.step_s - 1.0));
