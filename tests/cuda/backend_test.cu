@@ -408,6 +408,13 @@ TEST_CASE("gpu: gemm_bias_relu, dense's GEMM with the bias and relu in a cuBLASL
     const std::uint64_t before = ctx.launches();
     CHECK_FALSE(gemm_bias_relu(ctx, 2, 4, 0, d_b.data(), 0, d_b.data(), 4, d_b.data(), d_y.data(), 4));
     CHECK(ctx.launches() == before);
+    // A bias 4 bytes past a 16-byte boundary (a dense<13, 7>'s bias, 91 floats into the model's
+    // parameters, is 4-byte aligned): no matmul, the caller runs its own path.
+    auto d_b5 = to_device(ctx, std::vector<float>(5, 1.0f));
+    auto d_x16 = to_device(ctx, std::vector<float>(16, 1.0f));
+    auto d_w16 = to_device(ctx, std::vector<float>(16, 1.0f));
+    CHECK_FALSE(gemm_bias_relu(ctx, 2, 4, 4, d_x16.data(), 4, d_w16.data(), 4, d_b5.data() + 1, d_y.data(), 4));
+    CHECK(ctx.launches() == before);
   }
 }
 
@@ -532,6 +539,10 @@ TEST_CASE("gpu: every layer's forward and backward match the host within 1e-5") 
   // (the biases start at zero here: the gemm_bias_relu case checks nonzero ones).
   check_layer_all_batches<ls::sequential<ls::dense<13, 16>, ls::relu, ls::dense<16, 5>, ls::relu>, 13>(
       "sequential<dense, relu, dense, relu>");
+  // The same with biases that are only 4-byte aligned in the flat parameters (91 and 133 floats
+  // in): the GEMM and the layer's own bias-and-relu pass instead of the epilogue.
+  check_layer_all_batches<ls::sequential<ls::dense<13, 7>, ls::relu, ls::dense<7, 5>, ls::relu>, 13>(
+      "sequential<dense<13, 7>, relu, dense<7, 5>, relu>");
   // Image layers: the same kernels through for_each_index and cuBLAS.
   using img = ls::shape<3, 9, 7>;
   check_layer_all_batches_shaped<ls::conv2d<4, 3, 1, 1>, img>("conv2d<4, 3, 1, 1>");

@@ -386,13 +386,17 @@ void lt_set(Set set, Desc desc, Attr attr, const V& value) {
 /// y written once. Only algorithms that reduce each element in one pass are allowed (no split-K
 /// reduction), so the bits are the same from run to run. The matmul is prepared once per shape,
 /// precision and operand alignment (cuda_context::lt_plan). Returns false, having queued nothing,
-/// where there is nothing to multiply (k = 0) or cuBLASLt offers no algorithm for the shape (its
-/// heuristic found none, or refused the layouts): the caller then runs gemm and the bias pass.
+/// where there is nothing to multiply (k = 0), where the bias is not 16-byte aligned (cuBLASLt's
+/// heuristic takes no alignment for the epilogue's bias, and its kernels may load it in 16-byte
+/// vectors: a dense layer's bias sits after its In x Out weights in the model's flat parameters,
+/// so In x Out and the layers before it decide its alignment), or where cuBLASLt offers no
+/// algorithm for the shape (its heuristic found none, or refused the layouts): the caller then
+/// runs gemm and the bias pass.
 inline bool gemm_bias_relu(const cuda_context& ctx, std::size_t m, std::size_t n, std::size_t k, const float* x,
                            std::size_t ldx, const float* w, std::size_t ldw, const float* bias, float* y,
                            std::size_t ldy) {
   if (m == 0 || n == 0) return true;
-  if (k == 0) return false;
+  if (k == 0 || detail::lt_alignment(bias) < 16) return false;
   const compute_precision p = ctx.gemm_precision();
   device_guard g(ctx.ordinal());
   // The operands cuBLASLt reads: the float matrices, or their 16-bit encodings.
@@ -432,7 +436,7 @@ inline bool gemm_bias_relu(const cuda_context& ctx, std::size_t m, std::size_t n
                                         detail::lt_alignment(ra),
                                         detail::lt_alignment(rb),
                                         detail::lt_alignment(y),
-                                        detail::lt_alignment(bias)};
+                                        detail::lt_alignment(bias)};  // 16 or more (above)
   const detail::lt_matmul_plan& plan = ctx.lt_plan(key, [&](detail::lt_matmul_plan& made) {
     const auto dim = [&](std::size_t v) { return static_cast<std::uint64_t>(detail::blas_dim(v, m, n, k)); };
     LOCKSTEP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&made.op, compute, CUDA_R_32F));
