@@ -30,7 +30,9 @@
 # no_host_wait, graph_capture, zero1, weight_copy: cases that name one in brackets, "gpu: [batch_norm] ..."; outside the exit code, so
 # a broken feature cannot hide whether the core works), and the baseline ratios. The core passes
 # only when every other case that `test_cuda --list-test-cases --test-case='gpu: *'` lists (and
-# 'multigpu: *' with two GPUs) printed "lockstep-gpu-case: ran <name>" and none failed; bench only
+# 'multigpu: *' with two GPUs) printed "lockstep-gpu-case: ran <name>" and none failed (a non-zero
+# exit with no failing case in the log, or more failed cases in doctest's summary than failing
+# blocks in the log, fails it); bench only
 # with exit 0, every figure present and every check=pass; example only when it reached the
 # accuracy (LOCKSTEP_GPU_CHECK_MIN_ACCURACY, default 0.80 after one epoch); a sanitizer only when
 # its case filter matched cases, all of them ran, and it reported no error.
@@ -130,7 +132,7 @@ verdict() {
   fi
   # core: every expected GPU case that is not a feature's ran, and none of them failed (a failing
   # feature case is the feature's verdict, not the core's); a crash fails the core.
-  local trc expected ran missing nmiss failing failed_list all_features
+  local trc expected ran missing nmiss failing failed_list summary_failed all_features
   all_features=$(printf '%s|' "${feature_pattern[@]}"); all_features=${all_features%|}
   trc=$(rc_of "$d/tests.rc")
   expected=0 ran=0 missing=()
@@ -142,6 +144,7 @@ verdict() {
   done < <(cat "$d/expected-gpu.txt" 2>/dev/null)
   nmiss=${#missing[@]}
   failed_list=$(failed_cases "$d/tests.log")
+  summary_failed=$(sed -n 's/^\[doctest\] test cases:.*| *\([0-9]*\) failed.*/\1/p' "$d/tests.log" 2>/dev/null | tail -n1)
   failing=$(grep -viE "$all_features" <<<"$failed_list" | grep . | head -n 3 | paste -sd ';' -)
   if [ "$expected" -eq 0 ]; then
     echo "core: FAIL (test_cuda lists no GPU case)"; set_fail 5 core
@@ -152,6 +155,12 @@ verdict() {
     set_fail 4 core
   elif [ -n "$failing" ]; then
     echo "core: FAIL (failing: $failing; $ran of $expected expected GPU cases ran)"; set_fail 4 core
+  elif [ "$trc" != 0 ] && [ -z "$failed_list" ]; then
+    echo "core: FAIL (test_cuda exit $trc after its summary, and no failing case in its log: a crash at exit or a failure outside the cases; see failures.txt)"
+    set_fail 4 core
+  elif [ "${summary_failed:-0}" -gt "$(grep -c . <<<"$failed_list")" ]; then
+    echo "core: FAIL (doctest's summary counts $summary_failed failed case(s), the log shows $(grep -c . <<<"$failed_list"): a failure whose block the log does not hold; see failures.txt)"
+    set_fail 4 core
   elif [ "$nmiss" -gt 0 ]; then
     echo "core: FAIL ($nmiss of $expected expected GPU case(s) did not run: $(printf '%s; ' "${missing[@]:0:3}" | sed 's/; $//'))"
     set_fail 5 core

@@ -26,6 +26,17 @@ expect() {
 }
 # variant <name>: a fresh copy of the recorded run, to change.
 variant() { cp -r "$fixture" "$tmp/$1"; }
+# batch_norm_fails <name>: variant <name>'s log gains a failing [batch_norm] case, and test_cuda exits 1.
+batch_norm_fails() {
+  cat >>"$tmp/$1/tests.log" <<'EOF'
+===============================================================================
+tests/cuda/test_batch_norm.cu:40:
+TEST CASE:  gpu: [batch_norm] statistics over the global batch match the host
+
+tests/cuda/test_batch_norm.cu:52: ERROR: CHECK( got == want ) is NOT correct!
+EOF
+  echo 1 >"$tmp/$1/tests.rc"
+}
 
 variant all_ran
 expect all_ran 0 "gpu-check: PASSED"
@@ -80,15 +91,18 @@ sed -i '/^\[doctest\] test cases:/,$d' "$tmp/crashed/tests.log"
 echo 139 >"$tmp/crashed/tests.rc"
 expect crashed 4 "core: FAIL (test_cuda exit 139 without its summary"
 
-variant feature_broken  # a failing feature case: its own verdict, not the core's nor the exit code
-cat >>"$tmp/feature_broken/tests.log" <<'EOF'
-===============================================================================
-tests/cuda/test_batch_norm.cu:40:
-TEST CASE:  gpu: [batch_norm] statistics over the global batch match the host
+variant exit_after_summary  # the summary printed, then a non-zero exit with no failing case (a crash at exit)
+echo 139 >"$tmp/exit_after_summary/tests.rc"
+expect exit_after_summary 4 "core: FAIL (test_cuda exit 139 after its summary, and no failing case in its log"
 
-tests/cuda/test_batch_norm.cu:52: ERROR: CHECK( got == want ) is NOT correct!
-EOF
-echo 1 >"$tmp/feature_broken/tests.rc"
+variant unlisted_failure  # doctest counts 2 failed cases, the log holds the block of one (a feature's)
+sed -i 's/^\[doctest\] test cases: 12 | 12 passed | 0 failed/[doctest] test cases: 12 | 10 passed | 2 failed/' \
+  "$tmp/unlisted_failure/tests.log"
+batch_norm_fails unlisted_failure
+expect unlisted_failure 4 "core: FAIL (doctest's summary counts 2 failed case(s), the log shows 1"
+
+variant feature_broken  # a failing feature case: its own verdict, not the core's nor the exit code
+batch_norm_fails feature_broken
 expect feature_broken 0 "batch_norm: FAIL (1 of 1 case(s) ran, 1 failed)" "core: FAIL"
 
 variant core_broken

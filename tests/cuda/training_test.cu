@@ -16,6 +16,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -735,4 +736,27 @@ TEST_CASE("gpu: a traced step records each replica's device spans on the recorde
   LOCKSTEP_REQUIRE_GPUS(1);
   check_device_spans<ls::one_device<ls::gpu<0>>>("one_device<gpu<0>>");
   check_device_spans<ls::mirrored<ls::gpu<0>, ls::gpu<0>>>("mirrored<gpu<0> x 2>, same-device reducer");
+}
+
+TEST_CASE("gpu: a device span opened and never closed (an exception between the two) is left out of the trace, twice over") {
+  LOCKSTEP_REQUIRE_GPUS(1);
+  ls::cuda_context ctx(0);
+  ls::trace_recorder rec(1, {.steps = {0, 10}});
+  rec.begin_step(0);
+  // Twice: the second time the unclosed span's end event holds the first round's record.
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    ctx.trace_begin(rec);
+    const std::size_t closed = ctx.trace_open("closed", "test", nullptr, 0);
+    ctx.trace_close(closed);
+    (void)ctx.trace_open("unclosed", "test", nullptr, 0);
+    REQUIRE_NOTHROW(ctx.trace_flush(rec, 0));
+  }
+  std::size_t closed = 0, unclosed = 0;
+  for (const auto& e : rec.events(0)) {
+    closed += std::string_view(e.name) == "closed";
+    unclosed += std::string_view(e.name) == "unclosed";
+  }
+  CHECK(closed == 2);
+  CHECK(unclosed == 0);
 }

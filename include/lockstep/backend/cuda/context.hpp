@@ -152,6 +152,7 @@ struct device_trace {
     const char* category;
     const char* arg_name;
     std::int64_t arg;
+    bool closed = false;  // its end event recorded (trace_close)
   };
   std::vector<cuda_event> events;  // start and end of span i at 2i and 2i + 1
   std::vector<span> spans;         // the step's spans so far
@@ -496,17 +497,22 @@ public:
     auto& t = state_->trace;
     const std::size_t i = t.spans.size();
     while (t.events.size() < 2 * (i + 1)) t.events.emplace_back(true);
-    t.spans.push_back({name, category, arg_name, arg});
+    t.spans.push_back({name, category, arg_name, arg, false});
     t.events[2 * i].record(compute_stream());
     return i;
   }
   /// Closes span `i` after the work queued so far (errors are left to the next checked call).
   void trace_close(std::size_t i) const noexcept {
     auto& t = state_->trace;
-    if (2 * i + 1 < t.events.size()) (void)cudaEventRecord(t.events[2 * i + 1].get(), compute_stream());
+    if (i < t.spans.size() && 2 * i + 1 < t.events.size()) {
+      (void)cudaEventRecord(t.events[2 * i + 1].get(), compute_stream());
+      t.spans[i].closed = true;
+    }
   }
   /// Waits for the step's work and records its device spans into `rec` as thread `thread`, on
-  /// the recorder's clock (the base event's time plus each event's time after it).
+  /// the recorder's clock (the base event's time plus each event's time after it). A span that
+  /// was opened and never closed (an exception left the layer between the two) is left out: its
+  /// end event holds no record of this step.
   void trace_flush(trace_recorder& rec, std::size_t thread) const {
     device_guard g(ordinal());
     auto& t = state_->trace;
@@ -519,6 +525,7 @@ public:
     };
     for (std::size_t i = 0; i < t.spans.size(); ++i) {
       const auto& s = t.spans[i];
+      if (!s.closed) continue;
       rec.record(thread, s.name, s.category, at(t.events[2 * i]), at(t.events[2 * i + 1]), s.arg_name, s.arg);
     }
     t.spans.clear();

@@ -24,7 +24,7 @@ namespace lockstep {
 /// the work.
 /// With the CUDA backend, `reduce_to_one_device<cpu<I>>` also serves gpu<I> replicas (the host
 /// sums their buckets in pinned memory) and `reduce_to_one_device<gpu<K>>` is specialised for
-/// GPU replicas (lockstep/distribute/reducers/cuda_reducers.cuh).
+/// GPU replicas (lockstep/distribute/reducers/to_one_device_gpu.cuh).
 template <class D>
 class reduce_to_one_device : public detail::host_reducer_base {
 public:
