@@ -658,3 +658,27 @@ TEST_CASE("EMA: one loaded before the first update survives the strategy's choic
   REQUIRE(!automatic.first.empty());
   CHECK(automatic.first[0] > 0.3f);
 }
+
+TEST_CASE("restore: a checkpoint without optimiser state replaces the state a trained model holds (sharded or not)") {
+  for (const bool sharded : {false, true}) {
+    CAPTURE(sharded);
+    host s(ls::device_selection::first(2), ls::strategy_options{.shard_optimizer = sharded});
+    const ls::adam opt{.lr = 1e-2f};
+    auto fresh = s.replicate<mlp>(ls::seed{5});
+    const ls::model_state at_start = ls::capture(fresh);  // step 0: no optimiser state
+    REQUIRE(at_start.optimizer_state.empty());
+    // A model that has trained (Adam's moments, a step counter), then restored to the start.
+    auto used = s.replicate<mlp>(ls::seed{6});
+    for (std::size_t i = 0; i < 3; ++i) (void)ls::train_step(s, used, opt, ls::softmax_cross_entropy{}, distributed(make_batch(16, i), 2));
+    REQUIRE(!used.optimizer_state_to_host().empty());
+    ls::restore(used, at_start, opt);
+    CHECK(used.optimizer_state_to_host().empty());
+    for (std::size_t i = 0; i < 3; ++i) {
+      const auto d = distributed(make_batch(16, 10 + i), 2);
+      (void)ls::train_step(s, fresh, opt, ls::softmax_cross_entropy{}, d);
+      (void)ls::train_step(s, used, opt, ls::softmax_cross_entropy{}, d);
+    }
+    CHECK(used.parameters_to_host() == fresh.parameters_to_host());
+    CHECK(used.optimizer_state_to_host() == fresh.optimizer_state_to_host());
+  }
+}

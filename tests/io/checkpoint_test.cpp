@@ -581,11 +581,37 @@ TEST_CASE("checkpoint: optimiser state of another kind of optimiser is refused, 
   CHECK(msg.find("lockstep::sgd with momentum 0.9") != std::string::npos);
   CHECK(!message(adam_state, plain).empty());
   CHECK(message(no_state, adam).find("keeps no state") != std::string::npos);
-  // before the first update no optimiser has state yet: any optimiser may start from it
+  // before the first applied update no optimiser has state yet: any optimiser may start from it
+  // (step 0, or every update so far skipped by the non-finite guard, which on host replicas
+  // leaves the optimiser untouched); one applied update needs the state
+  no_state.skipped_updates = no_state.step;
+  CHECK(message(no_state, adam).empty());
+  CHECK(message(no_state, momentum).empty());
+  no_state.skipped_updates = no_state.step - 1;
+  CHECK(message(no_state, adam).find("holds 0 optimizer state values after 1234 updates") != std::string::npos);
   no_state.step = 0;
+  no_state.skipped_updates = 0;
   CHECK(message(no_state, adam).empty());
   CHECK(message(no_state, momentum).empty());
   auto odd = sample_state();
   odd.optimizer_state.resize(P + 1);
   CHECK(message(odd, adam).find("not a whole number per parameter") != std::string::npos);
+}
+
+TEST_CASE("checkpoint: the guard's counters are refused when they exceed the updates, at the offset of the field") {
+  auto s = sample_state();
+  s.skipped_updates = s.step;  // every update skipped: valid
+  s.consecutive_skips = s.step;
+  CHECK(message_of(ls::encode_checkpoint(s)).empty());
+  s.skipped_updates = s.step + 1;
+  const auto b = ls::encode_checkpoint(s);
+  const std::string msg = message_of(b);
+  CAPTURE(msg);
+  CHECK(msg.find("section 'guard' at offset " + std::to_string(payload_of(section(b, "GARD"))) +
+                 ": the skipped updates (1235) exceed the updates (1234)") != std::string::npos);
+  s.skipped_updates = 5;
+  s.consecutive_skips = 6;
+  const auto c = ls::encode_checkpoint(s);
+  CHECK(message_of(c).find("section 'guard' at offset " + std::to_string(payload_of(section(c, "GARD")) + 8) +
+                           ": the consecutive skipped updates (6) exceed all skipped (5)") != std::string::npos);
 }

@@ -14,7 +14,7 @@
 ///        EMA took in (u64, >= 1), then the EMA of the parameters and of the non-trainable state
 ///        (f32 array of the PARM section's length)
 ///   GARD version 1: the non-finite guard's counters: updates skipped in all, and since the last
-///        applied one (u64 each; consecutive <= all). Checkpoints without it hold zeros.
+///        applied one (u64 each; consecutive <= all <= the step). Checkpoints without it hold zeros.
 ///   PREC version 1: the precision policy the model trained under (string: "fp32",
 ///        "mixed<bf16>", "mixed<fp16>", "tf32"); informational, since the weights are fp32 under
 ///        every policy.
@@ -169,6 +169,11 @@ inline void write_model_state(io::checkpoint_file& f, const model_state& s) {
   s.model_name = m.get_string("the model name");
   if (ms.version >= 2) s.step = m.get<std::uint64_t>("the step");
   m.expect_end();
+  if (ms.version < 2) {  // formats 1 and 2: the step is the progress section's first field
+    const auto& gs = f.get(io::tags::progress, "progress");
+    io::reader g = f.read(gs, "progress");
+    s.step = g.get<std::uint64_t>("the step");
+  }
   const auto& ps = f.get(io::tags::parameters, "parameters");
   f.check_version(ps, "parameters", 1, 1);
   io::reader p = f.read(ps, "parameters");
@@ -200,7 +205,11 @@ inline void write_model_state(io::checkpoint_file& f, const model_state& s) {
   if (const auto* gs = f.find(tags::guard)) {
     f.check_version(*gs, "guard", 1, 1);
     io::reader g = f.read(*gs, "guard");
+    const std::size_t all_at = g.offset();
     s.skipped_updates = g.get<std::uint64_t>("the skipped updates");
+    if (s.skipped_updates > s.step)
+      g.fail_at(all_at, "the skipped updates (" + std::to_string(s.skipped_updates) + ") exceed the updates (" +
+                            std::to_string(s.step) + ")");
     const std::size_t at = g.offset();
     s.consecutive_skips = g.get<std::uint64_t>("the consecutive skipped updates");
     if (s.consecutive_skips > s.skipped_updates)
@@ -228,11 +237,6 @@ inline void write_model_state(io::checkpoint_file& f, const model_state& s) {
                         std::to_string(loss_scaler::max_overflows_at_minimum));
     r.expect_end();
     s.has_loss_scale = true;
-  }
-  if (ms.version < 2) {  // formats 1 and 2: the step is the progress section's first field
-    const auto& gs = f.get(io::tags::progress, "progress");
-    io::reader g = f.read(gs, "progress");
-    s.step = g.get<std::uint64_t>("the step");
   }
   return s;
 }
@@ -265,14 +269,16 @@ inline std::string optimizer_kind(std::size_t values, std::size_t params) {
 
 /// Throws checkpoint_error, naming both optimisers, unless the optimiser state of `s` fits
 /// `optimizer` for a model of `param_count` parameters: exactly optimizer.state_size(param_count)
-/// values (or none when no update has been applied yet, step 0), and — when the checkpoint names
-/// its optimiser — the same kind of optimiser (Adam's moments are not AdamW's to continue).
+/// values (or none when no update has been applied yet: step 0, or every update so far skipped
+/// by the non-finite guard, which on host replicas leaves the optimiser untouched), and — when
+/// the checkpoint names its optimiser — the same kind of optimiser (Adam's moments are not
+/// AdamW's to continue).
 template <class Optimizer>
 void check_optimizer_state(const model_state& s, const Optimizer& optimizer, std::size_t param_count,
                            const std::string& source = "checkpoint") {
   const std::size_t want = optimizer.state_size(param_count);
   const std::size_t have = s.optimizer_state.size();
-  if (have == 0 && s.step == 0) return;  // before the first update no optimiser has state yet
+  if (have == 0 && s.skipped_updates >= s.step) return;  // before the first applied update no optimiser has state yet
   if (have != want)
     throw checkpoint_error("lockstep::checkpoint: " + source + ": section 'optimizer': the checkpoint holds " +
                            std::to_string(have) + " optimizer state values after " + std::to_string(s.step) +
@@ -302,8 +308,9 @@ void restore(Replicated& m, const model_state& s, const std::string& source = "c
                            std::to_string(s.parameters.size()) + " values, the model has " +
                            std::to_string(model<net>::stored_count) + " (parameters and non-trainable state)");
   m.load_parameters(std::span<const float>(s.parameters.data(), s.parameters.size()));
-  if (!s.optimizer_state.empty())
-    m.load_optimizer_state(std::span<const float>(s.optimizer_state.data(), s.optimizer_state.size()));
+  // An empty state (no update applied yet) also replaces what the model held: a model that has
+  // trained continues from the checkpoint's moments, none, not from its own.
+  m.load_optimizer_state(std::span<const float>(s.optimizer_state.data(), s.optimizer_state.size()));
   m.set_step(s.step);
   if constexpr (requires { m.load_ema(std::span<const float>{}, s.ema_updates); }) {
     m.load_ema(std::span<const float>(s.ema.data(), s.ema.size()), s.ema_updates);

@@ -183,6 +183,13 @@ public:
         copy(ctx_, model_.parameters().data() + model_type::param_count, kept_.data(), model_type::state_count);
   }
 
+  /// Drops the optimiser state: the next apply creates it, zeroed, for whichever optimiser it is
+  /// given (a checkpoint taken before the first applied update holds none).
+  void clear_optimizer_state() {
+    state_ = basic_buffer<T, Kind>();
+    state_initialised_ = false;
+  }
+
   /// Sizes the optimiser state for `opt` and zeroes it (what apply does on first use).
   template <class Optimizer>
   void reset_optimizer_state(const Optimizer& opt) {

@@ -141,7 +141,7 @@ public:
   [[nodiscard]] std::vector<T> optimizer_state_to_host() const { return update_.state_to_host(replicas()); }
   /// Loads an optimiser state of all parameters (as optimizer_state_to_host returns it) into
   /// every replica, or each replica's slice of it when the update is sharded; the next update
-  /// continues from it.
+  /// continues from it (from none, as the first update does, when `in` is empty).
   void load_optimizer_state(std::span<const T> in) {
     [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // it places the replicas' state
     update_.load_state(replicas(), in);

@@ -261,10 +261,15 @@ public:
   }
 
   /// Loads an optimiser state of all parameters (as state_to_host returns it) into every
-  /// replica, or each replica's slice of it when sharded.
+  /// replica, or each replica's slice of it when sharded; an empty one drops what the replicas
+  /// hold (their next update creates the state, as before the first).
   /// @throws shape_error when a sharded state is not a whole number of arrays.
   void load_state(replicas_view reps, std::span<const value_type> in) const {
-    if (sharded_ && in.size() % param_count != 0)
+    if (in.empty()) {  // no update applied yet: none of the state the replicas may hold
+      for (std::size_t s = 0; s < reps.size(); ++s) reps[s]->clear_optimizer_state();
+      return;
+    }
+    if (sharded_ && (param_count == 0 || in.size() % param_count != 0))
       throw shape_error("lockstep::replicated::load_optimizer_state: " + std::to_string(in.size()) +
                         " elements of optimiser state are not a whole number of arrays of " + std::to_string(param_count) +
                         " (the update is sharded, which needs an elementwise optimiser)");
@@ -279,7 +284,7 @@ public:
         st = basic_buffer<value_type, kind_type>(size);
       }
       if (!sharded_) {
-        if (!in.empty()) copy_from_host(r.context(), st.data(), in.data(), in.size());
+        copy_from_host(r.context(), st.data(), in.data(), in.size());
         continue;
       }
       for (std::size_t c = 0; c < k && hi > lo; ++c)

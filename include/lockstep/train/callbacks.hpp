@@ -23,21 +23,23 @@ namespace lockstep {
 /// The results of one epoch of fit.
 struct epoch_stats {
   std::uint64_t epoch = 0;              ///< 0-based epoch number
-  double train_loss = std::numeric_limits<double>::quiet_NaN();      ///< mean training loss (exact over replicas)
-  double train_accuracy = std::numeric_limits<double>::quiet_NaN();  ///< top-1 accuracy of the training-mode outputs
+  /// Mean training loss of the epoch's applied updates (exact over replicas; an update the
+  /// non-finite guard skipped counts only in skipped_updates).
+  double train_loss = std::numeric_limits<double>::quiet_NaN();
+  double train_accuracy = std::numeric_limits<double>::quiet_NaN();  ///< top-1 accuracy of the training-mode outputs (applied updates)
   double val_loss = std::numeric_limits<double>::quiet_NaN();        ///< validation loss (NaN without validation data)
   double val_accuracy = std::numeric_limits<double>::quiet_NaN();    ///< validation top-1 accuracy (NaN without)
   double samples_per_second = 0;        ///< training throughput of the epoch
   double seconds = 0;                   ///< wall time of the epoch (training and validation)
   float lr = 0;                         ///< learning rate of the epoch's last update
   std::uint64_t steps = 0;              ///< updates in this epoch
-  std::uint64_t samples = 0;            ///< training samples in this epoch
+  std::uint64_t samples = 0;            ///< training samples of this epoch's applied updates
   std::uint64_t global_step = 0;        ///< updates done at the end of the epoch
   std::uint64_t val_samples = 0;        ///< validation samples evaluated (each exactly once)
-  /// Mean over the epoch's updates of the global gradient norm before clipping (NaN when no
-  /// update ran the epilogue: neither clipping nor a non-finite guard).
+  /// Mean over the epoch's applied updates of the global gradient norm before clipping (NaN when
+  /// no update ran the epilogue, neither clipping nor a non-finite guard, or all were skipped).
   double grad_norm = std::numeric_limits<double>::quiet_NaN();
-  /// Mean over the epoch's updates of the clip factor (1: nothing clipped; NaN as grad_norm).
+  /// Mean over the epoch's applied updates of the clip factor (1: nothing clipped; NaN as grad_norm).
   double clip_factor = std::numeric_limits<double>::quiet_NaN();
   std::uint64_t skipped_updates = 0;    ///< updates of the epoch the non-finite guard skipped
   /// True when fit_options::max_steps ended training with batches of this epoch left: the

@@ -696,14 +696,20 @@ public:
     return ctl.stop || limit_reached(model_step);
   }
 
-  /// Adds an update's statistics to the epoch's sums (an update read back late: no step of its own).
+  /// Adds an update's statistics to the epoch's sums (an update read back late: no step of its
+  /// own). An update the non-finite guard skipped is only counted as skipped: its loss, rows, hits
+  /// and gradient norm (not finite) stay out of the epoch's sums, as its batches stay out of the
+  /// model.
   void add_stats(const step_stats& r) {
+    if (r.skipped) {
+      ++skipped_;
+      return;
+    }
     if (!std::isnan(r.grad_norm)) {
       norm_sum_ += r.grad_norm;
       clip_sum_ += r.clip_factor;
       ++norm_updates_;
     }
-    if (r.skipped) ++skipped_;
     loss_sum_ += r.loss_sum;
     count_ += r.count;
     correct_ += r.correct;

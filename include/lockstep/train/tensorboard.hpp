@@ -6,7 +6,7 @@
 /// Per epoch (step = the epoch number): epoch/loss, epoch/accuracy, epoch/lr,
 /// epoch/samples_per_second, with validation data epoch/val_loss and epoch/val_accuracy, and when
 /// the update recipe has an epilogue (clipping or the non-finite guard) epoch/grad_norm and
-/// epoch/clip_factor (means over the epoch's updates) and epoch/skipped_updates.
+/// epoch/clip_factor (means over the epoch's applied updates) and epoch/skipped_updates.
 /// Per update (step = the number of updates done): step/loss and step/lr, with an epilogue
 /// step/grad_norm (before clipping) and step/skipped (1 for a skipped update), plus whatever
 /// tensorboard_options::step_scalars adds. A metric that is not available (NaN) is left out.
