@@ -2,6 +2,11 @@
 //   throw      rank 1's replica throws at step 3
 //   stall      rank 1 sleeps 8 s before step 3 (the collective timeout is 2 s)
 //   kill       rank 1 kills itself with SIGKILL at step 3
+//   outside    rank 1 throws at step 3 outside the strategy (as its own input pipeline would),
+//              unwinding the strategy and the model alone while rank 0 waits in step 3
+//   alloutside every rank throws the same config_error at step 3 outside the strategy
+//   afterlast  rank 1 throws a config_error after the last step and ends without MPI_Abort,
+//              while rank 0 finishes and drops its strategy normally
 //   diverge    fit over pipelines of different lengths: rank 1's epoch has 5 batches, rank 0's
 //              6, so rank 1 meets the end-of-epoch check while rank 0 sums its sixth step
 //   world      asks for 3 workers (launched with 2)
@@ -87,7 +92,9 @@ int main(int argc, char** argv) {
     bool fail = false;
     const failing_loss loss{&fail};
     for (std::uint64_t step = 0; step < 10; ++step) {
+      if (step == 3 && mode == "alloutside") throw ls::config_error("every worker's injected configuration error");
       if (step == 3 && s.world().rank() == 1) {
+        if (mode == "outside") throw ls::data_error("rank 1's injected input failure, outside the strategy");
         if (mode == "throw") fail = true;
         if (mode == "stall") std::this_thread::sleep_for(std::chrono::seconds(8));
         if (mode == "kill") ::raise(SIGKILL);
@@ -96,10 +103,11 @@ int main(int argc, char** argv) {
       ls::train_step(s, m, ls::sgd{.lr = 0.1f}, loss,
                      ls::data::detail::make_sharded(make_batch(32, step), p.parts, p.first, s.num_replicas()));
     }
+    if (mode == "afterlast" && s.world().rank() == 1) throw ls::config_error("rank 1's injected failure after the last step");
     if (s.world().is_chief()) std::printf("probe finished\n");
     return 0;
   } catch (const ls::config_error& e) {  // every rank finds the same configuration error: rank 0 reports it
-    if (env.rank() == 0) std::fprintf(stderr, "error: %s\n", e.what());
+    if (env.rank() == 0 || mode == "afterlast") std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: error: %s\n", env.rank(), e.what());

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <utility>
@@ -81,9 +82,13 @@ public:
   }
   mpi_channel(const mpi_channel&) = delete;
   mpi_channel& operator=(const mpi_channel&) = delete;
-  /// Stops the thread; frees the windows and the communicators unless a failure left a
-  /// collective pending. A gradient window that a model still holds is freed by its last owner
-  /// (collectively, so every worker drops its models at the same point, as they do in one program).
+  /// Stops the thread; frees the windows and the communicators when every worker drops its
+  /// channel in step (leave_together). Otherwise (a failure left a collective pending, or some
+  /// worker's channel goes while it unwinds a failure of its own) nothing collective is freed:
+  /// freeing a window waits for every worker, so a failing worker would hang there instead of
+  /// reporting its error, and the others would wait for it. A gradient window that a model still
+  /// holds is then abandoned too; else it is freed by its last owner (collectively, so every
+  /// worker drops its models at the same point, as they do in one program).
   ~mpi_channel() override {
     {
       std::lock_guard lk(mu_);
@@ -91,10 +96,11 @@ public:
     }
     cv_.notify_all();
     thread_.join();
-    if (broken_.load())
+    const bool together = leave_together();
+    if (!together)
       for (auto& g : gradient_windows_) g->abandon();
     gradient_windows_.clear();
-    if (!broken_.load()) {
+    if (together) {
       window_.free();
       comms_.free();
     }
@@ -206,6 +212,35 @@ private:
       MPI_Comm_free(&ctrl);
     }
   };
+
+  // At the channel's end (the communication thread has stopped): whether every worker drops its
+  // channel in step. Each gives 1, or 0 when its channel is broken or this thread unwinds an
+  // exception thrown since the channel was made (a failure outside the strategy's collectives,
+  // such as this worker's own input pipeline, while the others may wait in one), to an
+  // all-reduce (minimum) on the control communicator, which no collective of the strategy uses.
+  // A worker that gives 0 does not wait for it (it goes on to report its failure); one that gives
+  // 1 waits up to the timeout. The two ints live on the heap, and are left there when the
+  // all-reduce has not completed (MPI may still write them).
+  bool leave_together() noexcept {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return false;  // a strategy that outlived MPI: nothing can be freed any more
+    const bool failing = broken_.load() || std::uncaught_exceptions() > uncaught_at_start_;
+    auto* v = new (std::nothrow) int[2]{failing ? 0 : 1, 0};
+    if (v == nullptr) return false;
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (MPI_Iallreduce(v, v + 1, 1, MPI_INT, MPI_MIN, comms_.ctrl, &req) != MPI_SUCCESS) return false;
+    if (failing) return false;  // the request stays pending: v stays allocated
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    int done = 0;
+    while (MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done == 0 &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (done == 0) return false;  // v stays allocated
+    const bool all = v[1] == 1;
+    delete[] v;
+    return all;
+  }
 
   [[noreturn]] void throw_broken() const {
     if (timed_out_) throw timeout_error(reason_);
@@ -415,6 +450,7 @@ private:
   }
 
   std::chrono::milliseconds timeout_;
+  int uncaught_at_start_ = std::uncaught_exceptions();  // exceptions in flight when the channel was made
   communicators comms_;
   int level_;
   mpi_straggler_probe probe_;
