@@ -31,8 +31,8 @@
 # a broken feature cannot hide whether the core works), and the baseline ratios. The core passes
 # only when every other case that `test_cuda --list-test-cases --test-case='gpu: *'` lists (and
 # 'multigpu: *' with two GPUs) printed "lockstep-gpu-case: ran <name>" and none failed (a non-zero
-# exit with no failing case in the log, or more failed cases in doctest's summary than failing
-# blocks in the log, fails it); bench only
+# exit other than doctest's 1, a non-zero exit with no failing case in the log, or more failed
+# cases in doctest's summary than failing blocks in the log, fails it); bench only
 # with exit 0, every figure present and every check=pass; example only when it reached the
 # accuracy (LOCKSTEP_GPU_CHECK_MIN_ACCURACY, default 0.80 after one epoch); a sanitizer only when
 # its case filter matched cases, all of them ran, and it reported no error.
@@ -155,8 +155,11 @@ verdict() {
     set_fail 4 core
   elif [ -n "$failing" ]; then
     echo "core: FAIL (failing: $failing; $ran of $expected expected GPU cases ran)"; set_fail 4 core
+  elif [ "$trc" != 0 ] && [ "$trc" != 1 ]; then  # doctest exits 1 when cases fail; anything else is a crash
+    echo "core: FAIL (test_cuda exit $trc after its summary: a crash at exit; see failures.txt)"
+    set_fail 4 core
   elif [ "$trc" != 0 ] && [ -z "$failed_list" ]; then
-    echo "core: FAIL (test_cuda exit $trc after its summary, and no failing case in its log: a crash at exit or a failure outside the cases; see failures.txt)"
+    echo "core: FAIL (test_cuda exit $trc after its summary, and no failing case in its log: a failure outside the cases; see failures.txt)"
     set_fail 4 core
   elif [ "${summary_failed:-0}" -gt "$(grep -c . <<<"$failed_list")" ]; then
     echo "core: FAIL (doctest's summary counts $summary_failed failed case(s), the log shows $(grep -c . <<<"$failed_list"): a failure whose block the log does not hold; see failures.txt)"

@@ -91,9 +91,18 @@ sed -i '/^\[doctest\] test cases:/,$d' "$tmp/crashed/tests.log"
 echo 139 >"$tmp/crashed/tests.rc"
 expect crashed 4 "core: FAIL (test_cuda exit 139 without its summary"
 
-variant exit_after_summary  # the summary printed, then a non-zero exit with no failing case (a crash at exit)
+variant exit_after_summary  # the summary printed, then a crash at exit
 echo 139 >"$tmp/exit_after_summary/tests.rc"
-expect exit_after_summary 4 "core: FAIL (test_cuda exit 139 after its summary, and no failing case in its log"
+expect exit_after_summary 4 "core: FAIL (test_cuda exit 139 after its summary: a crash at exit"
+
+variant crash_with_feature_failure  # the same while a feature's case failed too: still the core's
+batch_norm_fails crash_with_feature_failure
+echo 139 >"$tmp/crash_with_feature_failure/tests.rc"
+expect crash_with_feature_failure 4 "core: FAIL (test_cuda exit 139 after its summary: a crash at exit"
+
+variant failed_outside_cases  # doctest's failure exit with no failing case in the log
+echo 1 >"$tmp/failed_outside_cases/tests.rc"
+expect failed_outside_cases 4 "core: FAIL (test_cuda exit 1 after its summary, and no failing case in its log"
 
 variant unlisted_failure  # doctest counts 2 failed cases, the log holds the block of one (a feature's)
 sed -i 's/^\[doctest\] test cases: 12 | 12 passed | 0 failed/[doctest] test cases: 12 | 10 passed | 2 failed/' \

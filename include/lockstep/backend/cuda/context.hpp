@@ -511,8 +511,8 @@ public:
   }
   /// Waits for the step's work and records its device spans into `rec` as thread `thread`, on
   /// the recorder's clock (the base event's time plus each event's time after it). A span that
-  /// was opened and never closed (an exception left the layer between the two) is left out: its
-  /// end event holds no record of this step.
+  /// was opened and never closed (trace_open failed after taking it, or a caller that never
+  /// closed it) is left out: its end event holds no record of this step.
   void trace_flush(trace_recorder& rec, std::size_t thread) const {
     device_guard g(ordinal());
     auto& t = state_->trace;
