@@ -7,6 +7,7 @@
 //   alloutside every rank throws the same config_error at step 3 outside the strategy
 //   afterlast  rank 1 throws a config_error after the last step and ends without MPI_Abort,
 //              while rank 0 finishes and drops its strategy normally
+//   lateend    no failure: rank 0 drops its strategy 3 s (more than the timeout) after rank 1
 //   diverge    fit over pipelines of different lengths: rank 1's epoch has 5 batches, rank 0's
 //              6, so rank 1 meets the end-of-epoch check while rank 0 sums its sixth step
 //   world      asks for 3 workers (launched with 2)
@@ -104,6 +105,7 @@ int main(int argc, char** argv) {
                      ls::data::detail::make_sharded(make_batch(32, step), p.parts, p.first, s.num_replicas()));
     }
     if (mode == "afterlast" && s.world().rank() == 1) throw ls::config_error("rank 1's injected failure after the last step");
+    if (mode == "lateend" && s.world().is_chief()) std::this_thread::sleep_for(std::chrono::seconds(3));
     if (s.world().is_chief()) std::printf("probe finished\n");
     return 0;
   } catch (const ls::config_error& e) {  // every rank finds the same configuration error: rank 0 reports it

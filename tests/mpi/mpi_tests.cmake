@@ -35,7 +35,7 @@ add_test(NAME mpi/replica_count_invariant_np4
          COMMAND ${MPIEXEC_EXECUTABLE} ${LOCKSTEP_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} 4 $<TARGET_FILE:test_mpi>
                  --test-case=*replica_count_invariant*)
 set_tests_properties(mpi/replica_count_invariant_np4 PROPERTIES LABELS "mpi" TIMEOUT 120 ENVIRONMENT "${_lockstep_mpi_env}")
-foreach(mode throw outside alloutside afterlast stall kill diverge world nompirun)
+foreach(mode throw outside alloutside afterlast lateend stall kill diverge world nompirun)
   add_test(NAME mpi/failure_${mode}
            COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/mpi/check_failure.sh ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:mpi_failure_probe> ${mode})
   set_tests_properties(mpi/failure_${mode} PROPERTIES LABELS "mpi" TIMEOUT 60 ENVIRONMENT "${_lockstep_mpi_env}")
@@ -56,7 +56,7 @@ endif()
 # (at most what -j gives), so that a worker is not starved into a straggler diagnosis.
 set(_lockstep_mpi_process_tests mpi/multi_worker_np2 mpi/multi_worker_np3 mpi/multi_worker_np2_mpi_path
     mpi/failure_stall_mpi_path mpi/replica_count_invariant_np4)
-foreach(mode throw outside alloutside afterlast stall kill diverge world nompirun)
+foreach(mode throw outside alloutside afterlast lateend stall kill diverge world nompirun)
   list(APPEND _lockstep_mpi_process_tests mpi/failure_${mode})
 endforeach()
 if(LOCKSTEP_HAS_IMAGES)

@@ -218,9 +218,11 @@ private:
   // exception thrown since the channel was made (a failure outside the strategy's collectives,
   // such as this worker's own input pipeline, while the others may wait in one), to an
   // all-reduce (minimum) on the control communicator, which no collective of the strategy uses.
-  // A worker that gives 0 does not wait for it (it goes on to report its failure); one that gives
-  // 1 waits up to the timeout. The two ints live on the heap, and are left there when the
-  // all-reduce has not completed (MPI may still write them).
+  // A worker that gives 0 does not wait for it (it goes on to report its failure; its two ints
+  // stay on the heap, where MPI may still write them). One that gives 1 waits for every worker,
+  // as freeing the windows would: a worker that gave 1 and stopped waiting could not take it
+  // back, and a later one would then free while it does not. A worker whose peers fail in a
+  // collective sees them give 0 once their own timeouts end it.
   bool leave_together() noexcept {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -231,12 +233,7 @@ private:
     MPI_Request req = MPI_REQUEST_NULL;
     if (MPI_Iallreduce(v, v + 1, 1, MPI_INT, MPI_MIN, comms_.ctrl, &req) != MPI_SUCCESS) return false;
     if (failing) return false;  // the request stays pending: v stays allocated
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    int done = 0;
-    while (MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done == 0 &&
-           std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    if (done == 0) return false;  // v stays allocated
+    if (MPI_Wait(&req, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
     const bool all = v[1] == 1;
     delete[] v;
     return all;
