@@ -21,8 +21,9 @@
 //   config=<c> precision=fp32 step_ms=<t> samples_per_s=<n>
 //   config=<c> precision=bf16 step_ms=<t> samples_per_s=<n> speedup_over_fp32=<x> kernels=native|emulated
 // (breakdown: the step's time split into its GEMMs, timed alone as above, its optimiser pass
-// (replica::apply), timed alone in the same repeats, and the rest; trace=on: the same step recording a span per layer's forward and backward; accumulate=4: the
-// same rows as 4 batches of a quarter, added into one gradient, then one update; both timed in
+// (replica::apply), timed alone in the same repeats, and the rest; trace=on: the same step
+// recording a span per layer's forward and backward; accumulate=4: the same rows as 4 batches
+// of a quarter, added into one gradient, then one update; both timed in
 // the same interleaved repeats; its gemm_ms sums the GEMMs of those 4 batches at their own shapes
 // and betas, timed alone like the step's, so gemm_ratio_to_one_batch is what the GEMM kernels
 // alone make accumulation cost when every batch adds its weight gradients (deferral=off, timed in

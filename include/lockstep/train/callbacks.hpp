@@ -29,7 +29,7 @@ struct epoch_stats {
   double train_accuracy = std::numeric_limits<double>::quiet_NaN();  ///< top-1 accuracy of the training-mode outputs (applied updates)
   double val_loss = std::numeric_limits<double>::quiet_NaN();        ///< validation loss (NaN without validation data)
   double val_accuracy = std::numeric_limits<double>::quiet_NaN();    ///< validation top-1 accuracy (NaN without)
-  double samples_per_second = 0;        ///< training throughput of the epoch
+  double samples_per_second = 0;        ///< the applied updates' training samples per second of the epoch
   double seconds = 0;                   ///< wall time of the epoch (training and validation)
   float lr = 0;                         ///< learning rate of the epoch's last update
   std::uint64_t steps = 0;              ///< updates in this epoch
