@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -681,4 +682,60 @@ TEST_CASE("restore: a checkpoint without optimiser state replaces the state a tr
     CHECK(used.parameters_to_host() == fresh.parameters_to_host());
     CHECK(used.optimizer_state_to_host() == fresh.optimizer_state_to_host());
   }
+}
+
+namespace {
+/// The identity whose gradient overflows (the loss stays finite, the gradient does not) and whose
+/// forward throws once it has run `limit` times (below zero: never): the non-finite guard's
+/// diagnostics run the forward again, and that run fails.
+struct overflow_then_throw_fn {
+  static inline long calls = 0;   // forward evaluations so far (this test's only)
+  static inline long limit = -1;  // evaluations before the forward throws
+  template <class T> static T f(T x) {
+    if (limit >= 0 && ++calls > limit) throw std::runtime_error("the diagnostic forward failed");
+    return x;
+  }
+  template <class T> static T grad(T, T, T) { return std::numeric_limits<T>::infinity(); }
+};
+}  // namespace
+
+TEST_CASE("non-finite guard: at the limit, a diagnostic pass that throws still gives the numerics_error, and the skipped update is consumed") {
+  using net = ls::sequential<ls::dense<6, 4>, ls::activation<overflow_then_throw_fn>, ls::dense<4, 3>>;
+  host s(ls::device_selection::first(1));
+  auto m = s.replicate<net>(ls::seed{2});
+  ls::update_recipe recipe;
+  recipe.nonfinite = ls::nonfinite_policy::skip;
+  recipe.max_consecutive_skips = 2;
+  // The first skipped update counts the forward's evaluations; the second reaches the limit, and
+  // the forward its diagnostics run again throws: the error names the update and no replica.
+  overflow_then_throw_fn::calls = 0;
+  overflow_then_throw_fn::limit = std::numeric_limits<long>::max();
+  const auto first = ls::train_step(s, m, ls::sgd{.lr = 0.1f}, ls::mse{}, distributed(reg_batch(0, 5), 1), recipe);
+  CHECK(first.skipped);
+  CHECK(std::isfinite(first.loss_sum));
+  const long per_step = overflow_then_throw_fn::calls;
+  REQUIRE(per_step > 0);
+  overflow_then_throw_fn::limit = 2 * per_step;
+  std::string msg;
+  try {
+    (void)ls::train_step(s, m, ls::sgd{.lr = 0.1f}, ls::mse{}, distributed(reg_batch(1, 5), 1), recipe);
+  } catch (const ls::numerics_error& e) {
+    msg = e.what();
+    CHECK(e.step() == 1);
+  }
+  CAPTURE(msg);
+  CHECK(msg.find("update 2 (step 1)") != std::string::npos);
+  CHECK(msg.find("2 updates in a row") != std::string::npos);
+  CHECK(msg.find("of layer 0") != std::string::npos);
+  CHECK(msg.find("no replica's shard") != std::string::npos);
+  overflow_then_throw_fn::limit = -1;
+  CHECK(overflow_then_throw_fn::calls > 2 * per_step);  // the diagnostics ran the forward again
+  CHECK(m.skipped_updates() == 2);
+  CHECK(m.step() == 2);  // both skipped updates consumed: never more skipped updates than updates
+  CHECK(m.consecutive_skips() == 2);
+  // The model goes on from there: the next overflow is the third in a row, past the limit.
+  CHECK_THROWS_AS(ls::train_step(s, m, ls::sgd{.lr = 0.1f}, ls::mse{}, distributed(reg_batch(2, 5), 1), recipe),
+                  ls::numerics_error);
+  CHECK(m.step() == 3);
+  CHECK(m.skipped_updates() == 3);
 }

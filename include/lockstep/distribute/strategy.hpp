@@ -447,25 +447,25 @@ public:
           m.step());
     m.count_update(r.skip);
     if (finish.updates_ema() && !r.skip) m.count_ema_update();
-    if (scaled && !m.scaler().update(r.skip)) {
-      const std::uint64_t step = m.step();
-      std::string what = numerics_message(
-          m, loss, b, part.offset,
-          "the reduced gradient overflowed in " + std::to_string(loss_scaler::max_overflows_at_minimum) +
-              " updates in a row at the smallest loss scale, 1; each was skipped: the model diverged, or its values do "
-              "not fit fp16 (try mixed<bf16>)");
-      m.set_step(step + 1);
-      throw numerics_error(what, step);
-    }
-    if (r.skip && effective.nonfinite == nonfinite_policy::skip && m.consecutive_skips() >= effective.max_consecutive_skips) {
-      const std::uint64_t step = m.step();
-      std::string what = numerics_message(m, loss, b, part.offset,
-                                          "the reduced gradient was not finite in " + std::to_string(m.consecutive_skips()) +
-                                              " updates in a row (update_recipe::max_consecutive_skips); each was skipped");
-      m.set_step(step + 1);  // this skipped update is consumed like the others
-      throw numerics_error(what, step);
-    }
-    m.set_step(m.step() + 1);
+    // From here the update is counted, so the step advances however this function leaves (the
+    // limits' diagnostics below run forward passes, which may throw): a checkpoint never holds
+    // more skipped updates than updates.
+    const std::uint64_t step = m.step();
+    const step_advance<model_type<Net, T>> advance{m, step + 1};
+    if (scaled && !m.scaler().update(r.skip))
+      throw numerics_error(
+          numerics_message(m, loss, b, part.offset,
+                           "the reduced gradient overflowed in " + std::to_string(loss_scaler::max_overflows_at_minimum) +
+                               " updates in a row at the smallest loss scale, 1; each was skipped: the model diverged, or "
+                               "its values do not fit fp16 (try mixed<bf16>)"),
+          step);
+    if (r.skip && effective.nonfinite == nonfinite_policy::skip && m.consecutive_skips() >= effective.max_consecutive_skips)
+      throw numerics_error(  // this skipped update is consumed like the others
+          numerics_message(m, loss, b, part.offset,
+                           "the reduced gradient was not finite in " + std::to_string(m.consecutive_skips()) +
+                               " updates in a row (update_recipe::max_consecutive_skips); each was skipped"),
+          step);
+    m.set_step(step + 1);
     if constexpr (can_defer_readback) {
       if (options_.defer_readback) {  // this update's loss comes back with the next step
         const detail::late_update now{out, step_before, effective.needs_epilogue()};
@@ -587,6 +587,14 @@ private:
         } catch (...) {
         }
   }
+  // Sets the step of the model it names to `to` when it goes (the update is counted, however the
+  // step function leaves).
+  template <class M>
+  struct step_advance {
+    M& m;             // the model
+    std::uint64_t to;  // its step from then on
+    ~step_advance() { m.set_step(to); }
+  };
   // Calls restore_states on the model it names when it goes.
   template <class Net, class T>
   struct state_restorer {
