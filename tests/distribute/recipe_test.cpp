@@ -660,6 +660,36 @@ TEST_CASE("EMA: one loaded before the first update survives the strategy's choic
   CHECK(automatic.first[0] > 0.3f);
 }
 
+TEST_CASE("EMA: one loaded before the first update keeps its bits when the update is sharded afterwards, on and off the grid") {
+  const ls::adam opt{.lr = 1e-2f};
+  ls::update_recipe recipe;
+  recipe.ema.decay = 0.9;
+  for (const std::size_t n : {2u, 3u}) {
+    CAPTURE(n);
+    const auto run = [&](int layout) {  // 0: not sharded, 1: sharded, 2: sharded on the grid
+      host s(ls::device_selection::first(n), ls::strategy_options{.shard_optimizer = false});
+      auto m = s.replicate<mlp>(ls::seed{4});
+      std::vector<float> loaded(m.stored_count);
+      for (std::size_t i = 0; i < loaded.size(); ++i) loaded[i] = 0.25f + static_cast<float>(i % 97) / 128.0f;
+      m.load_ema(loaded, 3);
+      if (layout > 0) m.set_optimizer_sharding(true, layout == 2);  // after the EMA was loaded, unsharded
+      CHECK(m.optimizer_sharded() == (layout > 0));
+      CHECK(m.ema_to_host() == loaded);
+      CHECK(m.ema_updates() == 3);
+      for (std::size_t i = 0; i < 2; ++i)
+        (void)ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distributed(make_batch(12, i), n), recipe);
+      return std::make_pair(m.ema_to_host(), m.parameters_to_host());
+    };
+    const auto plain = run(0);
+    for (const int layout : {1, 2}) {
+      CAPTURE(layout);
+      const auto sharded = run(layout);
+      CHECK(sharded.second == plain.second);
+      CHECK(sharded.first == plain.first);  // from the loaded average, not from zeros
+    }
+  }
+}
+
 TEST_CASE("restore: a checkpoint without optimiser state replaces the state a trained model holds (sharded or not)") {
   for (const bool sharded : {false, true}) {
     CAPTURE(sharded);
