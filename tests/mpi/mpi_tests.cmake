@@ -21,6 +21,12 @@ foreach(np 2 3)
            COMMAND ${MPIEXEC_EXECUTABLE} ${LOCKSTEP_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} ${np} $<TARGET_FILE:test_mpi>)
   set_tests_properties(mpi/multi_worker_np${np} PROPERTIES LABELS "mpi" TIMEOUT 120 ENVIRONMENT "${_lockstep_mpi_env}")
 endforeach()
+# A broadcast past MPI's int count of bytes (2 GiB per worker).
+add_test(NAME mpi/broadcast_over_2gib
+         COMMAND ${MPIEXEC_EXECUTABLE} ${LOCKSTEP_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:test_mpi>
+                 --no-skip --no-colors "--test-case=*more than 2 GiB*")
+set_tests_properties(mpi/broadcast_over_2gib PROPERTIES LABELS "mpi" TIMEOUT 300 ENVIRONMENT "${_lockstep_mpi_env}"
+                     PASS_REGULAR_EXPRESSION "test cases: +1 \\| +1 passed" FAIL_REGULAR_EXPRESSION "[1-9][0-9]* failed|ERROR")
 # The MPI path that workers on different machines take (here forced on one machine).
 add_test(NAME mpi/multi_worker_np2_mpi_path
          COMMAND ${MPIEXEC_EXECUTABLE} ${LOCKSTEP_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:test_mpi>)

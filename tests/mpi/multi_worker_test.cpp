@@ -23,6 +23,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include <doctest/doctest.h>
 
 #include <lockstep/distribute/multi_worker.hpp>
@@ -890,4 +892,33 @@ TEST_CASE("multi_worker: per-value clipping for a user optimiser leaves every lo
   const auto separate = run(user::plain_sgd{.lr = 0.5f});
   CHECK(separate == run(ls::sgd{.lr = 0.5f}));  // the library's fused clamp: the same bits
   CHECK(same_on_every_rank(separate));
+}
+
+// Run by its own CTest (mpi/broadcast_over_2gib, -np 2 with --no-skip): 2 GiB per worker.
+TEST_CASE("multi_worker: a broadcast of more than 2 GiB carries every byte" * doctest::skip()) {
+  // 2^31 + 4099 bytes: past MPI's int count of bytes, whole mebibytes and a rest.
+  const std::size_t n = (std::size_t{1} << 31) + 4099;
+  void* mapped = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(mapped != MAP_FAILED);
+  (void)madvise(mapped, n, MADV_HUGEPAGE);  // fewer page faults where the kernel allows
+  auto* bytes = static_cast<unsigned char*>(mapped);
+  const auto pattern = [](std::size_t i) {
+    return static_cast<unsigned char>((i * 2654435761u) >> 13 ^ (i >> 31));
+  };
+  if (world_rank() == 0)
+    for (std::size_t i = 0; i < n; ++i) bytes[i] = pattern(i);
+  else
+    std::memset(bytes, 0, n);
+  {
+    ls::detail::mpi_channel channel(MPI_COMM_WORLD, std::chrono::seconds(120), 1024);
+    channel.run(ls::detail::mpi_channel::broadcast(bytes, n));
+  }
+  std::size_t wrong = 0, first_wrong = n;
+  for (std::size_t i = 0; i < n; ++i)
+    if (bytes[i] != pattern(i)) {
+      if (wrong++ == 0) first_wrong = i;
+    }
+  munmap(mapped, n);
+  CAPTURE(first_wrong);
+  CHECK(wrong == 0);
 }

@@ -21,6 +21,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -37,6 +38,49 @@
 #include <lockstep/distribute/detail/mpi_window_sum.hpp>
 
 namespace lockstep::detail {
+
+/// `n` bytes as an MPI count and datatype: MPI_BYTE while n fits an int; above, one committed
+/// datatype of the whole mebibytes and the rest (so a broadcast of more than 2 GiB needs no
+/// pieces). The datatype is freed when this goes: MPI completes an operation that uses it.
+class mpi_bytes {
+public:
+  /// The count and datatype of `n` bytes.
+  explicit mpi_bytes(std::size_t n) {
+    if (n <= static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+      count_ = static_cast<int>(n);
+      return;
+    }
+    constexpr std::size_t mib = std::size_t{1} << 20;
+    const int lengths[2] = {mpi_int_count(n / mib, "a transfer's mebibytes"), static_cast<int>(n % mib)};
+    const MPI_Aint at[2] = {0, static_cast<MPI_Aint>(n / mib * mib)};
+    try {
+      mpi_check(MPI_Type_contiguous(static_cast<int>(mib), MPI_BYTE, &block_), "MPI_Type_contiguous");
+      MPI_Datatype types[2] = {block_, MPI_BYTE};
+      mpi_check(MPI_Type_create_struct(2, lengths, at, types, &whole_), "MPI_Type_create_struct");
+      mpi_check(MPI_Type_commit(&whole_), "MPI_Type_commit");
+    } catch (...) {
+      release();
+      throw;
+    }
+    count_ = 1;
+    type_ = whole_;
+  }
+  mpi_bytes(const mpi_bytes&) = delete;
+  mpi_bytes& operator=(const mpi_bytes&) = delete;
+  ~mpi_bytes() { release(); }
+  /// The MPI count.
+  [[nodiscard]] int count() const noexcept { return count_; }
+  /// The MPI datatype.
+  [[nodiscard]] MPI_Datatype type() const noexcept { return type_; }
+
+private:
+  void release() noexcept {
+    if (whole_ != MPI_DATATYPE_NULL) MPI_Type_free(&whole_);
+    if (block_ != MPI_DATATYPE_NULL) MPI_Type_free(&block_);
+  }
+  MPI_Datatype block_ = MPI_DATATYPE_NULL, whole_ = MPI_DATATYPE_NULL, type_ = MPI_BYTE;
+  int count_ = 0;
+};
 
 /// The communication thread of one worker (see the file comment).
 class mpi_channel final : private mpi_progress {
@@ -395,9 +439,11 @@ private:
     const MPI_Comm c = comms_.data;
     switch (j.kind) {
       case op::barrier: mpi_check(MPI_Ibarrier(c, &r), "MPI_Ibarrier"); break;
-      case op::broadcast_bytes:
-        mpi_check(MPI_Ibcast(j.data, mpi_int_count(j.count, "a broadcast"), MPI_BYTE, 0, c, &r), "MPI_Ibcast");
+      case op::broadcast_bytes: {
+        const mpi_bytes bytes(j.count);
+        mpi_check(MPI_Ibcast(j.data, bytes.count(), bytes.type(), 0, c, &r), "MPI_Ibcast");
         break;
+      }
       case op::gather_doubles:
         mpi_check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, j.data, mpi_int_count(j.count, "a gather"), MPI_DOUBLE,
                                  c, &r),
