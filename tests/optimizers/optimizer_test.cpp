@@ -265,11 +265,14 @@ TEST_CASE("optimisers refuse hyper-parameters out of range, naming them, before 
     CHECK(config_error_of([&] { ls::sgd{.momentum = bad}.check(); }).find("momentum") != std::string::npos);
     CHECK(config_error_of([&] { ls::sgd{.weight_decay = bad}.check(); }).find("weight_decay") != std::string::npos);
   }
-  for (const float bad : {inf, -inf, nan}) {
+  for (const float bad : {inf, -inf, nan, -1e-8f, -0.5f}) {  // a negative rate would ascend the loss
     CAPTURE(bad);
     CHECK(config_error_of([&] { ls::sgd{.lr = bad}.check(); }).find("lr") != std::string::npos);
     CHECK(config_error_of([&] { ls::adam{.lr = bad}.check(); }).find("lr") != std::string::npos);
+    CHECK(config_error_of([&] { ls::adamw{.lr = bad}.check(); }).find("lr") != std::string::npos);
   }
+  CHECK_NOTHROW(ls::sgd{.lr = 0.0f}.check());  // a rate of 0 is meaningful (a schedule's end)
+  CHECK_NOTHROW(ls::adam{.lr = 0.0f}.check());
   CHECK(config_error_of([] { ls::sgd{.nesterov = true}.check(); }) == "lockstep::sgd: nesterov needs momentum > 0");
   // update number 0 (the count is 1-based) would divide by 1 - beta^0 = 0
   std::vector<float> p{1}, g{1}, s(2, 0.0f);

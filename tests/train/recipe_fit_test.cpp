@@ -337,3 +337,75 @@ TEST_CASE("fit: skipped updates stay out of the epoch's loss, samples and norm, 
     }
   }
 }
+
+namespace {
+/// Regression samples (targets 3 wide) whose row 5 has a target of 1e20: its squared error
+/// overflows a float (an infinite loss) while its gradient, 2e20 / 3, stays finite and is clipped.
+auto overflowing_loss_pipeline() {
+  const blobs b = make_blobs(24);
+  std::vector<float> targets;
+  for (std::size_t i = 0; i < 24; ++i)
+    for (std::size_t c = 0; c < classes; ++c) targets.push_back(b.labels[i] == static_cast<std::int32_t>(c) ? 1.0f : 0.0f);
+  targets[5 * classes] = 1e20f;
+  return ls::data::from_memory(std::vector<float>(b.features), width, std::move(targets), classes) | ls::data::batched(4);
+}
+
+/// One epoch of fit with mse and clipping by global norm 1 (non-finite policy: the default,
+/// apply); checkpoints after every update in `dir` when given, until `steps` updates are done.
+run_result overflowing_run(std::uint64_t steps, const fs::path& dir = {}, bool resume = false) {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  auto m = s.replicate<net>(ls::seed{8});
+  ls::fit_options o{.epochs = 1, .quiet = true};
+  o.clip_global_norm = 1.0;
+  o.checkpoint_dir = dir.string();
+  o.checkpoint_every = dir.empty() ? 0 : 1;
+  o.resume = resume;
+  o.max_steps = steps;
+  run_result r;
+  r.h = ls::fit(s, m, ls::sgd{.lr = 1e-2f}, ls::mse{}, overflowing_loss_pipeline(), o);
+  r.params = m.parameters_to_host();
+  r.steps = m.step();
+  return r;
+}
+}  // namespace
+
+TEST_CASE("fit: a checkpoint after an update whose loss overflowed resumes to the uninterrupted epoch (its loss infinite)") {
+  const auto straight = overflowing_run(6);
+  REQUIRE(straight.h.epochs.size() == 1);
+  CHECK(std::isinf(straight.h.last().train_loss));  // row 5's loss, in update 2
+  for (const float p : straight.params) REQUIRE(std::isfinite(p));  // its gradient was clipped
+  for (const std::uint64_t k : {2u, 3u, 5u}) {
+    CAPTURE(k);
+    const auto dir = temp_dir("overflowresume" + std::to_string(k));
+    const auto first = overflowing_run(k, dir);
+    CHECK(first.steps == k);
+    const auto resumed = overflowing_run(6, dir, true);
+    CHECK(resumed.h.resumed_from_step == k);
+    CHECK(resumed.params == straight.params);
+    CHECK(std::isinf(resumed.h.last().train_loss));
+    CHECK(resumed.h.last().samples == straight.h.last().samples);
+    CHECK(resumed.h.last().grad_norm == straight.h.last().grad_norm);
+    fs::remove_all(dir);
+  }
+}
+
+TEST_CASE("fit: a schedule's rate that is negative or not finite is a config_error naming the update") {
+  for (const float bad : {-1e-3f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    CAPTURE(bad);
+    ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+    auto m = s.replicate<net>(ls::seed{8});
+    ls::fit_options o{.epochs = 1, .quiet = true};
+    ls::callback schedule;
+    schedule.schedule = [bad](float lr, std::uint64_t step) { return step >= 3 ? bad : lr; };
+    o.callbacks.push_back(schedule);
+    std::string msg;
+    try {
+      (void)ls::fit(s, m, ls::sgd{.lr = 1e-2f}, ls::mse{}, overflowing_loss_pipeline(), o);
+    } catch (const ls::config_error& e) {
+      msg = e.what();
+    }
+    CAPTURE(msg);
+    CHECK(msg.find("the learning rate of update 4 is") != std::string::npos);
+    CHECK(m.step() == 3);  // the updates before it ran
+  }
+}

@@ -50,7 +50,7 @@ struct adam_op {
 /// Throws config_error naming optimiser `name`'s hyper-parameter that is out of range (the
 /// moments' decays in [0, 1), eps and the decay finite and >= 0, the rate finite).
 inline void check_adam(const char* name, float lr, float beta1, float beta2, float eps, float weight_decay) {
-  require_option(name, "lr", lr, std::isfinite(lr), "finite");
+  require_option(name, "lr", lr, lr >= 0.0f && std::isfinite(lr), "finite and >= 0");
   require_option(name, "beta1", beta1, beta1 >= 0.0f && beta1 < 1.0f, "in [0, 1)");
   require_option(name, "beta2", beta2, beta2 >= 0.0f && beta2 < 1.0f, "in [0, 1)");
   require_option(name, "eps", eps, eps >= 0.0f && std::isfinite(eps), "finite and >= 0");

@@ -68,7 +68,7 @@ struct sgd {
   /// update): lr finite, momentum and weight_decay finite and >= 0, nesterov with momentum > 0.
   void check() const {
     constexpr const char* who = "lockstep::sgd";
-    detail::require_option(who, "lr", lr, std::isfinite(lr), "finite");
+    detail::require_option(who, "lr", lr, lr >= 0.0f && std::isfinite(lr), "finite and >= 0");
     detail::require_option(who, "momentum", momentum, momentum >= 0.0f && std::isfinite(momentum), "finite and >= 0");
     detail::require_option(who, "weight_decay", weight_decay, weight_decay >= 0.0f && std::isfinite(weight_decay),
                            "finite and >= 0");

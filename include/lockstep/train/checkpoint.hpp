@@ -6,7 +6,7 @@
 ///    callbacks' states and the sums of the epoch in progress. Its section of the checkpoint file
 ///    (io/checkpoint.hpp), FITS version 1: epoch, batches consumed (u64); base rate, factor, last
 ///    rate (f32, each finite and >= 0); model seed, pipeline seed (u64); replicas (u32); stop
-///    flag (u8); the epoch's loss sum (f64, finite), samples, steps, labelled rows, top-1 hits
+///    flag (u8); the epoch's loss sum (f64, any value), samples, steps, labelled rows, top-1 hits
 ///    (u64, hits <= labelled rows); the number of callbacks (u64) and each one's state (f64
 ///    array). Checkpoints of formats 1 and 2 hold the same values in their PROG, SCHD, RNGS and
 ///    CBKS sections (no CBKS in format 1: no callback state, no epoch sums), which are read too.
@@ -69,10 +69,7 @@ inline void read_callbacks_part(io::reader& r, fit_resume_state& s, std::size_t 
   const auto stop = r.get<std::uint8_t>("the stop flag");
   if (stop > 1) r.fail_at(stop_at, "stop flag " + std::to_string(stop) + " is neither 0 nor 1");
   s.stop_requested = stop == 1;
-  const std::size_t sum_at = r.offset();
-  s.epoch_loss_sum = r.get<double>("the epoch's loss sum");
-  if (!std::isfinite(s.epoch_loss_sum))
-    r.fail_at(sum_at, "the epoch's loss sum is " + std::to_string(s.epoch_loss_sum) + ", not a finite number");
+  s.epoch_loss_sum = r.get<double>("the epoch's loss sum");  // any value: an overflowing loss, NaN under nonfinite = apply
   s.epoch_samples = r.get<std::uint64_t>("the epoch's sample count");
   s.epoch_steps = r.get<std::uint64_t>("the epoch's step count");
   s.epoch_labelled = r.get<std::uint64_t>("the epoch's labelled count");
@@ -142,16 +139,13 @@ inline void write_fit_state(io::checkpoint_file& f, const fit_resume_state& s) {
     s.replicas = r.get<std::uint32_t>("the replica count");
     detail::read_callbacks_part(r, s, fs->payload.size(), 48);
     r.expect_end();
-    if (const auto* rs = f.find(fit_recipe_tag)) {
+    if (const auto* rs = f.find(fit_recipe_tag)) {  // sums of any value, as the epoch's loss sum
       f.check_version(*rs, "fit recipe sums", 1, 1);
       io::reader q = f.read(*rs, "fit recipe sums");
-      const std::size_t at = q.offset();
       s.epoch_norm_sum = q.get<double>("the epoch's gradient norm sum");
       s.epoch_norm_updates = q.get<std::uint64_t>("the epoch's updates with a norm");
       s.epoch_clip_sum = q.get<double>("the epoch's clip factor sum");
       s.epoch_skipped = q.get<std::uint64_t>("the epoch's skipped updates");
-      if (!std::isfinite(s.epoch_norm_sum) || !std::isfinite(s.epoch_clip_sum))
-        q.fail_at(at, "the epoch's gradient norm or clip factor sum is not finite");
       q.expect_end();
     }
     return s;

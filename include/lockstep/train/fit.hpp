@@ -806,8 +806,15 @@ public:
   /// Counts `n` batches of the epoch as consumed without an update (fit_options::drop_partial_update).
   void drop_batches(std::uint64_t n) noexcept { batches += n; }
   /// The learning rate of the update after `step` updates (rate_at), remembered as the last rate.
+  /// @throws config_error when it is negative or not finite (a schedule's or a callback's factor
+  /// gone wrong: refused before it trains, or lands in a checkpoint that cannot be resumed).
   float next_rate(std::uint64_t step) {
-    lr = rate_at(step);
+    const float r = rate_at(step);
+    if (!(r >= 0.0f) || !std::isfinite(r))
+      throw config_error("lockstep::fit: the learning rate of update " + std::to_string(step + 1) + " is " +
+                         std::to_string(r) + " (the optimiser's lr " + std::to_string(ctl.base_lr) + " x factor " +
+                         std::to_string(ctl.lr_factor) + ", through the schedules); it must be finite and >= 0");
+    lr = r;
     return lr;
   }
   /// The run's history (the session is done with it).
