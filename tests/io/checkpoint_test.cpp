@@ -401,6 +401,35 @@ TEST_CASE("checkpoint_manager: keeps the newest K and finds the latest") {
   fs::remove_all(dir);
 }
 
+TEST_CASE("checkpoint: a file is readable as the umask allows (0666 less it); a directory is a checkpoint_error naming it") {
+  const auto dir = temp_dir("mode");
+  const auto s = sample_state();
+  ls::save_checkpoint(dir / "a.lsck", s);
+  const auto mode = static_cast<unsigned>(fs::status(dir / "a.lsck").permissions() & fs::perms::all);
+  CHECK(mode == (0666u & ~ls::io::detail::current_umask()));
+  // A directory in the place of a checkpoint: refused by name, not a stream's exception.
+  fs::create_directories(dir / "b.lsck");
+  std::string msg;
+  try {
+    (void)ls::load_checkpoint(dir / "b.lsck", ls::model_signature<small_net>());
+  } catch (const ls::checkpoint_error& e) {
+    msg = e.what();
+  }
+  CAPTURE(msg);
+  CHECK(msg.find((dir / "b.lsck").string()) != std::string::npos);
+  CHECK(msg.find("is a directory") != std::string::npos);
+  // ... and the manager lists files only: a directory named as the newest checkpoint is not latest().
+  ls::checkpoint_manager mgr(dir / "run", 3);
+  auto t = sample_state();
+  t.step = 4;
+  mgr.save(t);
+  fs::create_directories(dir / "run" / "ckpt-000000000009.lsck");
+  CHECK(mgr.list().size() == 1);
+  CHECK(mgr.latest() == mgr.path_for(4));
+  CHECK(ls::checkpoint_state::from_file(*mgr.load_latest(ls::model_signature<small_net>())).step == 4);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("checkpoint_manager: step_of reads back the step of path_for, and 0 from other names") {
   ls::checkpoint_manager mgr(temp_dir("step_of"), 1);
   for (std::uint64_t step : {0ull, 1ull, 7ull, 999'999'999'999ull, 1'000'000'000'000ull, 18'446'744'073'709'551'615ull}) {

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <new>
@@ -34,10 +35,12 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
 #include <lockstep/core/error.hpp>
+#include <lockstep/io/detail/file_mode.hpp>
 #include <lockstep/io/serialization.hpp>
 #include <lockstep/layers/signature.hpp>
 
@@ -319,15 +322,21 @@ inline void write_file_atomically(const std::filesystem::path& path, std::span<c
   if (rc != 0) detail::sys_fail("fsync of the directory failed", dir.string());
 }
 
-/// Writes checkpoint `f` to `path` atomically (see write_file_atomically).
+/// Writes checkpoint `f` to `path` atomically (see write_file_atomically), readable by the
+/// accounts the process's umask lets read its files (an evaluation job on a shared file system),
+/// as open(2) with 0666 would make it.
 inline void save_checkpoint_file(const std::filesystem::path& path, const checkpoint_file& f) {
   write_file_atomically(path, encode_checkpoint_file(f));
+  detail::make_shareable(path);
 }
 
 /// Reads and verifies the checkpoint at `path`.
 /// @throws checkpoint_error when the file cannot be read (with the system's reason; also when it
 ///         does not fit in memory) or is corrupt, truncated or of another version.
 [[nodiscard]] inline checkpoint_file load_checkpoint_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw checkpoint_error("lockstep::checkpoint: " + path.string() + ": is a directory, not a checkpoint file");
   errno = 0;
   std::ifstream in(path, std::ios::binary);
   if (!in)
@@ -339,6 +348,9 @@ inline void save_checkpoint_file(const std::filesystem::path& path, const checkp
   } catch (const std::bad_alloc&) {  // a file larger than memory
     throw checkpoint_error("lockstep::checkpoint: " + path.string() + ": cannot allocate memory for the file (" +
                            std::to_string(bytes.size()) + "+ bytes read)");
+  } catch (const std::exception& e) {  // the stream's read failed (libstdc++ throws from underflow)
+    throw checkpoint_error("lockstep::checkpoint: " + path.string() + ": read error after " +
+                           std::to_string(bytes.size()) + " bytes: " + e.what());
   }
   if (in.bad()) throw checkpoint_error("lockstep::checkpoint: " + path.string() + ": read error");
   return decode_checkpoint_file(bytes, path.string());
@@ -409,7 +421,9 @@ public:
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
       const std::string name = e.path().filename().string();
-      if (name.size() == 22 && name.rfind("ckpt-", 0) == 0 && name.ends_with(".lsck")) out.push_back(e.path());
+      std::error_code kind;
+      if (name.size() == 22 && name.rfind("ckpt-", 0) == 0 && name.ends_with(".lsck") && e.is_regular_file(kind))
+        out.push_back(e.path());
     }
     std::sort(out.begin(), out.end());
     return out;

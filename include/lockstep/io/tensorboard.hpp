@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -26,6 +27,9 @@
 #include <vector>
 
 #include <lockstep/core/error.hpp>
+
+static_assert(std::endian::native == std::endian::little,
+              "lockstep::io: the TensorBoard writer copies scalars as a little-endian host holds them");
 
 namespace lockstep::io {
 
