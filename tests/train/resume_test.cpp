@@ -72,7 +72,7 @@ TEST_CASE("resume: with replica_count_invariant the replica count may change at 
   fs::remove_all(dir);
 }
 
-TEST_CASE("resume: a checkpoint of another model or seed is refused") {
+TEST_CASE("resume: a checkpoint of another model, model seed or pipeline seed is refused, naming both seeds") {
   const auto dir = temp_dir("other");
   (void)train_to<two>(2, dir);
   using other = ls::sequential<ls::dense<width, 12>, ls::relu, ls::dense<12, classes>>;
@@ -82,9 +82,17 @@ TEST_CASE("resume: a checkpoint of another model or seed is refused") {
                           {.quiet = true, .checkpoint_dir = dir.string(), .resume = true}),
                   ls::checkpoint_error);
   auto wrong_seed = s.replicate<net>(ls::seed{22});
-  CHECK_THROWS_AS(ls::fit(s, wrong_seed, optimizer, ls::softmax_cross_entropy{}, pipeline(samples, batch),
-                          {.quiet = true, .checkpoint_dir = dir.string(), .resume = true}),
-                  ls::checkpoint_error);
+  CHECK_THROWS_WITH_AS(ls::fit(s, wrong_seed, optimizer, ls::softmax_cross_entropy{}, pipeline(samples, batch),
+                               {.quiet = true, .checkpoint_dir = dir.string(), .resume = true}),
+                       doctest::Contains("the checkpoint's model seed 21 differs from this model's seed 22"),
+                       ls::checkpoint_error);
+  // The pipeline's seed as fit_options::data_seed records it: another would reorder the epoch.
+  auto same = s.replicate<net>(ls::seed{21});
+  CHECK_THROWS_WITH_AS(ls::fit(s, same, optimizer, ls::softmax_cross_entropy{}, pipeline(samples, batch),
+                               {.quiet = true, .checkpoint_dir = dir.string(), .resume = true, .data_seed = 5}),
+                       doctest::Contains("the checkpoint's pipeline seed 0 differs from fit_options::data_seed 5"),
+                       ls::checkpoint_error);
+  CHECK(same.step() == 0);  // refused before anything was restored
   fs::remove_all(dir);
 }
 

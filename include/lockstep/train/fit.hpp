@@ -972,7 +972,7 @@ private:
 };
 
 /// Checks that checkpoint `st` read from `source` was written by this model, seed (model_seed(m,
-/// o)) and kind of optimiser.
+/// o)), pipeline seed (fit_options::data_seed) and kind of optimiser.
 template <class Replicated, class Optimizer>
 void check_resumable(const Replicated& m, const Optimizer& optimizer, const checkpoint_state& st,
                      const std::string& source, const fit_options& o) {
@@ -984,6 +984,11 @@ void check_resumable(const Replicated& m, const Optimizer& optimizer, const chec
                            std::to_string(st.seed) + " differs from " +
                            (own_seed ? "this model's seed " : "fit_options::seed (this model does not know its seed) ") +
                            std::to_string(seed) + "; resuming would not be exact");
+  if (st.data_seed != o.data_seed)  // the pipeline's order would differ: batches trained twice or never
+    throw checkpoint_error("lockstep::fit: " + source + ": section 'rng': the checkpoint's pipeline seed " +
+                           std::to_string(st.data_seed) + " differs from fit_options::data_seed " +
+                           std::to_string(o.data_seed) + "; resuming would not be exact (give the pipeline and "
+                           "data_seed the seed of the run that wrote it)");
   check_optimizer_state(st, optimizer, model<net>::param_count, source);
 }
 
