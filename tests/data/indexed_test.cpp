@@ -292,6 +292,18 @@ TEST_CASE("index-first: a failing sample is reported at its cut, the lowest fail
     CHECK(ld::whole(*all.global).size == 4);  // what a step that reads the whole batch uses
   }
   CHECK_THROWS_AS(ld::table_source(pixel_table(3, 12), 1, 3, 5), lockstep::config_error);
+  // A table with regression targets: index-first batches would drop them; refused, naming from_table.
+  auto regression = std::make_shared<ld::table>();
+  regression->rows = 4;
+  regression->width = 2;
+  regression->values.assign(8, 0.5f);
+  regression->target_width = 1;
+  regression->targets.assign(4, 2.0f);
+  CHECK_THROWS_WITH_AS((void)ld::indexed(regression), doctest::Contains("regression targets (1 per row)"),
+                       lockstep::config_error);
+  CHECK_THROWS_WITH_AS((void)ld::indexed(regression), doctest::Contains("data::from_table"), lockstep::config_error);
+  const auto kept = ld::from_table(regression) | ld::batched(4);
+  for (auto&& b : kept.epoch(0)) CHECK(b.targets.size() == 4);
 }
 
 namespace {

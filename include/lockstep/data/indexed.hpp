@@ -1055,11 +1055,16 @@ class table_source final : public sample_source {
 public:
   /// The rows of `t`, as images of the given shape (0 × 0 × 0: 1 × 1 × width).
   /// @throws data_error when the table is inconsistent; config_error when the shape does not
-  ///         multiply to the row width.
+  ///         multiply to the row width, or when the table has regression targets (an index-first
+  ///         batch carries class labels only: from_table keeps the targets).
   explicit table_source(std::shared_ptr<const table> t, std::uint32_t channels = 0, std::uint32_t height = 0,
                         std::uint32_t width = 0)
       : t_(std::move(t)), c_(channels), h_(height), w_(width) {
     detail::check_table(*t_, "table_source");
+    if (t_->target_width > 0)
+      throw config_error("lockstep::data::table_source: the table has regression targets (" +
+                         std::to_string(t_->target_width) + " per row), which index-first batches do not carry (they "
+                         "would be dropped); read it with data::from_table (or from_memory), whose batches keep them");
     if (c_ == 0 && h_ == 0 && w_ == 0) {
       c_ = 1;
       h_ = 1;
@@ -1116,6 +1121,7 @@ private:
 
 /// A decoded table as an index-first dataset: rows are copied when their batch is cut (of use to
 /// run the image stages on in-memory images, and to compare with the other index-first sources).
+/// A table with regression targets is refused (table_source).
 inline indexed_dataset indexed(std::shared_ptr<const table> t, std::uint32_t channels = 0, std::uint32_t height = 0,
                                std::uint32_t width = 0, const load_options& o = {}) {
   return indexed_dataset(std::make_shared<table_source>(std::move(t), channels, height, width), o);

@@ -113,6 +113,7 @@ inline const char* compression_of(const std::uint8_t* p, std::size_t n) noexcept
   if (n >= 3 && p[0] == 'B' && p[1] == 'Z' && p[2] == 'h') return "bzip2";
   if (n >= 6 && p[0] == 0xfd && p[1] == '7' && p[2] == 'z' && p[3] == 'X' && p[4] == 'Z' && p[5] == 0) return "xz";
   if (n >= 4 && p[0] == 0x28 && p[1] == 0xb5 && p[2] == 0x2f && p[3] == 0xfd) return "zstd";
+  if (n >= 4 && p[0] == 0x04 && p[1] == 0x22 && p[2] == 0x4d && p[3] == 0x18) return "lz4";
   return nullptr;
 }
 
@@ -320,6 +321,18 @@ struct webdataset_sample {
   [[nodiscard]] const std::size_t* field(std::string_view ext) const noexcept {
     for (const auto& [e, i] : fields)
       if (e == ext) return &i;
+    return nullptr;
+  }
+  /// The member of extension `ext` compared without ASCII case (`JPEG` for `jpeg`): an exact
+  /// match first, else the first in member order; null when there is none.
+  [[nodiscard]] const std::size_t* field_ignoring_case(std::string_view ext) const noexcept {
+    if (const std::size_t* exact = field(ext)) return exact;
+    const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; };
+    for (const auto& [e, i] : fields)
+      if (e.size() == ext.size() && std::equal(e.begin(), e.end(), ext.begin(), [&](char a, char b) {
+            return lower(a) == lower(b);
+          }))
+        return &i;
     return nullptr;
   }
 };

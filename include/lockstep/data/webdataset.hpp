@@ -28,7 +28,7 @@ namespace lockstep::data {
 /// Options of tar_shards().
 struct tar_shards_options {
   image_options image{};                                         ///< channels, limits, strictness
-  std::vector<std::string> image_extensions{"jpg", "jpeg", "png"};  ///< the member that is the image: the first of these a sample has
+  std::vector<std::string> image_extensions{"jpg", "jpeg", "png"};  ///< the member that is the image: the first of these a sample has (ASCII case ignored: `JPEG` is `jpeg`)
   std::string label_extension = "cls";                           ///< the member holding the label ("" : unlabelled)
   tar_limits tar{};                                              ///< limits of each shard's headers
   load_options load{};                                           ///< load threads, memory of the decoded rows
@@ -57,7 +57,7 @@ public:
         e.shard = shard_no;
         const std::size_t* image = nullptr;
         for (const std::string& ext : o_.image_extensions)
-          if ((image = ws.field(ext))) break;
+          if ((image = ws.field_ignoring_case(ext))) break;
         const auto fail = [&](const std::string& what) {
           throw data_error("lockstep::data::tar_shards: " + s.path + ": sample '" + ws.key + "': " + what);
         };
@@ -186,7 +186,9 @@ inline indexed_dataset tar_shards(std::vector<std::string> shards, const tar_sha
 }
 
 /// The shards of a folder: every file in `folder` whose name ends in `.tar` (and, to be refused
-/// with the fix, `.tar.gz` / `.tgz`), or the single shard `folder` names when it is a file.
+/// with the fix, a compressed archive's: `.tar.gz`, `.tgz`, `.tar.zst`, `.tzst`, `.tar.xz`,
+/// `.txz`, `.tar.bz2`, `.tbz2`, `.tar.lz4`), or the single shard `folder` names when it is a file.
+/// @throws data_error when the folder does not exist or holds no such file.
 inline indexed_dataset tar_shards(const std::string& folder, const tar_shards_options& o = {}) {
   namespace fs = std::filesystem;
   std::vector<std::string> shards;
@@ -194,12 +196,19 @@ inline indexed_dataset tar_shards(const std::string& folder, const tar_shards_op
     shards.push_back(folder);
   } else {
     if (!fs::is_directory(folder)) throw data_error("lockstep::data::tar_shards: " + folder + ": no such file or folder");
+    static constexpr std::string_view suffixes[] = {".tar",     ".tar.gz", ".tgz",     ".tar.zst", ".tzst",
+                                                    ".tar.xz",  ".txz",    ".tar.bz2", ".tbz2",    ".tar.lz4"};
     for (const auto& e : fs::directory_iterator(folder)) {
       const std::string name = e.path().filename().string();
       if (!fs::is_regular_file(e.status())) continue;
-      if (detail::ends_with(name, ".tar") || detail::ends_with(name, ".tar.gz") || detail::ends_with(name, ".tgz"))
-        shards.push_back(e.path().string());
+      for (const std::string_view suffix : suffixes)
+        if (detail::ends_with(name, suffix)) {
+          shards.push_back(e.path().string());
+          break;
+        }
     }
+    if (shards.empty())
+      throw data_error("lockstep::data::tar_shards: " + folder + ": the folder holds no .tar shard");
   }
   return tar_shards(std::move(shards), o);
 }

@@ -187,6 +187,26 @@ TEST_CASE("tar_shards: the same samples as the folder they were made from and th
   const auto m = error_of([&] { (void)ld::tar_shards(dir.string()); });
   CHECK(m.find("gunzip") != std::string::npos);
   fs::remove(dir / "x.tar.gz");
+  // So is a shard compressed otherwise, in the folder under its own suffix (it was skipped: its
+  // samples silently missing).
+  const std::vector<std::pair<std::string, std::vector<std::uint8_t>>> compressed = {
+      {"x.tar.zst", {0x28, 0xb5, 0x2f, 0xfd, 0}},    {"x.tzst", {0x28, 0xb5, 0x2f, 0xfd, 0}},
+      {"x.tar.xz", {0xfd, '7', 'z', 'X', 'Z', 0, 0}}, {"x.txz", {0xfd, '7', 'z', 'X', 'Z', 0, 0}},
+      {"x.tar.bz2", {'B', 'Z', 'h', '9', 0}},         {"x.tbz2", {'B', 'Z', 'h', '9', 0}},
+      {"x.tar.lz4", {0x04, 0x22, 0x4d, 0x18, 0}}};
+  for (const auto& [name, bytes] : compressed) {
+    CAPTURE(name);
+    write_file(dir / name, bytes);
+    const std::string why = error_of([&] { (void)ld::tar_shards(dir.string()); });
+    CHECK(why.find((dir / name).string()) != std::string::npos);
+    CHECK(why.find("-compressed") != std::string::npos);
+    fs::remove(dir / name);
+  }
+  // A folder without a shard is an error, not an empty dataset.
+  fs::create_directories(dir / "empty");
+  write_file(dir / "empty" / "notes.txt", {'a'});
+  CHECK(error_of([&] { (void)ld::tar_shards((dir / "empty").string()); }).find("holds no .tar shard") !=
+        std::string::npos);
   // A sample without an image, a label that is not a number, a missing label.
   const auto shard = [&](const std::vector<std::pair<std::string, std::string>>& members) {
     ld::tar_writer w((dir / "one.tar").string());
@@ -198,6 +218,12 @@ TEST_CASE("tar_shards: the same samples as the folder they were made from and th
         std::string::npos);
   const auto png = ld::encode_png(pixels(2, 2, 0).data(), 2, 2, 3);
   const std::string p(png.begin(), png.end());
+  // Image extensions ignore ASCII case (ImageNet's .JPEG), as image_folder's do; the exact one first.
+  {
+    const auto upper = ld::tar_shards(std::vector<std::string>{shard({{"a.PNG", p}, {"a.cls", "1"}, {"b.Png", p}, {"b.cls", "2"}})});
+    CHECK(upper.size() == 2);
+    CHECK(samples_of(upper | ld::batched(2)).size() == 2);
+  }
   CHECK(error_of([&] { (void)ld::tar_shards(std::vector<std::string>{shard({{"a.png", p}, {"a.cls", "1"}, {"b.png", p}})}); })
             .find("has no .cls member") != std::string::npos);
   const auto notnum = ld::tar_shards(std::vector<std::string>{shard({{"a.png", p}, {"a.cls", "one"}})}) | ld::batched(1);
