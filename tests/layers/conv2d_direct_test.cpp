@@ -258,6 +258,9 @@ TEST_CASE("conv2d runs through oneDNN's primitives in the oneDNN build for float
     lockstep::testing::run_forward<B>(ctx, params.data(), x.data(), y.data(), ws.data(), batch, info);
     lockstep::testing::run_backward<B>(ctx, params.data(), x.data(), y.data(), dy.data(), dx.data(), dparams.data(),
                                        ws.data(), batch, info);
+    y.insert(y.end(), dparams.begin(), dparams.end());  // everything the passes wrote, in one vector
+    y.insert(y.end(), dx.begin(), dx.end());
+    return y;
   };
   ls::host_context ctx(1);
   run(narrow{}, ctx, 3);
@@ -269,6 +272,17 @@ TEST_CASE("conv2d runs through oneDNN's primitives in the oneDNN build for float
   for (std::size_t batch : {3u, 3u, 5u, 3u, 5u}) run(wide{}, ctx, batch);
   CHECK(ctx.conv_cache().shapes() == 2);  // batches 3 and 5
   MESSAGE("oneDNN convolution: ", ctx.conv_cache().last_implementation());
+  // At most batch_sizes_kept batch sizes per convolution: another evicts the least recently used,
+  // which comes back with the same bits.
+  constexpr std::size_t kept = ls::backend::detail::onednn_conv_cache::batch_sizes_kept;
+  const auto three = run(wide{}, ctx, 3);
+  for (std::size_t batch : {1u, 2u, 4u, 6u, 7u, 9u}) {
+    CAPTURE(batch);
+    (void)run(wide{}, ctx, batch);
+    CHECK(ctx.conv_cache().shapes() <= kept);
+  }
+  CHECK(ctx.conv_cache().shapes() == kept);
+  CHECK(run(wide{}, ctx, 3) == three);
   // Under mixed<bf16>: oneDNN's bf16 primitives where the CPU has bf16 instructions, else im2col +
   // the (emulated) bf16 GEMM.
   ls::host_context bf16_ctx(1, true, ls::compute_precision::bf16);

@@ -398,7 +398,8 @@ struct conv2d {
       if (batch == 0) return;
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
       if constexpr (onednn_capable<T, Ctx>) {
-        if (const auto g = onednn_geometry(ctx, batch, x16 != nullptr); g && ctx.conv_cache().available(*g)) {
+        if (const auto g = onednn_geometry(ctx, batch, x16 != nullptr);
+            g && ctx.conv_cache().available(ctx.blas_threads(), *g)) {
           ctx.conv_cache().forward(ctx.blas_threads(), *g, images_of(a, x16), a.params,
                                    a.params + Filters * patch, a.y.data());
           activate<Fn>(ctx, a.y.data(), a.y.size(), y16);
@@ -448,7 +449,8 @@ struct conv2d {
       }
 #if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
       if constexpr (onednn_capable<T, Ctx>) {
-        if (const auto g = onednn_geometry(ctx, batch, x16 != nullptr); g && ctx.conv_cache().available(*g)) {
+        if (const auto g = onednn_geometry(ctx, batch, x16 != nullptr);
+            g && ctx.conv_cache().available(ctx.blas_threads(), *g)) {
           ctx.conv_cache().backward(ctx.blas_threads(), *g, images_of(a, x16), a.params,
                                     a.dy.data(), a.dparams,
                                     a.dparams + Filters * patch, a.info.accumulate, a.dx ? a.dx.data() : nullptr);

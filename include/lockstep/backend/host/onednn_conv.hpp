@@ -50,13 +50,15 @@ public:
   /// True when the convolutions of shape g run here: always for fp32 (a failure to create them is
   /// an error); for bf16 where bf16 runs natively (onednn_native_bf16) and oneDNN has primitives for g
   /// (else the caller computes the convolution its own way). The first call per shape creates
-  /// the primitives.
-  bool available(const conv_geometry& g) {
+  /// the primitives, for `threads` threads (the context's budget, as forward and backward run them:
+  /// oneDNN's kernels keep the split they were created with).
+  bool available(int threads, const conv_geometry& g) {
     if (const auto it = entries_.find(g); it != entries_.end()) return it->second != nullptr;
     if (g.bf16 && !onednn_native_bf16()) {
       entries_.emplace(g, nullptr);
       return false;
     }
+    onednn_set_threads(threads);
     try {
       create(g);
     } catch (const unavailable&) {
@@ -127,6 +129,12 @@ public:
     store(e.diff_src);
   }
 
+  /// Batch sizes kept per convolution (the same geometry but n): a training epoch's full and last
+  /// batch, an evaluation's two. Another one evicts the least recently used (its primitives and
+  /// operand buffers, the size of a batch of activations each), so predict over ever-changing
+  /// batch sizes keeps memory bounded.
+  static constexpr std::size_t batch_sizes_kept = 4;
+
   /// Number of cached shapes that run here (see available).
   [[nodiscard]] std::size_t shapes() const noexcept {
     std::size_t n = 0;
@@ -177,6 +185,7 @@ private:
     operand diff_dst_d, weights_d, diff_src;     // backward-data
     bool shared_diff_dst = false;                // backward-data reads backward-weights' dy (same layout)
     std::unique_ptr<float[]> grad;               // the weight then bias gradients, OIHW then f
+    std::uint64_t used = 0;                      // when it last ran (the cache's tick_)
   };
   struct geometry_hash {
     std::size_t operator()(const conv_geometry& g) const noexcept {
@@ -333,8 +342,26 @@ private:
   }
 
   entry& find_or_create(const conv_geometry& g) {
-    if (const auto it = entries_.find(g); it != entries_.end() && it->second) return *it->second;
+    if (const auto it = entries_.find(g); it != entries_.end() && it->second) {
+      it->second->used = ++tick_;
+      return *it->second;
+    }
     return create(g);
+  }
+
+  // Before g's entry is made: when batch_sizes_kept entries hold g's convolution at other batch
+  // sizes, drops the least recently used of them.
+  void make_room(const conv_geometry& g) {
+    std::size_t same = 0;
+    auto oldest = entries_.end();
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      conv_geometry other = it->first;
+      other.n = g.n;
+      if (!it->second || !(other == g)) continue;
+      ++same;
+      if (oldest == entries_.end() || it->second->used < oldest->second->used) oldest = it;
+    }
+    if (same >= batch_sizes_kept) entries_.erase(oldest);
   }
 
   // Creates the entry of g: the forward primitive, and for a bf16 shape the backward ones too (so
@@ -363,6 +390,8 @@ private:
     const char* impl = nullptr;
     if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) last_impl_ = impl;
     entry& result = *e;
+    result.used = ++tick_;
+    make_room(g);
     entries_.insert_or_assign(g, std::move(e));
     return result;
   }
@@ -413,6 +442,7 @@ private:
   buffer scratchpad_;
   std::size_t scratchpad_size_ = 0;
   std::unordered_map<conv_geometry, std::unique_ptr<entry>, geometry_hash> entries_;
+  std::uint64_t tick_ = 0;  // counts the entries' uses (least recently used: the smallest `used`)
   std::string last_impl_;
 };
 
