@@ -133,8 +133,7 @@ public:
     const std::uint64_t ph = std::uint64_t{v.height} + 2ull * pad_, pw = std::uint64_t{v.width} + 2ull * pad_;
     if (ph < h_ || pw < w_)
       throw shape_error("lockstep::data::random_crop: a " + size_text(h_, w_) + " crop does not fit the " +
-                        size_text(v.height, v.width) + " image padded by " + std::to_string(pad_) + " (sample " +
-                        std::to_string(index) + ")");
+                        size_text(v.height, v.width) + " image padded by " + std::to_string(pad_));
     const sample_draws r(seed_, tag_random_crop, epoch, index);
     const double top = r.integer(0, static_cast<std::uint32_t>(ph - h_));
     const double left = r.integer(1, static_cast<std::uint32_t>(pw - w_));

@@ -427,7 +427,13 @@ private:
         : r(rec), epoch(e), index(i), rs(s) {}
     pixel_rect plan(std::uint32_t h, std::uint32_t w) const override {
       view = detail::image_view::of(h, w);
-      for (const auto& op : r.ops_) op->apply(view, epoch, index);
+      for (const auto& op : r.ops_) {
+        try {
+          op->apply(view, epoch, index);
+        } catch (const shape_error& e) {  // a stage that does not fit this image: name the file
+          throw shape_error("lockstep::data: " + r.source().name_of(index) + ": " + e.what());
+        }
+      }
       planned = true;
       if (detail::is_identity(view)) return {0, 0, w, h};
       return detail::needed_region(view, rs);

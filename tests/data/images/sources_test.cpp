@@ -149,6 +149,19 @@ TEST_CASE("image_folder: list files, different sizes, corrupt files") {
   CHECK(mb.find("bad.png: PNG: byte offset") != std::string::npos);
 }
 
+TEST_CASE("image stages: a crop that does not fit an image names its file") {
+  fashion_test::scratch_dir tmp;
+  const fs::path root = tmp.path();
+  write_png(root / "cat" / "a.png", 1, 9, 9);
+  write_png(root / "cat" / "b.png", 2, 6, 4);  // too small for an 8 x 8 crop without padding
+  const auto crops = ld::image_folder(root.string()) | ld::random_crop(8, 8, 0, 3) | ld::batched(2);
+  const std::string why = error_of([&] { (void)samples_of(crops); });
+  CHECK(why.find((root / "cat" / "b.png").string()) != std::string::npos);
+  CHECK(why.find("crop does not fit the 4x6 image padded by 0") != std::string::npos);
+  // padded by 2, it fits
+  CHECK(samples_of(ld::image_folder(root.string()) | ld::random_crop(8, 8, 2, 3) | ld::batched(2)).size() == 2);
+}
+
 TEST_CASE("tar_shards: the same samples as the folder they were made from and the refusals") {
   fashion_test::scratch_dir tmp;
   const fs::path dir = tmp.path();
