@@ -660,7 +660,7 @@ TEST_CASE("EMA: one loaded before the first update survives the strategy's choic
   CHECK(automatic.first[0] > 0.3f);
 }
 
-TEST_CASE("EMA: one loaded before the first update keeps its bits when the update is sharded afterwards, on and off the grid") {
+TEST_CASE("EMA and optimiser state loaded before the first update keep their bits when the update is sharded afterwards, on and off the grid") {
   const ls::adam opt{.lr = 1e-2f};
   ls::update_recipe recipe;
   recipe.ema.decay = 0.9;
@@ -672,10 +672,14 @@ TEST_CASE("EMA: one loaded before the first update keeps its bits when the updat
       std::vector<float> loaded(m.stored_count);
       for (std::size_t i = 0; i < loaded.size(); ++i) loaded[i] = 0.25f + static_cast<float>(i % 97) / 128.0f;
       m.load_ema(loaded, 3);
-      if (layout > 0) m.set_optimizer_sharding(true, layout == 2);  // after the EMA was loaded, unsharded
+      std::vector<float> moments(opt.state_size(ls::model<mlp>::param_count));  // a warm start's Adam moments
+      for (std::size_t i = 0; i < moments.size(); ++i) moments[i] = static_cast<float>(i % 13 + 1) * 1e-4f;
+      m.load_optimizer_state(moments);
+      if (layout > 0) m.set_optimizer_sharding(true, layout == 2);  // after both were loaded, unsharded
       CHECK(m.optimizer_sharded() == (layout > 0));
       CHECK(m.ema_to_host() == loaded);
       CHECK(m.ema_updates() == 3);
+      CHECK(m.optimizer_state_to_host() == moments);
       for (std::size_t i = 0; i < 2; ++i)
         (void)ls::train_step(s, m, opt, ls::softmax_cross_entropy{}, distributed(make_batch(12, i), n), recipe);
       return std::make_pair(m.ema_to_host(), m.parameters_to_host());
@@ -685,7 +689,7 @@ TEST_CASE("EMA: one loaded before the first update keeps its bits when the updat
       CAPTURE(layout);
       const auto sharded = run(layout);
       CHECK(sharded.second == plain.second);
-      CHECK(sharded.first == plain.first);  // from the loaded average, not from zeros
+      CHECK(sharded.first == plain.first);  // from the loaded average and moments, not from zeros
     }
   }
 }

@@ -78,15 +78,15 @@ public:
 
   /// Splits the optimiser update over the replicas (strategy_options::shard_optimizer; see
   /// sharded_update): host or GPU replicas; `on_grid`: on the epilogue's grid (what a strategy
-  /// whose reducer reduces onto the slices asks: reduces_to_slices_v). An EMA loaded before the
-  /// first update (load_ema) moves to the new slices with its bits.
+  /// whose reducer reduces onto the slices asks: reduces_to_slices_v). An optimiser state or an
+  /// EMA loaded before the first update (load_optimizer_state, load_ema) moves to the new slices
+  /// with its bits.
   void set_optimizer_sharding(bool on, bool on_grid = false) {
-    const std::vector<T> average = ema_to_host();  // in the layout it was loaded in
+    const std::vector<T> state = optimizer_state_to_host(), average = ema_to_host();  // as they were loaded
     update_.configure(on, replicas(), step_, on_grid);
-    if (!average.empty()) {
-      [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // it places the replicas' EMA
-      update_.load_ema(replicas(), average);
-    }
+    [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // it places the replicas' buffers
+    if (!state.empty()) update_.load_state(replicas(), state);
+    if (!average.empty()) update_.load_ema(replicas(), average);
   }
   /// True when the optimiser update is split over the replicas.
   [[nodiscard]] bool optimizer_sharded() const noexcept { return update_.sharded(); }
