@@ -367,6 +367,21 @@ run_result overflowing_run(std::uint64_t steps, const fs::path& dir = {}, bool r
   r.steps = m.step();
   return r;
 }
+
+/// The message of the config_error fit throws under `o` (sgd and mse on two host replicas, over
+/// overflowing_loss_pipeline), "" when none; `steps` gets the updates done.
+std::string fit_config_error(const ls::fit_options& o, std::uint64_t& steps) {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  auto m = s.replicate<net>(ls::seed{8});
+  std::string msg;
+  try {
+    (void)ls::fit(s, m, ls::sgd{.lr = 1e-2f}, ls::mse{}, overflowing_loss_pipeline(), o);
+  } catch (const ls::config_error& e) {
+    msg = e.what();
+  }
+  steps = m.step();
+  return msg;
+}
 }  // namespace
 
 TEST_CASE("fit: a checkpoint after an update whose loss overflowed resumes to the uninterrupted epoch (its loss infinite)") {
@@ -392,20 +407,36 @@ TEST_CASE("fit: a checkpoint after an update whose loss overflowed resumes to th
 TEST_CASE("fit: a schedule's rate that is negative or not finite is a config_error naming the update") {
   for (const float bad : {-1e-3f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     CAPTURE(bad);
-    ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
-    auto m = s.replicate<net>(ls::seed{8});
     ls::fit_options o{.epochs = 1, .quiet = true};
     ls::callback schedule;
     schedule.schedule = [bad](float lr, std::uint64_t step) { return step >= 3 ? bad : lr; };
     o.callbacks.push_back(schedule);
-    std::string msg;
-    try {
-      (void)ls::fit(s, m, ls::sgd{.lr = 1e-2f}, ls::mse{}, overflowing_loss_pipeline(), o);
-    } catch (const ls::config_error& e) {
-      msg = e.what();
-    }
+    std::uint64_t steps = 0;
+    const std::string msg = fit_config_error(o, steps);
     CAPTURE(msg);
     CHECK(msg.find("the learning rate of update 4 is") != std::string::npos);
-    CHECK(m.step() == 3);  // the updates before it ran
+    CHECK(steps == 3);  // the updates before it ran
+  }
+}
+
+TEST_CASE("fit: a learning-rate factor a callback sets negative or not finite is a config_error, and no checkpoint holds it") {
+  for (const float bad : {-0.5f, std::numeric_limits<float>::quiet_NaN()}) {
+    CAPTURE(bad);
+    const auto dir = temp_dir("badfactor");
+    ls::fit_options o{.epochs = 2, .quiet = true};
+    o.checkpoint_dir = dir.string();
+    ls::callback plateau;  // a callback gone wrong at the end of the first epoch
+    plateau.epoch_end = [bad](const ls::epoch_stats&, ls::training_control& c) { c.lr_factor = bad; };
+    o.callbacks.push_back(plateau);
+    std::uint64_t steps = 0;
+    const std::string msg = fit_config_error(o, steps);
+    CAPTURE(msg);
+    CHECK(steps == 6);
+    CHECK(msg.find("training_control::lr_factor") != std::string::npos);
+    CHECK(msg.find("after 6 updates") != std::string::npos);
+    // the checkpoints left load (the first epoch's end was refused, not written)
+    ls::io::checkpoint_manager mgr(dir, 3);
+    if (const auto p = mgr.latest()) CHECK_NOTHROW((void)ls::load_checkpoint(*p));
+    fs::remove_all(dir);
   }
 }

@@ -48,7 +48,7 @@ struct adam_op {
 };
 
 /// Throws config_error naming optimiser `name`'s hyper-parameter that is out of range (the
-/// moments' decays in [0, 1), eps and the decay finite and >= 0, the rate finite).
+/// moments' decays in [0, 1), the rate, eps and the decay finite and >= 0).
 inline void check_adam(const char* name, float lr, float beta1, float beta2, float eps, float weight_decay) {
   require_option(name, "lr", lr, lr >= 0.0f && std::isfinite(lr), "finite and >= 0");
   require_option(name, "beta1", beta1, beta1 >= 0.0f && beta1 < 1.0f, "in [0, 1)");

@@ -65,7 +65,7 @@ struct sgd {
   }
 
   /// Throws config_error naming a hyper-parameter out of range (the strategy calls it before an
-  /// update): lr finite, momentum and weight_decay finite and >= 0, nesterov with momentum > 0.
+  /// update): lr, momentum and weight_decay finite and >= 0, nesterov with momentum > 0.
   void check() const {
     constexpr const char* who = "lockstep::sgd";
     detail::require_option(who, "lr", lr, lr >= 0.0f && std::isfinite(lr), "finite and >= 0");

@@ -37,7 +37,7 @@ struct fit_resume_state {
   float lr_factor = 1;                  ///< multiplier set by callbacks (e.g. on plateau)
   float lr = 0;                         ///< learning rate of the last update
   std::uint64_t seed = 0;               ///< the model seed (keys init and dropout)
-  std::uint64_t data_seed = 0;          ///< the input pipeline's seed (informational)
+  std::uint64_t data_seed = 0;          ///< the input pipeline's seed (fit_options::data_seed; a resume must give the same)
   std::uint32_t replicas = 0;           ///< replicas of the run that wrote it (informational)
   std::vector<std::vector<double>> callback_states;  ///< each callback's saved state, in callback order
   bool stop_requested = false;          ///< a callback had asked training to stop when it was written
@@ -90,8 +90,8 @@ inline void read_callbacks_part(io::reader& r, fit_resume_state& s, std::size_t 
 }  // namespace detail
 
 /// The tag of fit's section of update-recipe sums of the epoch in progress (FREC version 1: the
-/// sum of its updates' gradient norms (f64, finite), how many (u64), the sum of their clip
-/// factors (f64, finite), the updates skipped (u64)). Checkpoints without it hold zeros.
+/// sum of its updates' gradient norms (f64, any value), how many (u64), the sum of their clip
+/// factors (f64, any value), the updates skipped (u64)). Checkpoints without it hold zeros.
 inline constexpr std::uint32_t fit_recipe_tag = io::section_tag("FREC");
 
 /// Adds fit's sections (FITS version 1, FREC version 1) of `s` to checkpoint `f`.

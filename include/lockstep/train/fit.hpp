@@ -562,6 +562,9 @@ public:
     ctl.past = &h;
     ctl.base_lr = base_lr;
     lr = base_lr;
+    if (!(base_lr >= 0.0f) || !std::isfinite(base_lr))  // a user optimiser's check may allow it
+      throw config_error("lockstep::fit: the optimiser's lr is " + std::to_string(base_lr) +
+                         "; it must be finite and >= 0");
     if (!o.checkpoint_dir.empty()) {
       ckpt_.emplace(o.checkpoint_dir, o.keep_checkpoints);
       // Without resume, checkpoints of later steps than the model's are another run's: this run's
@@ -767,7 +770,9 @@ public:
   }
 
   /// Fills the run's part of checkpoint `st` at (epoch, batches consumed) and writes it.
+  /// @throws config_error when a callback left training_control::lr_factor negative or not finite.
   void save(checkpoint_state st, std::uint64_t epoch, std::uint64_t batches_done, std::uint64_t seed) {
+    check_factor();  // on every worker alike, before the chief writes what its reader would refuse
     if (!chief_) return;
     st.epoch = epoch;
     st.batches = batches_done;
@@ -809,6 +814,7 @@ public:
   /// @throws config_error when it is negative or not finite (a schedule's or a callback's factor
   /// gone wrong: refused before it trains, or lands in a checkpoint that cannot be resumed).
   float next_rate(std::uint64_t step) {
+    check_factor();
     const float r = rate_at(step);
     if (!(r >= 0.0f) || !std::isfinite(r))
       throw config_error("lockstep::fit: the learning rate of update " + std::to_string(step + 1) + " is " +
@@ -821,6 +827,14 @@ public:
   [[nodiscard]] history take_history() noexcept { return std::move(h); }
 
 private:
+  // A learning-rate factor a callback set (training_control::lr_factor) must be finite and >= 0.
+  void check_factor() const {
+    if (!(ctl.lr_factor >= 0.0f) || !std::isfinite(ctl.lr_factor))
+      throw config_error("lockstep::fit: a callback set training_control::lr_factor to " +
+                         std::to_string(ctl.lr_factor) + " (after " + std::to_string(ctl.step) +
+                         " updates); it must be finite and >= 0");
+  }
+
   history h;                          // the result
   training_control ctl;               // what callbacks see and change
   float lr = 0;                       // the rate of the last update (the checkpoint's when resuming)
