@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -404,9 +406,14 @@ TEST_CASE("checkpoint_manager: keeps the newest K and finds the latest") {
 TEST_CASE("checkpoint: a file is readable as the umask allows (0666 less it); a directory is a checkpoint_error naming it") {
   const auto dir = temp_dir("mode");
   const auto s = sample_state();
-  ls::save_checkpoint(dir / "a.lsck", s);
-  const auto mode = static_cast<unsigned>(fs::status(dir / "a.lsck").permissions() & fs::perms::all);
-  CHECK(mode == (0666u & ~ls::io::detail::current_umask()));
+  for (const ::mode_t mask : {::mode_t{022}, ::mode_t{027}, ::mode_t{077}}) {
+    CAPTURE(mask);
+    const ::mode_t before = ::umask(mask);
+    ls::save_checkpoint(dir / "a.lsck", s);
+    (void)::umask(before);
+    const auto mode = static_cast<unsigned>(fs::status(dir / "a.lsck").permissions() & fs::perms::all);
+    CHECK(mode == (0666u & ~static_cast<unsigned>(mask)));
+  }
   // A directory in the place of a checkpoint: refused by name, not a stream's exception.
   fs::create_directories(dir / "b.lsck");
   std::string msg;

@@ -290,9 +290,10 @@ inline std::filesystem::path directory_of(const std::filesystem::path& path) {
   return path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same directory is written and
-/// fsync'ed, renamed over `path`, and the directory is fsync'ed. A crash at any moment leaves
-/// either the old file or the new one, never a torn one (a stray temporary may remain).
+/// Writes `bytes` to `path` atomically: a temporary file in the same directory is written, given
+/// the mode open(2) with 0666 would give it under the process's umask, fsync'ed, renamed over
+/// `path`, and the directory is fsync'ed. A crash at any moment leaves either the old file or the
+/// new one, never a torn one (a stray temporary may remain).
 inline void write_file_atomically(const std::filesystem::path& path, std::span<const std::uint8_t> bytes) {
   const std::filesystem::path dir = directory_of(path);
   std::string tmpl = dir.string();  // built by appending: GCC 12 warns falsely on "." + string
@@ -301,6 +302,8 @@ inline void write_file_atomically(const std::filesystem::path& path, std::span<c
   if (fd < 0) detail::sys_fail("cannot create a temporary file in " + dir.string(), path.string());
   try {
     detail::write_all(fd, bytes.data(), bytes.size(), tmpl);
+    // mkstemp made it 0600: the mode open(2) with 0666 would give, before it has its name
+    if (::fchmod(fd, static_cast<mode_t>(0666u & ~detail::current_umask())) != 0) detail::sys_fail("fchmod failed", tmpl);
     if (::fsync(fd) != 0) detail::sys_fail("fsync failed", tmpl);
   } catch (...) {
     ::close(fd);
@@ -322,12 +325,10 @@ inline void write_file_atomically(const std::filesystem::path& path, std::span<c
   if (rc != 0) detail::sys_fail("fsync of the directory failed", dir.string());
 }
 
-/// Writes checkpoint `f` to `path` atomically (see write_file_atomically), readable by the
-/// accounts the process's umask lets read its files (an evaluation job on a shared file system),
-/// as open(2) with 0666 would make it.
+/// Writes checkpoint `f` to `path` atomically (see write_file_atomically: readable by the accounts
+/// the process's umask lets read its files, as an evaluation job on a shared file system).
 inline void save_checkpoint_file(const std::filesystem::path& path, const checkpoint_file& f) {
   write_file_atomically(path, encode_checkpoint_file(f));
-  detail::make_shareable(path);
 }
 
 /// Reads and verifies the checkpoint at `path`.

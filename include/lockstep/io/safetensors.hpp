@@ -37,7 +37,6 @@
 
 #include <lockstep/core/error.hpp>
 #include <lockstep/io/checkpoint.hpp>
-#include <lockstep/io/detail/file_mode.hpp>
 #include <lockstep/io/detail/safetensors_format.hpp>
 #include <lockstep/layers/batch_norm.hpp>
 #include <lockstep/layers/conv.hpp>
@@ -442,8 +441,7 @@ void save_safetensors(const Replicated& m, const std::filesystem::path& path, co
   } else {
     m.parameters_to_host(std::span<float>(stored));
   }
-  write_file_atomically(path, encode_safetensors<net>(stored, m.step(), o));
-  detail::make_shareable(path);
+  write_file_atomically(path, encode_safetensors<net>(stored, m.step(), o));  // mode 0666 less the umask
 }
 
 /// Loads the safetensors file `path` into every replica of `m` (see decode_safetensors for what

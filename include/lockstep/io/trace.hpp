@@ -18,7 +18,6 @@
 
 #include <lockstep/core/trace.hpp>
 #include <lockstep/io/checkpoint.hpp>
-#include <lockstep/io/detail/file_mode.hpp>
 #include <lockstep/io/detail/json.hpp>
 #include <lockstep/version.hpp>
 
@@ -110,7 +109,6 @@ inline void append_us(std::string& out, std::int64_t ns) {
 inline std::uintmax_t write_chrome_trace(const std::filesystem::path& path, std::span<const trace_block> blocks) {
   const std::string json = chrome_trace_json(blocks);
   write_file_atomically(path, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(json.data()), json.size()));
-  detail::make_shareable(path);
   return json.size();
 }
 
