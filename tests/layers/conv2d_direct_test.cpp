@@ -276,7 +276,7 @@ TEST_CASE("conv2d runs through oneDNN's primitives in the oneDNN build for float
   // which comes back with the same bits.
   constexpr std::size_t kept = ls::backend::detail::onednn_conv_cache::batch_sizes_kept;
   const auto three = run(wide{}, ctx, 3);
-  for (std::size_t batch : {1u, 2u, 4u, 6u, 7u, 9u}) {
+  for (std::size_t batch : {1u, 2u, 4u, 6u, 7u, 9u, 10u, 11u, 12u}) {
     CAPTURE(batch);
     (void)run(wide{}, ctx, batch);
     CHECK(ctx.conv_cache().shapes() <= kept);

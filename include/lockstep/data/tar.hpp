@@ -114,6 +114,7 @@ inline const char* compression_of(const std::uint8_t* p, std::size_t n) noexcept
   if (n >= 6 && p[0] == 0xfd && p[1] == '7' && p[2] == 'z' && p[3] == 'X' && p[4] == 'Z' && p[5] == 0) return "xz";
   if (n >= 4 && p[0] == 0x28 && p[1] == 0xb5 && p[2] == 0x2f && p[3] == 0xfd) return "zstd";
   if (n >= 4 && p[0] == 0x04 && p[1] == 0x22 && p[2] == 0x4d && p[3] == 0x18) return "lz4";
+  if (n >= 4 && p[0] == 0x02 && p[1] == 0x21 && p[2] == 0x4c && p[3] == 0x18) return "lz4";  // its legacy frame
   return nullptr;
 }
 

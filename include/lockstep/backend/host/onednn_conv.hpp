@@ -130,10 +130,10 @@ public:
   }
 
   /// Batch sizes kept per convolution (the same geometry but n): a training epoch's full and last
-  /// batch, an evaluation's two. Another one evicts the least recently used (its primitives and
+  /// batch, an evaluation's two, each with a micro-shard's remainder. Another one evicts the least recently used (its primitives and
   /// operand buffers, the size of a batch of activations each), so predict over ever-changing
   /// batch sizes keeps memory bounded.
-  static constexpr std::size_t batch_sizes_kept = 4;
+  static constexpr std::size_t batch_sizes_kept = 8;
 
   /// Number of cached shapes that run here (see available).
   [[nodiscard]] std::size_t shapes() const noexcept {
@@ -367,6 +367,7 @@ private:
   // Creates the entry of g: the forward primitive, and for a bf16 shape the backward ones too (so
   // that available() knows all three exist). Inserted only once complete.
   entry& create(const conv_geometry& g) {
+    make_room(g);  // before this one's buffers exist
     const std::string what = describe(g);
     const layouts plain(g, false, what), any(g, true, what);
     dnnl_dims_t strides{}, pad_l{}, pad_r{};
@@ -391,7 +392,6 @@ private:
     if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) last_impl_ = impl;
     entry& result = *e;
     result.used = ++tick_;
-    make_room(g);
     entries_.insert_or_assign(g, std::move(e));
     return result;
   }

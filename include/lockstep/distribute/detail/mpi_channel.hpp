@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -41,7 +42,7 @@ namespace lockstep::detail {
 
 /// `n` bytes as an MPI count and datatype: MPI_BYTE while n fits an int; above, one committed
 /// datatype of the whole mebibytes and the rest (so a broadcast of more than 2 GiB needs no
-/// pieces). The datatype is freed when this goes: MPI completes an operation that uses it.
+/// pieces). The datatype is freed when this goes (after the operation that uses it completed).
 class mpi_bytes {
 public:
   /// The count and datatype of `n` bytes.
@@ -437,11 +438,12 @@ private:
   void execute(const job& j) {
     MPI_Request r = MPI_REQUEST_NULL;
     const MPI_Comm c = comms_.data;
+    std::optional<mpi_bytes> bytes;  // a broadcast's datatype, kept until the broadcast completes
     switch (j.kind) {
       case op::barrier: mpi_check(MPI_Ibarrier(c, &r), "MPI_Ibarrier"); break;
       case op::broadcast_bytes: {
-        const mpi_bytes bytes(j.count);
-        mpi_check(MPI_Ibcast(j.data, bytes.count(), bytes.type(), 0, c, &r), "MPI_Ibcast");
+        const mpi_bytes& b = bytes.emplace(j.count);
+        mpi_check(MPI_Ibcast(j.data, b.count(), b.type(), 0, c, &r), "MPI_Ibcast");
         break;
       }
       case op::gather_doubles:
