@@ -406,11 +406,17 @@ TEST_CASE("checkpoint_manager: keeps the newest K and finds the latest") {
 TEST_CASE("checkpoint: a file is readable as the umask allows (0666 less it); a directory is a checkpoint_error naming it") {
   const auto dir = temp_dir("mode");
   const auto s = sample_state();
+  struct umask_scope {  // sets the process's umask, and puts the old one back however the scope ends
+    ::mode_t before;
+    explicit umask_scope(::mode_t mask) : before(::umask(mask)) {}
+    ~umask_scope() { (void)::umask(before); }
+  };
   for (const ::mode_t mask : {::mode_t{022}, ::mode_t{027}, ::mode_t{077}}) {
     CAPTURE(mask);
-    const ::mode_t before = ::umask(mask);
-    ls::save_checkpoint(dir / "a.lsck", s);
-    (void)::umask(before);
+    {
+      const umask_scope scope(mask);
+      ls::save_checkpoint(dir / "a.lsck", s);
+    }
     const auto mode = static_cast<unsigned>(fs::status(dir / "a.lsck").permissions() & fs::perms::all);
     CHECK(mode == (0666u & ~static_cast<unsigned>(mask)));
   }

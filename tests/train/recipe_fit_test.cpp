@@ -434,9 +434,9 @@ TEST_CASE("fit: a learning-rate factor a callback sets negative or not finite is
     CHECK(steps == 6);
     CHECK(msg.find("training_control::lr_factor") != std::string::npos);
     CHECK(msg.find("after 6 updates") != std::string::npos);
-    // the checkpoints left load (the first epoch's end was refused, not written)
+    // the first epoch's end, the only checkpoint, was refused rather than written
     ls::io::checkpoint_manager mgr(dir, 3);
-    if (const auto p = mgr.latest()) CHECK_NOTHROW((void)ls::load_checkpoint(*p));
+    CHECK(!mgr.latest());
     fs::remove_all(dir);
   }
 }

@@ -302,8 +302,9 @@ inline void write_file_atomically(const std::filesystem::path& path, std::span<c
   if (fd < 0) detail::sys_fail("cannot create a temporary file in " + dir.string(), path.string());
   try {
     detail::write_all(fd, bytes.data(), bytes.size(), tmpl);
-    // mkstemp made it 0600: the mode open(2) with 0666 would give, before it has its name
-    if (::fchmod(fd, static_cast<mode_t>(0666u & ~detail::current_umask())) != 0) detail::sys_fail("fchmod failed", tmpl);
+    // mkstemp made it 0600: the mode open(2) with 0666 would give, before it has its name (best
+    // effort: a file system without modes, as vfat, keeps its own)
+    (void)::fchmod(fd, static_cast<mode_t>(0666u & ~detail::current_umask()));
     if (::fsync(fd) != 0) detail::sys_fail("fsync failed", tmpl);
   } catch (...) {
     ::close(fd);

@@ -769,10 +769,9 @@ public:
     if (ctl.stop && st.epoch + 1 < o_.epochs) h.stopped_early = true;
   }
 
-  /// Fills the run's part of checkpoint `st` at (epoch, batches consumed) and writes it.
-  /// @throws config_error when a callback left training_control::lr_factor negative or not finite.
+  /// Fills the run's part of checkpoint `st` at (epoch, batches consumed) and writes it (the
+  /// caller checks the factor first on every worker: check_factor).
   void save(checkpoint_state st, std::uint64_t epoch, std::uint64_t batches_done, std::uint64_t seed) {
-    check_factor();  // on every worker alike, before the chief writes what its reader would refuse
     if (!chief_) return;
     st.epoch = epoch;
     st.batches = batches_done;
@@ -826,8 +825,8 @@ public:
   /// The run's history (the session is done with it).
   [[nodiscard]] history take_history() noexcept { return std::move(h); }
 
-private:
-  // A learning-rate factor a callback set (training_control::lr_factor) must be finite and >= 0.
+  /// @throws config_error when a callback left training_control::lr_factor negative or not finite
+  /// (what a checkpoint must not hold: its reader refuses it).
   void check_factor() const {
     if (!(ctl.lr_factor >= 0.0f) || !std::isfinite(ctl.lr_factor))
       throw config_error("lockstep::fit: a callback set training_control::lr_factor to " +
@@ -835,6 +834,7 @@ private:
                          " updates); it must be finite and >= 0");
   }
 
+private:
   history h;                          // the result
   training_control ctl;               // what callbacks see and change
   float lr = 0;                       // the rate of the last update (the checkpoint's when resuming)
@@ -1092,6 +1092,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
     }
   fit_tracer<Strategy> trace(s, w, o.trace_file, o.trace_steps, s.num_replicas());
   const auto save = [&](std::uint64_t epoch, std::uint64_t batches) {
+    run.check_factor();  // on every worker alike (only the chief writes; the others must not go on)
     if (w.is_chief()) {
       const std::int64_t t0 = trace.now();
       run.save(capture(m, optimizer), epoch, batches, model_seed(m, o));
