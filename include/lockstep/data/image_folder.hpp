@@ -75,7 +75,9 @@ inline bool has_extension(std::string_view name, const std::vector<std::string>&
 }
 
 /// Every file under `dir` (relative paths, '/'-separated) whose name has one of `exts`, following
-/// symbolic links but visiting each directory once.
+/// symbolic links but visiting each directory once: under the first of its paths in a walk that
+/// takes each folder's entries in byte-wise order of their names (never the order the file system
+/// lists them in, so a folder linked from two classes belongs to the same one on every machine).
 inline void list_files(const std::filesystem::path& root, const std::filesystem::path& rel, const std::vector<std::string>& exts,
                        std::set<std::pair<dev_t, ino_t>>& seen, std::vector<std::string>& out) {
   namespace fs = std::filesystem;
@@ -85,19 +87,22 @@ inline void list_files(const std::filesystem::path& root, const std::filesystem:
     throw data_error("lockstep::data::image_folder: " + dir.string() + ": cannot read the folder (" + std::strerror(errno) + ")");
   if (!seen.insert({st.st_dev, st.st_ino}).second) return;  // a link back to a folder already listed
   std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const fs::path name = it->path().filename();
-    const fs::path child = rel.empty() ? name : rel / name;
+  std::vector<std::string> names;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    names.push_back(it->path().filename().string());
+  if (ec) throw data_error("lockstep::data::image_folder: " + dir.string() + ": cannot list the folder (" + ec.message() + ")");
+  std::sort(names.begin(), names.end());  // std::string's order is byte-wise
+  for (const std::string& name : names) {
+    const fs::path child = rel.empty() ? fs::path(name) : rel / name;
     std::error_code sec;
-    const fs::file_status s = fs::status(it->path(), sec);
-    if (sec) throw data_error("lockstep::data::image_folder: " + it->path().string() + ": " + sec.message());
+    const fs::file_status s = fs::status(dir / name, sec);
+    if (sec) throw data_error("lockstep::data::image_folder: " + (dir / name).string() + ": " + sec.message());
     if (fs::is_directory(s)) {
       list_files(root, child, exts, seen, out);
-    } else if (fs::is_regular_file(s) && has_extension(name.string(), exts)) {
+    } else if (fs::is_regular_file(s) && has_extension(name, exts)) {
       out.push_back(child.generic_string());
     }
   }
-  if (ec) throw data_error("lockstep::data::image_folder: " + dir.string() + ": cannot list the folder (" + ec.message() + ")");
 }
 
 }  // namespace detail

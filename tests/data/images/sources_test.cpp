@@ -149,6 +149,34 @@ TEST_CASE("image_folder: list files, different sizes, corrupt files") {
   CHECK(mb.find("bad.png: PNG: byte offset") != std::string::npos);
 }
 
+TEST_CASE("image_folder: a folder linked from several places is listed once, under its byte-wise first path") {
+  fashion_test::scratch_dir tmp;
+  const fs::path root = fs::path(tmp.path()) / "set", shared = fs::path(tmp.path()) / "shared";
+  write_png(shared / "s.png", 7);
+  // Eight classes link the same folder (in whatever order the file system lists them), and the
+  // last one twice: it belongs to the first class, under its first name, on every machine.
+  for (int c = 7; c >= 0; --c) {
+    std::string name(1, 'c');  // appended: GCC 12 warns falsely on "c" + std::to_string(c)
+    name += std::to_string(c);
+    const fs::path cls = root / name;
+    write_png(cls / "own.png", static_cast<unsigned>(c));
+    fs::create_directory_symlink(shared, cls / "z_link");
+    if (c == 7) fs::create_directory_symlink(shared, cls / "a_link");
+  }
+  const auto d = ld::image_folder(root.string());
+  const auto& src = dynamic_cast<const ld::image_folder_source&>(d.source());
+  REQUIRE(src.size() == 9);
+  std::size_t shared_at = src.size();
+  for (std::uint64_t i = 0; i < src.size(); ++i)
+    if (src.relative_path(i).ends_with("/s.png")) {
+      CHECK(shared_at == src.size());  // once
+      shared_at = i;
+    }
+  REQUIRE(shared_at < src.size());
+  CHECK(src.relative_path(shared_at) == "c0/z_link/s.png");
+  CHECK(src.label(shared_at) == 0);
+}
+
 TEST_CASE("image stages: a crop that does not fit an image names its file") {
   fashion_test::scratch_dir tmp;
   const fs::path root = tmp.path();
