@@ -403,7 +403,7 @@ TEST_CASE("checkpoint_manager: keeps the newest K and finds the latest") {
   fs::remove_all(dir);
 }
 
-TEST_CASE("checkpoint: a file is readable as the umask allows (0666 less it); a directory is a checkpoint_error naming it") {
+TEST_CASE("checkpoint: a file is readable as the umask allows (0666 less it), and a directory is a checkpoint_error naming it") {
   const auto dir = temp_dir("mode");
   const auto s = sample_state();
   struct umask_scope {  // sets the process's umask, and puts the old one back however the scope ends
