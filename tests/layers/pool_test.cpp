@@ -55,7 +55,8 @@ void drop_guards(V&... outputs) {
 /// and avg_pool_grad_op), called one index at a time: y, max pooling's argmax cells (bytes in its
 /// workspace) and dx equal bit for bit. Inputs
 /// and output gradients drawn from few values (ties everywhere), with signed zeros and NaNs
-/// sprinkled in, so the first-maximum rule, NaN handling and the sign of zero sums are exercised.
+/// sprinkled in, so the first-maximum rule, NaN handling and the sign of zero sums are exercised;
+/// the per-element kernel against the rule written out (a window holding a NaN gives its first NaN).
 template <pool Kind, std::size_t K, std::size_t S, std::size_t P, std::size_t C, std::size_t H, std::size_t W>
 void check_pool_rows_match(std::size_t rows) {
   using L = std::conditional_t<Kind == pool::max, ls::max_pool2d<K, S, P>, ls::avg_pool2d<K, S, P>>;
@@ -102,6 +103,32 @@ void check_pool_rows_match(std::size_t rows) {
     for (std::size_t i = 0; i < dx_element.size(); ++i) by_element(i);
     CHECK(dx_element.size() == dx_ref.size());
     CHECK((dx_element.empty() || std::memcmp(dx_element.data(), dx_ref.data(), dx_ref.size() * sizeof(float)) == 0));
+    // The kernels' rule, written out: a window's first NaN (row-major) when it holds one, else its
+    // first maximum; padding cells never count.
+    std::size_t mismatches = 0, nan_windows = 0;
+    for (std::size_t o = 0; o < y_ref.size(); ++o) {
+      const std::size_t ox = o % g.ow, oy = (o / g.ow) % g.oh, bc = o / (g.ow * g.oh);
+      bool any = false, nan = false;
+      float best = 0;
+      std::size_t at = 0;
+      for (std::size_t kr = 0; kr < K && !nan; ++kr)
+        for (std::size_t kc = 0; kc < K && !nan; ++kc) {
+          const long yy = g.in_row(oy, kr), xx = g.in_col(ox, kc);
+          if (yy < 0 || xx < 0 || yy >= static_cast<long>(H) || xx >= static_cast<long>(W)) continue;
+          const float v = x[bc * H * W + static_cast<std::size_t>(yy) * W + static_cast<std::size_t>(xx)];
+          if (std::isnan(v) || !any || v > best) {
+            best = v;
+            at = kr * K + kc;
+            any = true;
+            nan = std::isnan(v);
+          }
+        }
+      nan_windows += nan ? 1 : 0;
+      const bool same_value = nan ? std::isnan(y_ref[o]) : std::memcmp(&best, &y_ref[o], sizeof(float)) == 0;
+      mismatches += same_value && static_cast<std::size_t>(ws_ref[o]) == at ? 0 : 1;
+    }
+    CAPTURE(nan_windows);
+    CHECK(mismatches == 0);
   } else {
     const ls::detail::avg_pool_op<float> fwd{x.data(), y_ref.data(), g};
     for (std::size_t i = 0; i < y.size(); ++i) fwd(i);

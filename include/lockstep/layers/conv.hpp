@@ -614,8 +614,17 @@ namespace detail {
 template <std::size_t K>
 using pool_cell_t = std::conditional_t<(K * K <= 256), std::uint8_t, std::uint16_t>;
 
+/// Whether max pooling's window takes cell value v over the best so far: v is greater, or v is
+/// a NaN and the best is not (a window holding a NaN gives its first NaN, as PyTorch's does, so a
+/// NaN never vanishes in pooling). Ties keep the earlier cell. Branch-free (bitwise on bools).
+template <class T>
+LOCKSTEP_HD inline bool pool_takes(T v, T best) {
+  return (v > best) | ((v != v) & (best == best));
+}
+
 /// Max pooling forward: y = the window's maximum, argmax = its cell in the window (row-major,
-/// the first maximum in that order). One call per output element.
+/// the first maximum in that order; the first NaN where the window holds one). One call per
+/// output element.
 template <class T, class A = std::uint8_t>
 struct max_pool_op {
   const T* x;      ///< batch x C x H x W
@@ -636,7 +645,7 @@ struct max_pool_op {
         const long xx = g.in_col(ox, kc);
         if (xx < 0 || xx >= static_cast<long>(g.w)) continue;
         const std::size_t idx = static_cast<std::size_t>(yy) * g.w + static_cast<std::size_t>(xx);
-        if (!any || in[idx] > best) {
+        if (!any || pool_takes(in[idx], best)) {
           best = in[idx];
           at = kr * g.k + kc;
           any = true;
@@ -746,7 +755,7 @@ inline void pool_grad_row(std::size_t i, T* dx, T none, const Value& value) {
 
 /// Max pooling forward on the host, one call per output row (b, c, oy), with the geometry G a
 /// constant: the same maximum and the same argmax (the first maximum in row-major window order;
-/// a NaN first element stays the maximum) as max_pool_op, without its per-element index
+/// the first NaN where the window holds one) as max_pool_op, without its per-element index
 /// arithmetic, and for a window inside the image without bound checks or branches.
 template <class T, window2d G, class A = std::uint8_t>
 struct max_pool_rows_op {
@@ -779,7 +788,7 @@ struct max_pool_rows_op {
         for (std::size_t ox = 0; ox < G.ow; ++ox) {
           const std::int32_t idx = off + static_cast<std::int32_t>(ox) * stride;
           const T v = in[idx];
-          const bool gt = v > best[ox];
+          const bool gt = pool_takes(v, best[ox]);
           best[ox] = gt ? v : best[ox];
           at[ox] = gt ? static_cast<T>(cell) : at[ox];
         }
@@ -797,7 +806,7 @@ struct max_pool_rows_op {
         for (std::size_t cell = 1; cell < G.k * G.k; ++cell) {
           const std::int32_t idx = first + static_cast<std::int32_t>(cell / G.k) * w + static_cast<std::int32_t>(cell % G.k);
           const T v = in[idx];
-          const bool gt = v > best;
+          const bool gt = pool_takes(v, best);
           at = select_bits(gt, static_cast<T>(cell), at);
           best = select_bits(gt, v, best);
         }
@@ -987,7 +996,8 @@ struct bound_pool {
 /// Max pooling over `Kernel` x `Kernel` windows moved by `Stride` (default: Kernel, windows that
 /// do not overlap) with `Padding` ignored cells on every side; rows that do not fill a last
 /// window are dropped (floor), as in TensorFlow's "valid" and PyTorch's default. Input
-/// `shape<C, H, W>`, output `shape<C, OH, OW>`. The gradient goes to the first maximum of each window.
+/// `shape<C, H, W>`, output `shape<C, OH, OW>`. The gradient goes to the first maximum of each window
+/// (a window holding a NaN gives NaN, and its gradient goes to the first NaN).
 template <std::size_t Kernel, std::size_t Stride = Kernel, std::size_t Padding = 0>
 struct max_pool2d {
   static_assert(Kernel > 0 && Stride > 0, "lockstep::max_pool2d: Kernel and Stride must be positive");

@@ -132,10 +132,12 @@ template <int Count>
   }
 }
 
-/// One more cell v (cell index `cell`, as a float) of eight windows: where v > best (ordered:
-/// never for a NaN), best and where take v and its cell; ties keep the earlier cell.
+/// One more cell v (cell index `cell`, as a float) of eight windows: where v > best, or v is a
+/// NaN and best is not (a window's first NaN is its maximum), best and where take v and its cell;
+/// ties keep the earlier cell.
 [[gnu::target("avx2")]] inline void pool_take(__m256 v, float cell, __m256& best, __m256& where) noexcept {
-  const __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
+  const __m256 gt = _mm256_or_ps(_mm256_cmp_ps(v, best, _CMP_GT_OQ),
+                                 _mm256_and_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q), _mm256_cmp_ps(best, best, _CMP_ORD_Q)));
   where = _mm256_blendv_ps(where, _mm256_set1_ps(cell), gt);
   best = _mm256_blendv_ps(best, v, gt);
 }
