@@ -192,6 +192,22 @@ TEST_CASE("schedules give the documented rate at chosen steps") {
   CHECK(wc(base, 2) == doctest::Approx(0.75f * base));
   CHECK(wc(base, 3) == base);
   CHECK(wc(base, 1000) == base);
+
+  // A field out of range is refused at the first step (fit's first update), not when the decay
+  // reaches it; a warm-up checks the schedule after it from its first step too.
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (const float bad : {-0.1f, -inf, inf, nan}) {
+    CAPTURE(bad);
+    const ls::step_schedule decay{.every = 10, .factor = bad};
+    const ls::cosine_schedule cosine{.total = 10, .min_lr = bad};
+    CHECK_THROWS_WITH_AS((void)decay(base, 0), doctest::Contains("`factor` is"), ls::config_error);
+    CHECK_THROWS_WITH_AS((void)cosine(base, 0), doctest::Contains("`min_lr` is"), ls::config_error);
+    const ls::warmup_schedule<ls::step_schedule> warm_step{.steps = 4, .after = {.every = 2, .factor = bad}};
+    const ls::warmup_schedule<ls::cosine_schedule> warm_cosine{.steps = 4, .after = {.min_lr = bad}};
+    CHECK_THROWS_AS((void)warm_step(base, 0), ls::config_error);
+    CHECK_THROWS_AS((void)warm_cosine(base, 0), ls::config_error);
+  }
+  CHECK(ls::step_schedule{.every = 1, .factor = 0.0f}(base, 1) == 0.0f);  // factor 0: a rate of 0 after the first decay
 }
 
 namespace {
@@ -249,7 +265,15 @@ std::string config_error_of(F&& f) {
 TEST_CASE("optimisers refuse hyper-parameters out of range, naming them, before any parameter changes") {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   CHECK_NOTHROW(ls::adam{}.check());
-  CHECK_NOTHROW(ls::adamw{.beta1 = 0.0f, .beta2 = 0.0f, .eps = 0.0f, .weight_decay = 0.0f}.check());
+  CHECK_NOTHROW(ls::adamw{.beta1 = 0.0f, .beta2 = 0.0f, .eps = 1e-30f, .weight_decay = 0.0f}.check());
+  CHECK_NOTHROW(ls::sgd{.momentum = 1.0f}.check());
+  // eps 0 divides an untouched parameter's zero moments (0 / 0); momentum above 1 grows geometrically
+  CHECK(config_error_of([] { ls::adam{.eps = 0.0f}.check(); }) == "lockstep::adam: eps must be finite and > 0, got 0.000000");
+  CHECK(config_error_of([] { ls::adamw{.eps = -0.0f}.check(); }).find("eps must be finite and > 0") != std::string::npos);
+  for (const float bad : {1.0001f, 1.5f, 1e30f}) {
+    CAPTURE(bad);
+    CHECK(config_error_of([&] { ls::sgd{.momentum = bad}.check(); }).find("momentum must be in [0, 1]") != std::string::npos);
+  }
   CHECK_NOTHROW(ls::sgd{.lr = 0.0f, .momentum = 0.9f, .nesterov = true}.check());
   CHECK(config_error_of([] { ls::adam{.beta2 = 1.0f}.check(); }) == "lockstep::adam: beta2 must be in [0, 1), got 1.000000");
   CHECK(config_error_of([] { ls::adamw{.beta1 = 1.0f}.check(); }) == "lockstep::adamw: beta1 must be in [0, 1), got 1.000000");

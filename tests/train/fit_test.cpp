@@ -23,7 +23,7 @@ TEST_CASE("fit: history holds one exact entry per epoch") {
   fs::create_directories(dir);
   const auto h = ls::fit(s, m, ls::adam{.lr = 1e-2f}, ls::softmax_cross_entropy{}, pipeline(n, bs),
                          {.epochs = 4, .validation = eval_pipeline(val, 10), .quiet = true,
-                          .metrics_file = (dir / "m.jsonl").string()});
+                          .metrics_file = (dir / "m.jsonl").string(), .top_k = 2});
   REQUIRE(h.epochs.size() == 4);
   CHECK(!h.stopped_early);
   for (std::size_t e = 0; e < 4; ++e) {
@@ -44,8 +44,13 @@ TEST_CASE("fit: history holds one exact entry per epoch") {
   CHECK(h.last().val_accuracy > 0.6);  // three well separated clusters
   CHECK(m.step() == h.last().global_step);
   // the validation numbers are those of evaluate() on the final model
-  const auto ev = ls::evaluate(s, m, ls::softmax_cross_entropy{}, eval_pipeline(val, 10));
+  const auto ev = ls::evaluate(s, m, ls::softmax_cross_entropy{}, eval_pipeline(val, 10), {.top_k = 2});
   CHECK(ev.accuracy == h.last().val_accuracy);
+  // fit_options::top_k reaches the epoch's statistics (3 classes: top-2 counts more hits than top-1)
+  CHECK(h.last().val_top_k == 2);
+  CHECK(ev.top_k_accuracy == h.last().val_top_k_accuracy);
+  CHECK(h.last().val_top_k_accuracy >= h.last().val_accuracy);
+  CHECK(ls::epoch_line(h.last(), 4).find(" val_top2 ") != std::string::npos);
   // one JSON object per epoch
   std::ifstream in(dir / "m.jsonl");
   std::string line;
@@ -55,6 +60,8 @@ TEST_CASE("fit: history holds one exact entry per epoch") {
     CHECK(line.back() == '}');
     CHECK(line.find("\"epoch\":" + std::to_string(lines)) != std::string::npos);
     CHECK(line.find("\"val_accuracy\":") != std::string::npos);
+    CHECK(line.find("\"val_top_k\":2") != std::string::npos);
+    CHECK(line.find("\"val_top_k_accuracy\":null") == std::string::npos);  // measured
     ++lines;
   }
   CHECK(lines == 4);
@@ -128,6 +135,38 @@ TEST_CASE("fit: early stopping ends training after `patience` epochs without imp
   CHECK(calls == 3);
   CHECK(h.epochs.size() == 3);
   CHECK(h.stopped_early);
+}
+
+TEST_CASE("fit: one early_stopping callback given to several fits starts each afresh, and refuses a bad min_delta") {
+  ls::mirrored<ls::cpu<0>> s;
+  // The first run learns (adam), so its best validation loss is low; the second starts from a
+  // new model at lr 0, whose loss stays at its first epoch's: with the first run's best kept, no
+  // epoch of the second would improve on it and it would stop after `patience` epochs, not
+  // patience + 1.
+  for (std::uint64_t patience : {1u, 3u}) {
+    CAPTURE(patience);
+    const ls::fit_options o{.epochs = 12,
+                            .validation = eval_pipeline(20, 10),
+                            .callbacks = {ls::early_stopping({.monitor = ls::monitored::val_loss, .patience = patience})},
+                            .quiet = true};
+    auto a = s.replicate<net>(ls::seed{5});
+    const auto ha = ls::fit(s, a, ls::adam{.lr = 1e-2f}, ls::softmax_cross_entropy{}, pipeline(60, 10), o);
+    auto b = s.replicate<net>(ls::seed{6});
+    const auto hb = ls::fit(s, b, ls::sgd{.lr = 0.0f}, ls::softmax_cross_entropy{}, pipeline(30, 10), o);
+    CAPTURE(ha.epochs.size());
+    REQUIRE(!ha.epochs.empty());
+    CHECK(hb.epochs.front().val_loss > ha.last().val_loss);  // the second run's loss is worse than the first's best
+    CHECK(hb.epochs.size() == patience + 1);
+    CHECK(hb.stopped_early);
+  }
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (const double bad : {-0.5, -1e-12, inf, nan}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(ls::early_stopping({.min_delta = bad}),
+                         doctest::Contains(("min_delta is " + std::to_string(bad) + "; it must be finite and >= 0").c_str()),
+                         ls::config_error);
+  }
+  CHECK_NOTHROW(ls::early_stopping({.min_delta = 0.0}));
 }
 
 TEST_CASE("fit: plain progress prints one line per epoch, quiet prints nothing") {

@@ -268,7 +268,7 @@ TEST_CASE("tensorboard: the fit callback writes the epoch and step scalars, and 
       series[tag][e.step] = v;
     }
   for (const char* tag : {"epoch/loss", "epoch/accuracy", "epoch/lr", "epoch/samples_per_second", "epoch/val_loss",
-                          "epoch/val_accuracy"}) {
+                          "epoch/val_accuracy", "epoch/val_top_k_accuracy"}) {
     CAPTURE(tag);
     REQUIRE(series[tag].size() == epochs);
   }
@@ -279,6 +279,7 @@ TEST_CASE("tensorboard: the fit callback writes the epoch and step scalars, and 
     CHECK(series["epoch/accuracy"][k] == static_cast<float>(st.train_accuracy));
     CHECK(series["epoch/val_loss"][k] == static_cast<float>(st.val_loss));
     CHECK(series["epoch/val_accuracy"][k] == static_cast<float>(st.val_accuracy));
+    CHECK(series["epoch/val_top_k_accuracy"][k] == static_cast<float>(st.val_top_k_accuracy));
     CHECK(series["epoch/lr"][k] == st.lr);
   }
   REQUIRE(series["step/loss"].size() == epochs * 5);

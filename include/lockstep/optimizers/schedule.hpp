@@ -42,10 +42,13 @@ struct constant_schedule {
 /// Multiplies the rate by `factor` every `every` steps.
 struct step_schedule {
   std::uint64_t every = 1000;  ///< steps between decays
-  float factor = 0.1f;         ///< multiplier per decay
-  /// The rate at `step`.
+  float factor = 0.1f;         ///< multiplier per decay, finite and >= 0
+  /// The rate at `step`. @throws config_error for `every` 0 or a factor negative or not finite
+  /// (at every step, so fit refuses it at its first update, not at the first decay).
   [[nodiscard]] float operator()(float base, std::uint64_t step) const {
     if (every == 0) throw config_error("lockstep::step_schedule: `every` must be > 0");
+    if (!(factor >= 0.0f) || !std::isfinite(factor))
+      throw config_error("lockstep::step_schedule: `factor` is " + std::to_string(factor) + "; it must be finite and >= 0");
     return base * std::pow(factor, static_cast<float>(step / every));
   }
 };
@@ -53,10 +56,13 @@ struct step_schedule {
 /// Cosine decay from the base rate to `min_lr` over `total` steps, then `min_lr`.
 struct cosine_schedule {
   std::uint64_t total = 1000;  ///< steps of the decay
-  float min_lr = 0.0f;         ///< floor: an absolute rate, not scaled with the base
-  /// The rate at `step`.
+  float min_lr = 0.0f;         ///< floor: an absolute rate, not scaled with the base; finite and >= 0
+  /// The rate at `step`. @throws config_error for `total` 0 or a min_lr negative or not finite
+  /// (at every step, so fit refuses it at its first update, not when the decay reaches it).
   [[nodiscard]] float operator()(float base, std::uint64_t step) const {
     if (total == 0) throw config_error("lockstep::cosine_schedule: `total` must be > 0");
+    if (!(min_lr >= 0.0f) || !std::isfinite(min_lr))
+      throw config_error("lockstep::cosine_schedule: `min_lr` is " + std::to_string(min_lr) + "; it must be finite and >= 0");
     if (step >= total) return min_lr;
     const double t = static_cast<double>(step) / static_cast<double>(total);
     return static_cast<float>(min_lr + 0.5 * (base - min_lr) * (1.0 + std::cos(3.14159265358979323846 * t)));
@@ -69,9 +75,13 @@ template <learning_rate_schedule After = constant_schedule>
 struct warmup_schedule {
   std::uint64_t steps = 100;  ///< warm-up length
   After after{};              ///< schedule after the warm-up
-  /// The rate at `step`.
+  /// The rate at `step`. During the warm-up `after` is still called (its rate at its step 0,
+  /// unused), so that a field out of range is refused at the first update, not after the warm-up.
   [[nodiscard]] float operator()(float base, std::uint64_t step) const {
-    if (step < steps) return base * static_cast<float>(step + 1) / static_cast<float>(steps + 1);
+    if (step < steps) {
+      (void)after(base, 0);
+      return base * static_cast<float>(step + 1) / static_cast<float>(steps + 1);
+    }
     return after(base, step - steps);
   }
 };

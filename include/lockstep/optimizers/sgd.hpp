@@ -65,11 +65,12 @@ struct sgd {
   }
 
   /// Throws config_error naming a hyper-parameter out of range (the strategy calls it before an
-  /// update): lr, momentum and weight_decay finite and >= 0, nesterov with momentum > 0.
+  /// update): lr and weight_decay finite and >= 0, momentum in [0, 1] (above 1 the velocity grows
+  /// geometrically), nesterov with momentum > 0.
   void check() const {
     constexpr const char* who = "lockstep::sgd";
     detail::require_option(who, "lr", lr, lr >= 0.0f && std::isfinite(lr), "finite and >= 0");
-    detail::require_option(who, "momentum", momentum, momentum >= 0.0f && std::isfinite(momentum), "finite and >= 0");
+    detail::require_option(who, "momentum", momentum, momentum >= 0.0f && momentum <= 1.0f, "in [0, 1]");
     detail::require_option(who, "weight_decay", weight_decay, weight_decay >= 0.0f && std::isfinite(weight_decay),
                            "finite and >= 0");
     if (nesterov && !(momentum > 0.0f)) throw config_error("lockstep::sgd: nesterov needs momentum > 0");

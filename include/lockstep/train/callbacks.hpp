@@ -29,6 +29,9 @@ struct epoch_stats {
   double train_accuracy = std::numeric_limits<double>::quiet_NaN();  ///< top-1 accuracy of the training-mode outputs (applied updates)
   double val_loss = std::numeric_limits<double>::quiet_NaN();        ///< validation loss (NaN without validation data)
   double val_accuracy = std::numeric_limits<double>::quiet_NaN();    ///< validation top-1 accuracy (NaN without)
+  /// Validation top-k accuracy, k = val_top_k (NaN without validation or labels).
+  double val_top_k_accuracy = std::numeric_limits<double>::quiet_NaN();
+  std::uint64_t val_top_k = 0;          ///< the k of val_top_k_accuracy (fit_options::top_k; 0 without validation)
   double samples_per_second = 0;        ///< the applied updates' training samples per second of the epoch
   double seconds = 0;                   ///< wall time of the epoch (training and validation)
   float lr = 0;                         ///< learning rate of the epoch's last update
@@ -101,6 +104,9 @@ struct callback {
   /// Restores a state save_state returned (throw checkpoint_error if it does not fit); needed
   /// whenever save_state is set.
   std::function<void(std::span<const double>)> load_state;
+  /// Called when fit starts, before its first epoch and before a resume's load_state: a callback
+  /// that keeps state forgets an earlier fit's here (one callback object may serve several runs).
+  std::function<void()> train_begin;
 };
 
 /// A function object run after every epoch: copyable (it is stored in a std::function) and
@@ -208,14 +214,20 @@ inline void check_monitored(monitored m, const epoch_stats& s) {
 /// diverged loss); a metric the epoch did not measure (a validation metric without validation
 /// data, an accuracy without labels) raises config_error at the first epoch's end. Its
 /// state (best value, epochs without improvement) is saved in checkpoints, so a resumed run
-/// stops at the same epoch as an uninterrupted one.
+/// stops at the same epoch as an uninterrupted one, and forgotten when a fit starts (train_begin),
+/// so the same callback given to another fit starts afresh, as Keras's does.
+/// @throws config_error when min_delta is negative or not finite.
 inline callback early_stopping(early_stopping_options o = {}) {
+  if (!(o.min_delta >= 0) || !std::isfinite(o.min_delta))
+    throw config_error("lockstep::early_stopping: min_delta is " + std::to_string(o.min_delta) +
+                       "; it must be finite and >= 0 (a negative one counts a worse metric as an improvement)");
   struct state {
     double best = std::numeric_limits<double>::quiet_NaN();
     std::uint64_t wait = 0;
   };
   auto st = std::make_shared<state>();
   callback c;
+  c.train_begin = [st] { *st = state{}; };
   c.epoch_end = [o, st](const epoch_stats& s, training_control& ctl) {
     double v = 0;
     bool maximise = false;

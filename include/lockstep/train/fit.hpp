@@ -1068,6 +1068,8 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
     return start_plan(false, o, optimizer.lr, optimizer_hyperparameters(optimizer), model_seed(m, o),
                       ck ? &ck->first : nullptr, m.step());
   });
+  for (const auto& c : o.callbacks)  // stateful callbacks forget an earlier fit (a resume then restores theirs)
+    if (c.train_begin) c.train_begin();
   if (ck) {
     const auto callbacks_before = callback_states(o.callbacks);
     try {
@@ -1210,6 +1212,8 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
               : evaluate_core(s, m, loss, o.validation, evaluate_options{o.top_k});
       st.val_loss = v.loss;
       st.val_accuracy = v.accuracy;
+      st.val_top_k_accuracy = v.top_k_accuracy;
+      st.val_top_k = v.k;
       st.val_samples = v.samples;
     }
     run.end_epoch(st, finished, save);

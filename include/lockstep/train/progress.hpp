@@ -85,7 +85,10 @@ inline std::string epoch_line(const epoch_stats& s, std::uint64_t epochs, std::u
                                     detail::metric_or_dash("%.4f", s.train_accuracy).c_str());
   if (!std::isnan(s.val_loss) || !std::isnan(s.val_accuracy))
     line += " | val_loss " + detail::metric_or_dash("%.4f", s.val_loss) + " val_acc " +
-            detail::metric_or_dash("%.4f", s.val_accuracy);
+            detail::metric_or_dash("%.4f", s.val_accuracy) +
+            (s.val_top_k > 1 ? " val_top" + std::to_string(s.val_top_k) + " " +
+                                   detail::metric_or_dash("%.4f", s.val_top_k_accuracy)
+                             : std::string());
   line += detail::progress_format(" | %.0f samples/s | lr %.3g", s.samples_per_second, static_cast<double>(s.lr));
   if (!std::isnan(s.grad_norm))
     line += detail::progress_format(" | norm %.4g clip %.3g", s.grad_norm, s.clip_factor);
@@ -202,6 +205,7 @@ inline std::string epoch_json(const epoch_stats& s) {
   return "{\"epoch\":" + std::to_string(s.epoch) + ",\"step\":" + std::to_string(s.global_step) +
          ",\"train_loss\":" + json_number(s.train_loss) + ",\"train_accuracy\":" + json_number(s.train_accuracy) +
          ",\"val_loss\":" + json_number(s.val_loss) + ",\"val_accuracy\":" + json_number(s.val_accuracy) +
+         ",\"val_top_k_accuracy\":" + json_number(s.val_top_k_accuracy) + ",\"val_top_k\":" + std::to_string(s.val_top_k) +
          ",\"samples_per_second\":" + json_number(s.samples_per_second) + ",\"seconds\":" + json_number(s.seconds) +
          ",\"lr\":" + json_number(static_cast<double>(s.lr)) + ",\"steps\":" + std::to_string(s.steps) +
          ",\"samples\":" + std::to_string(s.samples) + ",\"val_samples\":" + std::to_string(s.val_samples) +

@@ -4,7 +4,8 @@
 /// (io/tensorboard.hpp), as Keras's TensorBoard callback and PyTorch's SummaryWriter do.
 ///
 /// Per epoch (step = the epoch number): epoch/loss, epoch/accuracy, epoch/lr,
-/// epoch/samples_per_second, with validation data epoch/val_loss and epoch/val_accuracy, and when
+/// epoch/samples_per_second, with validation data epoch/val_loss, epoch/val_accuracy and
+/// epoch/val_top_k_accuracy (k = fit_options::top_k), and when
 /// the update recipe has an epilogue (clipping or the non-finite guard) epoch/grad_norm and
 /// epoch/clip_factor (means over the epoch's applied updates) and epoch/skipped_updates.
 /// Per update (step = the number of updates done): step/loss and step/lr, with an epilogue
@@ -106,6 +107,7 @@ inline callback tensorboard(const std::filesystem::path& dir, tensorboard_option
     if (s.val_samples > 0) {
       add("epoch/val_loss", s.val_loss);
       add("epoch/val_accuracy", s.val_accuracy);
+      add("epoch/val_top_k_accuracy", s.val_top_k_accuracy);
     }
     st->writer.scalars(static_cast<std::int64_t>(s.epoch), row);
   };
