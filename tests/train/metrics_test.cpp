@@ -22,8 +22,45 @@ TEST_CASE("metrics: rank_of ties resolve to the lowest index like argmax") {
   ls::count_predictions(row, 1, 4, labels, 2, m);
   CHECK(m.correct == 0);
   CHECK(m.top_k_correct == 1);
-  const std::int32_t bad[] = {4};
-  CHECK_THROWS_AS(ls::count_predictions(row, 1, 4, bad, 2, m), ls::shape_error);
+  // labels the loss's rule let through beyond the outputs are misses (as training counts them)
+  const std::int32_t beyond[] = {4, -1};
+  ls::metric_sums b;
+  ls::count_predictions(row, 1, 4, beyond, 4, b);
+  ls::count_predictions(row, 1, 4, beyond + 1, 4, b);
+  CHECK(b.labelled == 2);
+  CHECK(b.correct == 0);
+  CHECK(b.top_k_correct == 0);
+}
+
+TEST_CASE("evaluate and fit: rows with a class label beside a regression loss's targets evaluate, labels beyond the outputs counted as misses") {
+  // mse checks no labels; a table may carry both (a CSV's label column and target columns). The
+  // accuracy then counts label 0 of a one-output model as a hit and the others as misses, in
+  // validation as in training (evaluate refused such labels while training took them).
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  auto m = s.replicate<ls::sequential<ls::dense<2, 1>>>(ls::seed{3});
+  for (const std::size_t rows : {1u, 7u, 13u}) {
+    CAPTURE(rows);
+    auto t = std::make_shared<ls::data::table>();
+    t->rows = rows;
+    t->width = 2;
+    t->target_width = 1;
+    std::size_t zeros = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      t->values.push_back(static_cast<float>(r) * 0.25f);
+      t->values.push_back(1.0f - static_cast<float>(r) * 0.125f);
+      t->targets.push_back(static_cast<float>(r % 3));
+      t->labels.push_back(static_cast<std::int32_t>(r % 3));
+      zeros += r % 3 == 0 ? 1 : 0;
+    }
+    const auto data = ls::data::from_table(t) | ls::data::batched(3);
+    const auto ev = ls::evaluate(s, m, ls::mse{}, data);
+    CHECK(ev.samples == rows);
+    CHECK(std::isfinite(ev.loss));
+    CHECK(ev.accuracy == doctest::Approx(static_cast<double>(zeros) / static_cast<double>(rows)));
+    const auto h = ls::fit(s, m, ls::sgd{.lr = 0.0f}, ls::mse{}, data, {.validation = data, .quiet = true});
+    CHECK(h.last().val_accuracy == ev.accuracy);
+    CHECK(h.last().train_accuracy == ev.accuracy);
+  }
 }
 
 namespace {

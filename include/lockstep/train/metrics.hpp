@@ -52,20 +52,20 @@ struct metric_sums {
 };
 
 /// Adds the top-1 and top-k counts of `rows` host output rows (rows x cols) against `labels` to `m`
-/// (a null `labels` adds nothing). Does not touch loss_sum or count.
-/// @throws shape_error when a label is negative or not below cols.
+/// (a null `labels` adds nothing). Does not touch loss_sum or count. A label outside [0, cols) is
+/// a miss, as in training's accuracy: the loss's own rule (label_classes) has checked the labels,
+/// and a loss without one (mse on rows that also carry a class label) or with more classes than
+/// outputs may take them.
 template <class T>
 void count_predictions(const T* out, std::size_t rows, std::size_t cols, const std::int32_t* labels, std::size_t k,
                        metric_sums& m) {
   if (!labels) return;
   for (std::size_t i = 0; i < rows; ++i) {
-    if (labels[i] < 0 || static_cast<std::size_t>(labels[i]) >= cols)
-      throw shape_error("lockstep::metrics: label " + std::to_string(labels[i]) + " of row " + std::to_string(i) +
-                        " is outside the model's " + std::to_string(cols) + " outputs");
+    ++m.labelled;
+    if (labels[i] < 0 || static_cast<std::size_t>(labels[i]) >= cols) continue;
     const std::size_t r = rank_of(out + i * cols, cols, static_cast<std::size_t>(labels[i]));
     m.correct += r == 0 ? 1 : 0;
     m.top_k_correct += r < k ? 1 : 0;
-    ++m.labelled;
   }
 }
 
