@@ -127,7 +127,7 @@ struct activation {
   };
 };
 
-/// max(0, x).
+/// max(0, x); a NaN gives 0 (x > 0 is false).
 struct relu_fn {
   /// The function.
   template <class T> LOCKSTEP_HD static T f(T x) { return x > T(0) ? x : T(0); }
