@@ -40,6 +40,7 @@ foreach(_mutant
     "ignores_timeout{;}a replica that never arrives*{;}replica\\(s\\) 0, 2 still inside the reducer 10.6 s after the collective began"
     "row_mask_layer{;}gradients of inputs*{;}input gradient vs central finite differences: [0-9]+ of [0-9]+ elements differ\n  \\[training, a shard at offsets"
     "accumulating_layer{;}accumulates_gradients*{;}dparams after an accumulating backward vs what it held \\+ the batch's gradient: [0-9]+ of"
+    "update_blind_layer{;}a row's randomness*{;}a shard's output vs the same rows of one pass over the update: [0-9]+ of [0-9]+ elements differ"
     "forgets_momentum{;}state save/load*{;}CHECK\\( a.p == b.p \\) is NOT correct"
     "ascends{;}updates descend*{;}the updates do not descend")
   string(REPLACE "{;}" ";" _parts "${_mutant}")

@@ -133,6 +133,36 @@ struct local_row_mask {
   };
 };
 
+/// y = x * mask(row) per feature, forward and backward keyed alike by the row's place in its
+/// batch (sample_offset + r) but not in the update (the defect: update_offset is ignored, so every
+/// batch of an accumulated update draws the same masks; each check on one batch passes).
+struct update_blind_mask {
+  using layer_concept = ls::layer_tag;
+  static constexpr std::size_t expected_input = 0;
+
+  template <std::size_t In>
+  struct bind {
+    static constexpr std::size_t input_size = In, output_size = In, param_count = 0, workspace_per_sample = 0;
+    static double mask(std::uint64_t row, std::size_t j) { return 0.5 + static_cast<double>((row * 7 + j) % 3); }
+
+    template <class T>
+    static void init(T*, const ls::counter_rng&) {}
+    template <class T, class Ctx>
+    static void forward(Ctx&, const ls::forward_args<T, Ctx, ls::shape<In>, ls::shape<In>>& a) {
+      for (std::size_t r = 0; r < a.batch(); ++r)
+        for (std::size_t j = 0; j < In; ++j)
+          a.y.data()[r * In + j] = a.x.data()[r * In + j] * static_cast<T>(mask(a.info.sample_offset + r, j));
+    }
+    template <class T, class Ctx>
+    static void backward(Ctx&, const ls::backward_args<T, Ctx, ls::shape<In>, ls::shape<In>>& a) {
+      if (!a.dx) return;
+      for (std::size_t r = 0; r < a.batch(); ++r)
+        for (std::size_t j = 0; j < In; ++j)
+          a.dx.data()[r * In + j] = a.dy.data()[r * In + j] * static_cast<T>(mask(a.info.sample_offset + r, j));
+    }
+  };
+};
+
 /// y = x * a + b per feature with right gradients, which says it accumulates gradients
 /// (`accumulates_gradients`) but overwrites dparams under pass_info::accumulate (the defect).
 using claims_accumulation = test_support::scale_shift<test_support::scale_shift_defect::overwrites_accumulation>;
@@ -171,6 +201,7 @@ struct ascends {
 /// The layers bound to 5 features (one name each, for the test case names).
 using row_mask_layer = ls::bind_t<local_row_mask, 5>;
 using accumulating_layer = ls::bind_t<claims_accumulation, 5>;
+using update_blind_layer = ls::bind_t<update_blind_mask, 5>;
 
 }  // namespace mutant
 
@@ -180,10 +211,12 @@ TYPE_TO_STRING(mutant::copies_after_return);
 TYPE_TO_STRING(mutant::ignores_timeout);
 TYPE_TO_STRING(mutant::row_mask_layer);
 TYPE_TO_STRING(mutant::accumulating_layer);
+TYPE_TO_STRING(mutant::update_blind_layer);
 TYPE_TO_STRING(mutant::forgets_momentum);
 TYPE_TO_STRING(mutant::ascends);
 
 TEST_CASE_TEMPLATE_INVOKE(lockstep_reducer_conformance, mutant::broadcast_from_zero, mutant::stale_bucket,
                           mutant::copies_after_return, mutant::ignores_timeout);
-TEST_CASE_TEMPLATE_INVOKE(lockstep_layer_conformance, mutant::row_mask_layer, mutant::accumulating_layer);
+TEST_CASE_TEMPLATE_INVOKE(lockstep_layer_conformance, mutant::row_mask_layer, mutant::accumulating_layer,
+                          mutant::update_blind_layer);
 TEST_CASE_TEMPLATE_INVOKE(lockstep_optimizer_conformance, mutant::forgets_momentum, mutant::ascends);

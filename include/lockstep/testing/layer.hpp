@@ -17,7 +17,9 @@
 /// invariance: a row's output and input gradient do not depend on the other rows, nor on how the
 /// batch is split into shards (with `pass_info::sample_offset` set as a strategy sets it), and the
 /// shards' parameter gradients sum to the whole batch's, the property that
-/// `determinism::replica_count_invariant` relies on; for a layer that `couples_rows` (batch norm),
+/// `determinism::replica_count_invariant` relies on, and that a row's randomness follows its place
+/// in the update (a shard at `update_offset` U and `sample_offset` S gives the rows [U + S, ...) of
+/// one pass over the whole update, as gradient accumulation needs); for a layer that `couples_rows` (batch norm),
 /// instead, that the batch split over 1 to 4 threads through a row exchange gives one call's
 /// results. A layer that opts in to mixed precision (`mixed_precision`) and runs in float is also
 /// run under mixed<bf16> and mixed<fp16> against fp32 on the same rounded inputs, parameters and
@@ -649,6 +651,51 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
       CHECK_MESSAGE(split.ok(), split.text());
       CHECK_MESSAGE(split_dx.ok(), split_dx.text());
       CHECK_MESSAGE(split_dp.ok(), split_dp.text());
+    }
+    SUBCASE("a row's randomness follows its place in the update: a shard at update_offset U and sample_offset S gives "
+            "the rows [U + S, U + S + n) of one pass over U + S + n rows") {
+      // Gradient accumulation keys a row by update_offset + sample_offset + its row (pass_info): a
+      // layer that ignores update_offset draws the same masks in every batch of an update, and
+      // accumulating N batches then differs from one batch of all their rows.
+      lt::element_report shard_y("a shard's output vs the same rows of one pass over the update", "in the shard",
+                                 "in one pass");
+      lt::element_report shard_dx("a shard's input gradient vs the same rows of one pass over the update", "in the shard",
+                                  "in one pass");
+      for (const std::size_t n : {std::size_t{1}, std::size_t{7}}) {
+        // earlier batches' rows (a prime: a mask periodic in the row would not hide the offset), then
+        // earlier shards' rows
+        constexpr std::size_t update = 23, offset = 5;
+        const std::size_t total = update + offset + n;
+        lockstep::pass_info whole = lt::suite_info<B>(true);
+        whole.global_rows = total;
+        lockstep::pass_info shard = lt::suite_info<B>(true);
+        shard.update_offset = update;
+        shard.sample_offset = offset;
+        shard.global_rows = offset + n + 3;  // the batch this shard is part of
+        lt::detail::layer_harness<B> h;
+        const auto x = lt::detail::inputs<B>(total);
+        const auto w = lt::detail::weights(total * B::output_size);
+        std::vector<double> ws, dx(total * B::input_size), dp(B::param_count + 1), sdx(n * B::input_size),
+            sdp(B::param_count + 1);
+        const auto y = h.forward_backward(x.data(), w.data(), total, whole, ws, dx.data(), dp.data());
+        const std::size_t first = update + offset;
+        const auto sy = h.forward_backward(x.data() + first * B::input_size, w.data() + first * B::output_size, n, shard,
+                                           ws, sdx.data(), sdp.data());
+        const std::string where = std::to_string(n) + " rows at update_offset " + std::to_string(update) +
+                                  ", sample_offset " + std::to_string(offset);
+        shard_y.context(where);
+        shard_dx.context(where);
+        for (std::size_t i = 0; i < sy.size(); ++i) {
+          const double ref = y[first * B::output_size + i];
+          shard_y.close(i, sy[i], ref, 1e-12 * std::max(1.0, std::abs(ref)));
+        }
+        for (std::size_t i = 0; i < sdx.size(); ++i) {
+          const double ref = dx[first * B::input_size + i];
+          shard_dx.close(i, sdx[i], ref, 1e-12 * std::max(1.0, std::abs(ref)));
+        }
+      }
+      CHECK_MESSAGE(shard_y.ok(), shard_y.text());
+      CHECK_MESSAGE(shard_dx.ok(), shard_dx.text());
     }
   } else {
     SUBCASE("a layer that couples rows: split over 1 to 4 replicas through a row exchange, bitwise one device") {
