@@ -236,3 +236,19 @@ TEST_CASE("predict and evaluate under replica_count_invariant: each micro-shard 
     check_invariant_against_one<invariant_of_4<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>>>(n, one);
   }
 }
+
+TEST_CASE("evaluate: a double model's accuracy ranks its double outputs (rounded to float they would tie)") {
+  // logits [1, 1 + 2^-30]: label 1 is the maximum in double; in float both are 1 and a tie goes to 0
+  ls::mirrored<ls::cpu<0>> s;
+  auto m = s.replicate<ls::sequential<ls::dense<1, 2>>, double>(ls::seed{1});
+  const double w1 = 1.0 + std::ldexp(1.0, -30);
+  m.load_parameters(std::vector<double>{1.0, w1, 0.0, 0.0});  // weights (1 x 2), then the biases
+  for (const std::size_t rows : {1u, 5u}) {
+    CAPTURE(rows);
+    const auto data =
+        ls::data::from_memory(std::vector<float>(rows, 1.0f), 1, std::vector<std::int32_t>(rows, 1)) | ls::data::batched(2);
+    const auto ev = ls::evaluate(s, m, ls::softmax_cross_entropy{}, data, {.top_k = 1});
+    CHECK(ev.accuracy == 1.0);
+    CHECK(ev.top_k_accuracy == 1.0);
+  }
+}

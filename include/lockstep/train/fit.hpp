@@ -211,17 +211,18 @@ metric_sums shard_metrics(Rep& rep, const Loss& loss, const data::shard& sh, con
     m.loss_sum = l.sum;
     m.count = l.count;
     if (sh.labels) {
-      auto& host = scratch.host_out[r];
-      host.resize(sh.size * cols);
       if constexpr (std::is_same_v<T, float>) {
+        auto& host = scratch.host_out[r];
+        host.resize(sh.size * cols);
         copy_to_host(rep.context(), host.data(), out, host.size());
-      } else {
-        std::vector<T> tmp(sh.size * cols);
-        copy_to_host(rep.context(), tmp.data(), out, tmp.size());
-        host.assign(tmp.begin(), tmp.end());
+        rep.context().synchronize();
+        count_predictions(host.data(), sh.size, cols, sh.labels, k, m);
+      } else {  // ranked in T: outputs rounded to float could tie where T's do not
+        std::vector<T> host(sh.size * cols);
+        copy_to_host(rep.context(), host.data(), out, host.size());
+        rep.context().synchronize();
+        count_predictions(host.data(), sh.size, cols, sh.labels, k, m);
       }
-      rep.context().synchronize();
-      count_predictions(host.data(), sh.size, cols, sh.labels, k, m);
     }
   }
   return m;
