@@ -282,23 +282,32 @@ auto nan_rows_pipeline() {
   return ls::data::from_memory(std::move(features), width, std::move(targets), classes) | ls::data::batched(4);
 }
 
-/// fit with mse and the non-finite guard skipping, on `Strategy`, sharding the update or not;
-/// checkpoints after every update in `dir` when given, until `steps` updates are done.
-template <class Strategy>
-run_result skipping_run(bool sharded, std::uint64_t steps, const fs::path& dir = {}, bool resume = false) {
-  Strategy s(ls::strategy_options{.shard_optimizer = sharded});
+/// fit of `net` (seed 8) with mse on `s` under `o`, quiet, until `steps` updates are done;
+/// checkpoints after every update in `dir` when given, and resumes from it when `resume`.
+template <class Strategy, class Optimizer, class Source>
+run_result checkpointed_run(Strategy& s, const Optimizer& opt, const Source& data, ls::fit_options o, std::uint64_t steps,
+                            const fs::path& dir, bool resume) {
   auto m = s.template replicate<net>(ls::seed{8});
-  ls::fit_options o{.epochs = 2, .quiet = true};
-  o.nonfinite = ls::nonfinite_policy::skip;
+  o.quiet = true;
   o.checkpoint_dir = dir.string();
   o.checkpoint_every = dir.empty() ? 0 : 1;
   o.resume = resume;
   o.max_steps = steps;
   run_result r;
-  r.h = ls::fit(s, m, ls::adam{.lr = 1e-2f}, ls::mse{}, nan_rows_pipeline(), o);
+  r.h = ls::fit(s, m, opt, ls::mse{}, data, o);
   r.params = m.parameters_to_host();
   r.steps = m.step();
   return r;
+}
+
+/// Two epochs with the non-finite guard skipping, on `Strategy`, sharding the update or not
+/// (checkpointed_run).
+template <class Strategy>
+run_result skipping_run(bool sharded, std::uint64_t steps, const fs::path& dir = {}, bool resume = false) {
+  Strategy s(ls::strategy_options{.shard_optimizer = sharded});
+  ls::fit_options o{.epochs = 2};
+  o.nonfinite = ls::nonfinite_policy::skip;
+  return checkpointed_run(s, ls::adam{.lr = 1e-2f}, nan_rows_pipeline(), o, steps, dir, resume);
 }
 }  // namespace
 
@@ -350,22 +359,13 @@ auto overflowing_loss_pipeline() {
   return ls::data::from_memory(std::vector<float>(b.features), width, std::move(targets), classes) | ls::data::batched(4);
 }
 
-/// One epoch of fit with mse and clipping by global norm 1 (non-finite policy: the default,
-/// apply); checkpoints after every update in `dir` when given, until `steps` updates are done.
+/// One epoch with clipping by global norm 1 (non-finite policy: the default, apply) on two host
+/// replicas (checkpointed_run).
 run_result overflowing_run(std::uint64_t steps, const fs::path& dir = {}, bool resume = false) {
   ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
-  auto m = s.replicate<net>(ls::seed{8});
-  ls::fit_options o{.epochs = 1, .quiet = true};
+  ls::fit_options o{.epochs = 1};
   o.clip_global_norm = 1.0;
-  o.checkpoint_dir = dir.string();
-  o.checkpoint_every = dir.empty() ? 0 : 1;
-  o.resume = resume;
-  o.max_steps = steps;
-  run_result r;
-  r.h = ls::fit(s, m, ls::sgd{.lr = 1e-2f}, ls::mse{}, overflowing_loss_pipeline(), o);
-  r.params = m.parameters_to_host();
-  r.steps = m.step();
-  return r;
+  return checkpointed_run(s, ls::sgd{.lr = 1e-2f}, overflowing_loss_pipeline(), o, steps, dir, resume);
 }
 
 /// The message of the config_error fit throws under `o` (sgd and mse on two host replicas, over

@@ -2,6 +2,7 @@
 /// @file error.hpp
 /// The lockstep::error hierarchy: every failure the library reports is one of these.
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -95,6 +96,10 @@ public:
 inline std::string os_reason(int errnum) { return std::generic_category().message(errnum); }
 
 namespace detail {
+/// Whether v is finite and >= 0 (false for NaN): the range of learning rates, their factors and
+/// decays, which fit, the optimisers, the schedules and the checkpoint reader all check.
+[[nodiscard]] inline bool finite_nonnegative(double v) noexcept { return v >= 0 && std::isfinite(v); }
+
 /// Throws config_error "<who>: <what> must be <range>, got <value>" unless `ok` (the range
 /// checks of options: optimisers' hyper-parameters, update_recipe).
 inline void require_option(const char* who, const char* what, double value, bool ok, const char* range) {

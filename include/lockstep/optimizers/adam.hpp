@@ -50,12 +50,12 @@ struct adam_op {
 /// Throws config_error naming optimiser `name`'s hyper-parameter that is out of range (the
 /// moments' decays in [0, 1), the rate and the decay finite and >= 0, eps finite and > 0).
 inline void check_adam(const char* name, float lr, float beta1, float beta2, float eps, float weight_decay) {
-  require_option(name, "lr", lr, lr >= 0.0f && std::isfinite(lr), "finite and >= 0");
+  require_option(name, "lr", lr, finite_nonnegative(lr), "finite and >= 0");
   require_option(name, "beta1", beta1, beta1 >= 0.0f && beta1 < 1.0f, "in [0, 1)");
   require_option(name, "beta2", beta2, beta2 >= 0.0f && beta2 < 1.0f, "in [0, 1)");
   // eps 0 would divide a parameter's zero moments (a gradient of exactly 0 so far) as 0 / 0.
   require_option(name, "eps", eps, eps > 0.0f && std::isfinite(eps), "finite and > 0");
-  require_option(name, "weight_decay", weight_decay, weight_decay >= 0.0f && std::isfinite(weight_decay), "finite and >= 0");
+  require_option(name, "weight_decay", weight_decay, finite_nonnegative(weight_decay), "finite and >= 0");
 }
 
 template <class T, class Ctx>

@@ -47,7 +47,7 @@ struct step_schedule {
   /// (at every step, so fit refuses it at its first update, not at the first decay).
   [[nodiscard]] float operator()(float base, std::uint64_t step) const {
     if (every == 0) throw config_error("lockstep::step_schedule: `every` must be > 0");
-    if (!(factor >= 0.0f) || !std::isfinite(factor))
+    if (!detail::finite_nonnegative(factor))
       throw config_error("lockstep::step_schedule: `factor` is " + std::to_string(factor) + "; it must be finite and >= 0");
     return base * std::pow(factor, static_cast<float>(step / every));
   }
@@ -61,7 +61,7 @@ struct cosine_schedule {
   /// (at every step, so fit refuses it at its first update, not when the decay reaches it).
   [[nodiscard]] float operator()(float base, std::uint64_t step) const {
     if (total == 0) throw config_error("lockstep::cosine_schedule: `total` must be > 0");
-    if (!(min_lr >= 0.0f) || !std::isfinite(min_lr))
+    if (!detail::finite_nonnegative(min_lr))
       throw config_error("lockstep::cosine_schedule: `min_lr` is " + std::to_string(min_lr) + "; it must be finite and >= 0");
     if (step >= total) return min_lr;
     const double t = static_cast<double>(step) / static_cast<double>(total);

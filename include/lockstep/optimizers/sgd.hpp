@@ -69,9 +69,9 @@ struct sgd {
   /// geometrically), nesterov with momentum > 0.
   void check() const {
     constexpr const char* who = "lockstep::sgd";
-    detail::require_option(who, "lr", lr, lr >= 0.0f && std::isfinite(lr), "finite and >= 0");
+    detail::require_option(who, "lr", lr, detail::finite_nonnegative(lr), "finite and >= 0");
     detail::require_option(who, "momentum", momentum, momentum >= 0.0f && momentum <= 1.0f, "in [0, 1]");
-    detail::require_option(who, "weight_decay", weight_decay, weight_decay >= 0.0f && std::isfinite(weight_decay),
+    detail::require_option(who, "weight_decay", weight_decay, detail::finite_nonnegative(weight_decay),
                            "finite and >= 0");
     if (nesterov && !(momentum > 0.0f)) throw config_error("lockstep::sgd: nesterov needs momentum > 0");
   }
