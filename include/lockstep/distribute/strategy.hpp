@@ -167,6 +167,12 @@ public:
   static constexpr bool shards_on_grid =
       reduces_to_slices_v<Reducer> &&
       (device_memory<Kind>::host_accessible || detail::device_epilogue<typename backend_traits<Kind>::context_type>);
+  /// shards_on_grid for a model of value type T: the device epilogue reads float gradients only
+  /// (a double model's reads the whole reduced gradient back), so a double model on a device
+  /// kind shards on the plain slices of a whole all-reduce.
+  template <class T>
+  static constexpr bool shards_on_grid_for =
+      shards_on_grid && (device_memory<Kind>::host_accessible || std::is_same_v<T, float>);
 
   /// A strategy over the local devices with the given ordinals (in replica order; validated by
   /// the caller, see resolve_devices), with the given options, in `world` (collective when the
@@ -253,7 +259,7 @@ public:
     check_replica_memory<Kind>(contexts, (model_type<Net, T>::stored_count + model_type<Net, T>::param_count) * sizeof(T) +
                                              reducer_.workspace_bytes(model_type<Net, T>::param_count * sizeof(T)));
     model_type<Net, T> m(std::move(contexts), s, options_.bucket_bytes, identity_);
-    m.set_optimizer_sharding(options_.shard_optimizer.is_on(), shards_on_grid);  // automatic: see prepare_update
+    m.set_optimizer_sharding(options_.shard_optimizer.is_on(), shards_on_grid_for<T>);  // automatic: see prepare_update
     collective_ids::check_buckets(m.buckets().size, "lockstep::mirrored");
     if constexpr (device_memory<Kind>::host_accessible && requires { world_.reserve_floats(m.stored_count); })
       world_.reserve_floats(m.stored_count);  // the communication thread's scratch: no allocation in a step
@@ -303,7 +309,8 @@ public:
   /// other replica (only the parameters when the update is sharded: each replica owns its slice
   /// of the state). A replica whose state differs in size from root's (a failure before every
   /// replica had made its state, a worker that has made none yet) is given the size of rank 0's
-  /// root first: none when it has none. Collective.
+  /// root first; when that root has none, every replica's state is dropped, so the next update
+  /// makes it as on a fresh model. Collective.
   template <class Net, class T>
   void broadcast(model_type<Net, T>& m, std::size_t root = 0) {
     [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // replica 0 runs on this thread
@@ -321,7 +328,9 @@ public:
       auto& rep = m.replica(r);
       rep.context().activate();
       reducer_.broadcast(r, rep.context(), rep.model().parameters().data(), m.stored_count, root);
-      if (!m.optimizer_sharded() && rep.optimizer_state().size() != state)
+      if (!m.optimizer_sharded() && state == 0)
+        rep.clear_optimizer_state();  // root made none: the next update makes every replica's (of its optimiser)
+      else if (!m.optimizer_sharded() && rep.optimizer_state().size() != state)
         rep.optimizer_state() = std::remove_reference_t<decltype(rep.optimizer_state())>(state);
       if (state) reducer_.broadcast(r, rep.context(), rep.optimizer_state().data(), state, root);
     };
@@ -465,7 +474,7 @@ public:
                            "the reduced gradient was not finite in " + std::to_string(m.consecutive_skips()) +
                                " updates in a row (update_recipe::max_consecutive_skips); each was skipped"),
           step);
-    m.set_step(step + 1);
+    // `advance` sets the step to step + 1 as this function returns (nothing below reads it).
     if constexpr (can_defer_readback) {
       if (options_.defer_readback) {  // this update's loss comes back with the next step
         const detail::late_update now{out, step_before, effective.needs_epilogue()};
@@ -497,8 +506,8 @@ public:
     constexpr std::size_t n = model_type<Net, T>::param_count;
     bool shard = false;
     if constexpr (device_memory<Kind>::host_accessible && optimizer_elementwise_v<Optimizer>)
-      shard = m.size() > 1 && opt.state_size(n) >= (shards_on_grid ? 1 : 2) * n;
-    m.set_optimizer_sharding(shard, shards_on_grid);
+      shard = m.size() > 1 && opt.state_size(n) >= (shards_on_grid_for<T> ? 1 : 2) * n;
+    m.set_optimizer_sharding(shard, shards_on_grid_for<T>);
   }
 
   /// Under strategy_options::defer_readback: the statistics of the last update of `m` that
