@@ -116,6 +116,8 @@ int main(int argc, char** argv) try {
       std::fprintf(exp, "epoch/val_loss %llu %.17g\nepoch/val_accuracy %llu %.17g\nepoch/samples_per_second %llu %.17g\n",
                    static_cast<unsigned long long>(e.epoch), e.val_loss, static_cast<unsigned long long>(e.epoch),
                    e.val_accuracy, static_cast<unsigned long long>(e.epoch), e.samples_per_second);
+      std::fprintf(exp, "epoch/val_top_k_accuracy %llu %.17g\n", static_cast<unsigned long long>(e.epoch),
+                   e.val_top_k_accuracy);
     });
     const auto data = training_data();
     (void)ls::fit(s, m, ls::adam{.lr = 1e-2f}, ls::softmax_cross_entropy{}, data,

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include <lockstep/train/progress.hpp>
 
@@ -121,6 +122,32 @@ TEST_CASE("progress: a budget that spans epochs, and a run resumed in the middle
   CHECK(out.find("16 |") == std::string::npos);
   CHECK(std::count(out.begin(), out.end(), '\n') == 2);
   CHECK(out.find("max_steps 20 reached\n") == out.size() - std::string("max_steps 20 reached\n").size());
+}
+
+TEST_CASE("progress: a resumed epoch's rate and ETA count the steps this process ran, not those before the resume") {
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f);
+  {
+    // resumed after 90 of 100 steps of 128 samples: one more step 100 ms later is 128 samples in
+    // 100 ms (about 1280/s, less on a loaded machine) with 9 steps left (about 0.9 s), not 91
+    // steps' samples in 100 ms with an ETA of 0 s
+    ls::progress bar({.stream = f, .live = true, .interval = std::chrono::milliseconds(0)}, 1);
+    bar.begin_epoch(0, 100, 90, 90, 90 * 128);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    bar.step(91, 91 * 128, 0.5);
+  }
+  const std::string out = contents(f);
+  std::fclose(f);
+  CAPTURE(out);
+  const std::size_t at = out.find(" samples/s");
+  REQUIRE(at != std::string::npos);
+  const std::size_t from = out.rfind("| ", at);
+  REQUIRE(from != std::string::npos);
+  const double rate = std::stod(out.substr(from + 2, at - from - 2));
+  CHECK(rate > 0);
+  CHECK(rate <= 128 / 0.1);  // the old count, 91 steps' samples, gave more than 90 times this
+  CHECK(out.find("ETA 0s") == std::string::npos);
+  CHECK(out.find("91/100 |") != std::string::npos);
 }
 
 TEST_CASE("progress: without a budget nothing changes, and note prints unless quiet") {

@@ -256,6 +256,11 @@ TEST_CASE("tensorboard: the fit callback writes the epoch and step scalars, and 
                                      {.step_scalars =
                                           [](const ls::training_control& c, ls::tensorboard_step_scalars& out) {
                                             out.add("step/epoch", static_cast<double>(c.epoch));
+                                            // a tag in the hook's own string (on the heap), changed
+                                            // and destroyed before the event is written
+                                            std::string tag = "step/updates_of_the_whole_run";
+                                            out.add(tag, static_cast<double>(c.step));
+                                            tag.assign(tag.size(), 'x');
                                           }}),
                      ls::tensorboard(dir / "other", {.chief = false})},
        .quiet = true});
@@ -290,7 +295,10 @@ TEST_CASE("tensorboard: the fit callback writes the epoch and step scalars, and 
     CHECK(series["step/lr"][step] == schedule(1e-2f, static_cast<std::uint64_t>(step - 1)));  // the rate of that update
     CHECK(std::isfinite(series["step/loss"][step]));
     CHECK(series["step/epoch"][step] == static_cast<float>((step - 1) / 5));
+    CHECK(series["step/updates_of_the_whole_run"][step] == static_cast<float>(step));
   }
+  CHECK(series["step/updates_of_the_whole_run"].size() == epochs * 5);
+  CHECK(series.count(std::string(29, 'x')) == 0);
   CHECK(series["epoch/lr"][2] == series["step/lr"][15]);
   fs::remove_all(dir);
 }

@@ -563,7 +563,7 @@ public:
     ctl.past = &h;
     ctl.base_lr = base_lr;
     lr = base_lr;
-    if (!(base_lr >= 0.0f) || !std::isfinite(base_lr))  // a user optimiser's check may allow it
+    if (!finite_nonnegative(base_lr))  // a user optimiser's check may allow it
       throw config_error("lockstep::fit: the optimiser's lr is " + std::to_string(base_lr) +
                          "; it must be finite and >= 0");
     if (!o.checkpoint_dir.empty()) {
@@ -651,7 +651,8 @@ public:
     ctl.epoch = e;
     t0_ = std::chrono::steady_clock::now();
     // the bar counts updates: under accumulation, those of the resumed epoch so far
-    bar_->begin_epoch(e, expected_steps_, ctl.step, e == start_epoch ? (o_.accumulate > 1 ? resumed_.steps : skip_) : 0);
+    bar_->begin_epoch(e, expected_steps_, ctl.step, e == start_epoch ? (o_.accumulate > 1 ? resumed_.steps : skip_) : 0,
+                      e == start_epoch ? resumed_.samples : 0);
     const bool resumed = e == start_epoch;
     correct_ = resumed ? resumed_.correct : 0;
     labelled_ = resumed ? resumed_.labelled : 0;
@@ -816,7 +817,7 @@ public:
   float next_rate(std::uint64_t step) {
     check_factor();
     const float r = rate_at(step);
-    if (!(r >= 0.0f) || !std::isfinite(r))
+    if (!finite_nonnegative(r))
       throw config_error("lockstep::fit: the learning rate of update " + std::to_string(step + 1) + " is " +
                          std::to_string(r) + " (the optimiser's lr " + std::to_string(ctl.base_lr) + " x factor " +
                          std::to_string(ctl.lr_factor) + ", through the schedules); it must be finite and >= 0");
@@ -829,7 +830,7 @@ public:
   /// @throws config_error when a callback left training_control::lr_factor negative or not finite
   /// (what a checkpoint must not hold: its reader refuses it).
   void check_factor() const {
-    if (!(ctl.lr_factor >= 0.0f) || !std::isfinite(ctl.lr_factor))
+    if (!finite_nonnegative(ctl.lr_factor))
       throw config_error("lockstep::fit: a callback set training_control::lr_factor to " +
                          std::to_string(ctl.lr_factor) + " (after " + std::to_string(ctl.step) +
                          " updates); it must be finite and >= 0");

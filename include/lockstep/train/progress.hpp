@@ -122,12 +122,16 @@ public:
   }
 
   /// Starts epoch `epoch`; `steps` is the expected number of steps of an epoch (0 when unknown),
-  /// `steps_done` the updates done so far in the run (the model's step) and `consumed` the batches
-  /// of this epoch consumed before (a run resumed in the middle of it). With a step budget, the bar
+  /// `steps_done` the updates done so far in the run (the model's step), `consumed` the steps
+  /// of this epoch done before (a run resumed in the middle of it) and `samples_before` their
+  /// samples: the rate and the ETA count this process's steps only. With a step budget, the bar
   /// ends where the budget does, and the epoch count shown is the epochs the budget lets run.
-  void begin_epoch(std::uint64_t epoch, std::uint64_t steps, std::uint64_t steps_done = 0, std::uint64_t consumed = 0) {
+  void begin_epoch(std::uint64_t epoch, std::uint64_t steps, std::uint64_t steps_done = 0, std::uint64_t consumed = 0,
+                   std::uint64_t samples_before = 0) {
     epoch_ = epoch;
     steps_ = steps;
+    steps_before_ = consumed;
+    samples_before_ = samples_before;
     if (max_steps_ != 0 && steps != 0) {
       const std::uint64_t left = max_steps_ > steps_done ? max_steps_ - steps_done : 0;
       steps_ = std::min(steps, consumed + left);
@@ -148,7 +152,10 @@ public:
     if (now - last_draw_ < o_.interval && !(steps_ && step == steps_)) return;
     last_draw_ = now;
     const double t = std::chrono::duration<double>(now - start_).count();
-    const double rate = t > 0 ? static_cast<double>(samples) / t : 0;
+    // what this process did since begin_epoch (a resumed epoch's earlier steps took no time here)
+    const std::uint64_t samples_here = samples > samples_before_ ? samples - samples_before_ : 0;
+    const std::uint64_t steps_here = step > steps_before_ ? step - steps_before_ : 0;
+    const double rate = t > 0 ? static_cast<double>(samples_here) / t : 0;
     std::string bar;
     if (steps_) {
       constexpr int width = 24;
@@ -163,8 +170,8 @@ public:
       bar += "] ";
     }
     std::string eta = "?";
-    if (steps_ && step > 0 && step <= steps_)
-      eta = detail::progress_format("%.0fs", t / static_cast<double>(step) * static_cast<double>(steps_ - step));
+    if (steps_ && steps_here > 0 && step <= steps_)
+      eta = detail::progress_format("%.0fs", t / static_cast<double>(steps_here) * static_cast<double>(steps_ - step));
     const std::string total = steps_ ? std::to_string(steps_) : std::string("?");
     std::string recipe;
     if (!std::isnan(norm)) recipe += detail::progress_format(" | norm %.4g clip %.3g", norm, clip);
@@ -195,6 +202,7 @@ private:
   bool live_ = false;
   std::uint64_t epoch_ = 0;
   std::uint64_t steps_ = 0;
+  std::uint64_t steps_before_ = 0, samples_before_ = 0;  // the resumed epoch's, done before this process
   std::chrono::steady_clock::time_point start_{}, last_draw_{};
   bool drawn_ = false;
 };

@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -29,9 +30,20 @@ namespace lockstep {
 /// Scalars a step_scalars hook adds to a step's event.
 class tensorboard_step_scalars {
 public:
-  /// Adds scalar `tag` (a string that lives until the hook returns, such as a literal) = `value`.
-  void add(std::string_view tag, double value) { values.push_back({tag, value}); }
-  std::vector<io::tensorboard_scalar> values;  ///< the scalars added so far
+  /// Adds scalar `tag` = `value`; the tag is copied (it may be a string the hook then destroys).
+  /// The copies' storage is kept from step to step, so a steady run allocates nothing here.
+  void add(std::string_view tag, double value) {
+    if (values.size() >= tags_.size()) tags_.emplace_back();  // a deque: earlier tags do not move
+    std::string& kept = tags_[values.size()];
+    kept.assign(tag);
+    values.push_back({kept, value});
+  }
+  /// The scalars added so far (their tags view this object's copies: valid until the next add
+  /// after a clear, or its destruction).
+  std::vector<io::tensorboard_scalar> values;
+
+private:
+  std::deque<std::string> tags_;  // the tags' copies, reused in order after values is cleared
 };
 
 /// Options of the tensorboard callback.
