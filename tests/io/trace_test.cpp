@@ -176,6 +176,42 @@ std::vector<std::uint8_t> synthetic_worker(std::uint32_t worker, std::size_t rep
 
 }  // namespace
 
+TEST_CASE("trace file: names that are not valid UTF-8 are written with U+FFFD, so the file stays valid JSON") {
+  // what append_json_string does to every name: each byte that does not begin a well-formed
+  // sequence becomes \ufffd, well-formed ones pass through
+  const std::pair<std::string, std::string> cases[] = {
+      {"plain", "\"plain\""},
+      {"gr\xc3\xb6\xc3\x9f" "e \xf0\x9f\x98\x80", "\"gr\xc3\xb6\xc3\x9f" "e \xf0\x9f\x98\x80\""},  // 2- and 4-byte forms
+      {"a\xff", "\"a\\ufffd\""},                                                // not a lead byte
+      {"\xc0\xaf", "\"\\ufffd\\ufffd\""},                                        // overlong '/'
+      {"\xed\xa0\x80", "\"\\ufffd\\ufffd\\ufffd\""},                              // a surrogate
+      {"x\xe2\x82", "\"x\\ufffd\\ufffd\""},                                       // cut short at the end
+      {"\xf4\x90\x80\x80", "\"\\ufffd\\ufffd\\ufffd\\ufffd\""},                  // past U+10FFFF
+      {"q\"\\\x01", "\"q\\\"\\\\\\u0001\""}};
+  for (const auto& [in, want] : cases) {
+    const std::string input = in, expected = want;  // named copies: a lambda of CAPTURE's cannot take a binding
+    CAPTURE(input);
+    std::string out;
+    ls::io::detail::append_json_string(out, input);
+    CHECK(out == expected);
+    CHECK(ls::io::detail::valid_utf8(out));
+    CHECK(ls::io::detail::valid_utf8(input) == (out.find("\\ufffd") == std::string::npos));
+  }
+  ls::trace_recorder r(2, {.steps = {0, 1}, .events_per_thread = 16});
+  r.name_thread(0, "replica \xff\xfe");
+  r.name_thread(1, "driver \xc3\xa9");
+  r.begin_step(0);
+  { ls::trace_span s(&r, 0, "step", "driver"); }
+  r.stop();
+  const auto w = r.serialize(0);
+  const std::vector<ls::io::trace_block> blocks{{w, 0}};
+  const std::string text = ls::io::chrome_trace_json(blocks);
+  CHECK(ls::io::detail::valid_utf8(text));
+  CHECK(text.find("replica \\ufffd\\ufffd") != std::string::npos);
+  CHECK(text.find("driver \xc3\xa9") != std::string::npos);
+  REQUIRE_NOTHROW((void)json_parser(text).parse());
+}
+
 TEST_CASE("trace file: valid Chrome trace-event JSON with metadata, required fields and balanced spans") {
   const auto w0 = synthetic_worker(0, 3, 4);
   const auto w1 = synthetic_worker(1, 2, 4);

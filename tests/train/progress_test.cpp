@@ -2,12 +2,17 @@
 // and the summary; the lines that say where a run starts; the metrics file's errors.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <lockstep/train/progress.hpp>
 
@@ -178,6 +183,27 @@ TEST_CASE("progress: without a budget nothing changes, and note prints unless qu
   }
   CHECK(contents(f).empty());
   std::fclose(f);
+}
+
+TEST_CASE("metrics_log: a last line left unfinished is ended before the next object, so every line is one object") {
+  const auto path = std::filesystem::temp_directory_path() / ("lockstep_metrics_torn_" + std::to_string(::getpid()) + ".jsonl");
+  for (const std::string& before : {std::string(), std::string("{\"epoch\":0,\"step\":5}\n"), std::string("{\"epoch\":0,\"st")}) {
+    CAPTURE(before);
+    { std::ofstream(path, std::ios::binary | std::ios::trunc) << before; }
+    {
+      ls::metrics_log log(path.string());
+      log.write(stats(1, 10));
+    }
+    std::ifstream in(path);
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    const std::size_t kept = before.empty() ? 0 : 1;
+    REQUIRE(lines.size() == kept + 1);
+    if (kept) CHECK(lines[0] + (before.back() == '\n' ? "\n" : "") == before);  // the earlier text, whole or cut, alone
+    CHECK(lines.back().rfind("{\"epoch\":1,", 0) == 0);
+    CHECK(lines.back().back() == '}');
+  }
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("metrics_log: a file that cannot be opened is named with the operating system's reason") {

@@ -192,6 +192,33 @@ TEST_CASE("tensorboard: the writer's file starts with brain.Event:2 and holds ev
   fs::remove_all(dir);
 }
 
+TEST_CASE("tensorboard: a tag that is not valid UTF-8 is refused, naming it, and nothing of its event is written") {
+  const auto dir = temp_dir("tb_utf8");
+  fs::path file;
+  {
+    ls::io::tensorboard_writer w(dir);
+    file = w.path();
+    w.scalar("gr\xc3\xb6\xc3\x9f" "e/loss", 1, 0.5);  // UTF-8 "größe/loss"
+    // a stray byte, an overlong '/', a surrogate, a cut sequence: each in an event with a good tag
+    for (const std::string& bad : {std::string("loss\xff"), std::string("a\xc0\xaf"), std::string("\xed\xa0\x80"),
+                                  std::string("x\xe2\x82")}) {
+      CAPTURE(bad);
+      const ls::io::tensorboard_scalar two[] = {{"fine", 1.0}, {bad, 2.0}};
+      CHECK_THROWS_WITH_AS(w.scalars(2, two), doctest::Contains("is not valid UTF-8"), ls::config_error);
+    }
+    w.scalar("after", 3, 1.5);
+  }
+  std::size_t torn = 1;
+  const auto ev = read_events(file, &torn);
+  CHECK(torn == 0);
+  REQUIRE(ev.size() == 3);  // the version, "größe/loss" and "after"
+  REQUIRE(ev[1].values.size() == 1);
+  CHECK(ev[1].values[0].first == "gr\xc3\xb6\xc3\x9f" "e/loss");
+  REQUIRE(ev[2].values.size() == 1);
+  CHECK(ev[2].values[0].first == "after");
+  fs::remove_all(dir);
+}
+
 TEST_CASE("tensorboard: a write that fails leaves the file at its last whole record, for the events after it") {
   const auto dir = temp_dir("tb_full");
   fs::create_directories(dir);

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include <lockstep/core/error.hpp>
+#include <lockstep/io/detail/json.hpp>
 
 static_assert(std::endian::native == std::endian::little,
               "lockstep::io: the TensorBoard writer copies scalars as a little-endian host holds them");
@@ -140,10 +141,19 @@ public:
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
 
   /// Appends one event at `step` holding every scalar of `values` (one record, one write).
-  /// @throws error when the write fails (the message names the file); the file is cut back to
-  ///         its last whole record, so later events still follow a readable file.
+  /// @throws config_error, writing nothing, when a tag is not valid UTF-8 (a protobuf string:
+  ///         TensorBoard's readers refuse the record); error when the write fails (the message
+  ///         names the file); the file is cut back to its last whole record, so later events
+  ///         still follow a readable file.
   void scalars(std::int64_t step, std::span<const tensorboard_scalar> values, double wall = wall_time()) {
     using namespace detail::tensorboard;
+    for (const auto& v : values)
+      if (!io::detail::valid_utf8(v.tag)) {
+        std::string shown;
+        io::detail::append_json_string(shown, v.tag);
+        throw config_error("lockstep::io::tensorboard_writer: the tag " + shown + " is not valid UTF-8 (in " +
+                           path_.string() + ")");
+      }
     summary_.clear();
     for (const auto& v : values) {
       value_.clear();

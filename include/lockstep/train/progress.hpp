@@ -224,10 +224,20 @@ inline std::string epoch_json(const epoch_stats& s) {
 /// A JSON-lines file receiving one object per epoch (flushed after each line).
 class metrics_log {
 public:
-  /// Opens (appends to) `path`. @throws config_error when it cannot be opened (with the operating
-  /// system's reason).
-  explicit metrics_log(const std::string& path) : f_(std::fopen(path.c_str(), "a")), path_(path) {
+  /// Opens (appends to) `path`; a last line left unfinished (a write cut short by a full disk or a
+  /// crash) is ended first, so every object starts a line of its own. @throws config_error when it
+  /// cannot be opened or written (with the operating system's reason).
+  explicit metrics_log(const std::string& path) : f_(std::fopen(path.c_str(), "a+")), path_(path) {
     if (!f_) throw config_error("lockstep: metrics_file '" + path + "' cannot be opened for writing: " + os_reason(errno));
+    if (std::fseek(f_, -1, SEEK_END) == 0) {  // not empty
+      const int last = std::fgetc(f_);
+      std::fseek(f_, 0, SEEK_END);  // a write follows a read only after a seek
+      if (last != '\n' && last != EOF && (std::fputc('\n', f_) == EOF || std::fflush(f_) != 0)) {
+        const int e = errno;
+        std::fclose(f_);
+        throw config_error("lockstep: cannot write to metrics_file '" + path + "': " + os_reason(e));
+      }
+    }
   }
   metrics_log(const metrics_log&) = delete;
   metrics_log& operator=(const metrics_log&) = delete;

@@ -168,33 +168,6 @@ namespace detail::safetensors {
   return t;
 }
 
-/// Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or values past U+10FFFF).
-[[nodiscard]] inline bool valid_utf8(std::string_view s) noexcept {
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    std::size_t n = 0;
-    std::uint32_t cp = 0, min = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    if ((c & 0xe0) == 0xc0) n = 1, cp = c & 0x1fu, min = 0x80;
-    else if ((c & 0xf0) == 0xe0) n = 2, cp = c & 0x0fu, min = 0x800;
-    else if ((c & 0xf8) == 0xf0) n = 3, cp = c & 0x07u, min = 0x10000;
-    else return false;
-    if (s.size() - i <= n) return false;
-    for (std::size_t k = 1; k <= n; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + k]);
-      if ((d & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (d & 0x3fu);
-    }
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += n + 1;
-  }
-  return true;
-}
-
 /// What the header says about one tensor the model expects.
 struct found_tensor {
   bool seen = false;                  ///< the header names it
