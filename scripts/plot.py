@@ -54,8 +54,9 @@ def runs_of(path):
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                sys.exit(f"plot.py: {path}:{n}: not a JSON object ({e})")
+            except json.JSONDecodeError as e:  # a line cut short by a failed write: the others still plot
+                print(f"plot.py: {path}:{n}: not a JSON object ({e}), skipped", file=sys.stderr)
+                continue
             if not isinstance(rec, dict) or "epoch" not in rec:
                 sys.exit(f"plot.py: {path}:{n}: not a lockstep metrics record (no \"epoch\")")
             if last is not None and rec["epoch"] <= last:

@@ -332,6 +332,11 @@ TEST_CASE("multigpu: reduce_to_one_device across two GPUs trains like one host d
 #if defined(LOCKSTEP_HAS_NCCL)
 TEST_CASE("multigpu: mirrored<gpu<0>, gpu<1>> (NCCL) trains like one host device over 20 steps") {
   static_assert(std::is_same_v<ls::select_reducer_t<ls::gpu<0>, ls::gpu<1>>, ls::nccl_allreduce>);
+  // a sharded update on the reduce-scatter grid for float models; a double model's epilogue reads
+  // its whole gradient back, so it shards on plain slices of a whole all-reduce
+  using nccl_mirrored = ls::mirrored<ls::gpu<0>, ls::gpu<1>>;
+  static_assert(nccl_mirrored::shards_on_grid_for<float> == nccl_mirrored::shards_on_grid);
+  static_assert(!nccl_mirrored::shards_on_grid_for<double>);
   LOCKSTEP_REQUIRE_GPUS(2);
   check_against_host<ls::mirrored<ls::gpu<0>, ls::gpu<1>>>("mirrored<gpu<0>, gpu<1>>");
 }

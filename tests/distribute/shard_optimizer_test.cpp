@@ -388,6 +388,8 @@ bool shards_by_default(std::size_t replicas, const Opt& opt) {
 TEST_CASE("shard_optimizer, automatic: host replicas shard Adam, AdamW and SGD with momentum where the reducer reduces onto the slices, Adam and AdamW elsewhere") {
   using to_one = ls::basic_mirrored<ls::reduce_to_one_device<ls::cpu<0>>, ls::determinism::run_to_run, ls::cpus>;
   static_assert(host::shards_on_grid && !to_one::shards_on_grid);
+  // host replicas run the epilogue on their own (host) gradient in either value type
+  static_assert(host::shards_on_grid_for<float> && host::shards_on_grid_for<double> && !to_one::shards_on_grid_for<float>);
   const ls::sgd plain{.lr = 0.01f}, momentum{.lr = 0.01f, .momentum = 0.9f};
   const ls::adam adam{.lr = 1e-3f};
   const ls::adamw adamw{.lr = 1e-3f};

@@ -249,6 +249,57 @@ TEST_CASE("safetensors: F32 files round-trip bitwise, and dense weights are stor
   CHECK(c == 17);
 }
 
+namespace {
+/// y = x * a per feature: a user layer whose safetensors layout names its tensor with a byte that
+/// is not UTF-8 (`odd_names`), or in UTF-8 (`good_names`).
+template <bool Odd>
+struct named_scale {
+  using layer_concept = ls::layer_tag;
+  static constexpr std::size_t expected_input = 0;
+  template <std::size_t In>
+  struct bind {
+    static constexpr std::size_t input_size = In, output_size = In, param_count = In, workspace_per_sample = 0;
+    template <class T>
+    static void init(T* p, const ls::counter_rng&) {
+      for (std::size_t j = 0; j < In; ++j) p[j] = T(1);
+    }
+    template <class T, class Ctx>
+    static void forward(Ctx&, const ls::forward_args<T, Ctx, ls::shape<In>, ls::shape<In>>& a) {
+      for (std::size_t i = 0; i < a.x.size(); ++i) a.y.data()[i] = a.x.data()[i] * a.params[i % In];
+    }
+    template <class T, class Ctx>
+    static void backward(Ctx&, const ls::backward_args<T, Ctx, ls::shape<In>, ls::shape<In>>& a) {
+      for (std::size_t j = 0; j < In; ++j) a.dparams[j] = T(0);
+      for (std::size_t i = 0; i < a.dy.size(); ++i) {
+        a.dparams[i % In] += a.dy.data()[i] * a.x.data()[i];
+        if (a.dx) a.dx.data()[i] = a.dy.data()[i] * a.params[i % In];
+      }
+    }
+  };
+};
+}  // namespace
+
+template <bool Odd>
+struct lockstep::io::safetensors_layout<named_scale<Odd>> {
+  static constexpr bool known = true;
+  template <class S>
+  static void describe(safetensors_layout_builder& b) {
+    b.param(Odd ? "scale\xff" : "scale\xc3\xa9", {S::dims[0]}, 0);
+  }
+};
+
+TEST_CASE("safetensors: a tensor name that is not valid UTF-8 is refused when written, naming the byte") {
+  using odd_net = ls::sequential<ls::dense<3, 4>, named_scale<true>>;
+  using good_net = ls::sequential<ls::dense<3, 4>, named_scale<false>>;
+  const std::vector<float> p(ls::model<odd_net>::stored_count, 0.5f);
+  CHECK_THROWS_WITH_AS((void)ls::io::encode_safetensors<odd_net>(p, 0),
+                       doctest::Contains("the tensor name \"1.scale\\xff\" (a layer's safetensors layout) is not valid UTF-8"),
+                       ls::config_error);
+  const auto file = ls::io::encode_safetensors<good_net>(p, 0);  // the same in UTF-8 ("scalé") is written
+  const std::string text(file.begin(), file.end());
+  CHECK(text.find("\"1.scale\xc3\xa9\"") != std::string::npos);
+}
+
 TEST_CASE("safetensors: BF16 and F16 exports read back as the rounded values") {
   const auto p = image_params(4);
   for (const auto d : {ls::io::safetensors_dtype::bf16, ls::io::safetensors_dtype::f16}) {

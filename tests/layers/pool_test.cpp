@@ -58,7 +58,7 @@ void drop_guards(V&... outputs) {
 /// sprinkled in, so the first-maximum rule, NaN handling and the sign of zero sums are exercised;
 /// the per-element kernel against the rule written out (a window holding a NaN gives its first NaN).
 template <pool Kind, std::size_t K, std::size_t S, std::size_t P, std::size_t C, std::size_t H, std::size_t W>
-void check_pool_rows_match(std::size_t rows) {
+std::size_t check_pool_rows_match(std::size_t rows) {
   using L = std::conditional_t<Kind == pool::max, ls::max_pool2d<K, S, P>, ls::avg_pool2d<K, S, P>>;
   using B = bound<L, C, H, W>;
   constexpr ls::detail::window2d g = B::geometry();
@@ -69,6 +69,7 @@ void check_pool_rows_match(std::size_t rows) {
   CAPTURE(H);
   CAPTURE(W);
   CAPTURE(rows);
+  std::size_t windows_with_nan = 0;  // max pooling's windows holding a NaN (returned)
   const ls::counter_rng rng(K * 100 + S * 10 + P, rows);
   auto draw = [&](std::size_t i) {
     const std::uint32_t r = rng.u32(i) % 23;
@@ -129,6 +130,7 @@ void check_pool_rows_match(std::size_t rows) {
     }
     CAPTURE(nan_windows);
     CHECK(mismatches == 0);
+    windows_with_nan = nan_windows;
   } else {
     const ls::detail::avg_pool_op<float> fwd{x.data(), y_ref.data(), g};
     for (std::size_t i = 0; i < y.size(); ++i) fwd(i);
@@ -166,14 +168,17 @@ void check_pool_rows_match(std::size_t rows) {
   CHECK(same_bits(y_rows, y_ref));
   CHECK(same_cells(ws_rows));
   CHECK(same_bits(dx_rows, dx_ref));
+  return windows_with_nan;
 }
 
 template <std::size_t K, std::size_t S, std::size_t P, std::size_t C, std::size_t H, std::size_t W>
-void check_pool_rows_match_batches() {
+std::size_t check_pool_rows_match_batches() {
+  std::size_t windows_with_nan = 0;
   for (const std::size_t rows : {0, 1, 3}) {
-    check_pool_rows_match<pool::max, K, S, P, C, H, W>(rows);
+    windows_with_nan += check_pool_rows_match<pool::max, K, S, P, C, H, W>(rows);
     check_pool_rows_match<pool::avg, K, S, P, C, H, W>(rows);
   }
+  return windows_with_nan;
 }
 
 }  // namespace
@@ -183,22 +188,24 @@ TEST_CASE("max_pool2d and avg_pool2d: the host's row loops give the bits of the 
   // vector, a masked tail): rows of 1 to 17 windows, odd sizes dropping a row and a column.
   const std::string loops = ls::backend::host_pool_avx2() ? "AVX2 (eight windows per vector)" : "row loops";
   MESSAGE("2 x 2 pooling's host loops: " << loops);
-  check_pool_rows_match_batches<2, 2, 0, 3, 28, 28>();  // the tutorial CNN's pooling
-  check_pool_rows_match_batches<2, 2, 0, 2, 14, 14>();  // its second pooling: 7 windows a row, all in the tail
-  check_pool_rows_match_batches<2, 2, 0, 2, 16, 17>();  // 8 windows a row, no tail, a dropped column
-  check_pool_rows_match_batches<2, 2, 0, 1, 35, 34>();  // 17 windows a row, a dropped row
-  check_pool_rows_match_batches<2, 2, 0, 1, 2, 2>();    // one window
-  check_pool_rows_match_batches<2, 2, 0, 2, 3, 3>();    // one window, a dropped row and column
-  check_pool_rows_match_batches<2, 2, 0, 2, 7, 5>();    // a dropped last row and column
-  check_pool_rows_match_batches<3, 3, 0, 2, 11, 13>();  // a dropped last row and column of a wider window
-  check_pool_rows_match_batches<2, 3, 0, 3, 8, 8>();    // a stride beyond the kernel: rows and columns no window reads
-  check_pool_rows_match_batches<1, 2, 0, 1, 5, 5>();    // 1 x 1 windows
-  check_pool_rows_match_batches<5, 5, 0, 1, 5, 5>();    // one window, the whole image
-  check_pool_rows_match_batches<3, 2, 0, 2, 7, 5>();    // overlapping windows
-  check_pool_rows_match_batches<3, 2, 1, 2, 7, 5>();    // padded
-  check_pool_rows_match_batches<2, 1, 0, 1, 5, 6>();    // stride 1
-  check_pool_rows_match_batches<2, 3, 1, 3, 7, 8>();    // padded, stride beyond the kernel
-  check_pool_rows_match_batches<3, 1, 2, 1, 4, 3>();    // windows mostly in the padding
-  check_pool_rows_match_batches<17, 2, 3, 1, 19, 18>();  // 289 cells a window: two bytes a cell
+  std::size_t nan_windows = 0;  // max pooling's windows holding a NaN, over every geometry
+  nan_windows += check_pool_rows_match_batches<2, 2, 0, 3, 28, 28>();  // the tutorial CNN's pooling
+  nan_windows += check_pool_rows_match_batches<2, 2, 0, 2, 14, 14>();  // its second pooling: 7 windows a row, all in the tail
+  nan_windows += check_pool_rows_match_batches<2, 2, 0, 2, 16, 17>();  // 8 windows a row, no tail, a dropped column
+  nan_windows += check_pool_rows_match_batches<2, 2, 0, 1, 35, 34>();  // 17 windows a row, a dropped row
+  nan_windows += check_pool_rows_match_batches<2, 2, 0, 1, 2, 2>();    // one window
+  nan_windows += check_pool_rows_match_batches<2, 2, 0, 2, 3, 3>();    // one window, a dropped row and column
+  nan_windows += check_pool_rows_match_batches<2, 2, 0, 2, 7, 5>();    // a dropped last row and column
+  nan_windows += check_pool_rows_match_batches<3, 3, 0, 2, 11, 13>();  // a dropped last row and column of a wider window
+  nan_windows += check_pool_rows_match_batches<2, 3, 0, 3, 8, 8>();    // a stride beyond the kernel: rows and columns no window reads
+  nan_windows += check_pool_rows_match_batches<1, 2, 0, 1, 5, 5>();    // 1 x 1 windows
+  nan_windows += check_pool_rows_match_batches<5, 5, 0, 1, 5, 5>();    // one window, the whole image
+  nan_windows += check_pool_rows_match_batches<3, 2, 0, 2, 7, 5>();    // overlapping windows
+  nan_windows += check_pool_rows_match_batches<3, 2, 1, 2, 7, 5>();    // padded
+  nan_windows += check_pool_rows_match_batches<2, 1, 0, 1, 5, 6>();    // stride 1
+  nan_windows += check_pool_rows_match_batches<2, 3, 1, 3, 7, 8>();    // padded, stride beyond the kernel
+  nan_windows += check_pool_rows_match_batches<3, 1, 2, 1, 4, 3>();    // windows mostly in the padding
+  nan_windows += check_pool_rows_match_batches<17, 2, 3, 1, 19, 18>();  // 289 cells a window: two bytes a cell
+  CHECK(nan_windows > 100);  // the NaN rule was exercised (about 1 input in 23 is a NaN)
 }
 

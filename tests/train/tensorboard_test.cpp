@@ -206,6 +206,9 @@ TEST_CASE("tensorboard: a tag that is not valid UTF-8 is refused, naming it, and
       const ls::io::tensorboard_scalar two[] = {{"fine", 1.0}, {bad, 2.0}};
       CHECK_THROWS_WITH_AS(w.scalars(2, two), doctest::Contains("is not valid UTF-8"), ls::config_error);
     }
+    // the message shows the stray byte
+    CHECK_THROWS_WITH_AS(w.scalar("loss\xff", 2, 1.0), doctest::Contains("the tag \"loss\\xff\" is not valid UTF-8"),
+                         ls::config_error);
     w.scalar("after", 3, 1.5);
   }
   std::size_t torn = 1;

@@ -230,12 +230,9 @@ template <class Net>
   if (w.params != model<Net>::param_count || w.state != model<Net>::stored_count)
     throw config_error("lockstep::io::safetensors: the layouts of the layers do not add up to the model's parameters");
   for (const auto& t : out)  // the format's names are JSON strings: its readers (this one too) refuse others
-    if (!detail::valid_utf8(t.name)) {
-      std::string shown;
-      detail::append_json_string(shown, t.name);
-      throw config_error("lockstep::io::safetensors: the tensor name " + shown +
+    if (!detail::valid_utf8(t.name))
+      throw config_error("lockstep::io::safetensors: the tensor name " + detail::quoted_for_message(t.name) +
                          " (a layer's safetensors layout) is not valid UTF-8");
-    }
   return out;
 }
 

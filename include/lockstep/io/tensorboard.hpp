@@ -148,12 +148,9 @@ public:
   void scalars(std::int64_t step, std::span<const tensorboard_scalar> values, double wall = wall_time()) {
     using namespace detail::tensorboard;
     for (const auto& v : values)
-      if (!io::detail::valid_utf8(v.tag)) {
-        std::string shown;
-        io::detail::append_json_string(shown, v.tag);
-        throw config_error("lockstep::io::tensorboard_writer: the tag " + shown + " is not valid UTF-8 (in " +
-                           path_.string() + ")");
-      }
+      if (!io::detail::valid_utf8(v.tag))
+        throw config_error("lockstep::io::tensorboard_writer: the tag " + io::detail::quoted_for_message(v.tag) +
+                           " is not valid UTF-8 (in " + path_.string() + ")");
     summary_.clear();
     for (const auto& v : values) {
       value_.clear();

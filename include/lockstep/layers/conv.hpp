@@ -615,8 +615,9 @@ template <std::size_t K>
 using pool_cell_t = std::conditional_t<(K * K <= 256), std::uint8_t, std::uint16_t>;
 
 /// Whether max pooling's window takes cell value v over the best so far: v is greater, or v is
-/// a NaN and the best is not (a window holding a NaN gives its first NaN, as PyTorch's does, so a
-/// NaN never vanishes in pooling). Ties keep the earlier cell. Branch-free (bitwise on bools).
+/// a NaN and the best is not (a window holding a NaN gives NaN, as PyTorch's does, its first NaN
+/// taking the gradient, so a NaN never vanishes in pooling). Ties keep the earlier cell.
+/// Branch-free (bitwise on bools).
 template <class T>
 LOCKSTEP_HD inline bool pool_takes(T v, T best) {
   return (v > best) | ((v != v) & (best == best));

@@ -1070,10 +1070,11 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
     return start_plan(false, o, optimizer.lr, optimizer_hyperparameters(optimizer), model_seed(m, o),
                       ck ? &ck->first : nullptr, m.step());
   });
+  // the callbacks' states before this fit: a resume that fails gives them back
+  const auto callbacks_before = ck ? callback_states(o.callbacks) : std::vector<std::vector<double>>{};
   for (const auto& c : o.callbacks)  // stateful callbacks forget an earlier fit (a resume then restores theirs)
     if (c.train_begin) c.train_begin();
   if (ck) {
-    const auto callbacks_before = callback_states(o.callbacks);
     try {
       run.resume_from(ck->first, ck->second);  // refuses callback states that do not fit, before the model changes
       if constexpr (requires { m.precision(); })

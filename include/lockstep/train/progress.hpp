@@ -228,8 +228,10 @@ public:
   /// crash) is ended first, so every object starts a line of its own. @throws config_error when it
   /// cannot be opened or written (with the operating system's reason).
   explicit metrics_log(const std::string& path) : f_(std::fopen(path.c_str(), "a+")), path_(path) {
+    const bool readable = f_ != nullptr;
+    if (!f_) f_ = std::fopen(path.c_str(), "a");  // a file that may be written but not read: appended to as it is
     if (!f_) throw config_error("lockstep: metrics_file '" + path + "' cannot be opened for writing: " + os_reason(errno));
-    if (std::fseek(f_, -1, SEEK_END) == 0) {  // not empty
+    if (readable && std::fseek(f_, -1, SEEK_END) == 0) {  // not empty
       const int last = std::fgetc(f_);
       std::fseek(f_, 0, SEEK_END);  // a write follows a read only after a seek
       if (last != '\n' && last != EOF && (std::fputc('\n', f_) == EOF || std::fflush(f_) != 0)) {

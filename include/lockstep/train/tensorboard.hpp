@@ -27,9 +27,13 @@
 
 namespace lockstep {
 
-/// Scalars a step_scalars hook adds to a step's event.
+/// Scalars a step_scalars hook adds to a step's event. Not copyable: its `values` view tags it
+/// keeps itself.
 class tensorboard_step_scalars {
 public:
+  tensorboard_step_scalars() = default;
+  tensorboard_step_scalars(const tensorboard_step_scalars&) = delete;
+  tensorboard_step_scalars& operator=(const tensorboard_step_scalars&) = delete;
   /// Adds scalar `tag` = `value`; the tag is copied (it may be a string the hook then destroys).
   /// The copies' storage is kept from step to step, so a steady run allocates nothing here.
   void add(std::string_view tag, double value) {
@@ -38,8 +42,8 @@ public:
     kept.assign(tag);
     values.push_back({kept, value});
   }
-  /// The scalars added so far (their tags view this object's copies: valid until the next add
-  /// after a clear, or its destruction).
+  /// The scalars added so far, in order (their tags view this object's copies). Read them; change
+  /// them only by add, or by clear (which starts the next step's).
   std::vector<io::tensorboard_scalar> values;
 
 private:

@@ -1,7 +1,8 @@
 #pragma once
 /// @file json.hpp
 /// What the JSON that lockstep writes for other programs (safetensors headers, traces) needs of
-/// JSON: strings, quoted and escaped.
+/// JSON: strings, quoted and escaped; and the UTF-8 checks that its writers and readers (and the
+/// TensorBoard writer's tags) share.
 
 #include <cstddef>
 #include <cstdint>
@@ -39,6 +40,30 @@ namespace lockstep::io::detail {
     i += n;
   }
   return true;
+}
+
+/// `s` quoted for an error message: '"' and '\\' escaped, and each control byte and each byte that
+/// does not begin well-formed UTF-8 written as \xNN, so the message shows which byte is wrong.
+[[nodiscard]] inline std::string quoted_for_message(std::string_view s) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out = "\"";
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const std::size_t n = utf8_sequence(s, i);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += s[i];
+    } else if (c < 0x20 || n == 0) {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out.append(s.substr(i, n));
+      i += n - 1;
+    }
+  }
+  out += '"';
+  return out;
 }
 
 /// Appends `s` as a JSON string: quoted, with '"' and '\\' escaped and control characters
