@@ -103,10 +103,18 @@ private:
   }
 };
 
-/// y = x * mask(row) per feature, where forward keys the mask by the row's position in the global
-/// batch (sample_offset + r), as it should, and backward by the shard's own row r (the defect:
-/// right on one whole batch, wrong in every shard but the first).
-struct local_row_mask {
+/// Which key a row_mask mutant's backward gives a row's mask.
+enum class mask_key {
+  shard_row,   ///< the shard's own row r (the defect: right on one whole batch, wrong in every shard but the first)
+  batch_place  ///< sample_offset + r, as forward (the defect both share: update_offset is ignored)
+};
+
+/// y = x * mask(row) per feature, forward keying the mask by the row's place in its batch
+/// (sample_offset + r) and backward by `Backward`. Neither keys by the row's place in the update
+/// (update_offset + sample_offset + r): every batch of an accumulated update draws the same masks,
+/// which each check on one batch misses.
+template <mask_key Backward>
+struct row_mask {
   using layer_concept = ls::layer_tag;
   static constexpr std::size_t expected_input = 0;
 
@@ -126,42 +134,20 @@ struct local_row_mask {
     template <class T, class Ctx>
     static void backward(Ctx&, const ls::backward_args<T, Ctx, ls::shape<In>, ls::shape<In>>& a) {
       if (!a.dx) return;
+      const std::uint64_t first = Backward == mask_key::shard_row ? 0 : a.info.sample_offset;
       for (std::size_t r = 0; r < a.batch(); ++r)
         for (std::size_t j = 0; j < In; ++j)
-          a.dx.data()[r * In + j] = a.dy.data()[r * In + j] * static_cast<T>(mask(r, j));  // the defect
+          a.dx.data()[r * In + j] = a.dy.data()[r * In + j] * static_cast<T>(mask(first + r, j));
     }
   };
 };
 
-/// y = x * mask(row) per feature, forward and backward keyed alike by the row's place in its
-/// batch (sample_offset + r) but not in the update (the defect: update_offset is ignored, so every
-/// batch of an accumulated update draws the same masks; each check on one batch passes).
-struct update_blind_mask {
-  using layer_concept = ls::layer_tag;
-  static constexpr std::size_t expected_input = 0;
-
-  template <std::size_t In>
-  struct bind {
-    static constexpr std::size_t input_size = In, output_size = In, param_count = 0, workspace_per_sample = 0;
-    static double mask(std::uint64_t row, std::size_t j) { return 0.5 + static_cast<double>((row * 7 + j) % 3); }
-
-    template <class T>
-    static void init(T*, const ls::counter_rng&) {}
-    template <class T, class Ctx>
-    static void forward(Ctx&, const ls::forward_args<T, Ctx, ls::shape<In>, ls::shape<In>>& a) {
-      for (std::size_t r = 0; r < a.batch(); ++r)
-        for (std::size_t j = 0; j < In; ++j)
-          a.y.data()[r * In + j] = a.x.data()[r * In + j] * static_cast<T>(mask(a.info.sample_offset + r, j));
-    }
-    template <class T, class Ctx>
-    static void backward(Ctx&, const ls::backward_args<T, Ctx, ls::shape<In>, ls::shape<In>>& a) {
-      if (!a.dx) return;
-      for (std::size_t r = 0; r < a.batch(); ++r)
-        for (std::size_t j = 0; j < In; ++j)
-          a.dx.data()[r * In + j] = a.dy.data()[r * In + j] * static_cast<T>(mask(a.info.sample_offset + r, j));
-    }
-  };
-};
+/// Forward keyed by the row's place in the batch, backward by the shard's row (caught by the
+/// sharded-batch check).
+using local_row_mask = row_mask<mask_key::shard_row>;
+/// Forward and backward keyed alike by the row's place in the batch, not in the update (caught
+/// only by the update_offset check).
+using update_blind_mask = row_mask<mask_key::batch_place>;
 
 /// y = x * a + b per feature with right gradients, which says it accumulates gradients
 /// (`accumulates_gradients`) but overwrites dparams under pass_info::accumulate (the defect).

@@ -369,16 +369,21 @@ bool unread_check(std::size_t rows, bool poison_input) {
   return same_bits(dx, dx2) && same_bits(dp, dp2);
 }
 
+/// `info` placed as a strategy places a shard: its rows start at row `sample_offset` of a global
+/// batch of `global_rows` rows, after `update_offset` rows of the update's earlier batches.
+inline pass_info placed(pass_info info, std::size_t sample_offset, std::size_t global_rows,
+                        std::size_t update_offset) {
+  info.sample_offset = sample_offset;
+  info.global_rows = global_rows;
+  info.update_offset = update_offset;
+  return info;
+}
+
 /// The pass_info of a shard that a strategy makes: bound layer B's `info` for rows that start at
 /// row 5 of a global batch of rows + 9, in the fourth batch of an accumulated update (a layer
 /// that keys randomness by local rows, or ignores the update's earlier rows, then fails the
 /// checks that use it). Layers that couple rows are checked on shards through a row exchange.
-inline pass_info shard_info(pass_info info, std::size_t rows) {
-  info.sample_offset = 5;
-  info.global_rows = rows + 9;
-  info.update_offset = 3 * (rows + 9);
-  return info;
-}
+inline pass_info shard_info(pass_info info, std::size_t rows) { return placed(info, 5, rows + 9, 3 * (rows + 9)); }
 
 }  // namespace detail
 
@@ -610,9 +615,8 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
       for (const bool training : {false, true}) {
         CAPTURE(training);
         constexpr std::size_t rows = 29;
-        lockstep::pass_info info = lt::suite_info<B>(training);
-        info.global_rows = rows;
-        info.update_offset = training ? 2 * rows : 0;  // the third batch of an accumulated update
+        // training: the third batch of an accumulated update
+        const lockstep::pass_info info = lt::detail::placed(lt::suite_info<B>(training), 0, rows, training ? 2 * rows : 0);
         lt::detail::layer_harness<B> h;
         const auto x = lt::detail::inputs<B>(rows);
         const auto w = lt::detail::weights(rows * B::output_size);
@@ -666,12 +670,9 @@ TEST_CASE_TEMPLATE_DEFINE("lockstep layer conformance", B, lockstep_layer_confor
         // earlier shards' rows
         constexpr std::size_t update = 23, offset = 5;
         const std::size_t total = update + offset + n;
-        lockstep::pass_info whole = lt::suite_info<B>(true);
-        whole.global_rows = total;
-        lockstep::pass_info shard = lt::suite_info<B>(true);
-        shard.update_offset = update;
-        shard.sample_offset = offset;
-        shard.global_rows = offset + n + 3;  // the batch this shard is part of
+        const lockstep::pass_info whole = lt::detail::placed(lt::suite_info<B>(true), 0, total, 0);
+        // in a batch of offset + n + 3 rows
+        const lockstep::pass_info shard = lt::detail::placed(lt::suite_info<B>(true), offset, offset + n + 3, update);
         lt::detail::layer_harness<B> h;
         const auto x = lt::detail::inputs<B>(total);
         const auto w = lt::detail::weights(total * B::output_size);
