@@ -206,7 +206,17 @@ TEST_CASE("schedules give the documented rate at chosen steps") {
     const ls::warmup_schedule<ls::cosine_schedule> warm_cosine{.steps = 4, .after = {.min_lr = bad}};
     CHECK_THROWS_AS((void)warm_step(base, 0), ls::config_error);
     CHECK_THROWS_AS((void)warm_cosine(base, 0), ls::config_error);
+    // lr_schedule refuses them when the callback is made, before any fit.
+    CHECK_THROWS_WITH_AS((void)ls::lr_schedule(decay), doctest::Contains("`factor` is"), ls::config_error);
+    CHECK_THROWS_WITH_AS((void)ls::lr_schedule(cosine), doctest::Contains("`min_lr` is"), ls::config_error);
+    CHECK_THROWS_WITH_AS((void)ls::lr_schedule(warm_step), doctest::Contains("`factor` is"), ls::config_error);
+    CHECK_THROWS_WITH_AS((void)ls::lr_schedule(warm_cosine), doctest::Contains("`min_lr` is"), ls::config_error);
   }
+  CHECK_THROWS_WITH_AS((void)ls::lr_schedule(ls::step_schedule{.every = 0}), doctest::Contains("`every` must be > 0"),
+                       ls::config_error);
+  CHECK_THROWS_WITH_AS((void)ls::lr_schedule(ls::cosine_schedule{.total = 0}), doctest::Contains("`total` must be > 0"),
+                       ls::config_error);
+  CHECK_NOTHROW((void)ls::lr_schedule(ls::warmup_schedule<ls::cosine_schedule>{.steps = 4}));
   CHECK(ls::step_schedule{.every = 1, .factor = 0.0f}(base, 1) == 0.0f);  // factor 0: a rate of 0 after the first decay
 }
 

@@ -15,7 +15,9 @@ namespace lockstep {
 /// A learning-rate schedule: a copyable function object that fit calls as
 /// `float operator()(float base, std::uint64_t step) const`, giving the rate of update `step`
 /// (0-based) from the base rate. It must be a pure function of its arguments, so that a resumed
-/// run continues the schedule exactly.
+/// run continues the schedule exactly. It may have `void check() const`, which throws
+/// config_error for a field out of range: lr_schedule calls it when the callback is made, so a
+/// bad field is refused before training rather than when the decay reaches it.
 template <class S>
 concept learning_rate_schedule = std::copy_constructible<S> && requires(const S& s, float base, std::uint64_t step) {
   { s(base, step) } -> std::convertible_to<float>;
@@ -31,6 +33,12 @@ constexpr bool check_schedule() {
   static_assert(std::copy_constructible<S>, "lockstep: a learning-rate schedule must be copyable");
   return true;  // each missing member was named above
 }
+
+/// Calls schedule `s`'s optional `check()` (a schedule without one has nothing to check).
+template <class S>
+void check_schedule_fields(const S& s) {
+  if constexpr (requires { s.check(); }) s.check();
+}
 }  // namespace detail
 
 /// The base learning rate at every step.
@@ -43,12 +51,16 @@ struct constant_schedule {
 struct step_schedule {
   std::uint64_t every = 1000;  ///< steps between decays
   float factor = 0.1f;         ///< multiplier per decay, finite and >= 0
-  /// The rate at `step`. @throws config_error for `every` 0 or a factor negative or not finite
-  /// (at every step, so fit refuses it at its first update, not at the first decay).
-  [[nodiscard]] float operator()(float base, std::uint64_t step) const {
+  /// @throws config_error for `every` 0 or a factor negative or not finite.
+  void check() const {
     if (every == 0) throw config_error("lockstep::step_schedule: `every` must be > 0");
     if (!detail::finite_nonnegative(factor))
       throw config_error("lockstep::step_schedule: `factor` is " + std::to_string(factor) + "; it must be finite and >= 0");
+  }
+  /// The rate at `step`. @throws config_error as check() (at every step: a schedule called
+  /// directly is refused at its first step, not at the first decay).
+  [[nodiscard]] float operator()(float base, std::uint64_t step) const {
+    check();
     return base * std::pow(factor, static_cast<float>(step / every));
   }
 };
@@ -57,12 +69,16 @@ struct step_schedule {
 struct cosine_schedule {
   std::uint64_t total = 1000;  ///< steps of the decay
   float min_lr = 0.0f;         ///< floor: an absolute rate, not scaled with the base; finite and >= 0
-  /// The rate at `step`. @throws config_error for `total` 0 or a min_lr negative or not finite
-  /// (at every step, so fit refuses it at its first update, not when the decay reaches it).
-  [[nodiscard]] float operator()(float base, std::uint64_t step) const {
+  /// @throws config_error for `total` 0 or a min_lr negative or not finite.
+  void check() const {
     if (total == 0) throw config_error("lockstep::cosine_schedule: `total` must be > 0");
     if (!detail::finite_nonnegative(min_lr))
       throw config_error("lockstep::cosine_schedule: `min_lr` is " + std::to_string(min_lr) + "; it must be finite and >= 0");
+  }
+  /// The rate at `step`. @throws config_error as check() (at every step: a schedule called
+  /// directly is refused at its first step, not when the decay reaches the bad field).
+  [[nodiscard]] float operator()(float base, std::uint64_t step) const {
+    check();
     if (step >= total) return min_lr;
     const double t = static_cast<double>(step) / static_cast<double>(total);
     return static_cast<float>(min_lr + 0.5 * (base - min_lr) * (1.0 + std::cos(3.14159265358979323846 * t)));
@@ -75,11 +91,16 @@ template <learning_rate_schedule After = constant_schedule>
 struct warmup_schedule {
   std::uint64_t steps = 100;  ///< warm-up length
   After after{};              ///< schedule after the warm-up
-  /// The rate at `step`. During the warm-up `after` is still called (its rate at its step 0,
-  /// unused), so that a field out of range is refused at the first update, not after the warm-up.
+  /// @throws config_error for a field of `after` out of range (its own check(), when it has one).
+  void check() const { detail::check_schedule_fields(after); }
+  /// The rate at `step`. @throws config_error as check() (at every step: a field of `after` out
+  /// of range is refused at the first step, not after the warm-up); an `after` without check()
+  /// is called during the warm-up (its rate at its step 0, unused), so that what it throws comes
+  /// at the first step too.
   [[nodiscard]] float operator()(float base, std::uint64_t step) const {
+    check();
     if (step < steps) {
-      (void)after(base, 0);
+      if constexpr (!requires { after.check(); }) (void)after(base, 0);
       return base * static_cast<float>(step + 1) / static_cast<float>(steps + 1);
     }
     return after(base, step - steps);

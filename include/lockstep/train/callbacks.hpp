@@ -171,10 +171,11 @@ callback on_step_end(F f) {
 /// A callback applying a learning-rate schedule (constant_schedule, cosine_schedule, ... or any
 /// `float(float base, uint64 step)`). A schedule is a pure function of the step, so a resumed run
 /// continues it exactly. (Schedule: a learning_rate_schedule; a type that is not one is told which
-/// member it lacks.)
+/// member it lacks.) @throws config_error when the schedule's optional `check()` refuses a field.
 template <class Schedule>
 callback lr_schedule(Schedule s) {
   static_assert(detail::check_schedule<Schedule>());
+  detail::check_schedule_fields(s);  // a field out of range is refused here, before fit
   callback c;
   c.schedule = [s = std::move(s)](float base, std::uint64_t step) { return static_cast<float>(s(base, step)); };
   return c;
