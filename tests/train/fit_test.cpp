@@ -108,6 +108,27 @@ TEST_CASE("fit: a learning-rate schedule callback sets the rate of every step") 
   CHECK(params_of(a) == params_of(b));
 }
 
+TEST_CASE("fit's session: an update whose statistics hold no rows gives step callbacks NaN, not a loss of 0") {
+  // Under defer_readback (GPU replicas) the run's first update and the update after each
+  // checkpoint return no statistics: a step callback (TensorBoard's step/loss) must not read 0.
+  std::vector<double> seen;
+  ls::fit_options o{.quiet = true};
+  o.callbacks = {ls::on_step_end([&](double l) { seen.push_back(l); })};
+  ls::detail::fit_session run(o, 0.1f, 1);
+  run.open_outputs();
+  run.begin_epoch(0);
+  const auto save = [](std::uint64_t, std::uint64_t) {};
+  const auto late = [] { return ls::step_stats{}; };
+  ls::step_stats none, two_rows;
+  two_rows.loss_sum = 3.0;
+  two_rows.count = 2;
+  for (const ls::step_stats& r : {none, two_rows, none}) (void)run.end_step(r, seen.size() + 1, save, 1, late);
+  REQUIRE(seen.size() == 3);
+  CHECK(std::isnan(seen[0]));
+  CHECK(seen[1] == 1.5);
+  CHECK(std::isnan(seen[2]));
+}
+
 TEST_CASE("fit: early stopping ends training after `patience` epochs without improvement") {
   ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
   for (std::uint64_t patience : {1u, 2u, 4u}) {

@@ -161,6 +161,40 @@ TEST_CASE("fit: K updates, stop, M more with accumulation (and the EMA, sharded 
   }
 }
 
+TEST_CASE("fit: a resume without fit_options::ema drops the checkpoint's EMA, which nothing would update") {
+  // Kept, it stayed as the checkpoint had it, stale, in every later checkpoint and export.
+  using two = one_row<ls::cpu<0>, ls::cpu<1>>;
+  const auto dir = temp_dir("emadrop");
+  REQUIRE(!accumulate_to<two>(6, dir).ema.empty());
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f);
+  const auto resumed = fit_run<two>(2, 4, [&](ls::fit_options& o) {
+    o.quiet = false;
+    o.progress = {.stream = f, .live = false};
+    o.epochs = 1000;
+    o.validation = {};
+    o.clip_global_norm = 1.0;
+    o.checkpoint_dir = dir.string();
+    o.checkpoint_every = 1;
+    o.keep_checkpoints = 2;
+    o.resume = true;
+    o.max_steps = 8;
+  });
+  CHECK(resumed.h.resumed_from_step == 6);
+  CHECK(resumed.steps == 8);
+  CHECK(resumed.ema.empty());
+  std::string out;
+  std::rewind(f);
+  for (int ch = std::fgetc(f); ch != EOF; ch = std::fgetc(f)) out.push_back(static_cast<char>(ch));
+  std::fclose(f);
+  CAPTURE(out);
+  CHECK(out.find("is dropped: fit_options::ema is off in this run") != std::string::npos);
+  const auto latest = ls::checkpoint_manager(dir, 2).load_latest(ls::model_signature<net>());
+  REQUIRE(latest.has_value());
+  CHECK(ls::checkpoint_state::from_file(*latest).ema.empty());  // its checkpoints hold none either
+  fs::remove_all(dir);
+}
+
 TEST_CASE("fit: SIGKILL in the middle of an accumulation group resumes from the last update boundary to the uninterrupted result") {
   using two = one_row<ls::cpu<0>, ls::cpu<1>>;
   const ls::counter_rng rng(static_cast<std::uint64_t>(::getpid()), 11);

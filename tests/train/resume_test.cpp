@@ -84,16 +84,56 @@ TEST_CASE("resume: a checkpoint of another model, model seed or pipeline seed is
   auto wrong_seed = s.replicate<net>(ls::seed{22});
   CHECK_THROWS_WITH_AS(ls::fit(s, wrong_seed, optimizer, ls::softmax_cross_entropy{}, pipeline(samples, batch),
                                {.quiet = true, .checkpoint_dir = dir.string(), .resume = true}),
-                       doctest::Contains("the checkpoint's model seed 21 differs from this model's seed 22"),
+                       doctest::Contains("section 'fit' (FITS): the checkpoint's model seed 21 differs from this model's seed 22"),
                        ls::checkpoint_error);
   // The pipeline's seed as fit_options::data_seed records it: another would reorder the epoch.
   auto same = s.replicate<net>(ls::seed{21});
   CHECK_THROWS_WITH_AS(ls::fit(s, same, optimizer, ls::softmax_cross_entropy{}, pipeline(samples, batch),
                                {.quiet = true, .checkpoint_dir = dir.string(), .resume = true, .data_seed = 5}),
-                       doctest::Contains("the checkpoint's pipeline seed 0 differs from fit_options::data_seed 5"),
+                       doctest::Contains("section 'fit' (FITS): the checkpoint's pipeline seed 0 differs from fit_options::data_seed 5"),
                        ls::checkpoint_error);
   CHECK(same.step() == 0);  // refused before anything was restored
   fs::remove_all(dir);
+}
+
+TEST_CASE("resume: a pipeline that gives other batches than those consumed before a mid-epoch checkpoint is refused") {
+  // The checkpoint records the rows (dataset indices) of the batches of the epoch consumed so far;
+  // resuming skips as many batches: another shuffle or batch size would train samples twice or
+  // never, silently. The same data_seed (the option is the user's record, not the pipeline's).
+  const auto dir = temp_dir("pipe");
+  (void)train_to<two>(3, dir);  // 3 of epoch 0's 6 batches consumed
+  const auto resumed = [&](auto data) {
+    two s;
+    auto m = s.replicate<net>(ls::seed{21});
+    return ls::fit(s, m, optimizer, ls::softmax_cross_entropy{}, data,
+                   {.epochs = 1000,
+                    .callbacks = {ls::lr_schedule(ls::cosine_schedule{.total = 40, .min_lr = 1e-4f})},
+                    .quiet = true,
+                    .checkpoint_dir = dir.string(),
+                    .resume = true,
+                    .max_steps = 4});
+  };
+  for (const std::size_t other_batch : {std::size_t{4}, std::size_t{9}}) {
+    CAPTURE(other_batch);
+    CHECK_THROWS_WITH_AS(
+        (void)resumed(pipeline(samples, other_batch)),
+        doctest::Contains("section 'fit pipeline position' (FPIP): the 3 batches of epoch 0 consumed before the "
+                          "checkpoint are not those the pipeline gives now"),
+        ls::checkpoint_error);
+  }
+  CHECK_THROWS_WITH_AS((void)resumed(pipeline(samples, batch, 6)), doctest::Contains("ckpt-000000000003.lsck: section"), ls::checkpoint_error);
+  // The same pipeline resumes (and the files the refusals left are the same ones).
+  CHECK(resumed(pipeline(samples, batch)).resumed_from_step == 3);
+  fs::remove_all(dir);
+  // A run resumed mid-epoch records the skipped batches too: resumed again in the same epoch, it
+  // continues to the uninterrupted result.
+  const auto twice = temp_dir("pipe_twice");
+  (void)train_to<two>(2, twice);
+  (void)train_to<two>(4, twice, true);
+  std::uint64_t from = 0;
+  CHECK(train_to<two>(5, twice, true, &from) == train_to<two>(5));
+  CHECK(from == 4);
+  fs::remove_all(twice);
 }
 
 TEST_CASE("resume: a checkpoint of another kind of optimiser is refused, naming both") {
@@ -471,6 +511,27 @@ TEST_CASE("resume: bad options are refused before a resume changes the model or 
   run({.validate_with_ema = true});
   run({.clip_global_norm = -1});
   run({.metrics_file = (dir / "no-such-directory" / "metrics.jsonl").string()});  // cannot be opened
+  fs::remove_all(dir);
+}
+
+TEST_CASE("resume: a pipeline refused mid-epoch (FPIP) gives the callbacks their states back") {
+  const auto dir = temp_dir("pipe_callbacks");
+  (void)stopping_to(9, dir, false, 1);  // step 9: epoch 1, 3 of its 6 batches consumed; the counter at 1
+  two s;
+  auto m = s.replicate<net>(ls::seed{21});
+  auto n = std::make_shared<double>(77);
+  CHECK_THROWS_WITH_AS(
+      ls::fit(s, m, ls::adamw{.lr = 2e-2f, .weight_decay = 0.01f}, ls::softmax_cross_entropy{},
+              pipeline(samples, batch, 6),  // another shuffle
+              {.epochs = 40,
+               .callbacks = {ls::early_stopping({.monitor = ls::monitored::val_loss, .patience = stop_patience,
+                                                 .min_delta = 0.01}),
+                             epoch_counter(n)},
+               .quiet = true,
+               .checkpoint_dir = dir.string(),
+               .resume = true}),
+      doctest::Contains("the 3 batches of epoch 1 consumed before the checkpoint"), ls::checkpoint_error);
+  CHECK(*n == 77);  // the checkpoint's 1 was loaded, then given back
   fs::remove_all(dir);
 }
 

@@ -51,6 +51,10 @@ struct fit_resume_state {
   std::uint64_t epoch_norm_updates = 0; ///< updates of `epoch` so far whose norm was computed
   double epoch_clip_sum = 0;            ///< sum of their clip factors
   std::uint64_t epoch_skipped = 0;      ///< updates of `epoch` so far the non-finite guard skipped
+  /// Hash of the row counts and dataset indices of the `batches` consumed (section FPIP; fit's
+  /// batch_tally hash): a resume whose pipeline gives other batches is refused.
+  std::uint64_t consumed_rows_hash = 0;
+  bool has_consumed_rows_hash = false;  ///< false for a checkpoint without section FPIP (not checked)
 };
 
 namespace detail {
@@ -94,7 +98,12 @@ inline void read_callbacks_part(io::reader& r, fit_resume_state& s, std::size_t 
 /// factors (f64, any value), the updates skipped (u64)). Checkpoints without it hold zeros.
 inline constexpr std::uint32_t fit_recipe_tag = io::section_tag("FREC");
 
-/// Adds fit's sections (FITS version 1, FREC version 1) of `s` to checkpoint `f`.
+/// The tag of fit's section of the pipeline position (FPIP version 1: a hash (u64) of the row
+/// counts and dataset indices of the batches of the epoch in progress consumed so far, fit's
+/// batch_tally hash). Checkpoints without it are resumed unchecked.
+inline constexpr std::uint32_t fit_pipeline_tag = io::section_tag("FPIP");
+
+/// Adds fit's sections (FITS version 1, FREC version 1, FPIP version 1) of `s` to checkpoint `f`.
 inline void write_fit_state(io::checkpoint_file& f, const fit_resume_state& s) {
   io::writer w;
   w.put(s.epoch);
@@ -119,6 +128,9 @@ inline void write_fit_state(io::checkpoint_file& f, const fit_resume_state& s) {
   r.put(s.epoch_clip_sum);
   r.put(s.epoch_skipped);
   f.put(fit_recipe_tag, 1, std::move(r));
+  io::writer q;
+  q.put(s.consumed_rows_hash);
+  f.put(fit_pipeline_tag, 1, std::move(q));
   f.put(io::tags::fit, 1, std::move(w));
 }
 
@@ -146,6 +158,13 @@ inline void write_fit_state(io::checkpoint_file& f, const fit_resume_state& s) {
       s.epoch_norm_updates = q.get<std::uint64_t>("the epoch's updates with a norm");
       s.epoch_clip_sum = q.get<double>("the epoch's clip factor sum");
       s.epoch_skipped = q.get<std::uint64_t>("the epoch's skipped updates");
+      q.expect_end();
+    }
+    if (const auto* ps = f.find(fit_pipeline_tag)) {  // a hash: any value
+      f.check_version(*ps, "fit pipeline position", 1, 1);
+      io::reader q = f.read(*ps, "fit pipeline position");
+      s.consumed_rows_hash = q.get<std::uint64_t>("the hash of the consumed batches' rows");
+      s.has_consumed_rows_hash = true;
       q.expect_end();
     }
     return s;

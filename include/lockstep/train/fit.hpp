@@ -177,9 +177,11 @@ metric_sums reduce_metric_sums(const S& s, const R& per) {
   return out;
 }
 
-/// Per-replica host scratch for evaluation (outputs copied to the host, loss scratch).
+/// Per-replica host scratch for evaluating a model of value type T (outputs copied to the host,
+/// in T: outputs rounded to float could tie where T's do not; loss scratch).
+template <class T>
 struct eval_scratch {
-  std::vector<std::vector<float>> host_out;
+  std::vector<std::vector<T>> host_out;
   std::vector<std::vector<float>> loss_scratch;
   explicit eval_scratch(std::size_t n) : host_out(n), loss_scratch(n) {}
 };
@@ -187,7 +189,7 @@ struct eval_scratch {
 /// One replica's metric sums over its shard (evaluation mode).
 template <class Rep, class Loss>
 metric_sums shard_metrics(Rep& rep, const Loss& loss, const data::shard& sh, const pass_info& info, std::size_t k,
-                          eval_scratch& scratch, std::size_t r) {
+                          eval_scratch<typename Rep::model_type::value_type>& scratch, std::size_t r) {
   metric_sums m;
   if (sh.size == 0) return m;
   using model_type = typename Rep::model_type;
@@ -211,18 +213,11 @@ metric_sums shard_metrics(Rep& rep, const Loss& loss, const data::shard& sh, con
     m.loss_sum = l.sum;
     m.count = l.count;
     if (sh.labels) {
-      if constexpr (std::is_same_v<T, float>) {
-        auto& host = scratch.host_out[r];
-        host.resize(sh.size * cols);
-        copy_to_host(rep.context(), host.data(), out, host.size());
-        rep.context().synchronize();
-        count_predictions(host.data(), sh.size, cols, sh.labels, k, m);
-      } else {  // ranked in T: outputs rounded to float could tie where T's do not
-        std::vector<T> host(sh.size * cols);
-        copy_to_host(rep.context(), host.data(), out, host.size());
-        rep.context().synchronize();
-        count_predictions(host.data(), sh.size, cols, sh.labels, k, m);
-      }
+      auto& host = scratch.host_out[r];
+      host.resize(sh.size * cols);
+      copy_to_host(rep.context(), host.data(), out, host.size());
+      rep.context().synchronize();
+      count_predictions(host.data(), sh.size, cols, sh.labels, k, m);
     }
   }
   return m;
@@ -280,9 +275,10 @@ struct batch_tally {
   std::uint64_t rows = collective_plan::hash({});  ///< hash over their row counts and dataset indices
 
   /// Counts `db` and hashes its global batch's rows.
-  void add(const data::distributed_batch& db) {
+  void add(const data::distributed_batch& db) { add(db.global->indices); }
+  /// Counts a global batch of rows of dataset indices `idx` and hashes them.
+  void add(std::span<const std::uint64_t> idx) {
     ++batches;
-    const auto& idx = db.global->indices;
     const std::uint64_t n = idx.size();
     rows = collective_plan::hash({reinterpret_cast<const char*>(&n), sizeof n}, rows);
     rows = collective_plan::hash({reinterpret_cast<const char*>(idx.data()), idx.size() * sizeof idx[0]}, rows);
@@ -310,7 +306,7 @@ evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eva
   if (o.top_k == 0) throw config_error("lockstep::evaluate: top_k must be >= 1");
   check_bound(s, m);
   const std::size_t n = s.num_replicas();
-  detail::eval_scratch scratch(n);
+  detail::eval_scratch<typename std::remove_cvref_t<decltype(m.replica(0))>::model_type::value_type> scratch(n);
   metric_sums total;
   const pass_info info = pass_info::for_evaluation(m.step());
   auto&& w = world_of(s);
@@ -599,6 +595,8 @@ public:
     }
     start_epoch = st.epoch;
     skip_ = st.batches;
+    if (st.has_consumed_rows_hash) expected_rows_ = st.consumed_rows_hash;
+    resume_source_ = source;
     lr = st.lr;
     resumed_ = {st.epoch_loss_sum, st.epoch_samples, st.epoch_steps, st.epoch_labelled, st.epoch_correct,
                 st.epoch_norm_sum, st.epoch_norm_updates, st.epoch_clip_sum, st.epoch_skipped};
@@ -614,6 +612,13 @@ public:
   void note_precision(const std::string& was, const std::string& now) {
     if (!was.empty() && was != now && !resume_note_.empty())
       resume_note_ += "; written under " + was + ", continuing under " + now;
+  }
+  /// Adds to the resume line that the checkpoint's EMA of `updates` updates was dropped (this
+  /// run has no fit_options::ema: it would stay as it was, stale, in later checkpoints and exports).
+  void note_ema_dropped(std::uint64_t updates) {
+    if (!resume_note_.empty())
+      resume_note_ += "; its EMA of the weights (" + std::to_string(updates) +
+                      " updates) is dropped: fit_options::ema is off in this run";
   }
 
   /// Prints `line` on the progress display (the chief's, unless quiet).
@@ -665,6 +670,7 @@ public:
     clip_sum_ = resumed ? resumed_.clip_sum : 0.0;
     skipped_ = resumed ? resumed_.skipped : 0;
     batches = 0;
+    consumed_ = {};
     to_skip = resumed ? skip_ : 0;
   }
 
@@ -689,7 +695,11 @@ public:
     ctl.step = model_step;
     ctl.grad_norm = r.grad_norm;
     ctl.skipped = r.skipped;
-    const double step_loss = r.count ? r.loss_sum / static_cast<double>(r.count) : 0.0;
+    // No rows: under defer_readback the first update of the run, of each epoch and after each
+    // checkpoint (the previous update's statistics were read at the epoch's end or for the
+    // checkpoint): no loss to report, not a loss of 0.
+    const double step_loss =
+        r.count ? r.loss_sum / static_cast<double>(r.count) : std::numeric_limits<double>::quiet_NaN();
     for (const auto& c : o_.callbacks)
       if (c.step_end) c.step_end(step_loss, ctl);
     bar_->step(steps_, count_, count_ ? loss_sum_ / static_cast<double>(count_) : 0.0, r.grad_norm, r.clip_factor,
@@ -783,6 +793,7 @@ public:
     st.seed = seed;
     st.data_seed = o_.data_seed;
     st.replicas = static_cast<std::uint32_t>(replicas_);
+    st.consumed_rows_hash = batches_done != 0 ? consumed_.rows : batch_tally{}.rows;
     st.callback_states.reserve(o_.callbacks.size());
     for (const auto& c : o_.callbacks) st.callback_states.push_back(c.save_state ? c.save_state() : std::vector<double>{});
     st.stop_requested = ctl.stop;
@@ -802,13 +813,25 @@ public:
 
   /// The first epoch to run (the checkpoint's when resuming).
   [[nodiscard]] std::uint64_t first_epoch() const noexcept { return start_epoch; }
-  /// True (and counts the batch as consumed) while the epoch's batches are those consumed before
-  /// the checkpoint being resumed.
-  bool skip_consumed() noexcept {
+  /// True (and counts global batch `b` as consumed) while the epoch's batches are those consumed
+  /// before the checkpoint being resumed.
+  /// @throws checkpoint_error when, the last of them counted, their rows differ from those the
+  /// checkpoint recorded (another batch size, shuffle or data: samples would be trained twice or never).
+  bool skip_consumed(const data::batch& b) {
     if (batches >= to_skip) return false;
     ++batches;
+    consumed_.add(b.indices);
+    if (batches == to_skip && expected_rows_ && consumed_.rows != *expected_rows_)
+      throw checkpoint_error("lockstep::fit: " + resume_source_ + ": section 'fit pipeline position' (FPIP): the " +
+                             std::to_string(to_skip) + " batches of epoch " + std::to_string(ctl.epoch) +
+                             " consumed before the checkpoint are not those the pipeline gives now (their rows' "
+                             "dataset indices or counts differ: another batch size, shuffle or dataset size); "
+                             "resuming would train samples twice or never (resume with the pipeline that wrote it)");
     return true;
   }
+  /// Counts global batch `db` as consumed (trained, accumulated or dropped) for the checkpoint's
+  /// record of the epoch's rows.
+  void consume(const data::distributed_batch& db) { consumed_.add(db); }
   /// Counts `n` batches of the epoch as consumed without an update (fit_options::drop_partial_update).
   void drop_batches(std::uint64_t n) noexcept { batches += n; }
   /// The learning rate of the update after `step` updates (rate_at), remembered as the last rate.
@@ -861,6 +884,9 @@ private:
   };
   epoch_sums resumed_;  // the sums of the resumed epoch so far (from its checkpoint)
   std::uint64_t skip_ = 0;
+  batch_tally consumed_;                         // the batches of the epoch consumed so far
+  std::optional<std::uint64_t> expected_rows_;   // the resumed checkpoint's hash of them (FPIP)
+  std::string resume_source_;                    // the resumed checkpoint's path
   std::uint64_t expected_steps_ = 0;
   std::chrono::steady_clock::time_point t0_{};
   double loss_sum_ = 0;
@@ -925,6 +951,7 @@ inline collective_plan start_plan(bool failed, const fit_options& o, double lr, 
       .add("fit_options::trace_file (1: given)", given(!o.trace_file.empty()))
       .add("fit_options::callbacks (their number)", o.callbacks.size())
       .add("the model seed", seed)
+      .add("fit_options::data_seed", o.data_seed)
       .add_hashed("the optimizer's learning rate", exact(lr))
       .add_hashed("the optimizer's other hyperparameters", hyperparameters)
       .add_hashed("fit_options::clip_global_norm", exact(o.clip_global_norm))
@@ -995,13 +1022,15 @@ void check_resumable(const Replicated& m, const Optimizer& optimizer, const chec
   using net = network_of<Replicated>;
   check_signature(st, model_signature<net>(), source, model_name<net>());
   constexpr bool own_seed = requires { m.seed().value; };
+  // Where the seeds are: fit's section from format 3 on, the rng section before.
+  const std::string section = st.version >= 3 ? "section 'fit' (FITS)" : "section 'rng'";
   if (const std::uint64_t seed = model_seed(m, o); st.seed != seed)
-    throw checkpoint_error("lockstep::fit: " + source + ": section 'rng': the checkpoint's model seed " +
+    throw checkpoint_error("lockstep::fit: " + source + ": " + section + ": the checkpoint's model seed " +
                            std::to_string(st.seed) + " differs from " +
                            (own_seed ? "this model's seed " : "fit_options::seed (this model does not know its seed) ") +
                            std::to_string(seed) + "; resuming would not be exact");
   if (st.data_seed != o.data_seed)  // the pipeline's order would differ: batches trained twice or never
-    throw checkpoint_error("lockstep::fit: " + source + ": section 'rng': the checkpoint's pipeline seed " +
+    throw checkpoint_error("lockstep::fit: " + source + ": " + section + ": the checkpoint's pipeline seed " +
                            std::to_string(st.data_seed) + " differs from fit_options::data_seed " +
                            std::to_string(o.data_seed) + "; resuming would not be exact (give the pipeline and "
                            "data_seed the seed of the run that wrote it)");
@@ -1081,6 +1110,11 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
         run.note_precision(static_cast<const model_state&>(ck->first).precision,
                            std::string(precision_name(m.precision())));
       restore(m, static_cast<const model_state&>(ck->first), optimizer, ck->second);
+      if constexpr (requires { m.has_ema(); })
+        if (o.ema.decay == 0 && m.has_ema()) {  // nothing would update it
+          run.note_ema_dropped(m.ema_updates());
+          m.load_ema({}, 0);
+        }
     } catch (...) {  // the callbacks get their states back
       reload_callbacks(o.callbacks, callbacks_before);
       throw;
@@ -1124,6 +1158,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   batch_tally trained;
   const auto batch_of_update = [&](const data::distributed_batch& db, bool epoch_ends) -> bool {
     ++group;
+    run.consume(db);
     if (compare_pipelines) trained.add(db);
     trace.begin_step(m.step());
     const std::int64_t t0 = trace.now();
@@ -1171,7 +1206,14 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
         if (!first) ++it;
         if (it == end) break;
         auto&& b = *it;
-        if (run.skip_consumed()) continue;  // resume: these batches were consumed before the checkpoint
+        bool consumed = false;  // resume: the batch was consumed before the checkpoint
+        try {
+          consumed = run.skip_consumed(b);
+        } catch (const checkpoint_error&) {  // another pipeline: the callbacks get their states back
+          reload_callbacks(o.callbacks, callbacks_before);
+          throw;
+        }
+        if (consumed) continue;
         db.emplace(data::detail::make_sharded(std::move(b), plan.parts, plan.first, s.num_replicas()));
       } catch (...) {
         if (k == 1 || !held) throw;
