@@ -484,6 +484,60 @@ TEST_CASE("non-finite guard: a NaN in one replica's shard skips the update on ev
   CHECK(m.skipped_updates() == 5);
 }
 
+namespace {
+/// The identity forward, whose backward gives global row 5 (sample_offset + r) an infinite input
+/// gradient: a finite loss with a non-finite gradient below it.
+struct infinite_below_row_5 {
+  using layer_concept = ls::layer_tag;
+  static constexpr std::size_t expected_input = 0;
+  template <std::size_t In>
+  struct bind {
+    static constexpr std::size_t input_size = In, output_size = In, param_count = 0, workspace_per_sample = 0;
+    template <class T>
+    static void init(T*, const ls::counter_rng&) {}
+    template <class T, class Ctx>
+    static void forward(Ctx&, const ls::forward_args<T, Ctx, ls::shape<In>, ls::shape<In>>& a) {
+      std::copy_n(a.x.data(), a.batch() * In, a.y.data());
+    }
+    template <class T, class Ctx>
+    static void backward(Ctx&, const ls::backward_args<T, Ctx, ls::shape<In>, ls::shape<In>>& a) {
+      if (!a.dx) return;
+      for (std::size_t r = 0; r < a.batch(); ++r)
+        for (std::size_t j = 0; j < In; ++j)
+          a.dx.data()[r * In + j] =
+              a.info.sample_offset + r == 5 ? std::numeric_limits<T>::infinity() : a.dy.data()[r * In + j];
+    }
+  };
+};
+}  // namespace
+
+TEST_CASE("non-finite guard: the message names the replica whose shard gives a non-finite gradient, also below batch norm") {
+  // The shards run again each on its own to find the culprit: batch norm then normalises over the
+  // shard (it refused the replay, asked for the global batch without a row exchange, and the
+  // message named no replica).
+  using bn_reg_net = ls::sequential<ls::dense<6, 8>, ls::batch_norm<>, infinite_below_row_5, ls::dense<8, 3>>;
+  using plain_reg_net = ls::sequential<ls::dense<6, 8>, ls::relu, infinite_below_row_5, ls::dense<8, 3>>;
+  const auto check = [](auto net_tag) {
+    using net = typename decltype(net_tag)::type;
+    host s(ls::device_selection::first(3));
+    auto m = s.replicate<net>(ls::seed{2});
+    ls::update_recipe recipe;
+    recipe.nonfinite = ls::nonfinite_policy::raise;
+    std::string msg;
+    try {
+      (void)ls::train_step(s, m, ls::sgd{.lr = 0.1f}, ls::mse{}, distributed(reg_batch(1, 12), 3), recipe);
+      FAIL("no numerics_error");
+    } catch (const ls::numerics_error& e) {
+      msg = e.what();
+    }
+    CAPTURE(msg);
+    // rows 4 to 7: replica 1
+    CHECK(msg.find("the shard of replica 1 of worker 0 gave a finite loss but a non-finite gradient") != std::string::npos);
+  };
+  check(std::type_identity<plain_reg_net>{});
+  check(std::type_identity<bn_reg_net>{});
+}
+
 TEST_CASE("non-finite guard, raise: a numerics_error at once, nothing changed") {
   for (const bool invariant_det : {false, true}) {
     CAPTURE(invariant_det);

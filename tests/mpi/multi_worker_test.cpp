@@ -187,6 +187,22 @@ TEST_CASE("multi_worker: every sample of an epoch reaches exactly one replica of
   for (std::size_t i = 0; i < sizes.size(); ++i)
     for (std::size_t r = 0; r < sizes[i]; ++r) want.push_back(i * 1000 + r);
   CHECK(all == want);
+
+  // strategy.shard() cuts the same way (plan()): a custom loop over it covers every sample once
+  // (it cut each batch over this worker's replicas only: every worker trained every sample).
+  std::vector<ls::data::batch> batches;
+  for (std::size_t i = 0; i < sizes.size(); ++i) batches.push_back(make_batch(sizes[i], i));
+  std::vector<std::uint64_t> mine;
+  for (auto&& db : s.shard(batches)) {
+    CHECK(db.shards.size() == s.num_replicas());
+    const auto seen = s.run([](std::size_t, const ls::data::shard& sh) {
+      return std::vector<std::uint64_t>(sh.indices, sh.indices + sh.size);
+    }, db);
+    for (const auto& v : seen) mine.insert(mine.end(), v.begin(), v.end());
+  }
+  std::vector<std::uint64_t> through_shard = test_support::gather_all(mine);
+  std::sort(through_shard.begin(), through_shard.end());
+  CHECK(through_shard == want);
 }
 
 namespace {
@@ -347,6 +363,36 @@ TEST_CASE("multi_worker: broadcast gives rank 0's optimiser state to a worker th
   CHECK(same_on_every_rank(m.parameters_to_host()));
 }
 
+TEST_CASE("multi_worker: broadcast with workers of 1 and 2 replicas: a mixed sharding or a root rank 0 lacks is a config_error on every worker") {
+  // Adam under automatic sharding: the workers of 2 replicas shard their update, those of 1 do not
+  // (a broadcast of rank 0's whole state into a slice overflowed it).
+  const std::size_t local = world_rank() % 2 == 0 ? 1 : 2;
+  const ls::adam opt{.lr = 1e-3f};
+  const auto trained = [&](ls::strategy_options o) {
+    auto s = std::make_unique<ls::multi_worker_mirrored<ls::cpus>>(ls::device_selection::first(local), o);
+    auto m = s->replicate<mlp>(ls::seed{7});
+    const ls::shard_plan p = s->plan();
+    (void)ls::train_step(*s, m, opt, ls::softmax_cross_entropy{},
+                         ls::data::detail::make_sharded(make_batch(16, 0), p.parts, p.first, s->num_replicas()));
+    return std::make_pair(std::move(s), std::move(m));
+  };
+  {
+    auto [s, m] = trained({});
+    CHECK(m.optimizer_sharded() == (local == 2));
+    CHECK_THROWS_WITH_AS(s->broadcast(m), doctest::Contains("workers shard their optimiser update and the others do not"),
+                         ls::config_error);
+    s->barrier();  // refused before any broadcast: every worker still usable
+  }
+  ls::strategy_options unsharded;
+  unsharded.shard_optimizer = false;
+  auto [s, m] = trained(unsharded);
+  CHECK_THROWS_WITH_AS(s->broadcast(m, 1), doctest::Contains("root 1 is not a replica of worker rank 0"), ls::config_error);
+  s->broadcast(m);
+  CHECK(same_on_every_rank(m.parameters_to_host()));
+  CHECK(same_on_every_rank(m.optimizer_state_to_host()));
+  s->barrier();
+}
+
 TEST_CASE("multi_worker: after a failed step the strategy refuses further use with a config_error, barrier() too") {
   // Every worker's replica fails in the same step before any collective of it starts, so no
   // worker waits for another; each worker's step reports a replica_error naming its rank.
@@ -367,6 +413,21 @@ TEST_CASE("multi_worker: after a failed step the strategy refuses further use wi
   CHECK_THROWS_AS(s.barrier(), ls::config_error);
   CHECK_THROWS_AS((void)ls::train_step(s, m, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{}, db), ls::config_error);
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("multi_worker: a timeout that is not positive is a config_error on every worker, before any collective") {
+  // Checked when the strategy was made, after the communication thread's first collective, which
+  // then timed out on some workers only (a timeout_error there, a config_error elsewhere).
+  for (const long ms : {0L, -5L}) {
+    CAPTURE(ms);
+    ls::strategy_options o;
+    o.timeout = std::chrono::milliseconds(ms);
+    CHECK_THROWS_WITH_AS(ls::multi_worker_mirrored<ls::cpus>(ls::device_selection::first(1), o),
+                         doctest::Contains("strategy_options::timeout must be positive"), ls::config_error);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  ls::multi_worker_mirrored<ls::cpus> s(ls::device_selection::first(1));  // MPI is still usable
+  s.barrier();
 }
 
 TEST_CASE("multi_worker: workers whose collective plans differ get a config_error naming the field, not a hang") {
@@ -444,6 +505,12 @@ TEST_CASE("multi_worker: fit refuses workers that would start at different steps
   ao.accumulate = world_rank() == 1 ? 2 : 1;
   message = refused(ao);
   CHECK(message.find("rank 1's fit_options::accumulate is 2, rank 0's is 1") != std::string::npos);
+  // The pipeline's seed: the workers' shards would come from different orders (samples trained
+  // twice or never), and a resume would be refused on some workers only.
+  ls::fit_options so{.epochs = 1, .quiet = true};
+  so.data_seed = world_rank() == 1 ? 5 : 4;
+  message = refused(so);
+  CHECK(message.find("rank 1's fit_options::data_seed is 5, rank 0's is 4") != std::string::npos);
   // Options that change the update: the replicas would drift apart without a word.
   ls::fit_options co{.epochs = 1, .quiet = true};
   co.clip_global_norm = world_rank() == 1 ? 1.0 : 0.0;

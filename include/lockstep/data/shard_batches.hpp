@@ -87,6 +87,16 @@ generator<distributed_batch> shard_borrowed(R* range, std::size_t replicas) {
   for (const auto& b : *range) co_yield make_sharded(b, replicas);
 }
 
+template <class R>
+generator<distributed_batch> shard_owned_part(R range, std::size_t parts, std::size_t first, std::size_t count) {
+  for (auto&& b : range) co_yield make_sharded(std::move(b), parts, first, count);
+}
+
+template <class R>
+generator<distributed_batch> shard_borrowed_part(R* range, std::size_t parts, std::size_t first, std::size_t count) {
+  for (const auto& b : *range) co_yield make_sharded(b, parts, first, count);
+}
+
 /// The rows [offset, offset + size) that part `rank` of `parts` gets from `rows` rows (as split()).
 inline std::pair<std::size_t, std::size_t> part_of(std::size_t rows, std::size_t rank, std::size_t parts) noexcept {
   const std::size_t base = rows / parts, extra = rows % parts;
@@ -147,6 +157,22 @@ generator<distributed_batch> shard_batches(R&& batches, std::size_t replicas) {
     return detail::shard_borrowed(std::addressof(batches), replicas);
   else
     return detail::shard_owned(std::move(batches), replicas);
+}
+
+/// Cuts every global batch of `batches` into `parts` shards and keeps the `count` from shard
+/// `first` (one process's shards of global batches shared by several processes: a strategy's
+/// plan()); an index batch loads the rows of those shards only. Ranges as shard_batches(batches, replicas).
+/// @throws config_error when the shards [first, first + count) are not among `parts` or count is 0.
+template <std::ranges::input_range R>
+  requires global_batch<std::ranges::range_value_t<R>>
+generator<distributed_batch> shard_batches(R&& batches, std::size_t parts, std::size_t first, std::size_t count) {
+  if (parts == 0 || count == 0 || first + count > parts)
+    throw config_error("lockstep::data::shard_batches: cannot take shards " + std::to_string(first) + ".." +
+                       std::to_string(first + count) + " of " + std::to_string(parts));
+  if constexpr (std::is_lvalue_reference_v<R>)
+    return detail::shard_borrowed_part(std::addressof(batches), parts, first, count);
+  else
+    return detail::shard_owned_part(std::move(batches), parts, first, count);
 }
 
 /// Stage: cuts each global batch into shards (see shard_batches(replicas)).

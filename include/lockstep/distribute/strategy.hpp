@@ -310,20 +310,39 @@ public:
   /// of the state). A replica whose state differs in size from root's (a failure before every
   /// replica had made its state, a worker that has made none yet) is given the size of rank 0's
   /// root first; when that root has none, every replica's state is dropped, so the next update
-  /// makes it as on a fresh model. Collective.
+  /// makes it as on a fresh model. Across workers `root` is a replica of rank 0 (the others'
+  /// replicas take rank 0's values), and the workers' updates must be all sharded or none
+  /// (automatic sharding decides per worker from its replica count).
+  /// Collective. @throws config_error on every worker when root is not one of rank 0's
+  /// replicas, or when the workers differ in whether their update is sharded (give
+  /// strategy_options::shard_optimizer explicitly).
   template <class Net, class T>
   void broadcast(model_type<Net, T>& m, std::size_t root = 0) {
     [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // replica 0 runs on this thread
     check_model(m);
     world_.check_usable();
-    if (root >= num_replicas())
-      throw config_error("lockstep::mirrored::broadcast: root " + std::to_string(root) + " is not a replica");
-    std::size_t state = m.optimizer_sharded() ? 0 : m.replica(root).optimizer_state().size();
-    if (world_.size() > 1) {  // rank 0's size on every worker: they all take part in the same broadcasts
-      double size[1] = {world_.rank() == 0 ? static_cast<double>(state) : 0.0};
-      world_.sum(std::span<double>(size));
-      state = static_cast<std::size_t>(size[0]);
+    const bool sharded = m.optimizer_sharded();
+    const std::size_t asked = root;
+    bool root_ok = root < num_replicas();
+    std::size_t state = sharded || !root_ok ? 0 : m.replica(root).optimizer_state().size();
+    if (world_.size() > 1) {
+      // Rank 0's root check and state size on every worker (they all take part in the same
+      // broadcasts, and all refuse alike), and how many workers shard their update.
+      const bool chief = world_.rank() == 0;
+      double v[3] = {chief && root_ok ? 1.0 : 0.0, chief ? static_cast<double>(state) : 0.0, sharded ? 1.0 : 0.0};
+      world_.sum(std::span<double>(v));
+      root_ok = v[0] == 1.0;
+      state = static_cast<std::size_t>(v[1]);
+      if (root_ok && v[2] != 0.0 && v[2] != static_cast<double>(world_.size()))
+        throw config_error("lockstep::mirrored::broadcast: " + std::to_string(static_cast<std::size_t>(v[2])) + " of the " +
+                           std::to_string(world_.size()) + " workers shard their optimiser update and the others do not "
+                           "(optimizer_sharding::automatic() decides per worker, from its replica count): set "
+                           "strategy_options::shard_optimizer to true or false on every worker");
+      if (!chief) root = 0;  // this worker's replicas take rank 0's values through its replica 0
     }
+    if (!root_ok)
+      throw config_error("lockstep::mirrored::broadcast: root " + std::to_string(asked) + " is not a replica" +
+                         (world_.size() > 1 ? " of worker rank 0" : ""));
     auto job = [&](std::size_t r) {
       auto& rep = m.replica(r);
       rep.context().activate();
@@ -374,11 +393,14 @@ public:
     world_.guarded([&] { world_.barrier(); }, [this] { abort_all(this); });
   }
 
-  /// Cuts every global batch of `batches` into this process's shards (see data::shard_batches;
-  /// one per local replica, following plan()).
+  /// Cuts every global batch of `batches` into this process's shards: plan().parts shards, of
+  /// which this process keeps one per local replica from plan().first (data::shard_batches; in a
+  /// local world, the whole batch over the replicas). It takes global batches: a worker's part
+  /// (data::shard_by_worker) is cut with data::shard_batches(part, num_replicas()) instead.
   template <class Range>
   [[nodiscard]] auto shard(Range&& batches) const {
-    return data::shard_batches(std::forward<Range>(batches), num_replicas());
+    const shard_plan p = plan();
+    return data::shard_batches(std::forward<Range>(batches), p.parts, p.first, num_replicas());
   }
 
   /// One synchronous training step on `b` (see lockstep::train_step): b.global is the whole
@@ -741,7 +763,9 @@ private:
       info.update_offset = offset;
       auto job = [&](std::size_t r) {
         auto& rep = m.replica(r);
-        (void)rep.forward_backward(loss, b.shards[r], info);
+        data::shard own = b.shards[r];
+        own.global_size = own.size;  // a batch of its own: batch norm normalises over the shard
+        (void)rep.forward_backward(loss, own, info);
         std::vector<T> h(P);
         copy_to_host(rep.context(), h.data(), rep.model().gradients().data(), P);
         rep.context().synchronize();
