@@ -18,7 +18,7 @@ ld::dataset<ld::distributed_batch> make_train(const ld::dataset<ld::sample>& sou
        | ld::map(ld::scale(1.0f / 255))   // uint8 pixels -> [0, 1], fused into batch assembly
        | ld::shuffle(60'000, seed)        // tf.data buffer semantics, order from (seed, epoch)
        | ld::batched(256)                 // the GLOBAL batch (pooled_batch, a lockstep::data::batch)
-       | ld::shard_batches(2)                // one shard per replica
+       | ld::shard_batches(2)             // one shard per replica
        | ld::prefetch(2);                 // producer thread, 2 steps ahead
 }
 

@@ -212,6 +212,13 @@ TEST_CASE("index-first: skipping batches without cutting them (a resume) loads n
   CHECK(skipped.size() == skip * bs);
 }
 
+TEST_CASE("index-first: load_options::threads beyond max_load_threads is refused when the source is made, naming it") {
+  const auto t = pixel_table(10, 16);
+  for (const std::size_t threads : {ld::max_load_threads + 1, std::size_t{1} << 20, SIZE_MAX})
+    CHECK_THROWS_WITH_AS((void)ld::indexed(t, 1, 4, 4, {.threads = threads}),
+                         doctest::Contains(("load_options::threads is " + std::to_string(threads)).c_str()), lockstep::config_error);
+}
+
 TEST_CASE("index-first: behind prefetch, batches are decoded ahead once the plan is known") {
   const auto t = pixel_table(500, 16);
   const auto src = ld::indexed(t, 1, 4, 4, {.threads = 2});
@@ -407,6 +414,36 @@ TEST_CASE("batch_pool: row buffers are reused, aligned and returned") {
   b.reset();
   c.reset();
   CHECK(pool->peak_row_bytes() == 5000);
+}
+
+TEST_CASE("batch_pool: keeps as many idle batches and row buffers as were ever out at once, so a deep prefetch allocates nothing after its first epoch") {
+  // max_free 2, but 5 out at once (prefetch(3)'s batches in flight): all come back and are reused.
+  for (const std::size_t out : {std::size_t{1}, std::size_t{2}, std::size_t{5}, std::size_t{17}}) {
+    CAPTURE(out);
+    auto pool = std::make_shared<ld::batch_pool>(2);
+    std::vector<const float*> first_epoch;  // the feature buffers the first epoch allocated
+    for (int epoch = 0; epoch < 3; ++epoch) {
+      CAPTURE(epoch);
+      std::vector<ld::pooled_batch> batches;
+      std::vector<ld::row_buffer> rows;
+      for (std::size_t i = 0; i < out; ++i) {
+        ld::pooled_batch b(pool->acquire(), pool);
+        b.features.resize(64);
+        b.indices.resize(4);
+        if (epoch == 0)
+          first_epoch.push_back(b.features.data());
+        else
+          CHECK(std::find(first_epoch.begin(), first_epoch.end(), b.features.data()) != first_epoch.end());
+        batches.push_back(std::move(b));
+        rows.push_back(pool->acquire_rows(256));
+      }
+      CHECK(pool->row_bytes() == out * 256);  // epochs 2 and 3 allocate no row buffer
+      CHECK(pool->idle() == 0);               // every idle batch was reused
+      batches.clear();
+      rows.clear();
+      CHECK(pool->idle() == out);  // all kept, above max_free
+    }
+  }
 }
 
 namespace {

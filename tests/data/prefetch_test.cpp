@@ -136,6 +136,16 @@ TEST_CASE("prefetch: the producer's exception reaches the consumer after the ear
   }
   CHECK(threads_return_to(before));
   CHECK_THROWS_AS(ld::prefetch(0), lockstep::config_error);
+  // A depth the queue could not hold is refused when the stage is made, naming it (not a
+  // bad_alloc when an epoch starts).
+  CHECK_NOTHROW((void)ld::prefetch(ld::max_prefetch_depth));
+  for (const std::size_t depth : {ld::max_prefetch_depth + 1, std::size_t{1} << 40, SIZE_MAX})
+    CHECK_THROWS_WITH_AS((void)ld::prefetch(depth), doctest::Contains(("depth " + std::to_string(depth)).c_str()),
+                         lockstep::config_error);
+  CHECK_THROWS_WITH_AS((void)ld::parallel_map([](int x) { return x; }, SIZE_MAX / 2 + 1),
+                       doctest::Contains((std::to_string(SIZE_MAX / 2 + 1) + " workers").c_str()), lockstep::config_error);
+  CHECK_THROWS_WITH_AS((void)ld::parallel_map([](int x) { return x; }, ld::max_parallel_map_workers + 1),
+                       doctest::Contains("workers are more than"), lockstep::config_error);
 }
 
 TEST_CASE("prefetch: batches through prefetch and distribute keep every sample once, epochs reuse buffers" *

@@ -265,15 +265,22 @@ TEST_CASE("batched: rows of different widths are a shape_error") {
   CHECK(collect(d).size() == 2);
 }
 
+namespace {
+/// 0 .. n-1, counted into `pulled` as the map pulls them, shuffled, then cached.
+auto counted_then_cached(int n, std::atomic<int>& pulled) {
+  return ld::from_vector(stage_range(n)) | ld::map([&pulled](int x) {
+           ++pulled;
+           return x;
+         }) |
+         ld::shuffle(8, 3) | ld::cache();
+}
+}  // namespace
+
 TEST_CASE("cache replays the first complete pass and an abandoned pass caches nothing") {
   for (int n : sizes) {
     CAPTURE(n);
     std::atomic<int> pulled{0};
-    const auto d = ld::from_vector(stage_range(n)) | ld::map([&pulled](int x) {
-                     ++pulled;
-                     return x;
-                   }) |
-                   ld::shuffle(8, 3) | ld::cache();
+    const auto d = counted_then_cached(n, pulled);
     if (n > 1) {  // leave early: not cached
       for (auto&& x : d.epoch(0)) {
         (void)x;
@@ -289,6 +296,41 @@ TEST_CASE("cache replays the first complete pass and an abandoned pass caches no
     auto sorted = first;
     std::sort(sorted.begin(), sorted.end());
     CHECK(sorted == stage_range(n));
+  }
+}
+
+TEST_CASE("cache is filled by a pass whose consumer stops at the last element (take of the dataset's size)") {
+  // take(n) returns after the n-th element without resuming the cache's pass past it: the pass
+  // fills the cache when its upstream ends, before it gives the last element.
+  for (int n : sizes) {
+    CAPTURE(n);
+    std::atomic<int> pulled{0};
+    const auto d = counted_then_cached(n, pulled) | ld::take(static_cast<std::uint64_t>(n));
+    const auto first = collect(d, 1);
+    CHECK(pulled == n);
+    const auto again = collect(d, 2);
+    CHECK(pulled == n);  // replayed: the shuffle's order of the first pass, not epoch 2's
+    CHECK(first == again);
+    CHECK(first.size() == static_cast<std::size_t>(n));
+  }
+  // Reading one element ahead loses none when the upstream fails: every element before the
+  // failure arrives, then the error (and nothing is cached).
+  for (const int k : {0, 1, 2, 5}) {
+    CAPTURE(k);
+    const auto failing = ld::from_generator([k](std::uint64_t) -> ld::generator<int> {
+                           for (int i = 0; i < k; ++i) co_yield i;
+                           throw lockstep::data_error("upstream failed");
+                         }) |
+                         ld::cache();
+    for (std::uint64_t e = 0; e < 2; ++e) {
+      std::vector<int> got;
+      CHECK_THROWS_WITH_AS(
+          [&] {
+            for (auto&& x : failing.epoch(e)) got.push_back(x);
+          }(),
+          "upstream failed", lockstep::data_error);
+      CHECK(got == stage_range(k));
+    }
   }
 }
 

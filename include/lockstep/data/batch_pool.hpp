@@ -71,8 +71,10 @@ private:
 /// A thread-safe free list of batches whose vectors keep their capacity, and of row buffers.
 class batch_pool : public std::enable_shared_from_this<batch_pool> {
 public:
-  /// A pool that keeps at most `max_free` idle batches (and as many idle row buffers), allocating
-  /// row buffers from `memory` (a hook: pass a resource of pinned host memory when the rows go to
+  /// A pool that keeps at most `max_free` idle batches, or as many as were ever out of it at once
+  /// when more (a pipeline `prefetch(n)` with n + 2 batches in flight gets them all back at an
+  /// epoch's end and reuses them in the next, allocating nothing); the same for row buffers. Row
+  /// buffers come from `memory` (a hook: pass a resource of pinned host memory when the rows go to
   /// a device; the default is operator new). The resource must outlive the pool.
   explicit batch_pool(std::size_t max_free = 16, std::pmr::memory_resource* memory = std::pmr::new_delete_resource())
       : max_free_(max_free), memory_(memory ? memory : std::pmr::new_delete_resource()) {}
@@ -97,17 +99,24 @@ public:
       for (auto it = free_rows_.begin(); it != free_rows_.end(); ++it)
         if (it->second >= bytes && (best == free_rows_.end() || it->second < best->second)) best = it;
       if (best != free_rows_.end()) {
+        auto self = shared_from_this();
         const auto [p, n] = *best;
         free_rows_.erase(best);
-        return row_buffer(shared_from_this(), p, n);
+        rows_out_.take();
+        return row_buffer(std::move(self), p, n);
       }
     }
+    auto self = shared_from_this();
     auto* p = static_cast<std::byte*>(memory_->allocate(bytes, alignment));
+    {
+      std::lock_guard lock(mutex_);
+      rows_out_.take();  // counted once it exists
+    }
     const auto held = row_bytes_.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
     std::int64_t peak = peak_row_bytes_.load();
     while (held > peak && !peak_row_bytes_.compare_exchange_weak(peak, held)) {
     }
-    return row_buffer(shared_from_this(), p, bytes);
+    return row_buffer(std::move(self), p, bytes);
   }
   /// Bytes of row buffers allocated and not freed (in use or idle).
   [[nodiscard]] std::size_t row_bytes() const noexcept { return static_cast<std::size_t>(row_bytes_.load()); }
@@ -119,6 +128,7 @@ public:
   /// An idle batch (contents unspecified, sizes kept) or a new empty one.
   [[nodiscard]] batch acquire() {
     std::lock_guard lock(mutex_);
+    batches_out_.take();
     if (free_.empty()) return batch{};
     batch b = std::move(free_.back());
     free_.pop_back();
@@ -128,9 +138,10 @@ public:
   }
   /// Takes a batch back for reuse (dropped when the pool is full).
   void release(batch&& b) noexcept {
-    if (b.features.capacity() == 0 && b.indices.capacity() == 0) return;
     std::lock_guard lock(mutex_);
-    if (free_.size() < max_free_) {
+    batches_out_.give_back();
+    if (b.features.capacity() == 0 && b.indices.capacity() == 0) return;
+    if (free_.size() < std::max(max_free_, batches_out_.peak)) {
       try {
         free_.push_back(std::move(b));
       } catch (...) {  // out of memory while recycling: just free the batch
@@ -148,7 +159,8 @@ private:
   void release_rows(std::byte* p, std::size_t n) noexcept {
     {
       std::lock_guard lock(mutex_);
-      if (free_rows_.size() < max_free_) {
+      rows_out_.give_back();
+      if (free_rows_.size() < std::max(max_free_, rows_out_.peak)) {
         try {
           free_rows_.emplace_back(p, n);
           return;
@@ -160,7 +172,15 @@ private:
     row_bytes_.fetch_sub(static_cast<std::int64_t>(n));
   }
 
+  /// How many of a kind are out of the pool (acquired, not released), and the most ever at once.
+  struct out_count {
+    std::size_t now = 0, peak = 0;
+    void take() noexcept { peak = std::max(peak, ++now); }
+    void give_back() noexcept { now -= now > 0 ? 1 : 0; }  // a batch that did not come from acquire
+  };
+
   mutable std::mutex mutex_;
+  out_count batches_out_, rows_out_;  // guarded by mutex_
   std::vector<batch> free_;
   std::vector<std::pair<std::byte*, std::size_t>> free_rows_;
   std::size_t max_free_;

@@ -296,9 +296,12 @@ private:
   std::shared_ptr<pipeline_counters> counters_ = std::make_shared<pipeline_counters>();
 };
 
+/// The most threads load_options::threads may ask for.
+inline constexpr std::size_t max_load_threads = 1024;
+
 /// Options of the loading that index-first sources share.
 struct load_options {
-  std::size_t threads = 0;  ///< threads that load one batch, the calling one included (0: the cores, at most 8)
+  std::size_t threads = 0;  ///< threads that load one batch, the calling one included (0: the cores, at most 8; at most max_load_threads)
   std::pmr::memory_resource* memory = nullptr;  ///< where decoded rows live (nullptr: the heap); see batch_pool
 };
 
@@ -313,6 +316,9 @@ struct source_context {
 
   source_context(std::shared_ptr<const sample_source> s, const load_options& o) : source(std::move(s)) {
     std::size_t n = o.threads;
+    if (n > max_load_threads)
+      throw config_error("lockstep::data: load_options::threads is " + std::to_string(n) + ", more than " +
+                         std::to_string(max_load_threads));
     if (n == 0) n = std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 8);
     pool = std::make_shared<load_pool>(n);
     buffers = std::make_shared<batch_pool>(16, o.memory);

@@ -161,12 +161,18 @@ struct parallel_map_closure : closure<parallel_map_closure<F>> {
     }};
   }
 };
+/// The most threads one parallel_map stage starts.
+inline constexpr std::size_t max_parallel_map_workers = 1024;
+
 /// Applies f to every element on `workers` threads, yielding results in input order. Each worker
-/// holds its own copy of f. @throws config_error when workers is 0.
+/// holds its own copy of f. @throws config_error when workers is 0 or above max_parallel_map_workers.
 template <class F>
   requires std::copy_constructible<std::decay_t<F>>
 parallel_map_closure<std::decay_t<F>> parallel_map(F&& f, std::size_t workers) {
   if (workers == 0) throw config_error("lockstep::data::parallel_map: workers must be >= 1");
+  if (workers > max_parallel_map_workers)
+    throw config_error("lockstep::data::parallel_map: " + std::to_string(workers) + " workers are more than " +
+                       std::to_string(max_parallel_map_workers) + " threads");
   return {{}, std::forward<F>(f), workers};
 }
 

@@ -136,10 +136,17 @@ struct prefetch_closure : closure<prefetch_closure> {
     return dataset<T>{[d = std::move(d), n = depth](std::uint64_t e) { return detail::prefetch_gen<T>(d.epoch(e), n); }};
   }
 };
+/// The largest prefetch depth (the queue's slots are allocated when an epoch starts).
+inline constexpr std::size_t max_prefetch_depth = std::size_t{1} << 16;
+
 /// Produces up to `depth` elements ahead on a separate thread (started when the epoch's generator
-/// is first iterated, joined when it is destroyed). @throws config_error when depth is 0.
+/// is first iterated, joined when it is destroyed).
+/// @throws config_error when depth is 0 or above max_prefetch_depth.
 inline prefetch_closure prefetch(std::size_t depth) {
   if (depth == 0) throw config_error("lockstep::data::prefetch: depth must be >= 1");
+  if (depth > max_prefetch_depth)
+    throw config_error("lockstep::data::prefetch: depth " + std::to_string(depth) + " is more than " +
+                       std::to_string(max_prefetch_depth) + " elements ahead");
   return {{}, depth};
 }
 

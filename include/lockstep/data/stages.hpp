@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <exception>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -301,18 +302,34 @@ generator<T> cache_gen(std::shared_ptr<cache_state<T>> state, std::uint64_t epoc
     for (const T& v : *values) co_yield cache_copy(v, pass);
     co_return;
   }
-  // The filling pass gives the upstream's elements; the copies it stores get no shard plan (each
-  // replay gives its own).
+  // The filling pass gives the upstream's elements, one behind: the cache is filled when the
+  // upstream ends, before the last element is given (a consumer that stops at the last element,
+  // `take(size)`, does not resume this pass past it). The copies it stores get no shard plan
+  // (each replay gives its own).
   auto fill = std::make_shared<std::vector<T>>();
-  for (auto&& x : state->upstream.epoch(epoch)) {
-    fill->push_back(cache_copy(x, pass));
-    co_yield std::move(x);
+  std::optional<T> held;
+  std::exception_ptr failed;  // the upstream's error: raised after the element held back
+  try {
+    for (auto&& x : state->upstream.epoch(epoch)) {
+      fill->push_back(cache_copy(x, pass));
+      if (held) co_yield std::move(*held);
+      held.emplace(std::move(x));
+    }
+  } catch (...) {
+    failed = std::current_exception();
   }
-  std::lock_guard lock(state->mutex);  // only a pass that ran to the end fills the cache
-  if (!state->values) {
-    state->values = std::move(fill);
-    state->filled = epoch;
+  if (failed) {
+    if (held) co_yield std::move(*held);
+    std::rethrow_exception(failed);
   }
+  {
+    std::lock_guard lock(state->mutex);  // only a pass that ran to the end fills the cache
+    if (!state->values) {
+      state->values = std::move(fill);
+      state->filled = epoch;
+    }
+  }
+  if (held) co_yield std::move(*held);
 }
 
 }  // namespace detail
