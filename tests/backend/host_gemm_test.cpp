@@ -206,6 +206,29 @@ TEST_CASE_TEMPLATE("gemm reuses a shape on other buffers and other alpha and bet
 #endif
 }
 
+#if defined(LOCKSTEP_HOST_GEMM_ONEDNN)
+TEST_CASE("onednn gemm: at most primitives_kept shapes are kept, and an evicted shape comes back with the same bits") {
+  // A context predicting on ever-changing batch sizes (m = the rows): its primitives stay bounded.
+  ls::host_context ctx(1);
+  ctx.activate();
+  constexpr std::size_t kept = ls::backend::detail::onednn_gemm_cache::primitives_kept;
+  const gemm_case first{trans::no, trans::no, 1, 7, 5, 0, 1.0, 0.0};
+  operands<float> o1(first, 1);
+  check_gemm(ctx, first, o1);
+  const std::vector<float> first_c = o1.c;
+  for (std::size_t m = 2; m <= kept + 9; ++m) {
+    const gemm_case g{trans::no, trans::no, m, 7, 5, 0, 1.0, 0.0};
+    operands<float> o(g, m);
+    gemm(ctx, g.ta, g.tb, g.m, g.n, g.k, 1.0f, o.a.data(), o.lda, o.b.data(), o.ldb, 0.0f, o.c.data(), o.ldc);
+    REQUIRE(ctx.gemm_cache().primitives() <= kept);
+  }
+  CHECK(ctx.gemm_cache().primitives() == kept);
+  operands<float> again(first, 1);  // m = 1 was the least recently used: evicted, made again
+  check_gemm(ctx, first, again);
+  CHECK(again.c == first_c);
+}
+#endif
+
 namespace {
 using gemm_shape = std::tuple<std::size_t, std::size_t, std::size_t>;
 

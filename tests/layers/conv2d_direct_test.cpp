@@ -291,6 +291,14 @@ TEST_CASE("conv2d runs through oneDNN's primitives in the oneDNN build for float
   run(wide{}, bf16_ctx, 3);
   CHECK(bf16_ctx.conv_cache().shapes() == (ls::host_bf16_native() ? 1u : 0u));
   if (ls::host_bf16_native()) MESSAGE("oneDNN bf16 convolution: ", bf16_ctx.conv_cache().last_implementation());
+  // Many batch sizes: at most `kept` entries, the markers of shapes that do not run here (bf16
+  // without the CPU's bf16 instructions) included.
+  for (std::size_t batch : {1u, 2u, 4u, 5u, 6u, 7u, 9u, 10u, 11u, 12u}) {
+    CAPTURE(batch);
+    (void)run(wide{}, bf16_ctx, batch);
+    CHECK(bf16_ctx.conv_cache().entries() <= kept);
+  }
+  CHECK(bf16_ctx.conv_cache().entries() == kept);
   // Under mixed<fp16>: always im2col + the fp16-rounded GEMM.
   ls::host_context fp16_ctx(1, true, ls::compute_precision::fp16);
   fp16_ctx.set_gemm_precision(ls::compute_precision::fp16);

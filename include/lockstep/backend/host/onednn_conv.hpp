@@ -55,12 +55,13 @@ public:
   bool available(int threads, const conv_geometry& g) {
     if (const auto it = entries_.find(g); it != entries_.end()) return it->second != nullptr;
     if (g.bf16 && !onednn_native_bf16()) {
+      make_room(g);
       entries_.emplace(g, nullptr);
       return false;
     }
     onednn_set_threads(threads);
     try {
-      create(g);
+      create(g);  // makes room first
     } catch (const unavailable&) {
       entries_.emplace(g, nullptr);
       return false;
@@ -141,6 +142,9 @@ public:
     for (const auto& kv : entries_) n += kv.second != nullptr;
     return n;
   }
+  /// Number of cached shapes, those that do not run here (markers, see available) included: at
+  /// most batch_sizes_kept per convolution (the same geometry but n).
+  [[nodiscard]] std::size_t entries() const noexcept { return entries_.size(); }
   /// The implementation oneDNN chose for the most recently created forward primitive (for example
   /// "jit:avx512_core"); empty before the first convolution.
   [[nodiscard]] const std::string& last_implementation() const noexcept { return last_impl_; }
@@ -349,19 +353,24 @@ private:
     return create(g);
   }
 
-  // Before g's entry is made: when batch_sizes_kept entries hold g's convolution at other batch
-  // sizes, drops the least recently used of them.
+  // Before g's entry (or marker of a shape that does not run here) is made: when batch_sizes_kept
+  // entries hold g's convolution at other batch sizes, drops one of them: a marker if there is one
+  // (nothing to free but a map node; markers count, so they stay bounded too), else the least
+  // recently used entry.
   void make_room(const conv_geometry& g) {
     std::size_t same = 0;
-    auto oldest = entries_.end();
+    auto oldest = entries_.end(), marker = entries_.end();
     for (auto it = entries_.begin(); it != entries_.end(); ++it) {
       conv_geometry other = it->first;
       other.n = g.n;
-      if (!it->second || !(other == g)) continue;
+      if (!(other == g)) continue;
       ++same;
-      if (oldest == entries_.end() || it->second->used < oldest->second->used) oldest = it;
+      if (!it->second)
+        marker = it;
+      else if (oldest == entries_.end() || it->second->used < oldest->second->used)
+        oldest = it;
     }
-    if (same >= batch_sizes_kept) entries_.erase(oldest);
+    if (same >= batch_sizes_kept) entries_.erase(marker != entries_.end() ? marker : oldest);
   }
 
   // Creates the entry of g: the forward primitive, and for a bf16 shape the backward ones too (so

@@ -225,7 +225,12 @@ public:
     return (bf16_[0].size + bf16_[1].size) * sizeof(std::uint16_t);
   }
 
-  /// Number of cached primitives (GEMM shapes seen).
+  /// Primitives kept (GEMM shapes: a dense layer's three per batch size, for each of a training
+  /// epoch's full and last batch, an evaluation's two, micro-shard remainders...). Another shape
+  /// evicts the least recently used, so a context that predicts on ever-changing batch sizes keeps
+  /// its memory bounded.
+  static constexpr std::size_t primitives_kept = 512;
+  /// Number of cached primitives (GEMM shapes seen, at most primitives_kept).
   [[nodiscard]] std::size_t primitives() const noexcept { return entries_.size(); }
   /// Size of the shared scratchpad buffer in bytes (the largest any cached primitive asked for).
   [[nodiscard]] std::size_t scratchpad_bytes() const noexcept { return scratchpad_size_; }
@@ -262,6 +267,7 @@ private:
     float alpha = 1.0f;  // what `scale` points at
     std::array<dnnl_exec_arg_t, 5> args{};
     int nargs = 0;
+    std::uint64_t used = 0;  // when last run (the cache's tick): the least recently used is evicted first
   };
   struct aligned_free {
     void operator()(std::byte* p) const noexcept { ::operator delete[](p, std::align_val_t{page}); }
@@ -388,11 +394,25 @@ private:
   }
 
   entry& find_or_create(const key& k) {
-    if (const auto it = entries_.find(k); it != entries_.end()) return *it->second;
-    return create(k);
+    entry& e = [&]() -> entry& {
+      if (const auto it = entries_.find(k); it != entries_.end()) return *it->second;
+      return create(k);
+    }();
+    e.used = ++tick_;
+    return e;
+  }
+
+  // Before a new shape's primitive is made: with primitives_kept kept, drops the least recently used.
+  void make_room() {
+    if (entries_.size() < primitives_kept) return;
+    auto oldest = entries_.begin();
+    for (auto it = entries_.begin(); it != entries_.end(); ++it)
+      if (it->second->used < oldest->second->used) oldest = it;
+    entries_.erase(oldest);
   }
 
   entry& create(const key& k) {
+    make_room();
     const std::string what = describe(k);
     // Row-major operands; a transposed operand is the same matrix read through swapped strides.
     dnnl_memory_desc_t a_md{}, b_md{}, c_md{};
@@ -461,6 +481,7 @@ private:
   std::unique_ptr<std::byte[], aligned_free> scratchpad_;
   std::size_t scratchpad_size_ = 0;
   std::unordered_map<key, std::unique_ptr<entry>, key_hash> entries_;
+  std::uint64_t tick_ = 0;  // GEMMs run (entry::used)
   struct bf16_storage {
     std::unique_ptr<std::uint16_t[]> data;
     std::size_t size = 0;
