@@ -125,6 +125,30 @@ TEST_CASE("resume: a pipeline that gives other batches than those consumed befor
   // The same pipeline resumes (and the files the refusals left are the same ones).
   CHECK(resumed(pipeline(samples, batch)).resumed_from_step == 3);
   fs::remove_all(dir);
+  // A state saved without the record (filled by hand, or read from an older file) writes no FPIP
+  // and resumes unchecked: any pipeline is accepted, as before the section existed.
+  const auto by_hand = temp_dir("pipe_by_hand");
+  (void)train_to<two>(3, by_hand);
+  const auto newest = ls::checkpoint_manager(by_hand, 2).latest();
+  REQUIRE(newest.has_value());
+  ls::checkpoint_state st = ls::load_checkpoint(*newest);
+  CHECK(st.has_consumed_rows_hash);
+  st.has_consumed_rows_hash = false;
+  ls::save_checkpoint(*newest, st);
+  CHECK(!ls::load_checkpoint(*newest).has_consumed_rows_hash);
+  {
+    two s;
+    auto m = s.replicate<net>(ls::seed{21});
+    const auto h = ls::fit(s, m, optimizer, ls::softmax_cross_entropy{}, pipeline(samples, 4),
+                           {.epochs = 1000,
+                            .callbacks = {ls::lr_schedule(ls::cosine_schedule{.total = 40, .min_lr = 1e-4f})},
+                            .quiet = true,
+                            .checkpoint_dir = by_hand.string(),
+                            .resume = true,
+                            .max_steps = 4});
+    CHECK(h.resumed_from_step == 3);
+  }
+  fs::remove_all(by_hand);
   // A run resumed mid-epoch records the skipped batches too: resumed again in the same epoch, it
   // continues to the uninterrupted result.
   const auto twice = temp_dir("pipe_twice");

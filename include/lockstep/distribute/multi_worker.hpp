@@ -76,7 +76,8 @@ private:
   // The timeout, refused on every worker alike before the channel's first collective when not
   // positive (with it that collective timed out on some workers only).
   static std::chrono::milliseconds positive(std::chrono::milliseconds t) {
-    if (t.count() <= 0) throw config_error("lockstep: strategy_options::timeout must be positive");
+    if (t.count() <= 0)
+      throw config_error("lockstep: strategy_options::timeout must be positive, got " + std::to_string(t.count()) + " ms");
     return t;
   }
 };

@@ -656,7 +656,9 @@ private:
   }
 
   static strategy_options check(strategy_options o, std::size_t replicas, const World& w) {
-    if (o.timeout.count() <= 0) throw config_error("lockstep: strategy_options::timeout must be positive");
+    if (o.timeout.count() <= 0)
+      throw config_error("lockstep: strategy_options::timeout must be positive, got " + std::to_string(o.timeout.count()) +
+                         " ms");
     if (o.blas_threads < 1)
       throw config_error("lockstep: strategy_options::blas_threads must be >= 1, got " + std::to_string(o.blas_threads));
     if constexpr (backend_traits<Kind>::replica_owns_core) {

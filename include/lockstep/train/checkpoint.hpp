@@ -54,7 +54,7 @@ struct fit_resume_state {
   /// Hash of the row counts and dataset indices of the `batches` consumed (section FPIP; fit's
   /// batch_tally hash): a resume whose pipeline gives other batches is refused.
   std::uint64_t consumed_rows_hash = 0;
-  bool has_consumed_rows_hash = false;  ///< false for a checkpoint without section FPIP (not checked)
+  bool has_consumed_rows_hash = false;  ///< consumed_rows_hash holds fit's record (written as FPIP; false: none, a resume unchecked)
 };
 
 namespace detail {
@@ -103,7 +103,8 @@ inline constexpr std::uint32_t fit_recipe_tag = io::section_tag("FREC");
 /// batch_tally hash). Checkpoints without it are resumed unchecked.
 inline constexpr std::uint32_t fit_pipeline_tag = io::section_tag("FPIP");
 
-/// Adds fit's sections (FITS version 1, FREC version 1, FPIP version 1) of `s` to checkpoint `f`.
+/// Adds fit's sections (FITS version 1, FREC version 1, and FPIP version 1 when `s` has a
+/// consumed_rows_hash) of `s` to checkpoint `f`.
 inline void write_fit_state(io::checkpoint_file& f, const fit_resume_state& s) {
   io::writer w;
   w.put(s.epoch);
@@ -128,9 +129,11 @@ inline void write_fit_state(io::checkpoint_file& f, const fit_resume_state& s) {
   r.put(s.epoch_clip_sum);
   r.put(s.epoch_skipped);
   f.put(fit_recipe_tag, 1, std::move(r));
-  io::writer q;
-  q.put(s.consumed_rows_hash);
-  f.put(fit_pipeline_tag, 1, std::move(q));
+  if (s.has_consumed_rows_hash) {  // fit's own checkpoints (a state filled by hand records none)
+    io::writer q;
+    q.put(s.consumed_rows_hash);
+    f.put(fit_pipeline_tag, 1, std::move(q));
+  }
   f.put(io::tags::fit, 1, std::move(w));
 }
 

@@ -794,6 +794,7 @@ public:
     st.data_seed = o_.data_seed;
     st.replicas = static_cast<std::uint32_t>(replicas_);
     st.consumed_rows_hash = batches_done != 0 ? consumed_.rows : batch_tally{}.rows;
+    st.has_consumed_rows_hash = true;
     st.callback_states.reserve(o_.callbacks.size());
     for (const auto& c : o_.callbacks) st.callback_states.push_back(c.save_state ? c.save_state() : std::vector<double>{});
     st.stop_requested = ctl.stop;
