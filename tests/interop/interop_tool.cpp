@@ -4,6 +4,8 @@
 //   interop_tool scalars DIR                  known scalars through io::tensorboard_writer
 //   interop_tool fit DIR EXPECTED             a short fit with the tensorboard callback; EXPECTED
 //                                             gets one line "tag step value" per scalar written
+//   interop_tool restart DIR                  steps 0..9 in one file, then in a second file a restart
+//                                             at step 6 and steps 6..9 again with values + 100
 //   interop_tool count DIR                    one scalar per record, forever; prints each step
 //                                             after its write returned (for the SIGKILL test)
 //   interop_tool export FILE DTYPE IN OUT     trains the interop network a few steps, saves it to
@@ -127,6 +129,16 @@ int main(int argc, char** argv) try {
                                  ls::tensorboard(argv[2])},
                    .quiet = true});
     std::fclose(exp);
+    return 0;
+  }
+  if (cmd == "restart" && argc == 3) {
+    {
+      ls::io::tensorboard_writer w(argv[2]);
+      for (std::int64_t step = 0; step < 10; ++step) w.scalar("restart", step, static_cast<double>(step));
+    }
+    ls::io::tensorboard_writer w(argv[2]);  // a new file in the same directory, named after the first
+    w.session_start(6);
+    for (std::int64_t step = 6; step < 10; ++step) w.scalar("restart", step, static_cast<double>(step + 100));
     return 0;
   }
   if (cmd == "count") {

@@ -62,6 +62,18 @@ def check_fit(tool, work):
     print("fit: %d tags, %d values read back exactly" % (len(want), sum(map(len, want.values()))))
 
 
+def check_restart(tool, work):
+    """A restart (SessionLog START at step 6, as a resumed fit writes) replaces the earlier file's
+    steps 6 and later: each step shows once, with the resumed run's value."""
+    d = fresh(os.path.join(work, "restart"))
+    subprocess.run([tool, "restart", d], check=True)
+    assert len([f for f in os.listdir(d) if "tfevents" in f]) == 2
+    got = scalars(d)["restart"]
+    want = [(s, np.float32(s if s < 6 else s + 100)) for s in range(10)]
+    assert [(s, np.float32(v)) for s, v in got] == want, got
+    print("restart at step 6: steps 0..9 once each, 6..9 from the resumed run")
+
+
 def check_kill(tool, work, stop_after):
     d = fresh(os.path.join(work, "kill-%d" % stop_after))
     p = subprocess.Popen([tool, "count", d], stdout=subprocess.PIPE, text=True)
@@ -103,6 +115,7 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     check_known_scalars(a.tool, a.work)
     check_fit(a.tool, a.work)
+    check_restart(a.tool, a.work)
     for n in (1, 57, 400):
         check_kill(a.tool, a.work, n)
     check_torn_record(a.work)

@@ -28,6 +28,7 @@ struct event {
   double wall_time = 0;
   std::int64_t step = 0;
   std::string file_version;
+  int session_status = -1;  // a SessionLog's status (1: START); -1 without one
   std::vector<std::pair<std::string, float>> values;
 };
 
@@ -111,6 +112,15 @@ std::vector<event> read_events(const fs::path& path, std::size_t* torn_tail = nu
               }
             }
             e.values.emplace_back(tag, value);
+          }
+          break;
+        }
+        case (7 << 3) | 2: {
+          pb_message log = m.sub();
+          e.session_status = 0;
+          while (log.p < log.end) {
+            REQUIRE(log.varint() == ((1 << 3) | 0));
+            e.session_status = static_cast<int>(log.varint());
           }
           break;
         }
@@ -330,6 +340,46 @@ TEST_CASE("tensorboard: the fit callback writes the epoch and step scalars, and 
   CHECK(series["step/updates_of_the_whole_run"].size() == epochs * 5);
   CHECK(series.count(std::string(29, 'x')) == 0);
   CHECK(series["epoch/lr"][2] == series["step/lr"][15]);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("tensorboard: a resumed fit marks a restart at its first update, a fresh one does not") {
+  const auto dir = temp_dir("tb_restart");
+  ls::mirrored<ls::cpu<0>> s;
+  // The first run stops after 7 of 15 updates (max_steps, a checkpoint at step 7: as a crash after
+  // a checkpoint); the resumed one writes a new file into the same directory, with a restart at
+  // update 8 and every step from it on (every_steps 2: the restart does not wait for a thinned step).
+  const auto run = [&](std::uint64_t max_steps, bool resume) {
+    auto m = s.replicate<net>(ls::seed{3});
+    ls::fit_options o{.epochs = 3, .callbacks = {ls::tensorboard(dir / "tb", {.every_steps = 2})}, .quiet = true};
+    o.checkpoint_dir = (dir / "ck").string();
+    o.checkpoint_every = 1;
+    o.resume = resume;
+    o.max_steps = max_steps;
+    (void)ls::fit(s, m, ls::sgd{.lr = 0.1f}, ls::softmax_cross_entropy{}, pipeline(100, 20), o);
+    return m.step();
+  };
+  REQUIRE(run(7, false) == 7);
+  const fs::path first = only_event_file(dir / "tb");
+  for (const auto& e : read_events(first)) CHECK(e.session_status == -1);  // a fresh fit marks no restart
+  REQUIRE(run(0, true) == 15);
+  std::vector<fs::path> files;
+  for (const auto& f : fs::directory_iterator(dir / "tb")) files.push_back(f.path());
+  REQUIRE(files.size() == 2);
+  const fs::path second = files[0] == first ? files[1] : files[0];
+  const auto ev = read_events(second);
+  REQUIRE(ev.size() >= 3);
+  CHECK(ev[0].file_version == "brain.Event:2");
+  CHECK(ev[1].session_status == 1);  // START, before any scalar of the resumed run
+  CHECK(ev[1].step == 8);
+  CHECK(ev[1].values.empty());
+  std::size_t starts = 0;
+  for (const auto& e : ev) starts += e.session_status == 1 ? 1 : 0;
+  CHECK(starts == 1);
+  // a checkpoint holding state for the callback that it does not take is refused
+  const auto c = ls::tensorboard(dir / "tb2");
+  const double one[] = {1.0};
+  CHECK_THROWS_AS(c.load_state(one), ls::checkpoint_error);
   fs::remove_all(dir);
 }
 

@@ -3,8 +3,10 @@
 /// TensorBoard event files, written without protobuf or TensorFlow: the file is a sequence of
 /// TFRecords (u64 length, u32 masked CRC32C of the length, the bytes, u32 masked CRC32C of the
 /// bytes; little-endian), each holding one `Event` message encoded here by hand: wall_time
-/// (field 1, double), step (field 2, int64), file_version (field 3, string) or summary (field 5,
-/// a `Summary` of repeated `Value`s with tag (field 1) and simple_value (field 2, float)).
+/// (field 1, double), step (field 2, int64), file_version (field 3, string), summary (field 5,
+/// a `Summary` of repeated `Value`s with tag (field 1) and simple_value (field 2, float)) or
+/// session_log (field 7, a `SessionLog` whose status (field 1) is START, 1: a restart, after
+/// which TensorBoard drops the directory's earlier events at this step and later).
 /// The first record is file_version "brain.Event:2". Every record goes out in one write(2) on a
 /// file opened for appending, with no buffer in the process, so a process killed at any moment
 /// loses at most the record it was writing.
@@ -159,14 +161,19 @@ public:
       put_fixed(value_, static_cast<float>(v.value));
       put_bytes(summary_, 1, value_);
     }
-    event_.clear();
-    put_key(event_, 1, 1);
-    put_fixed(event_, wall);
-    put_key(event_, 2, 0);
-    put_varint(event_, static_cast<std::uint64_t>(step));
-    put_bytes(event_, 5, summary_);
-    write_record();
+    write_event(step, wall, 5);
   }
+  /// Appends a restart at `step` (a SessionLog START event): TensorBoard's readers then drop the
+  /// events of this directory's earlier files at `step` and later (those a resumed run writes
+  /// again), so a curve shows each step once. @throws error as scalars().
+  void session_start(std::int64_t step, double wall = wall_time()) {
+    using namespace detail::tensorboard;
+    summary_.clear();
+    put_key(summary_, 1, 0);  // SessionLog.status = START
+    put_varint(summary_, 1);
+    write_event(step, wall, 7);
+  }
+
   /// Appends one event at `step` with one scalar.
   void scalar(std::string_view tag, std::int64_t step, double value, double wall = wall_time()) {
     const tensorboard_scalar v{tag, value};
@@ -179,6 +186,19 @@ public:
   }
 
 private:
+  /// Writes the Event of `wall` and `step` whose field `field` (5: summary, 7: session_log) holds
+  /// the message in summary_.
+  void write_event(std::int64_t step, double wall, std::uint32_t field) {
+    using namespace detail::tensorboard;
+    event_.clear();
+    put_key(event_, 1, 1);
+    put_fixed(event_, wall);
+    put_key(event_, 2, 0);
+    put_varint(event_, static_cast<std::uint64_t>(step));
+    put_bytes(event_, field, summary_);
+    write_record();
+  }
+
   void write_record() {
     using namespace detail::tensorboard;
     record_.clear();

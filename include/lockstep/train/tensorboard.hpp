@@ -11,6 +11,9 @@
 /// Per update (step = the number of updates done): step/loss and step/lr, with an epilogue
 /// step/grad_norm (before clipping) and step/skipped (1 for a skipped update), plus whatever
 /// tensorboard_options::step_scalars adds. A metric that is not available (NaN) is left out.
+/// A fit resumed from a checkpoint marks a restart (a SessionLog START event) at its first
+/// update, so TensorBoard drops the steps that the interrupted run wrote past the checkpoint
+/// (in this directory's earlier files) and shows each step once.
 
 #include <cmath>
 #include <cstdint>
@@ -18,10 +21,12 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <lockstep/core/error.hpp>
 #include <lockstep/io/tensorboard.hpp>
 #include <lockstep/train/callbacks.hpp>
 
@@ -76,6 +81,7 @@ inline callback tensorboard(const std::filesystem::path& dir, tensorboard_option
     tensorboard_options options;
     float rate = 0;                 // the rate of the update in progress, as the schedules gave it
     bool rate_known = false;
+    bool restarted = false;         // resumed from a checkpoint: the next step's event marks a restart
     tensorboard_step_scalars extra;  // reused every step
     std::vector<io::tensorboard_scalar> row;
     state(const std::filesystem::path& d, tensorboard_options opt) : writer(d), options(std::move(opt)) {}
@@ -86,7 +92,21 @@ inline callback tensorboard(const std::filesystem::path& dir, tensorboard_option
     st->rate_known = true;
     return rate;
   };
+  // No state of its own in checkpoints; loading one (a resume) marks the restart, so that the
+  // steps the crashed run wrote past the checkpoint are not shown twice.
+  c.train_begin = [st] { st->restarted = false; };
+  c.save_state = [] { return std::vector<double>{}; };
+  c.load_state = [st](std::span<const double> v) {
+    if (!v.empty())
+      throw checkpoint_error("lockstep::tensorboard: the saved state holds " + std::to_string(v.size()) +
+                             " values, expected none");
+    st->restarted = true;
+  };
   c.step_end = [st](double loss, training_control& ctl) {
+    if (st->restarted) {  // this run's first update after a resume: events from it on replace the old ones
+      st->restarted = false;
+      st->writer.session_start(static_cast<std::int64_t>(ctl.step));
+    }
     const std::uint64_t every = st->options.every_steps;
     if (every == 0 || ctl.step % every != 0) return;
     auto& row = st->row;
