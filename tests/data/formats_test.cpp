@@ -3,6 +3,7 @@
 // data_error naming the file and where.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -93,9 +95,9 @@ TEST_CASE("tar: headers are indexed, members read by offset, WebDataset samples 
   CHECK(idx.members[0].offset == 512);
   CHECK(idx.members[4].name == long_name);
   CHECK(idx.members[5].name == "pax/c.cls");
-  // Ten headers (the long name and the pax record have their own) and the end block, the long
-  // name (130 bytes) and the pax record (18 bytes): never a member's data.
-  CHECK(idx.bytes_read == 10 * 512 + 130 + 18);
+  // Nine headers (the long name and the pax record have their own) and the two end blocks, the
+  // long name (130 bytes) and the pax record (18 bytes): never a member's data.
+  CHECK(idx.bytes_read == 11 * 512 + 130 + 18);
   const auto samples = ld::webdataset_samples(idx, path);
   REQUIRE(samples.size() == 4);
   CHECK(samples[0].key == "shard/a");
@@ -221,7 +223,7 @@ TEST_CASE("npy: malformed files are refused naming the file and offset") {
   CHECK(err(npy_file("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,), }", four)).find("structured") != std::string::npos);
   CHECK(err(npy_file("{'descr': '<i4', 'fortran_order': False, 'shape': (1,), }", four)).find("uint8 or float32") != std::string::npos);
   CHECK(err(npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (4,), 'x': 1}", four)).find("unknown header key") != std::string::npos);
-  CHECK(err(npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (99999999999999999999,), }", four)).find("byte offset") != std::string::npos);
+  CHECK(err(npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (99999999999999999999,), }", four)).find("a dimension is too large") != std::string::npos);
   CHECK(err(npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (), }", four)).find("0-dimensional") != std::string::npos);
   auto big = npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (4,), }", four);
   big[8] = 0xff;
@@ -234,4 +236,113 @@ TEST_CASE("npy: malformed files are refused naming the file and offset") {
   CHECK(labels("{'descr': '|u1', 'fortran_order': False, 'shape': (3,), }", {1, 2, 3}).find("3 labels") != std::string::npos);
   CHECK(labels("{'descr': '|i1', 'fortran_order': False, 'shape': (4,), }", {1, 2, 0xff, 3}).find("label 2 is negative") != std::string::npos);
   CHECK(labels("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", four).find("must be integers") != std::string::npos);
+}
+
+TEST_CASE("tar: a lone zero block, an extended header without its member and a sparse member are refused") {
+  scratch s;
+  tar_test::writer w;
+  w.add("a.cls", "1");
+  w.add("b.cls", "2");
+  const auto good = w.finish();  // a.cls at 0, b.cls at 1024, the end blocks at 2048
+  // A zero block between the members would end the archive and drop b.cls.
+  auto lone = good;
+  lone.insert(lone.begin() + 1024, 512, 0);
+  const auto m1 = message_of([&] { (void)ld::scan_tar(s.write("lone.tar", lone)); });
+  CHECK(m1.find("lone.tar") != std::string::npos);
+  CHECK(m1.find("byte offset 1024") != std::string::npos);
+  CHECK(m1.find("lone zero block") != std::string::npos);
+  // One zero block at the end of the file, or two, end it.
+  auto one_end = good;
+  one_end.resize(one_end.size() - 512);
+  CHECK(ld::scan_tar(s.write("one-end.tar", one_end)).members.size() == 2);
+  CHECK(ld::scan_tar(s.write("good.tar", good)).members.size() == 2);
+  // A GNU long name (at 1024) whose member is gone: end blocks, or the end of the file, after it.
+  tar_test::writer l;
+  l.add("a.cls", "1");
+  l.add("dir/" + std::string(150, 'n') + ".cls", "2");  // the long name at 1024, its member at 2048
+  auto long_end = l.finish();
+  long_end.erase(long_end.begin() + 2048, long_end.begin() + 3072);
+  for (const std::size_t cut : {std::size_t{0}, std::size_t{1024}}) {
+    auto b = long_end;
+    b.resize(b.size() - cut);
+    CAPTURE(cut);
+    const auto m = message_of([&] { (void)ld::scan_tar(s.write("long-end.tar", b)); });
+    CHECK(m.find("byte offset 1024") != std::string::npos);
+    CHECK(m.find("has no member") != std::string::npos);
+  }
+  // A pax record (at 1024) with no member after it.
+  tar_test::writer x;
+  x.add("a.cls", "1");
+  x.pax({{"path", "b.cls"}});
+  for (const std::size_t cut : {std::size_t{0}, std::size_t{1024}}) {
+    auto b = x.finish();
+    b.resize(b.size() - cut);
+    CAPTURE(cut);
+    const auto m = message_of([&] { (void)ld::scan_tar(s.write("pax-end.tar", b)); });
+    CHECK(m.find("byte offset 1024") != std::string::npos);
+    CHECK(m.find("has no member") != std::string::npos);
+  }
+  // GNU sparse members: type 'S', and the pax format (GNU.sparse.* keys, GNUSparseFile.N/ names).
+  tar_test::writer sp;
+  sp.add("a.cls", "1");
+  sp.add("b.bin", std::vector<std::uint8_t>{1, 2, 3}, 'S');
+  const auto m2 = message_of([&] { (void)ld::scan_tar(s.write("sparse.tar", sp.finish())); });
+  CHECK(m2.find("member 'b.bin'") != std::string::npos);
+  CHECK(m2.find("byte offset 1024") != std::string::npos);
+  CHECK(m2.find("sparse members are not supported") != std::string::npos);
+  tar_test::writer px;
+  px.pax({{"GNU.sparse.major", "1"}, {"GNU.sparse.minor", "0"}, {"GNU.sparse.name", "b.bin"}, {"GNU.sparse.realsize", "3"}});
+  px.add("./GNUSparseFile.0/b.bin", "map");
+  const auto m3 = message_of([&] { (void)ld::scan_tar(s.write("pax-sparse.tar", px.finish())); });
+  CHECK(m3.find("member './GNUSparseFile.0/b.bin'") != std::string::npos);
+  CHECK(m3.find("sparse members are not supported") != std::string::npos);
+  tar_test::writer nm;  // the name alone, its pax record lost
+  nm.add("d/GNUSparseFile.12/c.bin", "map");
+  CHECK(message_of([&] { (void)ld::scan_tar(s.write("sparse-name.tar", nm.finish())); }).find("sparse") != std::string::npos);
+  CHECK(ld::scan_tar(s.write("not-sparse.tar", [] {
+          tar_test::writer ok;
+          ok.add("d/GNUSparseFile.x/c.bin", "1");
+          return ok.finish();
+        }())).members.size() == 1);
+}
+
+TEST_CASE("tar: a pax size or GNU long name applies to the member, not to the extended header after it") {
+  scratch s;
+  tar_test::writer w;
+  const std::string long_name = "dir/" + std::string(150, 'q') + ".cls";
+  w.pax({{"size", "3"}});
+  w.add(long_name, "abc");  // a GNU long-name record of 159 bytes, then the member
+  const auto idx = ld::scan_tar(s.write("pax-long.tar", w.finish()));
+  REQUIRE(idx.members.size() == 1);
+  CHECK(idx.members[0].name == long_name);
+  CHECK(idx.members[0].size == 3);
+  CHECK(idx.members[0].offset == 5 * 512);  // after the pax header and record, the long name's, its own header
+}
+
+TEST_CASE("tar and npy: a named pipe is refused, not waited on") {
+  scratch s;
+  const std::string fifo = (s.dir / "pipe").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK(message_of([&] { (void)ld::scan_tar(fifo); }).find("not a regular file") != std::string::npos);
+  CHECK(message_of([&] { (void)ld::npy(fifo); }).find("not a regular file") != std::string::npos);
+}
+
+TEST_CASE("tar_writer: an exception leaves no archive and no .partial file, a finished writer its whole archive") {
+  scratch s;
+  const std::string p = (s.dir / "w.tar").string();
+  try {
+    ld::tar_writer w(p);
+    w.add("a.cls", "1");
+    throw std::runtime_error("interrupted");
+  } catch (const std::runtime_error&) {
+  }
+  CHECK(!fs::exists(p));
+  CHECK(!fs::exists(p + ".partial"));
+  {
+    ld::tar_writer w(p);
+    w.add("a.cls", "1");
+  }
+  CHECK(!fs::exists(p + ".partial"));
+  REQUIRE(fs::exists(p));
+  CHECK(ld::scan_tar(p).members.size() == 1);
 }

@@ -261,14 +261,23 @@ TEST_CASE("csv: malformed rows raise data_error naming file, line and column") {
       {"1,2\n", {.label_column = 5},
        ":1: label_column 5 does not exist: columns are counted from 0, and the row has 2 fields (columns 0 to 1)"},
       {"1,2\n", {.label_column = 2}, ":1: label_column 2 does not exist: columns are counted from 0"},
-      {"1,2,3\n", {.target_columns = {0, 3}}, ":1: target column 3 does not exist: columns are counted from 0, and the "
-                                               "row has 3 fields (columns 0 to 2)"},
+      {"1,2,3\n", {.target_columns = {0, 3}}, ":1: target_columns names column 3, which does not exist: columns are "
+                                               "counted from 0, and the row has 3 fields (columns 0 to 2)"},
       {"1,2,3\n4,x,6\n", {.target_columns = {1}}, ":2:2: 'x' is not a number (target column 1, counted from 0)"},
       {"1,2,3\n4,,6\n", {.label_column = 1}, ":2:2: missing value (empty field) (label_column 1, counted from 0)"},
       {"1;2\n3;x\n", {.delimiter = ';'}, ":2:2:"},
       {"1,2\n3,nan\n", {}, ":2:2: 'nan' is not a finite number"},
       {"1,2\ninf,4\n", {}, ":2:1: 'inf' is not a finite number"},
       {"1,-INF\n", {}, ":1:2: '-INF' is not a finite number"},
+      // a tab or space delimiter keeps an empty first or last field
+      {"\t1\t2\n\t3\t4\n", {.label_column = 0, .delimiter = '\t'},
+       ":1:1: missing value (empty field) (label_column 0, counted from 0)"},
+      {"\t1\t2\n", {.delimiter = '\t'}, ":1:1: missing value (empty field)"},
+      {"1\t2\t\n", {.delimiter = '\t'}, ":1:3: missing value (empty field)"},
+      {"1\t2\t\r\n", {.delimiter = '\t'}, ":1:3: missing value (empty field)"},
+      {"1\t2\n\t\n", {.delimiter = '\t'}, ":2:1: missing value (empty field)"},
+      {" 1 2\n", {.delimiter = ' '}, ":1:1: missing value (empty field)"},
+      {"1 2 \n", {.delimiter = ' '}, ":1:3: missing value (empty field)"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.text);
@@ -287,6 +296,48 @@ TEST_CASE("csv: malformed rows raise data_error naming file, line and column") {
         "lockstep::data::csv: " + p + ": column 1 (counted from 0) is both label_column and a target column");
   CHECK(error_of([&] { (void)ld::csv(p, {.target_columns = {2, 0, 2}}); }) ==
         "lockstep::data::csv: " + p + ": target_columns names column 2 (counted from 0) twice");
+}
+
+TEST_CASE("csv: a column number far beyond the file is refused naming the option, and nothing is sized by it") {
+  temp_dir dir;
+  const std::string p = dir.file("few.csv");
+  std::ofstream(p) << "1,2,3\n4,5,6\n";
+  const std::string huge = std::to_string(SIZE_MAX);
+  struct bad_case {
+    std::vector<std::size_t> targets;
+    std::string what;
+  };
+  for (const auto& c : std::vector<bad_case>{{{0, SIZE_MAX}, huge},
+                                             {{SIZE_MAX}, huge},
+                                             {{std::size_t{1} << 40}, std::to_string(std::size_t{1} << 40)},
+                                             {{std::size_t{1} << 28, 1}, std::to_string(std::size_t{1} << 28)}}) {
+    CAPTURE(c.what);
+    const std::string msg = error_of([&] { (void)ld::csv(p, {.target_columns = c.targets}); });
+    CAPTURE(msg);
+    CHECK(msg.find(p + ":1: target_columns names column " + c.what + ", which does not exist") != std::string::npos);
+  }
+  CHECK(error_of([&] { (void)ld::csv(p, {.target_columns = {SIZE_MAX, 1, SIZE_MAX}}); }) ==
+        "lockstep::data::csv: " + p + ": target_columns names column " + huge + " (counted from 0) twice");
+  CHECK(error_of([&] { (void)ld::csv(p, {.label_column = SIZE_MAX}); }).find(":1: label_column " + huge +
+                                                                            " does not exist") != std::string::npos);
+}
+
+TEST_CASE("csv: spaces and tabs around a field, CRLF and blank lines are accepted") {
+  temp_dir dir;
+  const std::string p = dir.file("t.tsv");
+  // Spaces and tabs around a field, CRLF and blank lines (spaces and tabs only) are still accepted.
+  std::ofstream(p) << "1\t 2 \r\n \n3 \t4\n";
+  std::vector<ld::owned_sample> rows;
+  for (auto&& s : ld::csv(p, {.delimiter = '\t'}).epoch()) rows.emplace_back(s);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].features == std::vector<float>{1, 2});
+  CHECK(rows[1].features == std::vector<float>{3, 4});
+  std::ofstream(p) << "1, 2\t\r\n\t \r\n3 ,4\n";
+  rows.clear();
+  for (auto&& s : ld::csv(p).epoch()) rows.emplace_back(s);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].features == std::vector<float>{1, 2});
+  CHECK(rows[1].features == std::vector<float>{3, 4});
 }
 
 TEST_CASE("csv: target columns give regression samples, and the other columns are the features") {

@@ -18,7 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   o.header = (in.flags & 1) != 0;
   if (in.flags & 2) o.label_column = in.label % 8;
   if (in.flags & 4) o.target_columns.push_back((in.label >> 3) % 8);  // may be the label column: an error
-  if (in.flags & 8) o.target_columns.push_back(in.flags >> 4);        // may repeat the first: an error
+  if (in.flags & 8)  // may repeat the first: an error; 15 stands for SIZE_MAX, a column no file has
+    o.target_columns.push_back((in.flags >> 4) == 15 ? SIZE_MAX : std::size_t{in.flags} >> 4);
   o.delimiter = in.delimiter();
   try {
     const auto d = lockstep::data::csv(path, o);

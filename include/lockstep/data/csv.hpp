@@ -3,6 +3,7 @@
 /// The numeric CSV source: one sample per line, every field a number, optionally a header line,
 /// a label column and target columns. Parsed once into a float table; errors name file, line and column.
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -35,6 +36,7 @@ struct csv_options {
 };
 
 namespace detail {
+/// `s` without the spaces and tabs around it and the CRs at its end.
 inline std::string_view trim(std::string_view s) noexcept {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
@@ -155,7 +157,10 @@ inline std::string read_text_file(const std::string& path, const char* who) {
 
 /// Reads a numeric CSV file into a dataset of float samples: labels from `label_column`,
 /// regression targets from `target_columns` (in that order), features from every other column.
-/// Blank lines are skipped; every other line must have the same number of fields as the first data line.
+/// Blank lines (only spaces and tabs, no delimiter) are skipped; every other line must have the same
+/// number of fields as the first data line. Spaces and tabs around a field are ignored (a line
+/// ends in LF or CRLF), so with a tab or space delimiter a line starting or ending with one has an
+/// empty field.
 /// A number is anything std::from_chars reads as a finite value in float range (a leading '+' is
 /// allowed), rounded to the nearest float; values too close to zero become zero or a subnormal.
 /// @throws data_error "file:line:column: what" (the column counted from 1) for a missing, empty,
@@ -174,35 +179,46 @@ inline dataset<sample> csv(const std::string& path, const csv_options& options =
     throw data_error(std::string(who) + ": " + path + ":" + std::to_string(line_no) +
                      (column ? ":" + std::to_string(column) : std::string()) + ": " + what);
   };
-  // slot[c]: the target slot of column c (counted from 0), or -1.
-  std::vector<std::ptrdiff_t> slot;
+  // (column, slot) of every target column, sorted by column: one entry per listed column, so
+  // nothing is sized by a column number (which may be far beyond the file's columns).
+  std::vector<std::pair<std::size_t, std::size_t>> slots;
+  slots.reserve(options.target_columns.size());
   for (std::size_t k = 0; k < options.target_columns.size(); ++k) {
     const std::size_t c = options.target_columns[k];
     if (options.label_column && *options.label_column == c)
       throw data_error(std::string(who) + ": " + path + ": column " + std::to_string(c) +
                        " (counted from 0) is both label_column and a target column");
-    if (c >= slot.size()) slot.resize(c + 1, -1);
-    if (slot[c] >= 0)
-      throw data_error(std::string(who) + ": " + path + ": target_columns names column " + std::to_string(c) +
-                       " (counted from 0) twice");
-    slot[c] = static_cast<std::ptrdiff_t>(k);
+    slots.emplace_back(c, k);
   }
+  std::sort(slots.begin(), slots.end());
+  for (std::size_t i = 1; i < slots.size(); ++i)
+    if (slots[i].first == slots[i - 1].first)
+      throw data_error(std::string(who) + ": " + path + ": target_columns names column " +
+                       std::to_string(slots[i].first) + " (counted from 0) twice");
+  // The target slot of column c (counted from 0), or -1.
+  const auto slot_of = [&](std::size_t c) -> std::ptrdiff_t {
+    const auto it = std::lower_bound(slots.begin(), slots.end(), std::pair<std::size_t, std::size_t>(c, 0));
+    return it != slots.end() && it->first == c ? static_cast<std::ptrdiff_t>(it->second) : -1;
+  };
   const std::size_t target_width = options.target_columns.size();
   const auto role_note = [&](std::size_t column) {  // which option a field belongs to, for messages
     const std::size_t c = column - 1;
     if (options.label_column && *options.label_column == c)
       return " (label_column " + std::to_string(c) + ", counted from 0)";
-    if (c < slot.size() && slot[c] >= 0) return " (target column " + std::to_string(c) + ", counted from 0)";
+    if (slot_of(c) >= 0) return " (target column " + std::to_string(c) + ", counted from 0)";
     return std::string();
   };
   std::vector<float> row, targets(target_width);
   while (pos < text.size()) {
     std::size_t eol = text.find('\n', pos);
     if (eol == std::string::npos) eol = text.size();
-    const std::string_view line = detail::trim(std::string_view(text).substr(pos, eol - pos));
+    std::string_view line = std::string_view(text).substr(pos, eol - pos);
     pos = eol + 1;
     ++line_no;
-    if (line.empty()) continue;
+    // Only the line ending comes off the line: spaces and tabs are trimmed from each field, so a
+    // tab or space delimiter keeps an empty first or last field.
+    if (!line.empty() && line.back() == '\r' && options.delimiter != '\r') line.remove_suffix(1);
+    if (line.find(options.delimiter) == std::string_view::npos && detail::trim(line).empty()) continue;  // blank
     if (header_pending) {
       header_pending = false;
       continue;
@@ -231,8 +247,7 @@ inline dataset<sample> csv(const std::string& path, const csv_options& options =
         std::string why;
         const std::optional<float> v = detail::parse_float(field, why);
         if (!v) fail(column, detail::quote_field(field) + " " + why + role_note(column));
-        const std::size_t c = column - 1;
-        if (c < slot.size() && slot[c] >= 0) targets[static_cast<std::size_t>(slot[c])] = *v;
+        if (const std::ptrdiff_t k = slot_of(column - 1); k >= 0) targets[static_cast<std::size_t>(k)] = *v;
         else row.push_back(*v);
       }
       if (last) break;
@@ -240,14 +255,14 @@ inline dataset<sample> csv(const std::string& path, const csv_options& options =
     }
     if (columns == 0) {
       columns = column;
-      const auto missing = [&](const std::string& option, std::size_t c) {
-        fail(0, option + " " + std::to_string(c) + " does not exist: columns are counted from 0, and the row has " +
-                    std::to_string(columns) + " field" + (columns == 1 ? "" : "s") + " (columns 0 to " +
-                    std::to_string(columns - 1) + ")");
+      const auto missing = [&](const std::string& what) {
+        fail(0, what + " does not exist: columns are counted from 0, and the row has " + std::to_string(columns) +
+                    " field" + (columns == 1 ? "" : "s") + " (columns 0 to " + std::to_string(columns - 1) + ")");
       };
-      if (options.label_column && *options.label_column >= columns) missing("label_column", *options.label_column);
+      if (options.label_column && *options.label_column >= columns)
+        missing("label_column " + std::to_string(*options.label_column));
       for (const std::size_t c : options.target_columns)
-        if (c >= columns) missing("target column", c);
+        if (c >= columns) missing("target_columns names column " + std::to_string(c) + ", which");
       t->width = row.size();
       t->target_width = target_width;
     } else if (column != columns) {

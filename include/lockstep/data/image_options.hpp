@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include <lockstep/core/error.hpp>
@@ -17,7 +18,7 @@ struct image_limits {
   std::uint32_t max_height = 16384;                         ///< rows
   std::uint64_t max_pixels = std::uint64_t{1} << 26;        ///< width × height (64 Mpixel: 192 MiB of RGB)
   std::uint64_t max_file_bytes = std::uint64_t{1} << 28;    ///< bytes of one encoded image (256 MiB)
-  std::uint64_t max_decoder_bytes = std::uint64_t{1} << 30; ///< memory a decoder may use besides the pixels (JPEG coefficients)
+  std::uint64_t max_decoder_bytes = std::uint64_t{1} << 30; ///< memory a decoder may use besides the pixels (JPEG coefficients); 1 to LONG_MAX
   std::uint32_t max_jpeg_scans = 500;                       ///< scans of a progressive JPEG
 };
 
@@ -30,10 +31,17 @@ struct image_options {
 
 namespace detail {
 
+/// @throws config_error naming the option when `o` cannot be used (`who` names the caller).
 inline void check_image_options(const image_options& o, const char* who) {
   if (o.channels != 1 && o.channels != 3)
     throw config_error(std::string("lockstep::data::") + who + ": channels must be 1 (grey) or 3 (RGB), got " +
                        std::to_string(o.channels));
+  // libjpeg reads its limit as a long, and 0 (or a negative value) as no limit at all.
+  constexpr auto most = static_cast<std::uint64_t>(std::numeric_limits<long>::max());
+  if (o.limits.max_decoder_bytes == 0 || o.limits.max_decoder_bytes > most)
+    throw config_error(std::string("lockstep::data::") + who + ": image_limits::max_decoder_bytes must be 1 to " +
+                       std::to_string(most) + " (a limit libjpeg can hold; 0 is not 'no limit'), got " +
+                       std::to_string(o.limits.max_decoder_bytes));
 }
 
 /// data_error "lockstep::data: <name>: <format>: byte offset <at>: <what>".

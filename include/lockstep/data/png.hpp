@@ -169,9 +169,17 @@ struct png_sink {
   std::vector<std::uint8_t>* out;
 };
 
+/// libpng's write callback. No C++ exception may cross libpng's C frames: a failed append
+/// (out of memory) becomes a libpng error, which returns to png_phase_write through longjmp.
 inline void png_on_write(png_structp png, png_bytep data, std::size_t n) {
   auto* sink = static_cast<png_sink*>(png_get_io_ptr(png));
-  sink->out->insert(sink->out->end(), data, data + n);
+  bool failed = false;
+  try {
+    sink->out->insert(sink->out->end(), data, data + n);
+  } catch (...) {  // std::bad_alloc, std::length_error
+    failed = true;
+  }
+  if (failed) png_error(png, "cannot allocate memory for the encoded PNG (out of memory)");
 }
 
 inline void png_on_flush(png_structp) {}

@@ -5,8 +5,8 @@
 /// way WebDataset does (`dir/key.ext`: members with the same key, consecutive, form one sample);
 /// `read_member` reads one member's bytes with pread. ustar, GNU (long names, base-256 sizes) and
 /// pax (path, size) headers are understood. Every archive is untrusted: a bad checksum, a size
-/// past the end of the file, a link or device member, or a compressed archive is a data_error
-/// naming the file, the member and the byte offset.
+/// past the end of the file, a link, device or sparse member, or a compressed archive is a
+/// data_error naming the file, the member and the byte offset.
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
@@ -81,15 +82,21 @@ private:
   int fd_ = -1;
 };
 
-/// Opens `path` for reading or throws data_error "<who>: <path>: cannot open (<reason>)".
+/// Opens `path` for reading or throws data_error "<who>: <path>: cannot open (<reason>)". It opens
+/// without blocking (a named pipe with no writer would block open(2) forever), then clears
+/// O_NONBLOCK; the callers refuse what is not a regular file.
 inline file_handle open_read(const std::string& path, const char* who) {
   int fd = -1;
   do {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0)
     throw data_error(std::string("lockstep::data::") + who + ": " + path + ": cannot open (" + std::strerror(errno) + ")");
-  return file_handle(fd);
+  file_handle h(fd);
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0)
+    throw data_error(std::string("lockstep::data::") + who + ": " + path + ": cannot open (" + std::strerror(errno) + ")");
+  return h;
 }
 
 /// Reads exactly n bytes at offset `at`; returns the bytes read (short only at the end of the file).
@@ -161,8 +168,9 @@ inline std::string tar_string(const std::uint8_t* f, std::size_t n) {
   return std::string(reinterpret_cast<const char*>(f), len);
 }
 
-/// Parses pax records ("<len> <key>=<value>\n"); sets path and size when present.
-inline bool parse_pax(const std::string& data, std::string& path, std::uint64_t& size, bool& has_size) {
+/// Parses pax records ("<len> <key>=<value>\n"); sets path and size when present, and `sparse`
+/// when a GNU.sparse.* key marks a sparse member.
+inline bool parse_pax(const std::string& data, std::string& path, std::uint64_t& size, bool& has_size, bool& sparse) {
   std::size_t pos = 0;
   while (pos < data.size()) {
     std::size_t i = pos;
@@ -178,6 +186,7 @@ inline bool parse_pax(const std::string& data, std::string& path, std::uint64_t&
     const std::size_t eq = rec.find('=');
     if (eq == std::string::npos) return false;
     const std::string key = rec.substr(0, eq), value = rec.substr(eq + 1, rec.size() - eq - 2);
+    if (key.rfind("GNU.sparse.", 0) == 0) sparse = true;
     if (key == "path") {
       path = value;
     } else if (key == "size") {
@@ -199,11 +208,15 @@ inline bool parse_pax(const std::string& data, std::string& path, std::uint64_t&
 
 /// Reads the headers of the tar archive at `path` (one pread of 512 bytes per member, plus the
 /// data of GNU long-name and pax members) into its member index. Directories and pax global
-/// headers are skipped; any other non-regular member (link, device, FIFO) is refused. The
-/// archive ends at a zero block or at the end of the file after a member.
-/// @throws data_error naming the archive, the member and the byte offset: a compressed archive
-///         (with the command that fixes it), a bad header checksum or field, a member extending
-///         past the end of the file, a limit exceeded.
+/// headers are skipped; any other non-regular member (link, device, FIFO, GNU sparse file) is
+/// refused. The archive ends at two zero blocks, at one zero block at the end of the file, or at
+/// the end of the file after a member. A GNU long name or pax record applies to the next member
+/// header (not to another extended header).
+/// @throws data_error naming the archive, the member and the byte offset: a path that is not a
+///         regular file, a compressed archive (with the command that fixes it), a bad header
+///         checksum or field, a member extending past the end of the file, a lone zero block
+///         followed by more headers, a long name or pax record with no member after it, a limit
+///         exceeded.
 inline tar_index scan_tar(const std::string& path, const tar_limits& limits = {}) {
   detail::file_handle fd = detail::open_read(path, "tar");
   struct stat st {};
@@ -219,7 +232,11 @@ inline tar_index scan_tar(const std::string& path, const tar_limits& limits = {}
   std::uint64_t at = 0;
   std::string long_name, pax_path;
   std::uint64_t pax_size = 0;
-  bool has_long = false, has_pax_path = false, has_pax_size = false;
+  bool has_long = false, has_pax_path = false, has_pax_size = false, pax_sparse = false;
+  constexpr std::uint64_t none = ~std::uint64_t{0};
+  std::uint64_t pending = none;  // the offset of the first extended header still waiting for its member
+  char pending_type = 0;
+  const auto zero = [](std::uint8_t b) { return b == 0; };
   const auto read_data = [&](std::uint64_t off, std::uint64_t n, const std::string& what) {
     if (n > limits.max_name * 16 + 4096) fail(off, "", what + " of " + std::to_string(n) + " bytes is too large");
     std::string s(static_cast<std::size_t>(n), '\0');
@@ -235,7 +252,19 @@ inline tar_index scan_tar(const std::string& path, const tar_limits& limits = {}
     if (at == 0)
       if (const char* kind = detail::compression_of(h, got)) detail::refuse_compressed(path, kind);
     if (got < 512) fail(at, "", "truncated header (" + std::to_string(got) + " of 512 bytes)");
-    if (std::all_of(h, h + 512, [](std::uint8_t b) { return b == 0; })) break;  // end-of-archive block
+    if (std::all_of(h, h + 512, zero)) {  // the end of the archive: two zero blocks, or one at the end of the file
+      const std::uint64_t next = at + 512;
+      if (next < idx.file_size) {
+        std::uint8_t z[512];
+        const std::size_t n = detail::pread_full(fd.get(), z, 512, next);
+        if (n == static_cast<std::size_t>(-1)) fail(next, "", std::string("read error (") + std::strerror(errno) + ")");
+        idx.bytes_read += n;
+        if (!std::all_of(z, z + n, zero))
+          fail(at, "", "a lone zero block followed by a header at byte offset " + std::to_string(next) +
+                           ": the end of an archive is two zero blocks; the members after it would be lost (a damaged archive)");
+      }
+      break;
+    }
     // The checksum: the header's bytes with its checksum field read as spaces (unsigned or signed sum).
     std::uint64_t want = 0;
     if (!detail::tar_number(h + 148, 8, want)) fail(at, "", "bad checksum field (not a tar header?)");
@@ -257,16 +286,30 @@ inline tar_index scan_tar(const std::string& path, const tar_limits& limits = {}
       const std::string prefix = detail::tar_string(h + 345, 155);
       name = prefix + "/" + name;
     }
-    if (has_long) name = long_name;
-    if (has_pax_path) name = pax_path;
-    if (has_pax_size) size = pax_size;
+    const bool extended = type == 'L' || type == 'x' || type == 'g' || type == 'K';
+    // GNU's pax sparse formats name the member [dir/]GNUSparseFile.<n>/<name> in its own header
+    bool sparse_name = false;
+    for (std::size_t k = name.find("GNUSparseFile."); k != std::string::npos && !sparse_name;
+         k = name.find("GNUSparseFile.", k + 1)) {
+      std::size_t e = k + 14;
+      while (e < name.size() && name[e] >= '0' && name[e] <= '9') ++e;
+      sparse_name = (k == 0 || name[k - 1] == '/') && e > k + 14 && e < name.size() && name[e] == '/';
+    }
+    if (!extended) {  // the long name and pax records describe the next member, not another extended header
+      if (has_long) name = long_name;
+      if (has_pax_path) name = pax_path;
+      if (has_pax_size) size = pax_size;
+    }
     const std::uint64_t data = at + 512;
     const std::uint64_t padded = (size + 511) / 512 * 512;
     if (size > idx.file_size || data > idx.file_size - size)
       fail(at, name, "the member's " + std::to_string(size) + " bytes extend past the end of the file (" +
                          std::to_string(idx.file_size) + " bytes): truncated archive");
-    const bool extended = type == 'L' || type == 'x' || type == 'g' || type == 'K';
     if (extended) {
+      if (type != 'g' && pending == none) {
+        pending = at;
+        pending_type = type;
+      }
       const std::string d = read_data(data, size, type == 'L' || type == 'K' ? "a long name" : "a pax header");
       if (type == 'L') {
         long_name = detail::tar_string(reinterpret_cast<const std::uint8_t*>(d.data()), d.size());
@@ -276,7 +319,7 @@ inline tar_index scan_tar(const std::string& path, const tar_limits& limits = {}
         std::string p;
         std::uint64_t s = 0;
         bool hs = false;
-        if (!detail::parse_pax(d, p, s, hs)) fail(data, name, "malformed pax header");
+        if (!detail::parse_pax(d, p, s, hs, pax_sparse)) fail(data, name, "malformed pax header");
         if (!p.empty()) {
           if (p.size() > limits.max_name) fail(data, name, "pax path longer than the limit");
           pax_path = p;
@@ -288,6 +331,8 @@ inline tar_index scan_tar(const std::string& path, const tar_limits& limits = {}
         }
       }  // 'g' (global pax header) and 'K' (long link name) carry nothing a member index needs
     } else {
+      if (type == 'S' || pax_sparse || sparse_name)
+        fail(at, name, "a GNU sparse member: sparse members are not supported (only regular files can be read by offset)");
       if (type == '0' || type == '\0' || type == '7') {
         if (name.empty()) fail(at, "", "a member without a name");
         if (name.size() > limits.max_name) fail(at, "", "member name longer than the limit");
@@ -303,7 +348,8 @@ inline tar_index scan_tar(const std::string& path, const tar_limits& limits = {}
         fail(at, name, std::string("member of type '") + (type >= 32 && type < 127 ? std::string(1, type) : "?") +
                            "' (link, device or FIFO): only regular files can be read by offset");
       }
-      has_long = has_pax_path = has_pax_size = false;
+      has_long = has_pax_path = has_pax_size = pax_sparse = false;
+      pending = none;
     }
     if (padded > idx.file_size - data) {  // the data ends inside the last block: a truncated final block
       if (data + size != idx.file_size) fail(at, name, "truncated archive");
@@ -311,6 +357,9 @@ inline tar_index scan_tar(const std::string& path, const tar_limits& limits = {}
     }
     at = data + padded;
   }
+  if (pending != none)
+    fail(pending, "", std::string("the extended header (type '") + pending_type +
+                          "', a GNU long name or pax record) has no member: the archive ends after it");
   return idx;
 }
 
@@ -382,19 +431,26 @@ inline void read_member(int fd, const std::string& path, const tar_member& m, st
 
 /// Writes an uncompressed tar archive (POSIX ustar headers; a GNU long-name record before a
 /// member whose path exceeds 100 bytes), such as a WebDataset shard: `add` members in order, then
-/// `close` (or let the destructor close it). Files are written to `path` + ".partial" and renamed
-/// when closed, so a reader never sees half a shard.
+/// `close` (or let the destructor close it). Files are written to `path` + ".partial", synced and
+/// renamed when closed, so a reader never sees half a shard: a writer destroyed while an exception
+/// unwinds, or after a failed write, removes the .partial file instead of publishing it.
 class tar_writer {
 public:
   /// Creates the archive. @throws data_error when the file cannot be created.
-  explicit tar_writer(std::string path) : path_(std::move(path)), partial_(path_ + ".partial") {
+  explicit tar_writer(std::string path)
+      : path_(std::move(path)), partial_(path_ + ".partial"), exceptions_(std::uncaught_exceptions()) {
     file_ = std::fopen(partial_.c_str(), "wb");
     if (!file_) throw data_error("lockstep::data::tar_writer: " + partial_ + ": cannot create (" + std::strerror(errno) + ")");
   }
   tar_writer(const tar_writer&) = delete;
   tar_writer& operator=(const tar_writer&) = delete;
-  /// Closes the archive (errors are lost here: call close() to see them).
+  /// Closes the archive (errors are lost here: call close() to see them); while an exception
+  /// unwinds, or after a failed write, it removes the unfinished file instead.
   ~tar_writer() {
+    if (failed_ || std::uncaught_exceptions() > exceptions_) {
+      discard();
+      return;
+    }
     try {
       close();
     } catch (...) {
@@ -403,6 +459,7 @@ public:
   /// Appends a regular file member. @throws data_error on a write error.
   void add(const std::string& name, const std::uint8_t* data, std::size_t size) {
     if (!file_) throw data_error("lockstep::data::tar_writer: " + path_ + ": already closed");
+    if (failed_) throw data_error("lockstep::data::tar_writer: " + partial_ + ": an earlier write failed");
     if (name.empty()) throw config_error("lockstep::data::tar_writer: a member needs a name");
     if (name.size() > 100) {
       header("././@LongLink", name.size() + 1, 'L');
@@ -418,21 +475,50 @@ public:
   void add(const std::string& name, const std::string& text) {
     add(name, reinterpret_cast<const std::uint8_t*>(text.data()), text.size());
   }
-  /// Writes the end-of-archive blocks and renames the file into place. @throws data_error on failure.
+  /// Writes the end-of-archive blocks, syncs the file and renames it into place.
+  /// @throws data_error on failure (or after a failed write), having removed the unfinished file.
   void close() {
     if (!file_) return;
+    if (failed_) {
+      discard();
+      throw data_error("lockstep::data::tar_writer: " + path_ + ": an earlier write failed; the unfinished archive was removed");
+    }
     static constexpr char zeros[1024] = {};
-    put(zeros, sizeof zeros);
-    const bool ok = std::fclose(file_) == 0;
+    try {
+      put(zeros, sizeof zeros);
+    } catch (...) {
+      discard();
+      throw;
+    }
+    bool ok = std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
+    int err = ok ? 0 : errno;
+    if (std::fclose(file_) != 0 && ok) {
+      ok = false;
+      err = errno;
+    }
     file_ = nullptr;
-    if (!ok || std::rename(partial_.c_str(), path_.c_str()) != 0)
-      throw data_error("lockstep::data::tar_writer: " + path_ + ": cannot finish the archive (" + std::strerror(errno) + ")");
+    if (ok && std::rename(partial_.c_str(), path_.c_str()) != 0) {
+      ok = false;
+      err = errno;
+    }
+    if (!ok) {
+      std::remove(partial_.c_str());
+      throw data_error("lockstep::data::tar_writer: " + path_ + ": cannot finish the archive (" + std::strerror(err) + ")");
+    }
   }
 
 private:
   void put(const void* p, std::size_t n) {
-    if (n && std::fwrite(p, 1, n, file_) != n)
+    if (n && std::fwrite(p, 1, n, file_) != n) {
+      failed_ = true;
       throw data_error("lockstep::data::tar_writer: " + partial_ + ": write error (" + std::strerror(errno) + ")");
+    }
+  }
+  /// Closes the file without finishing it and removes it.
+  void discard() noexcept {
+    if (file_) std::fclose(file_);
+    file_ = nullptr;
+    std::remove(partial_.c_str());
   }
   void pad(std::size_t n) {
     static constexpr char zeros[512] = {};
@@ -463,6 +549,8 @@ private:
   }
 
   std::string path_, partial_;
+  int exceptions_ = 0;  // std::uncaught_exceptions() when constructed
+  bool failed_ = false;
   std::FILE* file_ = nullptr;
 };
 

@@ -337,8 +337,11 @@ inline void save_checkpoint_file(const std::filesystem::path& path, const checkp
 ///         does not fit in memory) or is corrupt, truncated or of another version.
 [[nodiscard]] inline checkpoint_file load_checkpoint_file(const std::filesystem::path& path) {
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  if (std::filesystem::is_directory(status))
     throw checkpoint_error("lockstep::checkpoint: " + path.string() + ": is a directory, not a checkpoint file");
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))  // a FIFO would block the open
+    throw checkpoint_error("lockstep::checkpoint: " + path.string() + ": not a regular file");
   errno = 0;
   std::ifstream in(path, std::ios::binary);
   if (!in)

@@ -399,7 +399,8 @@ std::uint64_t largest_file(const safetensors_options& o) {
 /// The bytes of file `path`, refused before reading when it is larger than `limit`.
 inline std::vector<std::uint8_t> read_bounded(const std::filesystem::path& path, std::uint64_t limit) {
   const std::string prefix = "lockstep::safetensors: " + path.string() + ": ";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: open(2) of a named pipe with no writer would block forever (cleared below)
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw checkpoint_error(prefix + "cannot open file: " + std::strerror(errno));
   struct closer {
     int fd;
@@ -408,6 +409,9 @@ inline std::vector<std::uint8_t> read_bounded(const std::filesystem::path& path,
   struct ::stat sb {};
   if (::fstat(fd, &sb) != 0) throw checkpoint_error(prefix + "cannot stat file: " + std::strerror(errno));
   if (!S_ISREG(sb.st_mode)) throw checkpoint_error(prefix + "not a regular file");
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0)
+    throw checkpoint_error(prefix + "cannot open file: " + std::strerror(errno));
   const auto size = static_cast<std::uint64_t>(sb.st_size);
   if (size > limit)
     throw checkpoint_error(prefix + "offset 0: the file holds " + std::to_string(size) +

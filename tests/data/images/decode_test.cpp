@@ -16,8 +16,18 @@
 #include <string>
 #include <vector>
 
+#include <climits>
+#include <fstream>
+#include <new>
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <lockstep/data.hpp>
 #include <lockstep/data/images.hpp>
+
+#include "support/sanitizers.hpp"
 
 namespace ld = lockstep::data;
 
@@ -199,6 +209,68 @@ TEST_CASE("png: malformed, truncated and oversized files are refused naming the 
   CHECK(error_of(good, 1, small).find("beyond the limits") != std::string::npos);
   CHECK(error_of({'G', 'I', 'F', '8', '9', 'a'}).find("neither a PNG nor a JPEG") != std::string::npos);
   CHECK(error_of({}).find("neither a PNG nor a JPEG") != std::string::npos);
+}
+
+TEST_CASE("png: an encoder out of memory gives a data_error, and no C++ exception crosses libpng") {
+  // AddressSanitizer reserves more address space than the limit below leaves, and aborts on a
+  // failed allocation instead of throwing.
+  if (test_support::address_sanitizer) return;
+  // 16 MiB of grey pixels, stored (level 0): the file would be as large, but a child process
+  // leaves itself 4 MiB of address space, so the growing output runs out of memory in libpng's
+  // write callback.
+  const std::uint32_t w = 4096, h = 4096;
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    int rc = 0;
+    try {
+      const std::vector<std::uint8_t> px(std::size_t{w} * h, 7);
+      long pages = 0;
+      std::ifstream("/proc/self/statm") >> pages;  // the address space in use, in pages
+      ::rlimit lim{};
+      if (pages <= 0 || ::getrlimit(RLIMIT_AS, &lim) != 0) ::_exit(6);
+      lim.rlim_cur = static_cast<::rlim_t>(pages) * static_cast<::rlim_t>(::sysconf(_SC_PAGESIZE)) + (::rlim_t{4} << 20);
+      if (::setrlimit(RLIMIT_AS, &lim) != 0) ::_exit(6);
+      (void)ld::encode_png(px.data(), w, h, 1, 0);
+      rc = 5;  // the limit did not bite
+    } catch (const lockstep::data_error& e) {
+      rc = std::string(e.what()).find("encode_png: cannot allocate memory for the encoded PNG") != std::string::npos ? 0 : 4;
+    } catch (const std::bad_alloc&) {
+      rc = 3;  // the exception went through libpng's C frames
+    } catch (...) {
+      rc = 4;
+    }
+    ::_exit(rc);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("jpeg: image_limits::max_decoder_bytes of 0 or beyond LONG_MAX is refused, as libjpeg would read it as no limit") {
+  std::vector<std::uint8_t> rgb(16 * 8 * 3, 90);
+  const auto jpg = ld::encode_jpeg(rgb.data(), 16, 8, 3);
+  const auto png = ld::encode_png(rgb.data(), 16, 8, 3);
+  for (const std::uint64_t bad : {std::uint64_t{0}, std::uint64_t{LONG_MAX} + 1, ~std::uint64_t{0}}) {
+    CAPTURE(bad);
+    ld::image_options o;
+    o.limits.max_decoder_bytes = bad;
+    for (const auto* bytes : {&jpg, &png}) {
+      try {
+        (void)decode(*bytes, 3, o);
+        FAIL("no config_error");
+      } catch (const lockstep::config_error& e) {
+        const std::string msg = e.what();
+        CAPTURE(msg);
+        CHECK(msg.find("image_limits::max_decoder_bytes must be 1 to " + std::to_string(LONG_MAX)) != std::string::npos);
+        CHECK(msg.find("got " + std::to_string(bad)) != std::string::npos);
+      }
+    }
+  }
+  ld::image_options most;
+  most.limits.max_decoder_bytes = LONG_MAX;
+  CHECK(decode(jpg, 3, most).pixels.size() == rgb.size());
 }
 
 TEST_CASE("jpeg: baseline, progressive and grey decode within JPEG's error and the cropped decode equals the full one") {
