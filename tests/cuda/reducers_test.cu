@@ -185,7 +185,9 @@ TEST_CASE("multigpu: NCCL: a peer that fails before its first collective release
   CHECK_THROWS(on_two_threads([&](std::size_t r) {
     ctx[r].activate();
     try {
-      if (r == 1) std::this_thread::sleep_for(200ms);  // replica 0 is inside NCCL by now
+      // replica 1 arrives late and with another length: replica 0 waits for it (in the setup
+      // rendezvous on a first use), then the mismatch fails one replica and releases the other
+      if (r == 1) std::this_thread::sleep_for(200ms);
       red.start(r, ctx[r], data[r].data(), r == 1 ? 999 : 1000, 0);
       red.wait(r, ctx[r], 0);
       ctx[r].synchronize();

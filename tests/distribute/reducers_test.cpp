@@ -3,10 +3,14 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include <lockstep/distribute/reducers/detail/rendezvous.hpp>
 
 #include "distribute/common.hpp"
 
@@ -117,4 +121,31 @@ TEST_CASE("run gives every replica its shard and all_reduce sums across them") {
   REQUIRE(per.size() == 4);
   for (double x : per) CHECK(x == 10 * 100 + 6);
   CHECK(s.reduce(ls::reduce_op::sum, per) == 4 * 1006);
+}
+
+TEST_CASE("the GPU reducers' rendezvous refuses a wait for a collective never started and slots beyond it") {
+  // Host code only: what same_device_allreduce, reduce_to_one_device<gpu<K>> and nccl_allreduce
+  // meet in. A wait for a bucket this replica never started returned at once, and the caller then
+  // read the event of no collective (a null pointer).
+  for (const std::size_t replicas : {1u, 2u, 3u}) {
+    CAPTURE(replicas);
+    ls::detail::device_rendezvous rv(replicas, std::chrono::milliseconds(5000), 4);
+    CHECK_THROWS_WITH_AS(rv.await(0, 2), doctest::Contains("waits for bucket 2, which it never started"), ls::config_error);
+    CHECK_THROWS_WITH_AS(rv.check_slot(replicas, 0), doctest::Contains("is beyond the reducer's"), ls::config_error);
+    CHECK_THROWS_WITH_AS(rv.check_slot(0, 4), doctest::Contains("beyond the reducer's 4 collective ids"), ls::config_error);
+    CHECK_THROWS_AS(rv.arrive(replicas, 0, nullptr, 0, [] {}), ls::config_error);
+    // a collective every replica started: each wait returns once, after the launch ran once
+    std::size_t launches = 0;
+    std::vector<std::thread> threads;
+    for (std::size_t r = 0; r < replicas; ++r)
+      threads.emplace_back([&, r] {
+        rv.arrive(r, 1, nullptr, 0, [&] { ++launches; });
+        rv.await(r, 1);
+      });
+    for (auto& t : threads) t.join();
+    CHECK(launches == 1);
+    CHECK_NOTHROW(rv.await(0, 1));  // generation 1 is complete
+    rv.reset();  // after a failure: nothing started again
+    CHECK_THROWS_AS(rv.await(0, 1), ls::config_error);
+  }
 }

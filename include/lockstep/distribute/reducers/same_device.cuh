@@ -107,6 +107,7 @@ private:
   template <class Launch>
   void collective(std::size_t r, const backend::cuda_context& ctx, void* data, std::size_t count, std::size_t id,
                   const Launch& launch) {
+    rv_.check_slot(r, id);  // before the tables below are indexed with them
     backend::device_guard g(ctx.ordinal());
     auto& ev = ready_[r * ids_ + id];
     if (!ev) ev = std::make_unique<backend::cuda_event>();

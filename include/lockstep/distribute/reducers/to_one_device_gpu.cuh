@@ -138,6 +138,7 @@ private:
   template <class Launch>
   void join(std::size_t r, const backend::cuda_context& ctx, void* data, std::size_t count, std::size_t id,
             const Launch& launch) {
+    rv_.check_slot(r, id);  // before the tables below are indexed with them
     if (r == root_ && ctx.ordinal() != static_cast<int>(K))
       throw config_error("lockstep::reduce_to_one_device<gpu<" + std::to_string(K) + ">>: the root replica " +
                          std::to_string(r) + " runs on CUDA device " + std::to_string(ctx.ordinal()));

@@ -39,7 +39,7 @@ public:
   /// launch() under the lock, which completes the generation.
   template <class Launch>
   void arrive(std::size_t r, std::size_t id, void* data, std::size_t count, const Launch& launch) {
-    check_id(id);
+    check_slot(r, id);
     std::unique_lock<std::mutex> lock(m_);
     throw_if_aborted(r, id);
     const std::uint64_t g = ++generation_[id * n_ + r];
@@ -68,9 +68,12 @@ public:
 
   /// Blocks replica r until the collective it last arrived at on `id` has been launched.
   void await(std::size_t r, std::size_t id) {
-    check_id(id);
+    check_slot(r, id);
     std::unique_lock<std::mutex> lock(m_);
     const std::uint64_t g = generation_[id * n_ + r];
+    if (g == 0)  // nothing to wait for (a caller would then read the results of no collective)
+      throw config_error("lockstep: replica " + std::to_string(r) + " waits for bucket " + std::to_string(id) +
+                         ", which it never started");
     const bool ok = cv_.wait_for(lock, timeout_, [&] { return aborted_ || completed_[id] >= g; });
     throw_if_aborted(r, id);
     if (!ok) {
@@ -107,6 +110,18 @@ private:
       throw config_error("lockstep: bucket id " + std::to_string(id) + " is beyond the reducer's " +
                          std::to_string(ids_) + " collective ids");
   }
+
+public:
+  /// Refuses (config_error) a replica or collective id beyond the rendezvous's, before a caller
+  /// indexes its own per-replica, per-id tables with them.
+  void check_slot(std::size_t r, std::size_t id) const {
+    check_id(id);
+    if (r >= n_)
+      throw config_error("lockstep: replica " + std::to_string(r) + " is beyond the reducer's " + std::to_string(n_) +
+                         " replicas");
+  }
+
+private:
   void throw_if_aborted(std::size_t r, std::size_t id) const {
     if (aborted_)
       throw collective_aborted("lockstep: replica " + std::to_string(r) + " left bucket " + std::to_string(id) +
