@@ -114,8 +114,25 @@ TEST_CASE("label smoothing: 0 is exactly the plain loss, and a bad value is a co
                                              ls::targets<float>{p.labels.data(), nullptr, 10}, g1.data(), s1.data());
   const auto zero = xent_ref::evaluate_cols(ls::softmax_cross_entropy{.label_smoothing = 0.0f}, ctx, p.z.data(), p.n,
                                             p.cols, ls::targets<float>{p.labels.data(), nullptr, 10}, g2.data(), s2.data());
-  CHECK(plain.sum == zero.sum);
+  CHECK(plain.sum == zero.sum);  // ε = 0 takes the plain path
   CHECK(g1 == g2);
+  // ... and the smoothed formula itself reduces to the plain loss at ε = 0 (the branch is a
+  // shortcut, not a different loss): its rows against the plain path's, gradient included.
+  std::vector<float> g3(p.z.size()), per_row(p.n), hit(p.n);
+  ls::backend::for_each_index(ctx, p.n,
+                              ls::detail::softmax_xent_smoothed_row_op<float>{p.z.data(), p.labels.data(), g3.data(),
+                                                                     per_row.data(), hit.data(), p.cols, 0.0f});
+  double smoothed_sum = 0, hits = 0;
+  for (std::size_t r = 0; r < p.n; ++r) {
+    smoothed_sum += per_row[r];
+    hits += hit[r];
+  }
+  CHECK(smoothed_sum == doctest::Approx(plain.sum).epsilon(1e-6));
+  CHECK(static_cast<std::size_t>(hits) == plain.correct);
+  for (std::size_t i = 0; i < g3.size(); ++i) {
+    CAPTURE(i);
+    CHECK(g3[i] == doctest::Approx(g1[i]).epsilon(1e-6).scale(1));
+  }
   for (const float bad : {-0.1f, 1.0f, std::nanf("")}) {
     try {
       (void)xent_ref::evaluate_cols(ls::softmax_cross_entropy{.label_smoothing = bad}, ctx, p.z.data(), p.n, p.cols,

@@ -531,6 +531,22 @@ TEST_CASE("multi_worker: fit refuses workers that would start at different steps
     CHECK(message.find("rank 1's the optimizer's other hyperparameters differs from rank 0's") != std::string::npos);
     s.barrier();
   }
+  // The loss's options: rank 1 smooths its labels, so the all-reduce would add two losses' gradients.
+  {
+    auto fresh = s.replicate<mlp>(ls::seed{7});
+    message.clear();
+    try {
+      (void)ls::fit(s, fresh, ls::sgd{.lr = 1e-2f},
+                    ls::softmax_cross_entropy{.label_smoothing = world_rank() == 1 ? 0.1f : 0.0f}, twenty_batches{},
+                    ls::fit_options{.epochs = 1, .quiet = true});
+      FAIL("workers with different losses were accepted");
+    } catch (const ls::config_error& e) {
+      message = e.what();
+    }
+    CHECK(fresh.step() == 0);
+    CHECK(message.find("rank 1's the loss's hyperparameters differs from rank 0's") != std::string::npos);
+    s.barrier();
+  }
 
   // A setup that fails on some workers only: they raise their own error, the others a
   // config_error naming the first of them, and none waits for another.

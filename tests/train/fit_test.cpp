@@ -108,6 +108,33 @@ TEST_CASE("fit: a learning-rate schedule callback sets the rate of every step") 
   CHECK(params_of(a) == params_of(b));
 }
 
+TEST_CASE("fit, evaluate and train_step refuse a loss option out of range before any replica runs") {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
+  auto m = s.replicate<net>(ls::seed{5});
+  const auto before = params_of(m);
+  for (const float bad : {2.0f, -0.5f, std::numeric_limits<float>::quiet_NaN()}) {
+    CAPTURE(bad);
+    const ls::softmax_cross_entropy loss{.label_smoothing = bad};
+    const std::string named = "label_smoothing must be in [0, 1), got " + std::to_string(bad);
+    // not a replica_error from inside a replica, and not only where a shard has rows
+    CHECK_THROWS_WITH_AS(ls::fit(s, m, ls::sgd{.lr = 0.1f}, loss, pipeline(30, 10), {.epochs = 1, .quiet = true}),
+                         doctest::Contains(named.c_str()), ls::config_error);
+    CHECK_THROWS_WITH_AS((void)ls::evaluate(s, m, loss, eval_pipeline(1, 4)), doctest::Contains(named.c_str()),
+                         ls::config_error);  // one row: replica 1's shard is empty
+    const auto data = pipeline(1, 4);
+    for (auto& db : ls::data::shard_batches(data.epoch(0), s.num_replicas()))
+      CHECK_THROWS_WITH_AS((void)ls::train_step(s, m, ls::sgd{.lr = 0.1f}, loss, db), doctest::Contains(named.c_str()),
+                           ls::config_error);
+  }
+  CHECK(m.step() == 0);
+  CHECK(params_of(m) == before);
+  // the options' exact bits are what workers compare (tests/mpi), 0 included
+  CHECK(ls::loss_hyperparameters(ls::softmax_cross_entropy{}) != ls::loss_hyperparameters(ls::softmax_cross_entropy{.label_smoothing = 0.1f}));
+  CHECK(ls::loss_hyperparameters(ls::softmax_cross_entropy{.label_smoothing = 0.1f}) ==
+        ls::loss_hyperparameters(ls::softmax_cross_entropy{.label_smoothing = 0.1f}));
+  CHECK(ls::loss_hyperparameters(ls::mse{}).empty());  // a loss without options
+}
+
 TEST_CASE("fit's session: an update whose statistics hold no rows gives step callbacks NaN, not a loss of 0") {
   // Under defer_readback (GPU replicas) the run's first update and the update after each
   // checkpoint return no statistics: a step callback (TensorBoard's step/loss) must not read 0.
@@ -280,8 +307,16 @@ TEST_CASE("fit: early stopping raises config_error for a metric the epochs do no
   diverged.val_samples = 10;
   ls::epoch_stats no_val_labels = diverged;  // validation ran but counted no hits
   no_val_labels.val_accuracy = nan;
+  ls::epoch_stats no_train_labels;  // updates applied, but no labelled rows among them
+  no_train_labels.steps = 3;
+  no_train_labels.samples = 30;
+  ls::epoch_stats all_skipped;  // the non-finite guard skipped every update: nothing measured, no improvement
+  all_skipped.steps = 3;
+  all_skipped.skipped_updates = 3;
   for (const row& r : {row{ls::monitored::val_loss, unmeasured, true}, row{ls::monitored::val_accuracy, unmeasured, true},
-                       row{ls::monitored::train_accuracy, unmeasured, true},
+                       row{ls::monitored::train_accuracy, no_train_labels, true},
+                       row{ls::monitored::train_accuracy, all_skipped, false},
+                       row{ls::monitored::train_loss, all_skipped, false},
                        row{ls::monitored::val_accuracy, no_val_labels, true},
                        row{ls::monitored::train_loss, unmeasured, false}, row{ls::monitored::train_loss, diverged, false},
                        row{ls::monitored::val_loss, diverged, false}}) {
@@ -293,9 +328,9 @@ TEST_CASE("fit: early stopping raises config_error for a metric the epochs do no
       CHECK_THROWS_AS(c.epoch_end(r.st, ctl), ls::config_error);
       continue;
     }
-    c.epoch_end(r.st, ctl);  // a NaN loss is no improvement: stops after `patience` epochs
+    CHECK_NOTHROW(c.epoch_end(r.st, ctl));  // at any epoch, not only the first
     CHECK_FALSE(ctl.stop);
-    c.epoch_end(r.st, ctl);
+    c.epoch_end(r.st, ctl);  // a NaN metric is no improvement: stops after `patience` epochs
     CHECK(ctl.stop);
   }
 }

@@ -132,10 +132,10 @@ TEST_CASE("resume: a pipeline that gives other batches than those consumed befor
   const auto newest = ls::checkpoint_manager(by_hand, 2).latest();
   REQUIRE(newest.has_value());
   ls::checkpoint_state st = ls::load_checkpoint(*newest);
-  CHECK(st.has_consumed_rows_hash);
-  st.has_consumed_rows_hash = false;
+  CHECK(st.consumed_rows_hash.has_value());
+  st.consumed_rows_hash.reset();
   ls::save_checkpoint(*newest, st);
-  CHECK(!ls::load_checkpoint(*newest).has_consumed_rows_hash);
+  CHECK(!ls::load_checkpoint(*newest).consumed_rows_hash.has_value());
   {
     two s;
     auto m = s.replicate<net>(ls::seed{21});

@@ -38,62 +38,51 @@ inline void check_replicas(std::size_t replicas) {
   if (replicas == 0) throw config_error("lockstep::data::shard_batches: replicas must be >= 1");
 }
 
-/// Moves (or copies, for a const or lvalue source) a global batch into shared ownership and cuts
-/// it. An index_batch loads the rows of its shards instead (index_batch::load_shards).
-template <class B>
-distributed_batch make_sharded(B&& b, std::size_t replicas) {
-  using D = std::remove_cvref_t<B>;
-  if constexpr (deferred_batch<D>) {
-    return b.load_shards(replicas, 0, replicas);
-  } else {
-    auto owned = std::make_shared<const D>(std::forward<B>(b));
-    distributed_batch out;
-    out.shards = split(*owned, replicas);
-    out.global = std::move(owned);
-    return out;
-  }
+/// Refuses shards [first, first + count) that are not among `parts` or a count of 0 (config_error
+/// naming them; no overflow for any values).
+inline void check_part(std::size_t parts, std::size_t first, std::size_t count) {
+  if (count == 0 || first > parts || count > parts - first)
+    throw config_error("lockstep::data: cannot take " + std::to_string(count) + " shards from shard " +
+                       std::to_string(first) + " of " + std::to_string(parts));
 }
 
-/// As make_sharded, but cuts the batch into `parts` shards and keeps `count` of them from `first`
-/// (one process's shards of a global batch shared by several processes). An index_batch loads,
-/// decodes and stages the rows of those shards only.
+/// Moves (or copies, for a const or lvalue source) a global batch into shared ownership, cuts it
+/// into `parts` shards and keeps `count` of them from `first` (one process's shards of a global
+/// batch shared by several processes). An index_batch loads, decodes and stages the rows of those
+/// shards only (index_batch::load_shards).
 template <class B>
 distributed_batch make_sharded(B&& b, std::size_t parts, std::size_t first, std::size_t count) {
   using D = std::remove_cvref_t<B>;
+  check_part(parts, first, count);
   if constexpr (deferred_batch<D>) {
     return b.load_shards(parts, first, count);
   } else {
-    if (parts == 0 || count == 0 || first + count > parts)
-      throw config_error("lockstep::data: cannot take shards " + std::to_string(first) + ".." +
-                         std::to_string(first + count) + " of " + std::to_string(parts));
-    if (first + count == parts && first == 0) return make_sharded(std::forward<B>(b), parts);
     auto owned = std::make_shared<const D>(std::forward<B>(b));
     distributed_batch out;
-    auto all = split(*owned, parts);
-    out.shards.assign(all.begin() + static_cast<std::ptrdiff_t>(first),
-                      all.begin() + static_cast<std::ptrdiff_t>(first + count));
+    out.shards = split(*owned, parts);
+    if (count != parts) {
+      out.shards.erase(out.shards.begin() + static_cast<std::ptrdiff_t>(first + count), out.shards.end());
+      out.shards.erase(out.shards.begin(), out.shards.begin() + static_cast<std::ptrdiff_t>(first));
+    }
     out.global = std::move(owned);
     return out;
   }
 }
 
-template <class R>
-generator<distributed_batch> shard_owned(R range, std::size_t replicas) {
-  for (auto&& b : range) co_yield make_sharded(std::move(b), replicas);
+/// As make_sharded(b, replicas, 0, replicas): every shard of the batch.
+template <class B>
+distributed_batch make_sharded(B&& b, std::size_t replicas) {
+  check_replicas(replicas);
+  return make_sharded(std::forward<B>(b), replicas, 0, replicas);
 }
 
 template <class R>
-generator<distributed_batch> shard_borrowed(R* range, std::size_t replicas) {
-  for (const auto& b : *range) co_yield make_sharded(b, replicas);
-}
-
-template <class R>
-generator<distributed_batch> shard_owned_part(R range, std::size_t parts, std::size_t first, std::size_t count) {
+generator<distributed_batch> shard_owned(R range, std::size_t parts, std::size_t first, std::size_t count) {
   for (auto&& b : range) co_yield make_sharded(std::move(b), parts, first, count);
 }
 
 template <class R>
-generator<distributed_batch> shard_borrowed_part(R* range, std::size_t parts, std::size_t first, std::size_t count) {
+generator<distributed_batch> shard_borrowed(R* range, std::size_t parts, std::size_t first, std::size_t count) {
   for (const auto& b : *range) co_yield make_sharded(b, parts, first, count);
 }
 
@@ -145,34 +134,29 @@ generator<pooled_batch> worker_gen(generator<B> up, std::size_t rank, std::size_
 
 }  // namespace detail
 
-/// Cuts every global batch of `batches` into `replicas` shards. An rvalue range (a generator, a
+/// Cuts every global batch of `batches` into `parts` shards and keeps the `count` from shard
+/// `first` (one process's shards of global batches shared by several processes: a strategy's
+/// plan()); an index batch loads the rows of those shards only. An rvalue range (a generator, a
 /// container moved in) is consumed and its batches are moved into shared ownership; an lvalue
 /// range is read and copied, and must outlive the result.
+/// @throws config_error when the shards [first, first + count) are not among `parts` or count is 0.
+template <std::ranges::input_range R>
+  requires global_batch<std::ranges::range_value_t<R>>
+generator<distributed_batch> shard_batches(R&& batches, std::size_t parts, std::size_t first, std::size_t count) {
+  detail::check_part(parts, first, count);
+  if constexpr (std::is_lvalue_reference_v<R>)
+    return detail::shard_borrowed(std::addressof(batches), parts, first, count);
+  else
+    return detail::shard_owned(std::move(batches), parts, first, count);
+}
+
+/// Cuts every global batch of `batches` into `replicas` shards and keeps them all (ranges as above).
 /// @throws config_error when replicas is 0.
 template <std::ranges::input_range R>
   requires global_batch<std::ranges::range_value_t<R>>
 generator<distributed_batch> shard_batches(R&& batches, std::size_t replicas) {
   detail::check_replicas(replicas);
-  if constexpr (std::is_lvalue_reference_v<R>)
-    return detail::shard_borrowed(std::addressof(batches), replicas);
-  else
-    return detail::shard_owned(std::move(batches), replicas);
-}
-
-/// Cuts every global batch of `batches` into `parts` shards and keeps the `count` from shard
-/// `first` (one process's shards of global batches shared by several processes: a strategy's
-/// plan()); an index batch loads the rows of those shards only. Ranges as shard_batches(batches, replicas).
-/// @throws config_error when the shards [first, first + count) are not among `parts` or count is 0.
-template <std::ranges::input_range R>
-  requires global_batch<std::ranges::range_value_t<R>>
-generator<distributed_batch> shard_batches(R&& batches, std::size_t parts, std::size_t first, std::size_t count) {
-  if (parts == 0 || count == 0 || first + count > parts)
-    throw config_error("lockstep::data::shard_batches: cannot take shards " + std::to_string(first) + ".." +
-                       std::to_string(first + count) + " of " + std::to_string(parts));
-  if constexpr (std::is_lvalue_reference_v<R>)
-    return detail::shard_borrowed_part(std::addressof(batches), parts, first, count);
-  else
-    return detail::shard_owned_part(std::move(batches), parts, first, count);
+  return shard_batches(std::forward<R>(batches), replicas, 0, replicas);
 }
 
 /// Stage: cuts each global batch into shards (see shard_batches(replicas)).

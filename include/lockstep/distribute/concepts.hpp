@@ -10,11 +10,13 @@
 #include <limits>
 #include <ranges>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <lockstep/core/device.hpp>
+#include <lockstep/core/error.hpp>
 #include <lockstep/data/batch.hpp>
 
 namespace lockstep {
@@ -83,14 +85,26 @@ struct strategy_options {
   /// GPU replicas: cuBLAS may use TF32 tensor cores for FP32 GEMMs (about 10 mantissa bits;
   /// faster, off by default). Host replicas refuse it (config_error).
   bool tf32 = false;
-  /// GPU replicas: a step never waits for its own work. Each loss copies its totals (and the
-  /// epilogue its decision) to page-locked memory on the device's stream, and train_step returns
+  /// GPU replicas: a step never waits for its own work (but for what reads back inside the step:
+  /// a loss that sums through `sum`, batch_norm over several replicas; docs/gpu.md). Each loss
+  /// copies its totals (and the epilogue its decision) to page-locked memory on the device's
+  /// stream, and train_step returns
   /// the statistics of the PREVIOUS update, read once this step is queued (flush_stats(model)
   /// returns the last one). The parameters are the same bits as without it. One process; the
   /// recipe's non-finite guard must be nonfinite_policy::apply and the loss unscaled (those
   /// decide on the host). Host replicas refuse it (config_error): they have no wait to save.
   bool defer_readback = false;
 };
+
+namespace detail {
+/// `strategy_options::timeout`, refused (config_error giving it in ms) when not positive: every
+/// strategy checks it before its first collective, on every worker alike.
+inline std::chrono::milliseconds checked_timeout(std::chrono::milliseconds t) {
+  if (t.count() <= 0)
+    throw config_error("lockstep: strategy_options::timeout must be positive, got " + std::to_string(t.count()) + " ms");
+  return t;
+}
+}  // namespace detail
 
 /// What one synchronous training step returns, over the whole global batch (every replica of
 /// every worker; the same on every worker) — over all the batches of the update under gradient

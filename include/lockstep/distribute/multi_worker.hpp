@@ -70,16 +70,7 @@ struct worker_resources {
   std::vector<std::size_t> ordinals;  ///< the local replicas' devices
   mpi_channel channel;                ///< every MPI call of the strategy runs on its thread
   worker_resources(std::vector<std::size_t> o, MPI_Comm comm, const strategy_options& opt)
-      : ordinals(std::move(o)), channel(comm, positive(opt.timeout), opt.bucket_bytes / sizeof(float) + 1) {}
-
-private:
-  // The timeout, refused on every worker alike before the channel's first collective when not
-  // positive (with it that collective timed out on some workers only).
-  static std::chrono::milliseconds positive(std::chrono::milliseconds t) {
-    if (t.count() <= 0)
-      throw config_error("lockstep: strategy_options::timeout must be positive, got " + std::to_string(t.count()) + " ms");
-    return t;
-  }
+      : ordinals(std::move(o)), channel(comm, checked_timeout(opt.timeout), opt.bucket_bytes / sizeof(float) + 1) {}
 };
 
 }  // namespace detail

@@ -421,6 +421,7 @@ public:
     exec_.check_batch(b);
     recipe.check();
     check_hyperparameters(opt);
+    check_loss_options(loss);
     const std::size_t total = b.global_size();
     check_shards(b, total);
     check_pending(m);
@@ -656,9 +657,7 @@ private:
   }
 
   static strategy_options check(strategy_options o, std::size_t replicas, const World& w) {
-    if (o.timeout.count() <= 0)
-      throw config_error("lockstep: strategy_options::timeout must be positive, got " + std::to_string(o.timeout.count()) +
-                         " ms");
+    o.timeout = detail::checked_timeout(o.timeout);
     if (o.blas_threads < 1)
       throw config_error("lockstep: strategy_options::blas_threads must be >= 1, got " + std::to_string(o.blas_threads));
     if constexpr (backend_traits<Kind>::replica_owns_core) {

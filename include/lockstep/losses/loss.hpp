@@ -7,6 +7,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include <lockstep/backend/softmax_xent.hpp>
@@ -80,7 +81,11 @@ inline constexpr bool counts_correct_v = requires { requires L::counts_correct; 
 ///     label_classes(std::size_t outputs)`: labels must lie in [0, label_classes(outputs)) for a
 ///     model with `outputs` outputs. A replica then checks every shard's labels on the host
 ///     before the loss sees them (check_labels), and names the loss by its
-///     `static constexpr std::string_view name` when it has one.
+///     `static constexpr std::string_view name` when it has one;
+///   - optionally `void check() const`, throwing config_error for an option out of range:
+///     fit, evaluate and train_step call it before any replica runs (check_loss_options);
+///   - optionally `std::string hyperparameters() const`: its options that change the loss, as
+///     text (loss_hyperparameters); a multi-worker fit refuses workers whose texts differ.
 /// Which element types and contexts it runs on is `loss_for<L, T, Ctx>`.
 template <class L>
 concept loss = requires {
@@ -103,6 +108,25 @@ constexpr std::string_view loss_name() noexcept {
     return std::string_view(L::name);
   else
     return "lockstep: the loss";
+}
+
+/// Calls loss `l`'s optional check() (a loss without one has no option to check).
+template <class L>
+void check_loss_options(const L& l) {
+  if constexpr (requires { l.check(); }) l.check();
+}
+
+/// Loss `l`'s optional hyperparameters() (empty for a loss without it): what a multi-worker fit
+/// compares across workers.
+template <class L>
+std::string loss_hyperparameters(const L& l) {
+  if constexpr (requires { l.hyperparameters(); }) {
+    static_assert(std::convertible_to<decltype(l.hyperparameters()), std::string>,
+                  "lockstep: a loss's hyperparameters() must return text (a std::string)");
+    return l.hyperparameters();
+  } else {
+    return {};
+  }
 }
 
 /// Checks the `rows` labels of a shard for loss L and a model with `outputs` outputs (see

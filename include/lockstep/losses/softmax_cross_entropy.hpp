@@ -3,6 +3,7 @@
 /// Softmax cross-entropy over integer labels, computed in the shifted space z - max(z) by the
 /// backend primitive `softmax_xent` (backend/softmax_xent.hpp).
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -72,6 +73,18 @@ struct softmax_cross_entropy {
   static constexpr std::size_t label_classes(std::size_t outputs) noexcept { return outputs; }
   float label_smoothing = 0;  ///< ε in [0, 1): the weight moved from the label to all classes evenly
 
+  /// @throws config_error for a label_smoothing outside [0, 1) (fit, evaluate and train_step
+  /// call it before any replica runs; evaluate calls it too).
+  void check() const {
+    if (!(label_smoothing >= 0.0f && label_smoothing < 1.0f))
+      throw config_error("lockstep::softmax_cross_entropy: label_smoothing must be in [0, 1), got " +
+                         std::to_string(label_smoothing));
+  }
+  /// The exact bits of label_smoothing, as text (compared across the workers of a fit).
+  [[nodiscard]] std::string hyperparameters() const {
+    return "label_smoothing=" + std::to_string(std::bit_cast<std::uint32_t>(label_smoothing));
+  }
+
   /// Sum of the losses of the rows of logits a.out against a.target.labels and the number of
   /// top-1 hits; writes the gradient of that sum into a.grad when it is not empty.
   /// @throws data_error for a label outside [0, cols) (check_labels' message) or a row whose
@@ -84,9 +97,7 @@ struct softmax_cross_entropy {
     const std::size_t rows = a.rows();
     if (rows == 0) return {};
     if (!a.target.labels) throw shape_error("lockstep::softmax_cross_entropy: the batch has no labels");
-    if (!(label_smoothing >= 0.0f && label_smoothing < 1.0f))
-      throw config_error("lockstep::softmax_cross_entropy: label_smoothing must be in [0, 1), got " +
-                         std::to_string(label_smoothing));
+    check();
     backend::softmax_xent_totals r;
     if (label_smoothing == 0.0f) {
       using backend::softmax_xent;  // the generic form; a backend's own overload is found by ADL

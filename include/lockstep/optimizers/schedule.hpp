@@ -93,14 +93,17 @@ struct warmup_schedule {
   After after{};              ///< schedule after the warm-up
   /// @throws config_error for a field of `after` out of range (its own check(), when it has one).
   void check() const { detail::check_schedule_fields(after); }
-  /// The rate at `step`. @throws config_error as check() (at every step: a field of `after` out
-  /// of range is refused at the first step, not after the warm-up); an `after` without check()
-  /// is called during the warm-up (its rate at its step 0, unused), so that what it throws comes
-  /// at the first step too.
+  /// The rate at `step`. @throws config_error as check() during the warm-up (a field of `after`
+  /// out of range is refused at the first step, not after the warm-up; an `after` without check()
+  /// is called instead, its rate at its step 0 unused, so that what it throws comes at the first
+  /// step too), and whatever `after` throws after it (the built-in schedules check their fields
+  /// at every step: nothing is checked twice).
   [[nodiscard]] float operator()(float base, std::uint64_t step) const {
-    check();
     if (step < steps) {
-      if constexpr (!requires { after.check(); }) (void)after(base, 0);
+      if constexpr (requires { after.check(); })
+        after.check();
+      else
+        (void)after(base, 0);
       return base * static_cast<float>(step + 1) / static_cast<float>(steps + 1);
     }
     return after(base, step - steps);

@@ -192,8 +192,9 @@ struct early_stopping_options {
 };
 
 namespace detail {
-/// Throws config_error when metric `m` is NaN in `s` because the epoch did not measure it (no
-/// validation data; no labelled rows, for an accuracy), rather than because training diverged.
+/// Throws config_error when metric `m` is NaN in `s` because the epoch could not measure it (no
+/// validation data; no labelled rows, for an accuracy), rather than because training diverged
+/// or the non-finite guard skipped every update of the epoch (no improvement).
 inline void check_monitored(monitored m, const epoch_stats& s) {
   const bool validation = m == monitored::val_loss || m == monitored::val_accuracy;
   const char* name = m == monitored::val_loss         ? "val_loss"
@@ -204,7 +205,9 @@ inline void check_monitored(monitored m, const epoch_stats& s) {
                             std::to_string(s.epoch) + " ";
   if (validation && s.val_samples == 0)
     throw config_error(where + "had no validation (give fit_options::validation, or monitor train_loss)");
-  if (m == monitored::val_accuracy || m == monitored::train_accuracy)
+  if (m == monitored::val_accuracy)
+    throw config_error(where + "measured no accuracy (the validation data has no labels); monitor val_loss instead");
+  if (m == monitored::train_accuracy && s.samples > 0)  // none: every update skipped, no improvement
     throw config_error(where + "measured no accuracy (the loss counts no hits: a loss without labels, or replicas "
                                "whose outputs are not on the host); monitor a loss instead");
 }
@@ -212,8 +215,9 @@ inline void check_monitored(monitored m, const epoch_stats& s) {
 
 /// A callback that stops training when the monitored metric has not improved by more than
 /// min_delta for `patience` epochs in a row. A NaN metric never counts as an improvement (a
-/// diverged loss); a metric the epoch did not measure (a validation metric without validation
-/// data, an accuracy without labels) raises config_error at the first epoch's end. Its
+/// diverged loss, or an epoch whose updates the non-finite guard all skipped); a metric the epoch
+/// could not measure (a validation metric without validation data, an accuracy without labels)
+/// raises config_error at the first epoch's end. Its
 /// state (best value, epochs without improvement) is saved in checkpoints, so a resumed run
 /// stops at the same epoch as an uninterrupted one, and forgotten when a fit starts (train_begin),
 /// so the same callback given to another fit starts afresh, as Keras's does.
@@ -250,9 +254,12 @@ inline callback early_stopping(early_stopping_options o = {}) {
   };
   c.save_state = [st] { return std::vector<double>{st->best, static_cast<double>(st->wait)}; };
   c.load_state = [st](std::span<const double> v) {
-    if (v.size() != 2 || !(v[1] >= 0) || v[1] != std::floor(v[1]) || v[1] > 9007199254740992.0)
+    if (v.size() != 2)
       throw checkpoint_error("lockstep::early_stopping: the saved state holds " + std::to_string(v.size()) +
-                             " values, expected 2 (best value, epochs without improvement as a whole number)");
+                             " values, expected 2 (best value, epochs without improvement)");
+    if (!(v[1] >= 0) || v[1] != std::floor(v[1]) || v[1] > 9007199254740992.0)
+      throw checkpoint_error("lockstep::early_stopping: the saved epochs without improvement, " + std::to_string(v[1]) +
+                             ", is not a whole number >= 0");
     st->best = v[0];
     st->wait = static_cast<std::uint64_t>(v[1]);
   };

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -51,10 +52,10 @@ struct fit_resume_state {
   std::uint64_t epoch_norm_updates = 0; ///< updates of `epoch` so far whose norm was computed
   double epoch_clip_sum = 0;            ///< sum of their clip factors
   std::uint64_t epoch_skipped = 0;      ///< updates of `epoch` so far the non-finite guard skipped
-  /// Hash of the row counts and dataset indices of the `batches` consumed (section FPIP; fit's
-  /// batch_tally hash): a resume whose pipeline gives other batches is refused.
-  std::uint64_t consumed_rows_hash = 0;
-  bool has_consumed_rows_hash = false;  ///< consumed_rows_hash holds fit's record (written as FPIP; false: none, a resume unchecked)
+  /// Hash of the row counts and dataset indices of the `batches` consumed (section FPIP, written
+  /// when set; fit's batch_tally hash): a resume whose pipeline gives other batches is refused.
+  /// Empty for a state filled by hand or read from a file without FPIP: a resume unchecked.
+  std::optional<std::uint64_t> consumed_rows_hash;
 };
 
 namespace detail {
@@ -129,9 +130,9 @@ inline void write_fit_state(io::checkpoint_file& f, const fit_resume_state& s) {
   r.put(s.epoch_clip_sum);
   r.put(s.epoch_skipped);
   f.put(fit_recipe_tag, 1, std::move(r));
-  if (s.has_consumed_rows_hash) {  // fit's own checkpoints (a state filled by hand records none)
+  if (s.consumed_rows_hash) {  // fit's own checkpoints (a state filled by hand records none)
     io::writer q;
-    q.put(s.consumed_rows_hash);
+    q.put(*s.consumed_rows_hash);
     f.put(fit_pipeline_tag, 1, std::move(q));
   }
   f.put(io::tags::fit, 1, std::move(w));
@@ -167,7 +168,6 @@ inline void write_fit_state(io::checkpoint_file& f, const fit_resume_state& s) {
       f.check_version(*ps, "fit pipeline position", 1, 1);
       io::reader q = f.read(*ps, "fit pipeline position");
       s.consumed_rows_hash = q.get<std::uint64_t>("the hash of the consumed batches' rows");
-      s.has_consumed_rows_hash = true;
       q.expect_end();
     }
     return s;

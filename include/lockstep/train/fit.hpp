@@ -304,6 +304,7 @@ struct batch_tally {
 template <class Strategy, class Replicated, class Loss>
 evaluation evaluate_core(Strategy& s, Replicated& m, const Loss& loss, const eval_data& data, const evaluate_options& o) {
   if (o.top_k == 0) throw config_error("lockstep::evaluate: top_k must be >= 1");
+  check_loss_options(loss);
   check_bound(s, m);
   const std::size_t n = s.num_replicas();
   detail::eval_scratch<typename std::remove_cvref_t<decltype(m.replica(0))>::model_type::value_type> scratch(n);
@@ -595,7 +596,7 @@ public:
     }
     start_epoch = st.epoch;
     skip_ = st.batches;
-    if (st.has_consumed_rows_hash) expected_rows_ = st.consumed_rows_hash;
+    expected_rows_ = st.consumed_rows_hash;
     resume_source_ = source;
     lr = st.lr;
     resumed_ = {st.epoch_loss_sum, st.epoch_samples, st.epoch_steps, st.epoch_labelled, st.epoch_correct,
@@ -794,7 +795,6 @@ public:
     st.data_seed = o_.data_seed;
     st.replicas = static_cast<std::uint32_t>(replicas_);
     st.consumed_rows_hash = batches_done != 0 ? consumed_.rows : batch_tally{}.rows;
-    st.has_consumed_rows_hash = true;
     st.callback_states.reserve(o_.callbacks.size());
     for (const auto& c : o_.callbacks) st.callback_states.push_back(c.save_state ? c.save_state() : std::vector<double>{});
     st.stop_requested = ctl.stop;
@@ -923,13 +923,14 @@ std::uint64_t model_seed(const M& m, const fit_options& o) {
 /// before the first step (start_agreement): whether this worker's setup failed (then the other
 /// fields mean nothing), the start position (checkpoint `ck`'s when resuming, with a hash of its
 /// parameters; else step `model_step` of epoch 0), and the options and values (the optimizer's
-/// learning rate `lr` and its other `hyperparameters`, optimizer_hyperparameters)
-/// that count, validate or change the updates (a worker would wait in a collective that another
+/// learning rate `lr` and its other `hyperparameters`, optimizer_hyperparameters; the loss's
+/// `loss_options`, loss_hyperparameters) that count, validate or change the updates (a worker would wait in a collective that another
 /// never starts, or the replicas would drift apart); an option that cannot act in this run (top_k
 /// without validation, max_consecutive_skips without the skip policy, the EMA's schedule without
 /// an EMA) is compared as 0 or "none".
 inline collective_plan start_plan(bool failed, const fit_options& o, double lr, std::string_view hyperparameters,
-                                  std::uint64_t seed, const checkpoint_state* ck, std::uint64_t model_step) {
+                                  std::string_view loss_options, std::uint64_t seed, const checkpoint_state* ck,
+                                  std::uint64_t model_step) {
   const auto exact = [](double x) { return std::to_string(std::bit_cast<std::uint64_t>(x)); };  // hashed
   const auto given = [](bool b) -> std::uint64_t { return b ? 1 : 0; };
   // The parameters of the checkpoint to resume, as bytes (hashed; none without one).
@@ -955,6 +956,7 @@ inline collective_plan start_plan(bool failed, const fit_options& o, double lr, 
       .add("fit_options::data_seed", o.data_seed)
       .add_hashed("the optimizer's learning rate", exact(lr))
       .add_hashed("the optimizer's other hyperparameters", hyperparameters)
+      .add_hashed("the loss's hyperparameters", loss_options)
       .add_hashed("fit_options::clip_global_norm", exact(o.clip_global_norm))
       .add_hashed("fit_options::clip_value", exact(o.clip_value))
       .add("fit_options::nonfinite", static_cast<std::uint64_t>(o.nonfinite))
@@ -985,7 +987,7 @@ public:
   ~start_agreement() {
     if (done_ || std::uncaught_exceptions() <= uncaught_) return;
     try {
-      agree([] { return start_plan(true, fit_options{}, 0, {}, 0, nullptr, 0); });
+      agree([] { return start_plan(true, fit_options{}, 0, {}, {}, 0, nullptr, 0); });
     } catch (...) {  // the setup's own error is on its way
     }
   }
@@ -1063,6 +1065,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   const update_recipe recipe = o.recipe();
   recipe.check();
   check_hyperparameters(optimizer);
+  check_loss_options(loss);
   if (o.accumulate == 0) throw config_error("lockstep::fit: fit_options::accumulate must be >= 1");
   if constexpr (!requires { s.accumulate(m, loss, std::declval<const data::distributed_batch&>()); })
     if (o.accumulate > 1)
@@ -1097,8 +1100,8 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
     }
   }
   agreement.agree([&] {
-    return start_plan(false, o, optimizer.lr, optimizer_hyperparameters(optimizer), model_seed(m, o),
-                      ck ? &ck->first : nullptr, m.step());
+    return start_plan(false, o, optimizer.lr, optimizer_hyperparameters(optimizer), loss_hyperparameters(loss),
+                      model_seed(m, o), ck ? &ck->first : nullptr, m.step());
   });
   // the callbacks' states before this fit: a resume that fails gives them back
   const auto callbacks_before = ck ? callback_states(o.callbacks) : std::vector<std::vector<double>>{};
