@@ -1,6 +1,8 @@
 // Host all-reduce bandwidth: 1, 16 and 64 MiB for 2 and 4 replicas on the strategy's persistent
 // workers, against memcpy of the same bytes on pre-touched buffers in the same run.
-// busbw = algbw * 2 (n - 1) / n (the nccl-tests convention).
+// busbw = algbw * 2 (n - 1) / n (the nccl-tests convention). A replica count above the cores
+// this process may use (lockstep::allowed_cpu_count()) would share cores and is not measured:
+// it prints `replicas=<n> skipped reason=...` instead.
 //
 // Built with MPI and launched by mpirun (`mpirun -np 2 bench_allreduce`), it measures the
 // inter-process path instead: multi_worker_mirrored's reduction of the same sizes over W
@@ -37,8 +39,12 @@ double memcpy_gbps(std::size_t bytes) { return bench_timing::memcpy_gb_per_s(byt
 
 template <class S>
 void bench(std::size_t bytes) {
-  S s;
   constexpr std::size_t n = S::replica_count;
+  if (const auto cores = static_cast<std::size_t>(ls::allowed_cpu_count()); n > cores) {
+    fmt::print("replicas={} allreduce_bytes={} skipped reason={}_replicas_on_{}_allowed_cores\n", n, bytes, n, cores);
+    return;
+  }
+  S s;
   const std::size_t count = bytes / sizeof(float);
   std::vector<std::vector<float>> data(n);
   s.run_each([&](std::size_t r) { data[r].assign(count, static_cast<float>(r)); });  // first touch on the worker

@@ -106,9 +106,10 @@ int main(int argc, char** argv) {
   }
   if (shapes.empty())
     shapes = {
-        // bench_step config M (784-512-512-10, batch 256): forward x.W (beta 1), dW = xT.dy, dx = dy.WT
-        {256, 512, 784, false, false, 1.0f},
-        {256, 512, 512, false, false, 1.0f},
+        // bench_step config M (784-512-512-10, batch 256), in its order: forward x.W (beta 0 before a
+        // ReLU, beta 1 onto the last layer's broadcast bias), then per layer dW = xT.dy and dx = dy.WT
+        {256, 512, 784, false, false, 0.0f},
+        {256, 512, 512, false, false, 0.0f},
         {256, 10, 512, false, false, 1.0f},
         {512, 10, 256, true, false, 0.0f},
         {256, 512, 10, false, true, 0.0f},

@@ -157,11 +157,13 @@ inline void print_layer(const char* name, const char* impl, double flops, const 
   std::fflush(stdout);
 }
 
-/// Prints the kernel set and the machine: `openblas_core=... blas_threads=... cpu="..."`.
+/// Prints the kernel set and the machine: `openblas_core=... blas_threads=... cpu="..."`, then
+/// lockstep's host GEMM: `host_gemm=...` (as bench_step does).
 inline void print_machine() {
   openblas_set_num_threads(1);
   fmt::print("openblas_core={} blas_threads={} cpu=\"{}\"\n", lockstep::blas_core_name(), openblas_get_num_threads(),
              cpu_model());
+  fmt::print("host_gemm={}\n", lockstep::host_gemm_name());
   std::fflush(stdout);
 }
 

@@ -21,6 +21,10 @@
 # cannot be installed is skipped with its reason. Everything runs one program at a time; results
 # and logs go to DIR/bench-results/. A full run takes about 12-15 minutes on 2 cores, a few more
 # the first time (the peers' installation and lockstep's build).
+# FILE is written (and its charts redrawn) only when lockstep's build and every one of its
+# benchmarks succeeded; otherwise the run exits 1 naming the failed steps and leaves FILE as it
+# was (a failed build stops the run; after a failed benchmark the page of the run is written to
+# DIR/bench-results/benchmarks.md). A peer's failure shows in its cells and does not fail the run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -33,7 +37,7 @@ while (($#)); do
     --host-gemm) host_gemm=$2; shift ;;
     --openblas-coretype) coretype=$2; shift ;;
     --out) out=$2; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -51,7 +55,9 @@ start=$(date +%s)
 log() { echo "[run.sh $(($(date +%s) - start))s] $*" >&2; }
 
 # run NAME CMD...: runs CMD with stdout+stderr in $results/NAME.log, and records the command, its
-# exit status and its wall seconds in $results/commands.tsv.
+# exit status and its wall seconds in $results/commands.tsv. A failed build_* or ours_* step is
+# added to `failed` (the peers' steps fail softly: their cells say so).
+failed=()
 run() {
   local name=$1; shift
   log "$name: $*"
@@ -62,7 +68,10 @@ run() {
   t1=$(date +%s.%N)
   printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')" \
     "$(printf '%q ' "${env_prefix[@]}" "$@" | sed 's/ $//')" >>"$results/commands.tsv"
-  ((rc == 0)) || log "$name: exit status $rc (see $results/$name.log)"
+  if ((rc != 0)); then
+    log "$name: exit status $rc (see $results/$name.log)"
+    case $name in build*|ours_*) failed+=("$name") ;; esac
+  fi
   return 0
 }
 env_prefix=()
@@ -73,11 +82,15 @@ targets=(bench_step bench_update bench_conv bench_scaling bench_allreduce bench_
 run build_configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=OFF -DLOCKSTEP_BUILD_TESTS=OFF \
   -DLOCKSTEP_FUZZ=OFF -DLOCKSTEP_HOST_GEMM="$host_gemm"
 run build cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
-# The image benchmark needs the image component (libpng, libjpeg-turbo); a failure is logged.
+# The image benchmark needs the image component (libpng, libjpeg-turbo; scripts/deps.sh installs them).
 run build_images cmake --build "$build" -j "$(nproc)" --target bench_images
 for t in "${targets[@]}"; do
   [ -x "$build/benchmarks/$t" ] || [ -x "$build/examples/$t" ] || log "$t was not built (see $results/build.log)"
 done
+if ((${#failed[@]})); then
+  log "FAILED: ${failed[*]} (logs in $results); $out is left as it was"
+  exit 1
+fi
 b=$build/benchmarks
 
 # --- machine and OpenBLAS kernel set --------------------------------------------------------------
@@ -140,6 +153,14 @@ run ours_images "$b/bench_images" --dir "$images_dir" --epochs "$pipe_epochs"
 run ours_mainjob "$build/examples/fashion_mnist" --quiet --epochs "$epochs"
 run ours_mainjob_unsharded "$build/examples/fashion_mnist" --quiet --epochs "$epochs" --no-shard-optimizer
 run ours_cnn_epoch "$build/examples/fashion_mnist" --quiet --model cnn --epochs 1 --batch 128
+# compile_cost.sh measures under /usr/bin/time (Debian's `time`), installed here when missing.
+if ! [ -x /usr/bin/time ]; then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  log "installing Debian's time for benchmarks/compile_cost.sh"
+  { $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends time; } \
+    >"$results/time_install.log" 2>&1 || log "apt-get install time failed (see $results/time_install.log)"
+fi
 run ours_compile benchmarks/compile_cost.sh
 
 # --- peers --------------------------------------------------------------------------------------
@@ -186,9 +207,16 @@ else
 fi
 
 # --- report -------------------------------------------------------------------------------------
+# The page goes to $results first, and over $out only when lockstep's build and benchmarks all ran.
 echo "total_s=$(($(date +%s) - start))" >>"$results/machine.txt"
+page=$results/benchmarks.md
 python3 benchmarks/report/make_report.py --results "$results" --template benchmarks/report/benchmarks.md.in \
-  --out "$out" || { log "make_report.py failed"; exit 1; }
+  --out "$page" || { log "make_report.py failed"; exit 1; }
+if ((${#failed[@]})); then
+  log "FAILED: ${failed[*]} (logs in $results); the page of this run is $page, $out is left as it was"
+  exit 1
+fi
+mv "$page" "$out" || { log "cannot move $page to $out"; exit 1; }
 # The tables as bar charts of their ratios, next to the page (img/), with Debian's matplotlib.
 /usr/bin/python3 benchmarks/report/charts.py --page "$out" --out "$(dirname "$out")/img" >>"$results/charts.log" 2>&1 ||
   log "charts.py failed (see $results/charts.log): the page's pictures are those of an earlier run"

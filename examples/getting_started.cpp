@@ -10,9 +10,15 @@ namespace ls = lockstep;
 using mlp = ls::sequential<ls::dense<784, 256>, ls::relu, ls::dropout<1, 10>, ls::dense<256, 10>>;
 
 int main(int argc, char** argv) {
+  const std::string usage = "usage: getting_started [data directory]";
+  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    std::printf("%s   (default /usr/share/datasets/fashion-mnist)\n", usage.c_str());
+    return 0;
+  }
   // run_main ends the program cleanly on an error: `error: <what>` (and each cause) on stderr,
   // exit code 2 for bad input or options, 1 for anything else; stdout is flushed first.
   return ls::run_main([&] {
+    if (argc > 2) throw ls::config_error(usage + ": one argument at most, got " + std::to_string(argc - 1));
     ls::mirrored<ls::cpu<0>, ls::cpu<1>> strategy;  // two replicas in lockstep
     auto model = strategy.replicate<mlp>(ls::seed{42});
 

@@ -80,8 +80,10 @@ double accuracy(Replica& rep, const ls::data::batch& b) {
   return static_cast<double>(correct) / static_cast<double>(b.rows());
 }
 
-/// The epochs of the command line (default 8). @throws config_error for anything but an integer >= 1.
+/// The epochs of the command line (default 8). @throws config_error for anything but an integer >= 1,
+/// or more than one argument.
 std::size_t epochs_of(int argc, char** argv) {
+  if (argc > 2) throw ls::config_error("usage: mlp [epochs]: one argument at most, got " + std::to_string(argc - 1));
   if (argc < 2) return 8;
   const std::string text = argv[1];
   std::size_t n = 0;
@@ -143,7 +145,11 @@ int train(int argc, char** argv) {
 }  // namespace
 
 // An error ends the program with `error: <what>` on stderr and exit code 2 (1 for an error that is
-// not lockstep's).
+// not lockstep's). --help (or -h) prints the usage.
 int main(int argc, char** argv) {
+  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    fmt::print("usage: mlp [epochs]   (default 8)\n");
+    return 0;
+  }
   return ls::run_main([&] { return train(argc, argv); });
 }

@@ -11,8 +11,8 @@
 # png jpeg (default: all; png and jpeg need libpng and libjpeg-turbo).
 # Environment: LOCKSTEP_FUZZ_DIR (build directory, default build-fuzz), LOCKSTEP_FUZZ_CXX (the
 # clang++ to use, default clang++). The corpus of each harness grows in $LOCKSTEP_FUZZ_DIR/corpus/,
-# and the input of a failure is written to $LOCKSTEP_FUZZ_DIR/artifacts/. Exit code: 0 when no
-# harness failed.
+# and the input of a failure is written to $LOCKSTEP_FUZZ_DIR/artifacts/<harness>/, where those of
+# earlier runs stay (the crashes column counts this run's only). Exit code: 0 when no harness failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=all
@@ -42,6 +42,9 @@ fi
 rss_limit_mb=256
 malloc_limit_mb=64
 failed=0
+# Inputs newer than this stamp are this run's; older ones in the artifacts folders are earlier runs'.
+stamp=$(mktemp)
+trap 'rm -f "$stamp"' EXIT
 printf '%-16s %12s %10s %8s %14s\n' harness executions exec/s crashes "peak RSS MiB"
 for h in "${harnesses[@]}"; do
   bin="$dir/fuzz_$h"
@@ -61,14 +64,19 @@ for h in "${harnesses[@]}"; do
     -malloc_limit_mb="$malloc_limit_mb" -print_final_stats=1 -artifact_prefix="$artifacts" \
     "$corpus" "$seeds" >"$log" 2>&1 || rc=$?
   stat() { sed -n "s/^stat::$1: *\([0-9]*\).*/\1/p" "$log" | tail -n 1; }
-  crashes=$(find "$artifacts" -type f | wc -l)
+  crashes=$(find "$artifacts" -type f -newer "$stamp" | wc -l)
+  earlier=$(find "$artifacts" -type f ! -newer "$stamp" | wc -l)
   if ((rc != 0)) && ((crashes == 0)); then crashes=1; fi
   printf '%-16s %12s %10s %8s %14s\n' "$h" "$(stat number_of_executed_units)" "$(stat average_exec_per_sec)" \
     "$crashes" "$(stat peak_rss_mb)"
   if ((rc != 0)); then
     failed=1
     echo "lockstep: fuzz_$h failed (exit $rc); its log is $log, the input in $artifacts:" >&2
+    find "$artifacts" -type f -newer "$stamp" >&2
     grep -E 'ERROR|SUMMARY|runtime error|terminate|what\(\)' "$log" | head -n 20 >&2 || true
+  fi
+  if ((earlier > 0)); then
+    echo "lockstep: fuzz_$h: $earlier input(s) of earlier runs are in $artifacts (not counted above)" >&2
   fi
 done
 exit "$failed"

@@ -24,12 +24,17 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 
 # Runs the tests of build directory $1 (log in $1/ctest-summary.log); sets ran_total and
-# ran_skipped from the summary. A failing test ends the script (set -e, pipefail).
+# ran_skipped from the summary. A failing test ends the script (set -e, pipefail), and so does a
+# run in which no test passed (no tests registered, or every one skipped).
 run_tests() {
   local log="$1/ctest-summary.log"
-  ctest --test-dir "$1" --output-on-failure --timeout 600 -j "$jobs" "${@:2}" | tee "$log"
+  ctest --test-dir "$1" --output-on-failure --no-tests=error --timeout 600 -j "$jobs" "${@:2}" | tee "$log"
   ran_total=$(sed -n 's/.* tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2/p' "$log" | tail -n 1)
   ran_skipped=$(grep -cE 'Test +#[0-9]+: .*Skipped' "$log" || true)
+  if [ -z "$ran_total" ] || ((ran_total - ran_skipped <= 0)); then
+    echo "lockstep: no test passed in $1 (${ran_total:-no} tests run, $ran_skipped skipped; see $log)" >&2
+    exit 1
+  fi
 }
 
 # The build configurations are the configure presets of CMakePresets.json; each is built once, in
@@ -46,14 +51,22 @@ run_tests() {
 #  - tsan: the pipeline tests, the reducer and stage conformance suites, the bf16 weight copy's
 #    and the sharded update's tests (test_threads) under ThreadSanitizer (the pipeline's stages,
 #    the reducers and the sharded update use threads).
+# The targets each configuration builds are set on the command line too: a build directory
+# configured before keeps its cache (scripts/demo.sh's has LOCKSTEP_BUILD_TESTS=OFF,
+# benchmarks/run.sh's LOCKSTEP_FUZZ=OFF).
 declare -A passed skipped_of
 for preset in gcc clang tsan; do
   dir="$build"
   [ "$preset" = gcc ] || dir="${build}-${preset}"
   generator=()
   [ -f "$dir/CMakeCache.txt" ] || generator=(-G Ninja)  # a build directory made before keeps its generator
+  case "$preset" in
+    gcc) targets=(-DLOCKSTEP_BUILD_TESTS=ON -DLOCKSTEP_BUILD_EXAMPLES=ON -DLOCKSTEP_BUILD_BENCHMARKS=ON -DLOCKSTEP_FUZZ=AUTO) ;;
+    clang) targets=(-DLOCKSTEP_BUILD_TESTS=ON -DLOCKSTEP_BUILD_EXAMPLES=ON) ;;
+    tsan) targets=(-DLOCKSTEP_BUILD_TESTS=ON) ;;
+  esac
   started=$SECONDS
-  cmake --preset "$preset" -S . -B "$dir" "${generator[@]}"
+  cmake --preset "$preset" -S . -B "$dir" "${generator[@]}" "${targets[@]}"
   case "$preset" in
     gcc | clang)
       cmake --build "$dir" -j "$jobs"
