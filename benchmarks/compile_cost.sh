@@ -4,6 +4,7 @@
 # (benchmarks/compile/lenet.cpp), alone with the release flags of the library
 # target, under /usr/bin/time -v, and prints one line each:
 #   target=<name> compile_s=<wall seconds> peak_mib=<peak resident MiB>
+# A source that fails to compile prints compile_s=failed, and the script then exits 1.
 # A folder example's other translation units get lines of their own, e.g. fashion_mnist.options
 # (its command-line parsing, kept apart from the training code).
 # Usage: benchmarks/compile_cost.sh [CXX]   (default g++; extra flags in CXXFLAGS)
@@ -18,6 +19,7 @@ fi
 echo "compiler: $($cxx --version | head -n 1)"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+status=0
 for src in examples/getting_started.cpp examples/mlp.cpp examples/fashion_mnist/main.cpp \
            examples/fashion_mnist/options.cpp benchmarks/compile/deep_mlp.cpp benchmarks/compile/lenet.cpp; do
   [ -f "$src" ] || continue
@@ -29,6 +31,7 @@ for src in examples/getting_started.cpp examples/mlp.cpp examples/fashion_mnist/
   if ! /usr/bin/time -v -o "$tmp/time" "$cxx" "${flags[@]}" -c "$src" -o "$tmp/$name.o" 2>"$tmp/err"; then
     cat "$tmp/err" >&2
     echo "target=$name compile_s=failed peak_mib=failed"
+    status=1
     continue
   fi
   wall=$(sed -n 's/.*Elapsed (wall clock) time (h:mm:ss or m:ss): //p' "$tmp/time")
@@ -36,3 +39,4 @@ for src in examples/getting_started.cpp examples/mlp.cpp examples/fashion_mnist/
   kib=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$tmp/time")
   echo "target=$name compile_s=$secs peak_mib=$((kib / 1024))"
 done
+exit "$status"

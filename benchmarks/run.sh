@@ -24,7 +24,8 @@
 # FILE is written (and its charts redrawn) only when lockstep's build and every one of its
 # benchmarks succeeded; otherwise the run exits 1 naming the failed steps and leaves FILE as it
 # was (a failed build stops the run; after a failed benchmark the page of the run is written to
-# DIR/bench-results/benchmarks.md). A peer's failure shows in its cells and does not fail the run.
+# DIR/bench-results/benchmarks.md). A peer's failure shows in its cells and does not fail the run,
+# nor does one of the benchmarks of optional components (images, MPI).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -56,7 +57,8 @@ log() { echo "[run.sh $(($(date +%s) - start))s] $*" >&2; }
 
 # run NAME CMD...: runs CMD with stdout+stderr in $results/NAME.log, and records the command, its
 # exit status and its wall seconds in $results/commands.tsv. A failed build_* or ours_* step is
-# added to `failed` (the peers' steps fail softly: their cells say so).
+# added to `failed`, but for those of optional components (the image benchmarks, the MPI lines);
+# the peers' steps fail softly too: their cells say so.
 failed=()
 run() {
   local name=$1; shift
@@ -70,7 +72,10 @@ run() {
     "$(printf '%q ' "${env_prefix[@]}" "$@" | sed 's/ $//')" >>"$results/commands.tsv"
   if ((rc != 0)); then
     log "$name: exit status $rc (see $results/$name.log)"
-    case $name in build*|ours_*) failed+=("$name") ;; esac
+    case $name in
+      build_images | ours_images* | ours_*_mpi) ;;  # optional components (libpng and libjpeg, MPI): their cells say why
+      build* | ours_*) failed+=("$name") ;;
+    esac
   fi
   return 0
 }
@@ -82,7 +87,8 @@ targets=(bench_step bench_update bench_conv bench_scaling bench_allreduce bench_
 run build_configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DLOCKSTEP_CUDA=OFF -DLOCKSTEP_BUILD_TESTS=OFF \
   -DLOCKSTEP_FUZZ=OFF -DLOCKSTEP_HOST_GEMM="$host_gemm"
 run build cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
-# The image benchmark needs the image component (libpng, libjpeg-turbo; scripts/deps.sh installs them).
+# The image benchmark needs the image component (libpng, libjpeg-turbo, which scripts/deps.sh
+# installs); without it the images rows say that their step failed.
 run build_images cmake --build "$build" -j "$(nproc)" --target bench_images
 for t in "${targets[@]}"; do
   [ -x "$build/benchmarks/$t" ] || [ -x "$build/examples/$t" ] || log "$t was not built (see $results/build.log)"
@@ -161,7 +167,11 @@ if ! [ -x /usr/bin/time ]; then
   { $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends time; } \
     >"$results/time_install.log" 2>&1 || log "apt-get install time failed (see $results/time_install.log)"
 fi
-run ours_compile benchmarks/compile_cost.sh
+if [ -x /usr/bin/time ]; then
+  run ours_compile benchmarks/compile_cost.sh
+else
+  log "ours_compile skipped: /usr/bin/time could not be installed (see $results/time_install.log)"
+fi
 
 # --- peers --------------------------------------------------------------------------------------
 if ((skip_peers)); then

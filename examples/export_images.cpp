@@ -10,7 +10,7 @@
 // SHARDS from 1 to 256, each shard an open file while a split is written)
 #include <charconv>
 #include <cstdio>
-#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -68,8 +68,13 @@ void export_split(const std::string& idx_dir, const std::string& out, const std:
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || argc > 4) {
-    std::fprintf(stderr, "usage: export_images OUT [IDX_DIR] [SHARDS]\n");
+  const char* usage = "usage: export_images OUT [IDX_DIR] [SHARDS]\n";
+  if (argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  if (argc < 2 || argc > 4 || argv[1][0] == '-') {  // OUT is a directory, not an option
+    std::fputs(usage, stderr);
     return 2;
   }
   const std::string out = argv[1];

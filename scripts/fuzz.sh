@@ -43,7 +43,8 @@ rss_limit_mb=256
 malloc_limit_mb=64
 failed=0
 # Inputs newer than this stamp are this run's; older ones in the artifacts folders are earlier runs'.
-stamp=$(mktemp)
+mkdir -p "$dir"
+stamp=$(mktemp "$dir/.run-stamp.XXXXXX")  # on the artifacts' file system: -newer compares its times
 trap 'rm -f "$stamp"' EXIT
 printf '%-16s %12s %10s %8s %14s\n' harness executions exec/s crashes "peak RSS MiB"
 for h in "${harnesses[@]}"; do

@@ -269,15 +269,14 @@ TEST_CASE("csv: malformed rows raise data_error naming file, line and column") {
       {"1,2\n3,nan\n", {}, ":2:2: 'nan' is not a finite number"},
       {"1,2\ninf,4\n", {}, ":2:1: 'inf' is not a finite number"},
       {"1,-INF\n", {}, ":1:2: '-INF' is not a finite number"},
-      // a tab or space delimiter keeps an empty first or last field
+      // a tab or space delimiter keeps an empty first field (the columns would shift)
       {"\t1\t2\n\t3\t4\n", {.label_column = 0, .delimiter = '\t'},
        ":1:1: missing value (empty field) (label_column 0, counted from 0)"},
       {"\t1\t2\n", {.delimiter = '\t'}, ":1:1: missing value (empty field)"},
-      {"1\t2\t\n", {.delimiter = '\t'}, ":1:3: missing value (empty field)"},
-      {"1\t2\t\r\n", {.delimiter = '\t'}, ":1:3: missing value (empty field)"},
-      {"1\t2\n\t\n", {.delimiter = '\t'}, ":2:1: missing value (empty field)"},
       {" 1 2\n", {.delimiter = ' '}, ":1:1: missing value (empty field)"},
-      {"1 2 \n", {.delimiter = ' '}, ":1:3: missing value (empty field)"},
+      {"1\t\t2\n", {.delimiter = '\t'}, ":1:2: missing value (empty field)"},
+      // ... and a row whose last field is empty where the others have one is a row too short
+      {"1\t2\t3\n4\t5\t\n", {.delimiter = '\t'}, ":2:3: missing field"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.text);
@@ -325,8 +324,9 @@ TEST_CASE("csv: a column number far beyond the file is refused naming the option
 TEST_CASE("csv: spaces and tabs around a field, CRLF and blank lines are accepted") {
   temp_dir dir;
   const std::string p = dir.file("t.tsv");
-  // Spaces and tabs around a field, CRLF and blank lines (spaces and tabs only) are still accepted.
-  std::ofstream(p) << "1\t 2 \r\n \n3 \t4\n";
+  // Spaces and tabs around a field and at the end of a line, CRLF and blank lines (spaces and
+  // tabs only) are accepted.
+  std::ofstream(p) << "1\t 2 \t\r\n \n\t\n3 \t4\n";
   std::vector<ld::owned_sample> rows;
   for (auto&& s : ld::csv(p, {.delimiter = '\t'}).epoch()) rows.emplace_back(s);
   REQUIRE(rows.size() == 2);
@@ -335,6 +335,13 @@ TEST_CASE("csv: spaces and tabs around a field, CRLF and blank lines are accepte
   std::ofstream(p) << "1, 2\t\r\n\t \r\n3 ,4\n";
   rows.clear();
   for (auto&& s : ld::csv(p).epoch()) rows.emplace_back(s);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].features == std::vector<float>{1, 2});
+  CHECK(rows[1].features == std::vector<float>{3, 4});
+  // space-separated output whose lines end with a space, after a header and a blank line of spaces
+  std::ofstream(p) << "   \na b \n1 2 \n3 4  \r\n";
+  rows.clear();
+  for (auto&& s : ld::csv(p, {.header = true, .delimiter = ' '}).epoch()) rows.emplace_back(s);
   REQUIRE(rows.size() == 2);
   CHECK(rows[0].features == std::vector<float>{1, 2});
   CHECK(rows[1].features == std::vector<float>{3, 4});

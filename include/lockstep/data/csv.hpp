@@ -157,10 +157,10 @@ inline std::string read_text_file(const std::string& path, const char* who) {
 
 /// Reads a numeric CSV file into a dataset of float samples: labels from `label_column`,
 /// regression targets from `target_columns` (in that order), features from every other column.
-/// Blank lines (only spaces and tabs, no delimiter) are skipped; every other line must have the same
-/// number of fields as the first data line. Spaces and tabs around a field are ignored (a line
-/// ends in LF or CRLF), so with a tab or space delimiter a line starting or ending with one has an
-/// empty field.
+/// Blank lines (only spaces and tabs) are skipped; every other line must have the same number of
+/// fields as the first data line. Spaces and tabs around a field are ignored and so are those at
+/// the end of a line (a line ends in LF or CRLF), so with a tab or space delimiter a line starting
+/// with one has an empty first field (an error), and one ending with one has no empty last field.
 /// A number is anything std::from_chars reads as a finite value in float range (a leading '+' is
 /// allowed), rounded to the nearest float; values too close to zero become zero or a subnormal.
 /// @throws data_error "file:line:column: what" (the column counted from 1) for a missing, empty,
@@ -215,10 +215,12 @@ inline dataset<sample> csv(const std::string& path, const csv_options& options =
     std::string_view line = std::string_view(text).substr(pos, eol - pos);
     pos = eol + 1;
     ++line_no;
-    // Only the line ending comes off the line: spaces and tabs are trimmed from each field, so a
-    // tab or space delimiter keeps an empty first or last field.
-    if (!line.empty() && line.back() == '\r' && options.delimiter != '\r') line.remove_suffix(1);
-    if (line.find(options.delimiter) == std::string_view::npos && detail::trim(line).empty()) continue;  // blank
+    // The line ending and the spaces and tabs at the end of the line come off the line (space-
+    // separated output often ends its lines with one); those at its start stay, so a tab or space
+    // delimiter keeps an empty first field (the columns would shift). Spaces and tabs around each
+    // field are trimmed after the split.
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.remove_suffix(1);
+    if (detail::trim(line).empty()) continue;  // blank: only spaces and tabs
     if (header_pending) {
       header_pending = false;
       continue;

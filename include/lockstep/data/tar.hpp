@@ -514,9 +514,11 @@ private:
       throw data_error("lockstep::data::tar_writer: " + partial_ + ": write error (" + std::strerror(errno) + ")");
     }
   }
-  /// Closes the file without finishing it and removes it.
+  /// Closes the file without finishing it and removes it (nothing once closed: the name may be
+  /// another writer's by then).
   void discard() noexcept {
-    if (file_) std::fclose(file_);
+    if (!file_) return;
+    std::fclose(file_);
     file_ = nullptr;
     std::remove(partial_.c_str());
   }

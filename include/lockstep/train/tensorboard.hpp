@@ -12,8 +12,8 @@
 /// step/grad_norm (before clipping) and step/skipped (1 for a skipped update), plus whatever
 /// tensorboard_options::step_scalars adds. A metric that is not available (NaN) is left out.
 /// A fit resumed from a checkpoint marks a restart (a SessionLog START event) at its first
-/// update, so TensorBoard drops the steps that the interrupted run wrote past the checkpoint
-/// (in this directory's earlier files) and shows each step once.
+/// update, so TensorBoard drops the step/ scalars that the interrupted run wrote past the
+/// checkpoint and shows each update once (not the epoch/ scalars: their step is the epoch).
 
 #include <cmath>
 #include <cstdint>

@@ -294,6 +294,7 @@ private:
   template <class F>
   void enqueue(std::size_t r, const backend::cuda_context& ctx, std::size_t id, void* data, std::size_t count,
                const char* what, bool complete, const F& f) {
+    rv_.check_slot(r, id);  // before communicator() indexes its tables with r
     communicator(r, ctx);
     rv_.arrive(r, id, data, count, [] {});
     backend::device_guard g(ctx.ordinal());
