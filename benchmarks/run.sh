@@ -24,8 +24,8 @@
 # FILE is written (and its charts redrawn) only when lockstep's build and every one of its
 # benchmarks succeeded; otherwise the run exits 1 naming the failed steps and leaves FILE as it
 # was (a failed build stops the run; after a failed benchmark the page of the run is written to
-# DIR/bench-results/benchmarks.md). A peer's failure shows in its cells and does not fail the run,
-# nor does one of the benchmarks of optional components (images, MPI).
+# DIR/bench-results/benchmarks.md). A peer's failure shows in its cells and does not fail the run;
+# the benchmarks of optional components (images, MPI) are skipped when the component is absent.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -38,7 +38,7 @@ while (($#)); do
     --host-gemm) host_gemm=$2; shift ;;
     --openblas-coretype) coretype=$2; shift ;;
     --out) out=$2; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -57,8 +57,8 @@ log() { echo "[run.sh $(($(date +%s) - start))s] $*" >&2; }
 
 # run NAME CMD...: runs CMD with stdout+stderr in $results/NAME.log, and records the command, its
 # exit status and its wall seconds in $results/commands.tsv. A failed build_* or ours_* step is
-# added to `failed`, but for those of optional components (the image benchmarks, the MPI lines);
-# the peers' steps fail softly too: their cells say so.
+# added to `failed` (but for build_images: the image component is optional); the peers' steps
+# fail softly: their cells say so.
 failed=()
 run() {
   local name=$1; shift
@@ -73,7 +73,7 @@ run() {
   if ((rc != 0)); then
     log "$name: exit status $rc (see $results/$name.log)"
     case $name in
-      build_images | ours_images* | ours_*_mpi) ;;  # optional components (libpng and libjpeg, MPI): their cells say why
+      build_images) ;;  # the image component may be absent (its steps are then skipped, below)
       build* | ours_*) failed+=("$name") ;;
     esac
   fi
@@ -149,13 +149,21 @@ run ours_step "$b/bench_step" "${step_args[@]}"
 run ours_update "$b/bench_update"
 run ours_conv "$b/bench_conv" --only-step --steps "$conv_steps"
 run ours_scaling "$b/bench_scaling"
-run ours_scaling_mpi mpirun "${mpi_env[@]}" -np 2 "$b/bench_scaling"
+# The MPI lines and the image benchmark need optional components: without them their steps are
+# skipped (their cells say "not run"); with them a failure fails the run like any other.
+have_mpi=0; command -v mpirun >/dev/null 2>&1 && have_mpi=1
+((have_mpi)) || log "ours_*_mpi skipped: no mpirun (Debian's openmpi-bin)"
+((have_mpi)) && run ours_scaling_mpi mpirun "${mpi_env[@]}" -np 2 "$b/bench_scaling"
 run ours_allreduce "$b/bench_allreduce"
-run ours_allreduce_mpi mpirun "${mpi_env[@]}" -np 2 "$b/bench_allreduce"
+((have_mpi)) && run ours_allreduce_mpi mpirun "${mpi_env[@]}" -np 2 "$b/bench_allreduce"
 run ours_pipeline "$b/bench_pipeline" --epochs "$pipe_epochs"
 images_dir=$build/bench-images
-run ours_images_write "$b/bench_images" --write "$images_dir"
-run ours_images "$b/bench_images" --dir "$images_dir" --epochs "$pipe_epochs"
+if [ -x "$b/bench_images" ]; then
+  run ours_images_write "$b/bench_images" --write "$images_dir"
+  run ours_images "$b/bench_images" --dir "$images_dir" --epochs "$pipe_epochs"
+else
+  log "ours_images skipped: bench_images was not built (the image component needs libpng and libjpeg-turbo)"
+fi
 run ours_mainjob "$build/examples/fashion_mnist" --quiet --epochs "$epochs"
 run ours_mainjob_unsharded "$build/examples/fashion_mnist" --quiet --epochs "$epochs" --no-shard-optimizer
 run ours_cnn_epoch "$build/examples/fashion_mnist" --quiet --model cnn --epochs 1 --batch 128

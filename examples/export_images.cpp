@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     std::fputs(usage, stdout);
     return 0;
   }
-  if (argc < 2 || argc > 4 || argv[1][0] == '-') {  // OUT is a directory, not an option
+  if (argc < 2 || argc > 4 || argv[1][0] == '-' || argv[1][0] == '\0') {  // OUT is a directory, not an option
     std::fputs(usage, stderr);
     return 2;
   }

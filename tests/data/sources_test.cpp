@@ -276,7 +276,13 @@ TEST_CASE("csv: malformed rows raise data_error naming file, line and column") {
       {" 1 2\n", {.delimiter = ' '}, ":1:1: missing value (empty field)"},
       {"1\t\t2\n", {.delimiter = '\t'}, ":1:2: missing value (empty field)"},
       // ... and a row whose last field is empty where the others have one is a row too short
-      {"1\t2\t3\n4\t5\t\n", {.delimiter = '\t'}, ":2:3: missing field"},
+      {"1\t2\t3\n4\t5\t\n", {.delimiter = '\t'}, ":2:3: missing field: expected 3 fields (as the first data row, line 1)"},
+      {"1\t2\t\n3\t4\t5\n", {.delimiter = '\t'}, ":2:3: extra field: expected 2 fields (as the first data row, line 1)"},
+      // a row of tabs under a tab delimiter is a row of empty fields, not a blank line
+      {"1\t2\n\t\n", {.delimiter = '\t'}, ":2:1: missing value (empty field)"},
+      {"1\t2\n\t \t\r\n3\t4\n", {.delimiter = '\t'}, ":2:1: missing value (empty field)"},
+      // two spaces make an empty field under a space delimiter
+      {"1  2\n", {.delimiter = ' '}, ":1:2: missing value (empty field)"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.text);
@@ -324,9 +330,9 @@ TEST_CASE("csv: a column number far beyond the file is refused naming the option
 TEST_CASE("csv: spaces and tabs around a field, CRLF and blank lines are accepted") {
   temp_dir dir;
   const std::string p = dir.file("t.tsv");
-  // Spaces and tabs around a field and at the end of a line, CRLF and blank lines (spaces and
-  // tabs only) are accepted.
-  std::ofstream(p) << "1\t 2 \t\r\n \n\t\n3 \t4\n";
+  // Spaces and tabs around a field and at the end of a line, CRLF and blank lines (spaces only,
+  // or spaces and tabs where the delimiter is not a tab) are accepted.
+  std::ofstream(p) << "1\t 2 \t\r\n \n  \r\n3 \t4\n";
   std::vector<ld::owned_sample> rows;
   for (auto&& s : ld::csv(p, {.delimiter = '\t'}).epoch()) rows.emplace_back(s);
   REQUIRE(rows.size() == 2);

@@ -157,10 +157,12 @@ inline std::string read_text_file(const std::string& path, const char* who) {
 
 /// Reads a numeric CSV file into a dataset of float samples: labels from `label_column`,
 /// regression targets from `target_columns` (in that order), features from every other column.
-/// Blank lines (only spaces and tabs) are skipped; every other line must have the same number of
-/// fields as the first data line. Spaces and tabs around a field are ignored and so are those at
-/// the end of a line (a line ends in LF or CRLF), so with a tab or space delimiter a line starting
-/// with one has an empty first field (an error), and one ending with one has no empty last field.
+/// Blank lines (only spaces and tabs, without the delimiter unless it is a space) are skipped; every
+/// other line must have the same number of fields as the first data line. Spaces and tabs around a
+/// field are ignored and so are those at the end of a line (a line ends in LF or CRLF), so with a
+/// tab or space delimiter a line starting with the delimiter has an empty first field (an error),
+/// and one ending with it has no empty last field; two delimiters in a row make an empty field (an
+/// error: aligned space-separated columns are not read).
 /// A number is anything std::from_chars reads as a finite value in float range (a leading '+' is
 /// allowed), rounded to the nearest float; values too close to zero become zero or a subnormal.
 /// @throws data_error "file:line:column: what" (the column counted from 1) for a missing, empty,
@@ -208,6 +210,7 @@ inline dataset<sample> csv(const std::string& path, const csv_options& options =
     if (slot_of(c) >= 0) return " (target column " + std::to_string(c) + ", counted from 0)";
     return std::string();
   };
+  std::size_t first_line = 0;  // the line of the first data row, which sets the number of fields
   std::vector<float> row, targets(target_width);
   while (pos < text.size()) {
     std::size_t eol = text.find('\n', pos);
@@ -219,8 +222,12 @@ inline dataset<sample> csv(const std::string& path, const csv_options& options =
     // separated output often ends its lines with one); those at its start stay, so a tab or space
     // delimiter keeps an empty first field (the columns would shift). Spaces and tabs around each
     // field are trimmed after the split.
+    // Blank: only spaces and tabs, and no delimiter (a line of tabs under a tab delimiter is a row
+    // of empty fields, refused below, not nothing); a space delimiter's lines of spaces are blank.
+    const bool blank =
+        detail::trim(line).empty() && (options.delimiter == ' ' || line.find(options.delimiter) == std::string_view::npos);
     while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.remove_suffix(1);
-    if (detail::trim(line).empty()) continue;  // blank: only spaces and tabs
+    if (blank) continue;
     if (header_pending) {
       header_pending = false;
       continue;
@@ -257,6 +264,7 @@ inline dataset<sample> csv(const std::string& path, const csv_options& options =
     }
     if (columns == 0) {
       columns = column;
+      first_line = line_no;
       const auto missing = [&](const std::string& what) {
         fail(0, what + " does not exist: columns are counted from 0, and the row has " + std::to_string(columns) +
                     " field" + (columns == 1 ? "" : "s") + " (columns 0 to " + std::to_string(columns - 1) + ")");
@@ -269,10 +277,9 @@ inline dataset<sample> csv(const std::string& path, const csv_options& options =
       t->target_width = target_width;
     } else if (column != columns) {
       fail(column < columns ? column + 1 : columns + 1,
-           column < columns ? "missing field: expected " + std::to_string(columns) + " fields, found " +
-                                  std::to_string(column)
-                            : "extra field: expected " + std::to_string(columns) + " fields, found " +
-                                  std::to_string(column));
+           (column < columns ? "missing field: expected " : "extra field: expected ") + std::to_string(columns) +
+               " fields (as the first data row, line " + std::to_string(first_line) + "), found " +
+               std::to_string(column));
     }
     t->values.insert(t->values.end(), row.begin(), row.end());
     t->targets.insert(t->targets.end(), targets.begin(), targets.end());

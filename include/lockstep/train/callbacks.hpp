@@ -217,8 +217,8 @@ inline void check_monitored(monitored m, const epoch_stats& s) {
 /// min_delta for `patience` epochs in a row. A NaN metric never counts as an improvement (a
 /// diverged loss, or an epoch whose updates the non-finite guard all skipped); a metric the epoch
 /// could not measure (a validation metric without validation data, an accuracy without labels)
-/// raises config_error at the end of the first epoch that could measure it (the first, unless
-/// every update of it was skipped). Its
+/// raises config_error at the first epoch's end (for train_accuracy, the first epoch with an
+/// applied update). Its
 /// state (best value, epochs without improvement) is saved in checkpoints, so a resumed run
 /// stops at the same epoch as an uninterrupted one, and forgotten when a fit starts (train_begin),
 /// so the same callback given to another fit starts afresh, as Keras's does.
