@@ -102,17 +102,19 @@ TEST_CASE("resume: a pipeline that gives other batches than those consumed befor
   // never, silently. The same data_seed (the option is the user's record, not the pipeline's).
   const auto dir = temp_dir("pipe");
   (void)train_to<two>(3, dir);  // 3 of epoch 0's 6 batches consumed
-  const auto resumed = [&](auto data) {
+  // A run resumed from checkpoint directory `from` with the pipeline `data`.
+  const auto resumed_from = [&](const fs::path& from, auto data) {
     two s;
     auto m = s.replicate<net>(ls::seed{21});
     return ls::fit(s, m, optimizer, ls::softmax_cross_entropy{}, data,
                    {.epochs = 1000,
                     .callbacks = {ls::lr_schedule(ls::cosine_schedule{.total = 40, .min_lr = 1e-4f})},
                     .quiet = true,
-                    .checkpoint_dir = dir.string(),
+                    .checkpoint_dir = from.string(),
                     .resume = true,
                     .max_steps = 4});
   };
+  const auto resumed = [&](auto data) { return resumed_from(dir, data); };
   for (const std::size_t other_batch : {std::size_t{4}, std::size_t{9}}) {
     CAPTURE(other_batch);
     CHECK_THROWS_WITH_AS(
@@ -136,18 +138,7 @@ TEST_CASE("resume: a pipeline that gives other batches than those consumed befor
   st.consumed_rows_hash.reset();
   ls::save_checkpoint(*newest, st);
   CHECK(!ls::load_checkpoint(*newest).consumed_rows_hash.has_value());
-  {
-    two s;
-    auto m = s.replicate<net>(ls::seed{21});
-    const auto h = ls::fit(s, m, optimizer, ls::softmax_cross_entropy{}, pipeline(samples, 4),
-                           {.epochs = 1000,
-                            .callbacks = {ls::lr_schedule(ls::cosine_schedule{.total = 40, .min_lr = 1e-4f})},
-                            .quiet = true,
-                            .checkpoint_dir = by_hand.string(),
-                            .resume = true,
-                            .max_steps = 4});
-    CHECK(h.resumed_from_step == 3);
-  }
+  CHECK(resumed_from(by_hand, pipeline(samples, 4)).resumed_from_step == 3);
   fs::remove_all(by_hand);
   // A run resumed mid-epoch records the skipped batches too: resumed again in the same epoch, it
   // continues to the uninterrupted result.
