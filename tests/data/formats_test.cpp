@@ -1,5 +1,5 @@
 // The index-first file formats of the core: tar archives read by offset (ustar, GNU long names,
-// pax) grouped as WebDataset samples, and memory-mapped .npy arrays; every malformed input is a
+// pax) grouped as WebDataset samples, and .npy arrays; every malformed input is a
 // data_error naming the file and where.
 #include <doctest/doctest.h>
 
@@ -207,6 +207,14 @@ TEST_CASE("npy: rows and labels, uint8 and float32, versions 1 and 2, served lik
     CHECK(sh.features[12 + 1 * 4 + 1 * 2 + 0] == static_cast<float>(pix[12 + (1 * 2 + 1) * 3 + 1]));
   }
   CHECK_THROWS_AS(ld::npy(x, y, {.layout = ld::npy_layout::chw}), lockstep::config_error);  // rank 3
+  // As (N, C, H, W) = (23, 3, 2, 2): the features, channels-first, are the file's bytes.
+  const auto xc = s.write("xc.npy", npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (23, 3, 2, 2), }", pix));
+  for (auto&& d : (ld::npy(xc, y, {.layout = ld::npy_layout::chw}) | ld::batched(23) | ld::shard_batches(1)).epoch(0)) {
+    const ld::shard& sh = d.shards[0];
+    REQUIRE(sh.width == 12);
+    REQUIRE(sh.size == n);
+    for (std::size_t i = 0; i < n * 12; ++i) CHECK(sh.features[i] == static_cast<float>(pix[i]));
+  }
 }
 
 TEST_CASE("npy: malformed files are refused naming the file and offset") {
@@ -236,6 +244,53 @@ TEST_CASE("npy: malformed files are refused naming the file and offset") {
   CHECK(labels("{'descr': '|u1', 'fortran_order': False, 'shape': (3,), }", {1, 2, 3}).find("3 labels") != std::string::npos);
   CHECK(labels("{'descr': '|i1', 'fortran_order': False, 'shape': (4,), }", {1, 2, 0xff, 3}).find("label 2 is negative") != std::string::npos);
   CHECK(labels("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", four).find("must be integers") != std::string::npos);
+}
+
+TEST_CASE("npy: a file that shrinks after it was opened fails the load of a lost row, naming the file, row and offset") {
+  scratch s;
+  const std::size_t n = 23;
+  std::vector<std::uint8_t> pix(n * 12);
+  for (std::size_t i = 0; i < pix.size(); ++i) pix[i] = static_cast<std::uint8_t>(i * 7);
+  std::vector<float> fl(n * 3);
+  for (std::size_t i = 0; i < fl.size(); ++i) fl[i] = static_cast<float>(i) * 0.5f - 7;
+  struct kind {
+    std::string name;                // file name
+    std::vector<std::uint8_t> file;  // its bytes
+    ld::npy_layout layout;           // how its rows are read
+    std::size_t row_bytes;           // bytes per row
+  };
+  const std::vector<kind> kinds{
+      {"rows.npy", npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (23, 12), }", pix), ld::npy_layout::rows, 12},
+      {"floats.npy", npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (23, 3), }", raw(fl), 2), ld::npy_layout::rows, 12},
+      {"chw.npy", npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (23, 3, 2, 2), }", pix), ld::npy_layout::chw, 12},
+      {"hwc.npy", npy_file("{'descr': '|u1', 'fortran_order': False, 'shape': (23, 2, 2, 3), }", pix), ld::npy_layout::hwc, 12}};
+  for (const kind& k : kinds)
+    for (const std::size_t cut : {std::size_t{0}, std::size_t{5}, std::size_t{11}}) {
+      CAPTURE(k.name);
+      CAPTURE(cut);
+      const std::string path = s.write(k.name, k.file);
+      const auto rows = ld::npy(path, {.layout = k.layout, .load = {.threads = 1}});  // opened whole
+      const std::size_t header = k.file.size() - n * k.row_bytes;
+      fs::resize_file(path, header + 10 * k.row_bytes + cut);  // rows 0-9 stay, row 10 loses 12 - cut bytes
+      std::size_t seen = 0;
+      const auto m = message_of([&] {
+        for (auto&& b : (rows | ld::batched(1) | ld::shard_batches(1)).epoch(0)) seen += b.shards[0].size;
+      });
+      CHECK(seen == 10);
+      CHECK(m.find(path) != std::string::npos);
+      CHECK(m.find("byte offset " + std::to_string(header + 10 * k.row_bytes)) != std::string::npos);
+      CHECK(m.find("row 10 is truncated (" + std::to_string(cut) + " of 12 bytes)") != std::string::npos);
+      CHECK(m.find("shrunk since it was opened") != std::string::npos);
+    }
+  // A header longer than the first read (4096 bytes) is read whole.
+  std::string dict = "{'descr': '|u1', 'fortran_order': False, 'shape': (23, 12), ";
+  dict.append(5000, ' ');
+  dict += "}";
+  std::vector<float> seen;
+  for (auto&& b : (ld::npy(s.write("long.npy", npy_file(dict, pix, 2))) | ld::batched(23) | ld::shard_batches(1)).epoch(0))
+    seen.assign(b.shards[0].features, b.shards[0].features + n * 12);
+  REQUIRE(seen.size() == pix.size());
+  for (std::size_t i = 0; i < pix.size(); ++i) CHECK(seen[i] == static_cast<float>(pix[i]));
 }
 
 TEST_CASE("tar: a lone zero block, an extended header without its member and a sparse member are refused") {

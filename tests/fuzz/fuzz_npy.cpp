@@ -1,7 +1,7 @@
 // libFuzzer harness: lockstep::data::npy over a features file and, when the flags say so, a labels
 // file (split as common.hpp's npy_input says), as rows or as HWC/CHW images, through one epoch of
-// an index-first pipeline cut for one of two workers, so every row a worker keeps is copied out
-// of the memory mapping. Only lockstep::error may escape.
+// an index-first pipeline cut for one of two workers, so every row a worker keeps is read from
+// the file. Only lockstep::error may escape.
 #include <cstddef>
 #include <cstdint>
 

@@ -1,7 +1,7 @@
 #pragma once
 /// @file indexed.hpp
 /// Index first, decode after the shard. An index-first source (an image folder, tar shards, a
-/// memory-mapped .npy, or any `sample_source`) yields `sample_ref`s: a dataset index, a label when
+/// .npy array, or any `sample_source`) yields `sample_ref`s: a dataset index, a label when
 /// the index knows it, and how to load the sample. Shuffling, batching and the cut into shards work
 /// on these references only; `batched` turns them into `index_batch`es, which hold the indices of
 /// the global batch and decode nothing. When a batch is cut into shards — by `fit` (through

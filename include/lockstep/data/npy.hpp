@@ -1,12 +1,13 @@
 #pragma once
 /// @file npy.hpp
-/// NumPy `.npy` arrays as an index-first source, memory-mapped: `npy(features, labels)` reads
-/// the headers, maps the files, and each load copies one row out of the mapping, so a worker
-/// touches only the pages of its own rows. Features are uint8 or float32 (little-endian, C order)
+/// NumPy `.npy` arrays as an index-first source: `npy(features, labels)` reads the headers and
+/// the labels, keeps the features file open, and each load reads one row with pread, so a worker
+/// touches only the bytes of its own rows. Features are uint8 or float32 (little-endian, C order)
 /// of shape (N, ...); labels an integer array of shape (N,). Every header is untrusted: the
-/// declared shape is checked against the file's size before anything is mapped.
+/// declared shape is checked against the file's size before any row is read, and a file that
+/// shrinks afterwards makes the load of a row past its new end a data_error (a memory mapping would
+/// have died of SIGBUS there).
 
-#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -201,33 +202,55 @@ inline npy_header parse_npy_header(const std::uint8_t* head, std::size_t n, std:
 
 namespace detail {
 
-/// A read-only memory mapping of a whole file.
-class mapped_file {
+/// A regular file opened for positional reads (pread), with its size when it was opened.
+class npy_file {
 public:
-  mapped_file() = default;
-  explicit mapped_file(const std::string& path) {
-    file_handle fd = open_read(path, "npy");
+  npy_file() = default;
+  /// Opens `path`, refusing what is not a regular file.
+  explicit npy_file(const std::string& path) : path_(path), fd_(open_read(path, "npy")) {
     struct stat st {};
-    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) throw data_error("lockstep::data::npy: " + path + ": not a regular file");
-    size_ = static_cast<std::size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-      if (p == MAP_FAILED)
-        throw data_error("lockstep::data::npy: " + path + ": cannot map the file (" + std::strerror(errno) + ")");
-      data_ = static_cast<const std::uint8_t*>(p);
+    if (::fstat(fd_.get(), &st) != 0 || !S_ISREG(st.st_mode))
+      throw data_error("lockstep::data::npy: " + path + ": not a regular file");
+    size_ = static_cast<std::uint64_t>(st.st_size);
+  }
+  /// Reads n bytes at offset `at` into dst: `what` (with its `index` unless npos) of the file.
+  /// @throws data_error naming the file, the offset and what: a read error, or fewer bytes than
+  ///         asked (the file has shrunk since it was opened).
+  void read(void* dst, std::size_t n, std::uint64_t at, const char* what_, std::uint64_t index = npos) const {
+    const std::size_t got = pread_full(fd_.get(), dst, n, at);
+    if (got == n) return;
+    const std::string what = index == npos ? std::string(what_) : what_ + (" " + std::to_string(index));
+    const std::string head = "lockstep::data::npy: " + path_ + ": byte offset " + std::to_string(at) + ": ";
+    if (got == static_cast<std::size_t>(-1)) throw data_error(head + "cannot read " + what + " (" + std::strerror(errno) + ")");
+    throw data_error(head + what + " is truncated (" + std::to_string(got) + " of " + std::to_string(n) +
+                     " bytes): the file has shrunk since it was opened");
+  }
+  /// The file's first bytes: the whole header when the file holds it (at most the header's
+  /// 1 MiB limit), else as many bytes as parse_npy_header needs to say what is wrong.
+  [[nodiscard]] std::vector<std::uint8_t> head() const {
+    constexpr std::uint64_t probe = 4096, limit = 12 + (std::uint64_t{1} << 20);
+    std::vector<std::uint8_t> h(static_cast<std::size_t>(std::min(size_, probe)));
+    read(h.data(), h.size(), 0, "the header");
+    if (h.size() >= 12 && h[6] >= 1 && h[6] <= 3) {
+      const std::uint64_t end = h[6] == 1 ? 10 + (std::uint64_t{h[8]} | (std::uint64_t{h[9]} << 8))
+                                          : 12 + (std::uint64_t{h[8]} | (std::uint64_t{h[9]} << 8) |
+                                                  (std::uint64_t{h[10]} << 16) | (std::uint64_t{h[11]} << 24));
+      if (end > h.size() && end <= limit) {
+        h.resize(static_cast<std::size_t>(std::min(end, size_)));
+        read(h.data(), h.size(), 0, "the header");
+      }
     }
+    return h;
   }
-  mapped_file(const mapped_file&) = delete;
-  mapped_file& operator=(const mapped_file&) = delete;
-  ~mapped_file() {
-    if (data_) ::munmap(const_cast<std::uint8_t*>(data_), size_);
-  }
-  [[nodiscard]] const std::uint8_t* data() const noexcept { return data_; }
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// The file's size when it was opened.
+  [[nodiscard]] std::uint64_t size() const noexcept { return size_; }
+  /// read()'s "no index".
+  static constexpr std::uint64_t npos = ~std::uint64_t{0};
 
 private:
-  const std::uint8_t* data_ = nullptr;
-  std::size_t size_ = 0;
+  std::string path_;
+  file_handle fd_;
+  std::uint64_t size_ = 0;
 };
 
 }  // namespace detail
@@ -248,10 +271,11 @@ struct npy_options {
 /// The .npy source (see npy()).
 class npy_source final : public sample_source {
 public:
-  /// Maps `features` (and `labels`, unless empty) and checks them.
+  /// Opens `features` (and reads `labels`, unless empty) and checks them.
   npy_source(std::string features, std::string labels, const npy_options& o)
-      : path_(std::move(features)), labels_path_(std::move(labels)), map_(path_), layout_(o.layout) {
-    header_ = parse_npy_header(map_.data(), map_.size(), map_.size(), path_);
+      : path_(std::move(features)), labels_path_(std::move(labels)), file_(path_), layout_(o.layout) {
+    const std::vector<std::uint8_t> head = file_.head();
+    header_ = parse_npy_header(head.data(), head.size(), file_.size(), path_);
     if (!((header_.kind == 'u' && header_.item_size == 1) || (header_.kind == 'f' && header_.item_size == 4)))
       throw data_error("lockstep::data::npy: " + path_ + ": features of dtype " + std::string(1, header_.kind) +
                        std::to_string(header_.item_size) + " are not supported: use uint8 or float32 "
@@ -288,14 +312,14 @@ public:
   std::optional<std::pair<std::uint32_t, std::uint32_t>> fixed_size() const override {
     return std::pair{static_cast<std::uint32_t>(h_), static_cast<std::uint32_t>(w_)};
   }
-  void load(std::uint64_t i, const region_planner& regions, decoded_sample& out, load_scratch&) const override {
+  void load(std::uint64_t i, const region_planner& regions, decoded_sample& out, load_scratch& scratch) const override {
     pipeline_counters& k = counters();
     const auto t0 = std::chrono::steady_clock::now();
     const std::size_t bytes = width_ * header_.item_size;
-    const std::uint8_t* row = map_.data() + header_.data_offset + i * bytes;
+    const std::uint64_t at = header_.data_offset + i * bytes;
     if (header_.kind == 'f') {
       out.values.resize(width_);
-      std::memcpy(out.values.data(), row, bytes);
+      file_.read(out.values.data(), bytes, at, "row", i);
       out.channels = 1;
       out.height = 1;
       out.width = static_cast<std::uint32_t>(width_);
@@ -307,11 +331,14 @@ public:
       out.region = {0, 0, out.width, out.height};
       out.pixels.resize(bytes);
       if (layout_ == npy_layout::chw && c_ > 1) {
+        scratch.bytes.resize(bytes);
+        file_.read(scratch.bytes.data(), bytes, at, "row", i);
+        const std::uint8_t* row = scratch.bytes.data();
         const std::size_t plane = h_ * w_;
         for (std::size_t p = 0; p < plane; ++p)
           for (std::size_t c = 0; c < c_; ++c) out.pixels[p * c_ + c] = row[c * plane + p];
       } else {
-        std::memcpy(out.pixels.data(), row, bytes);
+        file_.read(out.pixels.data(), bytes, at, "row", i);
       }
     }
     k.bytes_read += bytes;
@@ -325,8 +352,9 @@ public:
 
 private:
   void read_labels() {
-    detail::mapped_file m(labels_path_);
-    const npy_header h = parse_npy_header(m.data(), m.size(), m.size(), labels_path_);
+    const detail::npy_file f(labels_path_);
+    const std::vector<std::uint8_t> head = f.head();
+    const npy_header h = parse_npy_header(head.data(), head.size(), f.size(), labels_path_);
     if ((h.kind != 'i' && h.kind != 'u') || (h.item_size != 1 && h.item_size != 2 && h.item_size != 4 && h.item_size != 8))
       throw data_error("lockstep::data::npy: " + labels_path_ + ": labels must be integers (int8..int64, uint8..uint64)");
     if (h.shape.size() != 1 || h.shape[0] != rows_)
@@ -334,8 +362,16 @@ private:
                        " labels in an array of rank " + std::to_string(h.shape.size()) + " for the " +
                        std::to_string(rows_) + " rows of " + path_ + " (need shape (" + std::to_string(rows_) + ",))");
     labels_.resize(static_cast<std::size_t>(rows_));
-    const std::uint8_t* p = m.data() + h.data_offset;
+    // Read in blocks (the size was checked against the file's, so the labels exist).
+    std::vector<std::uint8_t> block(std::min<std::size_t>(labels_.size() * h.item_size, 65536));
+    const std::size_t per_block = block.size() / h.item_size;
+    const std::uint8_t* p = block.data();
     for (std::size_t i = 0; i < labels_.size(); ++i, p += h.item_size) {
+      if (i % per_block == 0) {
+        const std::size_t n = std::min(per_block, labels_.size() - i) * h.item_size;
+        f.read(block.data(), n, h.data_offset + i * h.item_size, "label", i);
+        p = block.data();
+      }
       std::uint64_t u = 0;
       std::memcpy(&u, p, h.item_size);  // little-endian host (x86, arm64)
       std::int64_t v = 0;
@@ -354,7 +390,7 @@ private:
   }
 
   std::string path_, labels_path_;
-  detail::mapped_file map_;
+  detail::npy_file file_;
   npy_layout layout_;
   npy_header header_;
   std::uint64_t rows_ = 0;
@@ -362,8 +398,8 @@ private:
   std::vector<std::int32_t> labels_;
 };
 
-/// Unlabelled rows of a .npy file (uint8 or float32), index-first: each row is copied out of the
-/// memory mapping when its batch is cut. @throws data_error as parse_npy_header.
+/// Unlabelled rows of a .npy file (uint8 or float32), index-first: each row is read from the
+/// file when its batch is cut. @throws data_error as parse_npy_header.
 inline indexed_dataset npy(const std::string& features, const npy_options& o = {}) {
   return indexed_dataset(std::make_shared<npy_source>(features, "", o), o.load);
 }
