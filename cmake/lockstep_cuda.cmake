@@ -12,31 +12,31 @@ if(NOT LOCKSTEP_CUDA STREQUAL "OFF")
 endif()
 # LOCKSTEP_CUDA_STATIC_RUNTIME: link the CUDA runtime statically (libcudart_static.a) into programs
 # using lockstep::cuda, so that they need only the driver, cuBLAS and NCCL at run time.
-option(LOCKSTEP_CUDA_STATIC_RUNTIME "Link lockstep::cuda programs with the static CUDA runtime" OFF)
+# The installed package sets it to the value lockstep was installed with, unless the consumer does.
+if(NOT DEFINED LOCKSTEP_CUDA_STATIC_RUNTIME)
+  option(LOCKSTEP_CUDA_STATIC_RUNTIME "Link lockstep::cuda programs with the static CUDA runtime" OFF)
+endif()
+# Both components are imported targets, in lockstep's build tree as in the installed package, so a
+# consumer's own install(EXPORT) of a target that links them is accepted.
 if(LOCKSTEP_HAS_CUDA AND NOT TARGET lockstep::cuda)
-  add_library(lockstep_cuda INTERFACE)
-  add_library(lockstep::cuda ALIAS lockstep_cuda)
+  add_library(lockstep::cuda INTERFACE IMPORTED)
   if(LOCKSTEP_CUDA_STATIC_RUNTIME)
-    target_link_libraries(lockstep_cuda INTERFACE lockstep::lockstep CUDA::cudart_static CUDA::cublas CUDA::cublasLt)
+    target_link_libraries(lockstep::cuda INTERFACE lockstep::lockstep CUDA::cudart_static CUDA::cublas CUDA::cublasLt)
   else()
-    target_link_libraries(lockstep_cuda INTERFACE lockstep::lockstep CUDA::cudart CUDA::cublas CUDA::cublasLt)
+    target_link_libraries(lockstep::cuda INTERFACE lockstep::lockstep CUDA::cudart CUDA::cublas CUDA::cublasLt)
   endif()
-  target_compile_definitions(lockstep_cuda INTERFACE LOCKSTEP_HAS_CUDA=1)
+  target_compile_definitions(lockstep::cuda INTERFACE LOCKSTEP_HAS_CUDA=1)
+  # Flags every CUDA translation unit that uses lockstep needs: C++20 (passed directly, since
+  # CMake 3.25 does not know nvcc 13's C++20 dialect), constexpr functions and lambdas in device code.
+  target_compile_options(lockstep::cuda INTERFACE
+    $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr --extended-lambda>)
   find_package(NCCL QUIET)
   if(NCCL_FOUND)
     set(LOCKSTEP_HAS_NCCL ON)
-    add_library(lockstep_nccl INTERFACE)
-    add_library(lockstep::nccl ALIAS lockstep_nccl)
-    target_link_libraries(lockstep_nccl INTERFACE lockstep_cuda NCCL::NCCL)
-    target_compile_definitions(lockstep_nccl INTERFACE LOCKSTEP_HAS_NCCL=1)
+    add_library(lockstep::nccl INTERFACE IMPORTED)
+    target_link_libraries(lockstep::nccl INTERFACE lockstep::cuda NCCL::NCCL)
+    target_compile_definitions(lockstep::nccl INTERFACE LOCKSTEP_HAS_NCCL=1)
   endif()
-endif()
-
-# Flags every CUDA translation unit that uses lockstep needs: C++20 (passed directly, since
-# CMake 3.25 does not know nvcc 13's C++20 dialect), constexpr functions and lambdas in device code.
-if(TARGET lockstep_cuda)
-  target_compile_options(lockstep_cuda INTERFACE
-    $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr --extended-lambda>)
 endif()
 
 # lockstep_enable_cuda_language(): enables the CUDA language for the directory that calls it (only

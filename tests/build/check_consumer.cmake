@@ -3,8 +3,10 @@
 #         [-DGENERATOR=...] [-DCXX_COMPILER=...] [-DLOCKSTEP_CUDA=AUTO|ON|OFF]
 #         [-DLOCKSTEP_HOST_GEMM=openblas|onednn] [-DEXPECTED_DEFAULT_GEMM=openblas|onednn]
 #         -P check_consumer.cmake
-# MODE=install: configures lockstep with its tests, examples and benchmarks off, installs it into
-# WORK_DIR/prefix, and builds the consumer with find_package(lockstep).
+# MODE=install: configures lockstep with its tests, examples and benchmarks off and the static CUDA
+# runtime, installs it into WORK_DIR/prefix, checks that the package records that runtime, and
+# builds the consumer with find_package(lockstep) (which, with the CUDA toolkit, exports a target
+# linking lockstep::cuda).
 # MODE=subdirectory: builds the consumer with add_subdirectory(<lockstep source>).
 # MODE=defaults: installs lockstep as MODE=install does, then configures the CMakeLists.txt that
 # docs/getting-started.md shows (tests/build/getting_started, around examples/getting_started.cpp)
@@ -64,9 +66,13 @@ file(MAKE_DIRECTORY ${WORK_DIR})
 
 if(MODE STREQUAL "install" OR MODE STREQUAL "defaults")
   set(_prefix ${WORK_DIR}/prefix)
+  set(_runtime_option)
+  if(MODE STREQUAL "install")
+    set(_runtime_option -DLOCKSTEP_CUDA_STATIC_RUNTIME=ON)
+  endif()
   run_step("configure lockstep" ${CMAKE_COMMAND} -S ${LOCKSTEP_SOURCE_DIR} -B ${WORK_DIR}/lockstep ${_common}
            -DLOCKSTEP_BUILD_TESTS=OFF -DLOCKSTEP_BUILD_EXAMPLES=OFF -DLOCKSTEP_BUILD_BENCHMARKS=OFF
-           -DCMAKE_INSTALL_PREFIX=${_prefix})
+           -DCMAKE_INSTALL_PREFIX=${_prefix} ${_runtime_option})
   run_step("build lockstep" ${CMAKE_COMMAND} --build ${WORK_DIR}/lockstep)
   run_step("install lockstep" ${CMAKE_COMMAND} --install ${WORK_DIR}/lockstep --prefix ${_prefix})
   foreach(_file include/lockstep/lockstep.hpp share/cmake/lockstep/lockstepConfig.cmake
@@ -80,7 +86,14 @@ if(MODE STREQUAL "install" OR MODE STREQUAL "defaults")
   if(NOT _recorded STREQUAL "set(_lockstep_host_gemm \"${_recorded_gemm}\")")
     message(FATAL_ERROR "the installed lockstepConfig.cmake records '${_recorded}', expected the host GEMM ${_recorded_gemm}")
   endif()
-  set(_consumer_options -DCMAKE_PREFIX_PATH=${_prefix})
+  # The package records the CUDA runtime too (installed here with the static one, not the default).
+  if(MODE STREQUAL "install")
+    file(STRINGS ${_prefix}/share/cmake/lockstep/lockstepConfig.cmake _recorded REGEX "^  set\\(LOCKSTEP_CUDA_STATIC_RUNTIME ")
+    if(NOT _recorded STREQUAL "  set(LOCKSTEP_CUDA_STATIC_RUNTIME ON)")
+      message(FATAL_ERROR "the installed lockstepConfig.cmake records '${_recorded}', expected LOCKSTEP_CUDA_STATIC_RUNTIME ON")
+    endif()
+  endif()
+  set(_consumer_options -DCMAKE_PREFIX_PATH=${_prefix} -DEXPECT_CUDA_STATIC_RUNTIME=ON)
   if(MODE STREQUAL "defaults")
     include(${CMAKE_CURRENT_LIST_DIR}/check_defaults.cmake)
     return()
