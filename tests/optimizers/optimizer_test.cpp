@@ -278,15 +278,22 @@ TEST_CASE("optimisers refuse hyper-parameters out of range, naming them, before 
   CHECK_NOTHROW(ls::adamw{.beta1 = 0.0f, .beta2 = 0.0f, .eps = 1e-30f, .weight_decay = 0.0f}.check());
   CHECK_NOTHROW(ls::sgd{.momentum = 1.0f}.check());
   // eps 0 divides an untouched parameter's zero moments (0 / 0); momentum above 1 grows geometrically
-  CHECK(config_error_of([] { ls::adam{.eps = 0.0f}.check(); }) == "lockstep::adam: eps must be finite and > 0, got 0.000000");
-  CHECK(config_error_of([] { ls::adamw{.eps = -0.0f}.check(); }).find("eps must be finite and > 0") != std::string::npos);
+  // (a subnormal eps is 0 where denormals are treated as zero, the host replicas' default)
+  const std::string eps_range = "eps must be finite and at least 1.17549435e-38 (the smallest normal float)";
+  CHECK(config_error_of([] { ls::adam{.eps = 0.0f}.check(); }) == "lockstep::adam: " + eps_range + ", got 0");
+  CHECK(config_error_of([] { ls::adamw{.eps = -0.0f}.check(); }).find(eps_range) != std::string::npos);
+  CHECK(config_error_of([] { ls::adamw{.eps = 1e-40f}.check(); }) == "lockstep::adamw: " + eps_range + ", got 9.9999461e-41");
+  CHECK(config_error_of([] { ls::adam{.eps = std::nextafter(std::numeric_limits<float>::min(), 0.0f)}.check(); }).find(eps_range) != std::string::npos);
+  CHECK_NOTHROW(ls::adam{.eps = std::numeric_limits<float>::min()}.check());
+  // A value too small for six decimals is shown as itself, not as "-0.000000".
+  CHECK(config_error_of([] { ls::sgd{.lr = -1e-7f}.check(); }) == "lockstep::sgd: lr must be finite and >= 0, got -1.00000001e-07");
   for (const float bad : {1.0001f, 1.5f, 1e30f}) {
     CAPTURE(bad);
     CHECK(config_error_of([&] { ls::sgd{.momentum = bad}.check(); }).find("momentum must be in [0, 1]") != std::string::npos);
   }
   CHECK_NOTHROW(ls::sgd{.lr = 0.0f, .momentum = 0.9f, .nesterov = true}.check());
-  CHECK(config_error_of([] { ls::adam{.beta2 = 1.0f}.check(); }) == "lockstep::adam: beta2 must be in [0, 1), got 1.000000");
-  CHECK(config_error_of([] { ls::adamw{.beta1 = 1.0f}.check(); }) == "lockstep::adamw: beta1 must be in [0, 1), got 1.000000");
+  CHECK(config_error_of([] { ls::adam{.beta2 = 1.0f}.check(); }) == "lockstep::adam: beta2 must be in [0, 1), got 1");
+  CHECK(config_error_of([] { ls::adamw{.beta1 = 1.0f}.check(); }) == "lockstep::adamw: beta1 must be in [0, 1), got 1");
   for (const float bad : {-0.5f, 1.0f, 1.5f, nan}) {
     CAPTURE(bad);
     CHECK(config_error_of([&] { ls::adam{.beta1 = bad}.check(); }).find("beta1") != std::string::npos);
@@ -359,6 +366,9 @@ TEST_CASE("hyperparameters() tells apart every value other than lr, bit for bit,
   };
   adam_like(ls::adam{});
   adam_like(ls::adamw{});
+  // -0 and +0 update alike: workers holding one and the other agree.
+  CHECK(ls::optimizer_hyperparameters(ls::sgd{.weight_decay = -0.0f}) == ls::optimizer_hyperparameters(ls::sgd{.weight_decay = 0.0f}));
+  CHECK(ls::optimizer_hyperparameters(ls::adamw{.beta1 = -0.0f}) == ls::optimizer_hyperparameters(ls::adamw{.beta1 = 0.0f}));
   // An optimiser without hyperparameters() has nothing to compare.
   CHECK(ls::optimizer_hyperparameters(sign_descent{}).empty());
 }

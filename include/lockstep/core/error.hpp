@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -100,10 +101,18 @@ namespace detail {
 /// decays, which fit, the optimisers, the schedules and the checkpoint reader all check.
 [[nodiscard]] inline bool finite_nonnegative(double v) noexcept { return v >= 0 && std::isfinite(v); }
 
+/// `v` in messages, with 9 significant digits ("-1e-08", not std::to_string's "-0.000000",
+/// which would make a refused value look valid).
+[[nodiscard]] inline std::string option_value(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
 /// Throws config_error "<who>: <what> must be <range>, got <value>" unless `ok` (the range
 /// checks of options: optimisers' hyper-parameters, update_recipe).
 inline void require_option(const char* who, const char* what, double value, bool ok, const char* range) {
-  if (!ok) throw config_error(std::string(who) + ": " + what + " must be " + range + ", got " + std::to_string(value));
+  if (!ok) throw config_error(std::string(who) + ": " + what + " must be " + range + ", got " + option_value(value));
 }
 }  // namespace detail
 

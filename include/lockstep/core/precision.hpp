@@ -78,8 +78,12 @@ constexpr std::string_view precision_name(compute_precision p) noexcept {
 /// double) keeps meaning "every number in that type".
 template <class P>
 struct precision_traits {
-  using value_type = P;                                                   ///< the buffers' element type
-  static constexpr compute_precision precision = compute_precision::fp32;  ///< computes in value_type
+  static_assert(std::is_floating_point_v<P>,
+                "lockstep: replicate<Net, P>: P is a parameter type (float, double) or a precision policy "
+                "(lockstep::fp32, lockstep::tf32, lockstep::mixed<lockstep::bf16>, lockstep::mixed<lockstep::fp16>); "
+                "bf16 and fp16 alone are formats, not policies: write lockstep::mixed<lockstep::bf16>");
+  using value_type = std::conditional_t<std::is_floating_point_v<P>, P, float>;  ///< the buffers' element type
+  static constexpr compute_precision precision = compute_precision::fp32;         ///< computes in value_type
 };
 
 /// The traits of a policy type: fp32 buffers, GEMMs computing in `Precision`.

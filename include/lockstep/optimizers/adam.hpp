@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <string>
 
 #include <lockstep/backend/host/ops.hpp>
@@ -48,20 +49,23 @@ struct adam_op {
 };
 
 /// Throws config_error naming optimiser `name`'s hyper-parameter that is out of range (the
-/// moments' decays in [0, 1), the rate and the decay finite and >= 0, eps finite and > 0).
+/// moments' decays in [0, 1), the rate and the decay finite and >= 0, eps a finite normal number
+/// > 0).
 inline void check_adam(const char* name, float lr, float beta1, float beta2, float eps, float weight_decay) {
   require_option(name, "lr", lr, finite_nonnegative(lr), "finite and >= 0");
   require_option(name, "beta1", beta1, beta1 >= 0.0f && beta1 < 1.0f, "in [0, 1)");
   require_option(name, "beta2", beta2, beta2 >= 0.0f && beta2 < 1.0f, "in [0, 1)");
-  // eps 0 would divide a parameter's zero moments (a gradient of exactly 0 so far) as 0 / 0.
-  require_option(name, "eps", eps, eps > 0.0f && std::isfinite(eps), "finite and > 0");
+  // eps 0 would divide a parameter's zero moments (a gradient of exactly 0 so far) as 0 / 0, and
+  // a subnormal eps is 0 to a replica that treats denormals as zero (the default).
+  require_option(name, "eps", eps, eps >= std::numeric_limits<float>::min() && std::isfinite(eps),
+                 "finite and at least 1.17549435e-38 (the smallest normal float)");
   require_option(name, "weight_decay", weight_decay, finite_nonnegative(weight_decay), "finite and >= 0");
 }
 
 template <class T, class Ctx>
-void adam_update(Ctx& ctx, T* p, const T* g, T* state, std::size_t n, const update_info& u, float beta1, float beta2,
-                 float eps, float l2, float decoupled) {
-  if (u.step == 0) throw config_error("lockstep::adam: update_info::step counts updates from 1, got 0");
+void adam_update(const char* name, Ctx& ctx, T* p, const T* g, T* state, std::size_t n, const update_info& u,
+                 float beta1, float beta2, float eps, float l2, float decoupled) {
+  if (u.step == 0) throw config_error(std::string(name) + ": update_info::step counts updates from 1, got 0");
   const double c1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(u.step));
   const double c2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(u.step));
   const adam_op<T> op{p, g, state, state + n, static_cast<T>(u.lr), static_cast<T>(beta1), static_cast<T>(beta2),
@@ -99,7 +103,7 @@ struct adam {
   /// Applies update number u.step (1-based) to n parameters.
   template <class T, class Ctx>
   void update(Ctx& ctx, T* p, const T* g, T* state, std::size_t n, const update_info& u) const {
-    detail::adam_update(ctx, p, g, state, n, u, beta1, beta2, eps, weight_decay, 0.0f);
+    detail::adam_update("lockstep::adam", ctx, p, g, state, n, u, beta1, beta2, eps, weight_decay, 0.0f);
   }
 };
 
@@ -124,7 +128,7 @@ struct adamw {
   /// Applies update number u.step (1-based) to n parameters.
   template <class T, class Ctx>
   void update(Ctx& ctx, T* p, const T* g, T* state, std::size_t n, const update_info& u) const {
-    detail::adam_update(ctx, p, g, state, n, u, beta1, beta2, eps, 0.0f, weight_decay);
+    detail::adam_update("lockstep::adamw", ctx, p, g, state, n, u, beta1, beta2, eps, 0.0f, weight_decay);
   }
 };
 

@@ -107,10 +107,11 @@ std::string optimizer_hyperparameters(const O& o) {
 }
 
 namespace detail {
-/// The exact bits of `values`, as text (what lockstep's optimisers return from hyperparameters()).
+/// The exact bits of `values`, as text (what lockstep's optimisers return from hyperparameters()),
+/// with -0 read as +0 (they update alike, so workers holding one and the other agree).
 inline std::string hyperparameter_bits(std::initializer_list<float> values) {
   std::string text;
-  for (const float v : values) text += std::to_string(std::bit_cast<std::uint32_t>(v)) + ",";
+  for (const float v : values) text += std::to_string(std::bit_cast<std::uint32_t>(v == 0.0f ? 0.0f : v)) + ",";
   return text;
 }
 }  // namespace detail

@@ -55,7 +55,7 @@ struct step_schedule {
   void check() const {
     if (every == 0) throw config_error("lockstep::step_schedule: `every` must be > 0");
     if (!detail::finite_nonnegative(factor))
-      throw config_error("lockstep::step_schedule: `factor` is " + std::to_string(factor) + "; it must be finite and >= 0");
+      throw config_error("lockstep::step_schedule: `factor` is " + detail::option_value(factor) + "; it must be finite and >= 0");
   }
   /// The rate at `step`. @throws config_error as check() (at every step: a schedule called
   /// directly is refused at its first step, not at the first decay).
@@ -73,7 +73,7 @@ struct cosine_schedule {
   void check() const {
     if (total == 0) throw config_error("lockstep::cosine_schedule: `total` must be > 0");
     if (!detail::finite_nonnegative(min_lr))
-      throw config_error("lockstep::cosine_schedule: `min_lr` is " + std::to_string(min_lr) + "; it must be finite and >= 0");
+      throw config_error("lockstep::cosine_schedule: `min_lr` is " + detail::option_value(min_lr) + "; it must be finite and >= 0");
   }
   /// The rate at `step`. @throws config_error as check() (at every step: a schedule called
   /// directly is refused at its first step, not when the decay reaches the bad field).

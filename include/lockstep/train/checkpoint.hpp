@@ -64,7 +64,7 @@ namespace detail {
 inline float read_rate(io::reader& r, const char* what) {
   const std::size_t at = r.offset();
   const float v = r.get<float>(what);
-  if (!finite_nonnegative(v)) r.fail_at(at, std::string(what) + " is " + std::to_string(v) + ", not a finite value >= 0");
+  if (!finite_nonnegative(v)) r.fail_at(at, std::string(what) + " is " + option_value(v) + ", not a finite value >= 0");
   return v;
 }
 
