@@ -275,6 +275,9 @@ TEST_CASE("augment: bad options are refused when the stage is made or applied") 
   CHECK_THROWS_AS((void)rows_of(two, 0, 1), lockstep::config_error);  // 2 values for 3 channels
   const auto zero = ld::indexed(t, C, H, W) | ld::normalize({0}, {0}) | ld::batched(2);
   CHECK_THROWS_AS((void)rows_of(zero, 0, 1), lockstep::config_error);
+  // A subnormal standard deviation is > 0, and its reciprocal is infinite: every value would be +-inf or NaN.
+  const auto tiny = ld::indexed(t, C, H, W) | ld::normalize({0}, {1e-39f}) | ld::batched(2);
+  CHECK_THROWS_WITH_AS((void)rows_of(tiny, 0, 1), doctest::Contains("whose reciprocal is finite, got 1.00000022e-39"), lockstep::config_error);
   auto f = std::make_shared<ld::table>();
   f->rows = 2;
   f->width = 2;

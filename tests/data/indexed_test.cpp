@@ -316,10 +316,11 @@ TEST_CASE("index-first: a failing sample is reported at its cut, the lowest fail
 namespace {
 
 // A user image source of 4x4 grey images: sample 0 well formed, sample 1 without its pixels,
-// sample 2 with a region past the image's right edge, sample 3 with a row too many.
+// sample 2 with a region past the image's right edge, sample 3 with a row too many, sample 4 with
+// the top half only (a region inside the image, where no stage crops).
 class careless_source final : public ld::sample_source {
 public:
-  std::uint64_t size() const override { return 4; }
+  std::uint64_t size() const override { return 5; }
   std::uint32_t channels() const override { return 1; }
   std::optional<std::pair<std::uint32_t, std::uint32_t>> fixed_size() const override { return std::pair{4u, 4u}; }
   void load(std::uint64_t i, const ld::region_planner& regions, ld::decoded_sample& out, ld::load_scratch&) const override {
@@ -327,6 +328,7 @@ public:
     out.height = out.width = 4;
     out.region = regions.plan(4, 4);
     if (i == 2) out.region = {2, 0, 4, 4};
+    if (i == 4) out.region = {0, 0, 4, 2};
     if (i != 1) out.pixels.assign(std::size_t{out.region.width} * out.region.height + (i == 3 ? 4 : 0), 7);
   }
   std::string name_of(std::uint64_t i) const override { return "careless " + std::to_string(i); }
@@ -347,13 +349,15 @@ TEST_CASE("index-first: a user source's pixels that do not match its region, or 
       errors.emplace_back(e.what());
     }
   }
-  REQUIRE(errors.size() == 4);
+  REQUIRE(errors.size() == 5);
   CHECK(errors[0].empty());
   CHECK(errors[1].find("careless 1: the source produced 0 bytes of pixels for the region of 4x4 at (0, 0) of a 4x4 image") !=
         std::string::npos);
   CHECK(errors[2].find("careless 2: the source produced 16 bytes of pixels for the region of 4x4 at (2, 0)") !=
         std::string::npos);
   CHECK(errors[3].find("careless 3: the source produced 20 bytes") != std::string::npos);
+  CHECK(errors[4].find("careless 4: the source produced the region of 4x2 at (0, 0), and the image stages read the whole 4x4 image") !=
+        std::string::npos);
 }
 
 namespace {

@@ -99,6 +99,15 @@ TEST_CASE("repeat(k) keeps every repetition of a source whose epochs differ, an 
       CHECK(collect(varying | ld::repeat(k), e).size() == want);
     }
   }
+  // Epochs whose upstream epochs e*k + k - 1 pass 2^64 - 1 would wrap onto earlier ones: refused.
+  const std::uint64_t top = ~std::uint64_t{0};
+  const std::uint64_t k = std::uint64_t{1} << 63;
+  CHECK(collect(varying | ld::repeat(k) | ld::take(5), 1).size() == 5);  // upstream epochs 2^63 ..: no wrap
+  CHECK_THROWS_WITH_AS(collect(varying | ld::repeat(k), 2), doctest::Contains("repeat(9223372036854775808): epoch 2"),
+                       lockstep::config_error);
+  CHECK(collect(varying | ld::repeat(2) | ld::take(3), top / 2 - 1).size() <= 3);  // last upstream epoch top - 2
+  CHECK_THROWS_AS(collect(varying | ld::repeat(2), top / 2 + 1), lockstep::config_error);
+  CHECK(collect(varying | ld::repeat(1), top).size() == top % 3);
 }
 
 TEST_CASE("take pulls no more elements than it yields") {

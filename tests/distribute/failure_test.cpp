@@ -130,6 +130,21 @@ TEST_CASE("a stalled replica trips the timeout, which names it" * doctest::timeo
   CHECK(s.reduce(ls::reduce_op::sum, v) == 3);
 }
 
+TEST_CASE("a timeout of milliseconds::max() waits without limit (its deadline would overflow)" * doctest::timeout(5)) {
+  ls::mirrored<ls::cpu<0>, ls::cpu<1>, ls::cpu<2>> s(ls::strategy_options{.timeout = std::chrono::milliseconds::max()});
+  const auto d = distributed(make_batch(6, 0), 3);
+  const auto sums = s.run(
+      [&](std::size_t r, const ls::data::shard&) {
+        if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others wait for it
+        ls::host_context ctx;
+        float v = static_cast<float>(r + 1);
+        s.all_reduce(r, ctx, &v, 1);
+        return v;
+      },
+      d);
+  for (const float v : sums) CHECK(v == 6.0f);
+}
+
 TEST_CASE("no thread leaks: workers are persistent and joined with the strategy" * doctest::timeout(5)) {
   const std::size_t base = thread_count();
   {

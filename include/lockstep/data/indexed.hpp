@@ -381,9 +381,10 @@ public:
     r->inv_std_.assign(c, 1.0f);
     for (std::size_t k = 0; k < c; ++k) {
       const float s = stdev[mean.size() == 1 ? 0 : k];
-      if (!(s > 0.0f) || !std::isfinite(s) || !std::isfinite(mean[mean.size() == 1 ? 0 : k]))
+      if (!(s > 0.0f) || !std::isfinite(s) || !std::isfinite(1.0f / s) || !std::isfinite(mean[mean.size() == 1 ? 0 : k]))
         throw config_error("lockstep::data::normalize: channel " + std::to_string(k) +
-                           " needs a finite mean and a standard deviation > 0");
+                           " needs a finite mean and a standard deviation > 0 whose reciprocal is finite, got " +
+                           lockstep::detail::option_value(s));
       r->mean_[k] = mean[mean.size() == 1 ? 0 : k];
       r->inv_std_[k] = 1.0f / s;
     }
@@ -474,6 +475,13 @@ private:
                          ", " + std::to_string(r.y) + ") of a " + std::to_string(d.width) + "x" +
                          std::to_string(d.height) + " image with " + std::to_string(d.channels) +
                          " channels (a region inside the image, width x height x channels bytes)");
+      // Left as it is by the image stages, the image is read whole (render's copy).
+      if (detail::is_identity(p.view) && (r.x != 0 || r.y != 0 || r.width != p.view.width || r.height != p.view.height))
+        throw data_error("lockstep::data: " + src.name_of(index) + ": the source produced the region of " +
+                         std::to_string(r.width) + "x" + std::to_string(r.height) + " at (" + std::to_string(r.x) +
+                         ", " + std::to_string(r.y) + "), and the image stages read the whole " +
+                         std::to_string(p.view.width) + "x" + std::to_string(p.view.height) +
+                         " image (the region region_planner::plan returned)");
       const std::size_t n = std::size_t{d.channels} * p.view.height * p.view.width;
       std::byte* dst = dst_for(n, std::to_string(d.channels) + "x" + std::to_string(p.view.height) + "x" +
                                       std::to_string(p.view.width) + " (channels x height x width" +

@@ -66,6 +66,10 @@ generator<T> skip_gen(generator<T> up, std::uint64_t n) {
 
 template <class T>
 generator<T> repeat_gen(dataset<T> up, std::optional<std::uint64_t> times, std::uint64_t epoch) {
+  // Epoch e is upstream epochs e*k .. e*k+k-1: a product past 2^64 would wrap onto earlier ones.
+  if (times && *times > 1 && epoch > (~std::uint64_t{0} - (*times - 1)) / *times)
+    throw config_error("lockstep::data::repeat(" + std::to_string(*times) + "): epoch " + std::to_string(epoch) +
+                       " maps past upstream epoch 2^64 - 1 (epoch x k + k - 1 overflows)");
   for (std::uint64_t r = 0; !times || r < *times; ++r) {
     const std::uint64_t inner = times ? epoch * *times + r : (epoch << 32) + r;
     bool any = false;

@@ -3,6 +3,7 @@
 /// The vocabulary every strategy shares: determinism levels, reduction operators, options, step
 /// statistics, the static device-set rules and the `strategy` concept.
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <concepts>
@@ -97,12 +98,17 @@ struct strategy_options {
 };
 
 namespace detail {
-/// `strategy_options::timeout`, refused (config_error giving it in ms) when not positive: every
+/// The longest wait a collective keeps: 100 years, which `now() + timeout` in steady_clock's
+/// nanoseconds can add without overflow (milliseconds::max() would wrap to a deadline already past).
+inline constexpr std::chrono::milliseconds max_timeout = std::chrono::hours(24 * 365 * 100);
+
+/// `strategy_options::timeout`, refused (config_error giving it in ms) when not positive, and
+/// capped at max_timeout (a longer one, such as milliseconds::max(), means "no limit"): every
 /// strategy checks it before its first collective, on every worker alike.
 inline std::chrono::milliseconds checked_timeout(std::chrono::milliseconds t) {
   if (t.count() <= 0)
     throw config_error("lockstep: strategy_options::timeout must be positive, got " + std::to_string(t.count()) + " ms");
-  return t;
+  return std::min(t, max_timeout);
 }
 }  // namespace detail
 

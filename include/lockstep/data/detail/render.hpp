@@ -229,7 +229,11 @@ void render_rows(const decoded_sample& img, const image_view& v, std::uint8_t* d
 inline void render(const decoded_sample& img, const image_view& v, std::uint8_t* dst, render_scratch& s) {
   const std::uint32_t c = img.channels, h = v.height, w = v.width;
   const std::size_t plane = static_cast<std::size_t>(h) * w;
-  if (is_identity(v) && img.region.x == 0 && img.region.y == 0 && img.region.width == w && img.region.height == h) {
+  if (is_identity(v)) {  // the whole image is read: the taps are not made
+    if (img.region.x != 0 || img.region.y != 0 || img.region.width != w || img.region.height != h)
+      throw data_error("lockstep::data: a decoder returned pixels " + std::to_string(img.region.x) + "," +
+                       std::to_string(img.region.y) + "+" + std::to_string(img.region.width) + "x" +
+                       std::to_string(img.region.height) + " where the image stages read the whole image");
     const std::uint8_t* src = img.pixels.data();
     if (c == 1) {
       std::copy_n(src, plane, dst);

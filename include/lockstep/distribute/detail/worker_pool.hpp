@@ -15,6 +15,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -41,7 +42,18 @@ public:
         hub_(n <= std::max(1u, std::thread::hardware_concurrency()) ? 1024u : 0u) {
     if (n_ > 1) {
       threads_.reserve(n_ - 1);
-      for (std::size_t r = 1; r < n_; ++r) threads_.emplace_back([this, r] { loop(r); });
+      std::size_t r = 1;
+      try {
+        for (; r < n_; ++r) threads_.emplace_back([this, r] { loop(r); });
+      } catch (const std::system_error& e) {
+        // The threads already started are stopped and joined: a vector of joinable threads
+        // destroyed here would terminate the process.
+        stop_.store(true, std::memory_order_release);
+        hub_.notify();
+        for (auto& t : threads_) t.join();
+        throw config_error("lockstep: cannot start the thread of replica " + std::to_string(r) + " of " +
+                           std::to_string(n_) + " (" + e.what() + ")");
+      }
     }
   }
   worker_pool(const worker_pool&) = delete;
