@@ -28,7 +28,7 @@ auto training_data() {
 namespace ls = lockstep;
 
 int main(int argc, char** argv) {
-  ls::mpi_environment mpi(argc, argv);                       // MPI_Init_thread(SERIALIZED) ... MPI_Finalize
+  ls::mpi_environment mpi(argc, argv);                       // MPI_Init_thread(MULTIPLE) ... MPI_Finalize
   ls::multi_worker_mirrored<ls::cpus> strategy(ls::device_selection::first(1));  // 1 local replica
   auto model = strategy.replicate<mlp>(ls::seed{42});       // identical on every worker
   auto train = training_data();  // the SAME pipeline on every worker: same files, seeds, global batch

@@ -93,9 +93,14 @@ private:
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
-    if (level_ < MPI_THREAD_SERIALIZED)
+    if (level_ < MPI_THREAD_SERIALIZED) {
+      if (owns_) {  // the destructor will not run: finalise here, so the process ends cleanly
+        MPI_Finalize();
+        owns_ = false;
+      }
       throw config_error(std::string("lockstep::mpi_environment: MPI provides only ") + mpi_thread_level_name(level_) +
                          "; lockstep needs MPI_THREAD_SERIALIZED (its communication thread issues the MPI calls)");
+    }
   }
 
   bool owns_ = false;

@@ -198,12 +198,20 @@ public:
     return t;
   }
 
-  /// Waits until job `ticket` completed. @throws timeout_error or worker_aborted.
+  /// Waits until job `ticket` completed. @throws timeout_error or worker_aborted. The thread
+  /// gives each job up to the timeout, so this wait gives up only when no job completed for the
+  /// timeout and 5 s more (the jobs queued before the ticket may together take longer).
   void wait(std::uint64_t ticket) {
     std::unique_lock lk(mu_);
-    const auto deadline = std::chrono::steady_clock::now() + timeout_ + std::chrono::seconds(5);
+    const auto patience = timeout_ + std::chrono::seconds(5);
+    auto deadline = std::chrono::steady_clock::now() + patience;
+    std::uint64_t seen = completed_;
     while (completed_ < ticket && !broken_.load()) {
-      if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && completed_ < ticket && !broken_.load()) {
+      const bool expired = cv_.wait_until(lk, deadline) == std::cv_status::timeout;
+      if (completed_ != seen) {  // progress: the thread is alive, the next job gets its own time
+        seen = completed_;
+        deadline = std::chrono::steady_clock::now() + patience;
+      } else if (expired && completed_ < ticket && !broken_.load()) {
         fail_locked("lockstep: multi-worker: rank " + std::to_string(comms_.rank) +
                     " gave up waiting for its communication thread");
       }
