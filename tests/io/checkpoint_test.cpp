@@ -400,6 +400,22 @@ TEST_CASE("checkpoint_manager: keeps the newest K and finds the latest") {
     CHECK(ls::checkpoint_state::from_file(*mgr.load_latest(ls::model_signature<small_net>())).step == 7);
   }
   CHECK_THROWS_AS(ls::checkpoint_manager(dir, 0), ls::config_error);
+  // A directory that cannot be read is an error naming it, not an empty list (a resume would start
+  // over, and no checkpoint would be deleted); one that does not exist (yet) holds none.
+  fs::remove_all(dir);
+  ls::checkpoint_manager gone(dir / "run", 2);
+  fs::remove_all(dir / "run");
+  CHECK(gone.list().empty());
+  CHECK(!gone.latest());
+  { std::ofstream(dir / "run") << "not a directory"; }
+  std::string msg;
+  try {
+    (void)gone.latest();
+  } catch (const ls::checkpoint_error& e) {
+    msg = e.what();
+  }
+  CAPTURE(msg);
+  CHECK(msg.find((dir / "run").string() + ": cannot list the directory") != std::string::npos);
   fs::remove_all(dir);
 }
 

@@ -68,6 +68,25 @@ TEST_CASE("fit: history holds one exact entry per epoch") {
   fs::remove_all(dir);
 }
 
+TEST_CASE("epoch_line: a loss over no rows is a dash, a diverged one over some rows is nan") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const std::uint64_t rows : {0u, 1u, 640u}) {
+    CAPTURE(rows);
+    ls::epoch_stats s;
+    s.train_loss = nan;
+    s.samples = rows;
+    s.val_loss = nan;
+    s.val_accuracy = 0.5;
+    s.val_samples = rows;
+    const std::string line = ls::epoch_line(s, 3);
+    CAPTURE(line);
+    CHECK(line.find(rows ? "loss nan acc" : "loss - acc") != std::string::npos);
+    CHECK(line.find(rows ? "val_loss nan val_acc 0.5000" : "val_loss - val_acc 0.5000") != std::string::npos);
+    s.train_loss = 0.25;
+    CHECK(ls::epoch_line(s, 3).find("loss 0.2500 acc") != std::string::npos);
+  }
+}
+
 TEST_CASE("fit: train loss and accuracy are exact over replicas") {
   // with a zero learning rate the model never changes, so the epoch's train metrics must equal
   // the sums over the whole epoch (dropout makes them differ from evaluation, so compare runs)

@@ -322,8 +322,14 @@ inline void write_file_atomically(const std::filesystem::path& path, std::span<c
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (dfd < 0) detail::sys_fail("cannot open the directory to fsync it", dir.string());
   const int rc = ::fsync(dfd);
+  const int err = errno;
   ::close(dfd);
-  if (rc != 0) detail::sys_fail("fsync of the directory failed", dir.string());
+  // Some file systems (FUSE, 9p and vboxsf mounts) cannot fsync a directory: the file itself is
+  // synced and renamed, so only a real failure of the sync is one.
+  if (rc != 0 && err != EINVAL && err != ENOTSUP) {
+    errno = err;
+    detail::sys_fail("fsync of the directory failed", dir.string());
+  }
 }
 
 /// Writes checkpoint `f` to `path` atomically (see write_file_atomically: readable by the accounts
@@ -420,11 +426,16 @@ public:
     return save(s.to_file(), static_cast<std::uint64_t>(s.step));
   }
 
-  /// The checkpoints in the directory, oldest (smallest step) first.
+  /// The checkpoints in the directory, oldest (smallest step) first (none when it does not exist).
+  /// @throws checkpoint_error naming the directory when it cannot be read: an unreadable one
+  ///         listed as empty would make a resume start over and keep every checkpoint.
   [[nodiscard]] std::vector<std::filesystem::path> list() const {
     std::vector<std::filesystem::path> out;
     std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+    std::filesystem::directory_iterator it(dir_, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory)
+      throw checkpoint_error("lockstep::checkpoint: " + dir_.string() + ": cannot list the directory: " + ec.message());
+    for (const auto& e : it) {
       const std::string name = e.path().filename().string();
       std::error_code kind;
       if (name.size() == 22 && name.rfind("ckpt-", 0) == 0 && name.ends_with(".lsck") && e.is_regular_file(kind))

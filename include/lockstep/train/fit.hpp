@@ -558,6 +558,7 @@ public:
   fit_session(const fit_options& o, float base_lr, std::size_t replicas, bool chief = true, std::uint64_t model_step = 0)
       : o_(o), replicas_(replicas), chief_(chief) {
     ctl.past = &h;
+    ctl.step = model_step;  // a fit continuing a trained model (a resume sets it again)
     ctl.base_lr = base_lr;
     lr = base_lr;
     if (!finite_nonnegative(base_lr))  // a user optimiser's check may allow it
@@ -703,8 +704,8 @@ public:
         r.count ? r.loss_sum / static_cast<double>(r.count) : std::numeric_limits<double>::quiet_NaN();
     for (const auto& c : o_.callbacks)
       if (c.step_end) c.step_end(step_loss, ctl);
-    bar_->step(steps_, count_, count_ ? loss_sum_ / static_cast<double>(count_) : 0.0, r.grad_norm, r.clip_factor,
-               skipped_);
+    bar_->step(steps_, count_, count_ ? loss_sum_ / static_cast<double>(count_) : std::numeric_limits<double>::quiet_NaN(),
+               r.grad_norm, r.clip_factor, skipped_);
     if (ckpt_ && o_.checkpoint_every && model_step % o_.checkpoint_every == 0) {
       add_stats(late());
       save(ctl.epoch, batches);
@@ -1090,7 +1091,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
   run.open_metrics_file();  // a file that cannot be opened is refused before a resume changes anything
   // Automatic optimiser sharding is decided before a checkpoint's state is restored into slices.
   if constexpr (requires { s.prepare_update(m, optimizer); }) s.prepare_update(m, optimizer);
-  const auto ck = run.checkpoint_to_resume();
+  auto ck = run.checkpoint_to_resume();
   if (ck) {
     try {
       check_resumable(m, optimizer, ck->first, ck->second, o);
@@ -1124,6 +1125,7 @@ history fit_core(Strategy& s, Replicated& m, const Optimizer& optimizer, const L
       throw;
     }
   }
+  ck.reset();  // its parameters and optimiser state are in the model now: not held for the whole run
   run.open_outputs();
   if constexpr (requires { typename Strategy::kind_type; })
     if constexpr (std::is_same_v<typename Strategy::kind_type, cpus>) {

@@ -42,6 +42,12 @@ inline std::string metric_or_dash(const char* fmt, double v) {
   return std::isnan(v) ? std::string("-") : progress_format(fmt, v);
 }
 
+/// A loss over `rows` rows: "-" when none was measured, "nan" when one was and diverged (so a
+/// diverged epoch does not read as an empty one), else v in `fmt`.
+inline std::string loss_or_dash(const char* fmt, double v, std::uint64_t rows) {
+  return std::isnan(v) && rows > 0 ? std::string("nan") : metric_or_dash(fmt, v);
+}
+
 inline std::string json_number(double v) {
   if (std::isnan(v) || std::isinf(v)) return "null";
   return progress_format("%.9g", v);
@@ -81,10 +87,10 @@ inline std::uint64_t epochs_within_budget(std::uint64_t epochs, std::uint64_t ma
 inline std::string epoch_line(const epoch_stats& s, std::uint64_t epochs, std::uint64_t max_steps = 0) {
   std::string line = detail::progress_format("epoch %llu/%llu: loss %s acc %s", static_cast<unsigned long long>(s.epoch + 1),
                                     static_cast<unsigned long long>(epochs),
-                                    detail::metric_or_dash("%.4f", s.train_loss).c_str(),
+                                    detail::loss_or_dash("%.4f", s.train_loss, s.samples).c_str(),
                                     detail::metric_or_dash("%.4f", s.train_accuracy).c_str());
   if (!std::isnan(s.val_loss) || !std::isnan(s.val_accuracy))
-    line += " | val_loss " + detail::metric_or_dash("%.4f", s.val_loss) + " val_acc " +
+    line += " | val_loss " + detail::loss_or_dash("%.4f", s.val_loss, s.val_samples) + " val_acc " +
             detail::metric_or_dash("%.4f", s.val_accuracy) +
             (s.val_top_k > 1 ? " val_top" + std::to_string(s.val_top_k) + " " +
                                    detail::metric_or_dash("%.4f", s.val_top_k_accuracy)
@@ -176,9 +182,10 @@ public:
     std::string recipe;
     if (!std::isnan(norm)) recipe += detail::progress_format(" | norm %.4g clip %.3g", norm, clip);
     if (skipped > 0) recipe += detail::progress_format(" | skipped %llu", static_cast<unsigned long long>(skipped));
-    std::fprintf(out_, "\r\033[Kepoch %llu/%llu %s%llu/%s | %.0f samples/s | loss %.4f%s | ETA %s",
+    std::fprintf(out_, "\r\033[Kepoch %llu/%llu %s%llu/%s | %.0f samples/s | loss %s%s | ETA %s",
                  static_cast<unsigned long long>(epoch_ + 1), static_cast<unsigned long long>(shown_epochs_), bar.c_str(),
-                 static_cast<unsigned long long>(step), total.c_str(), rate, loss, recipe.c_str(), eta.c_str());
+                 static_cast<unsigned long long>(step), total.c_str(), rate,
+                 detail::loss_or_dash("%.4f", loss, samples).c_str(), recipe.c_str(), eta.c_str());
     std::fflush(out_);
     drawn_ = true;
   }
