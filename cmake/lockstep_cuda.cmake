@@ -16,10 +16,11 @@ endif()
 if(NOT DEFINED LOCKSTEP_CUDA_STATIC_RUNTIME)
   option(LOCKSTEP_CUDA_STATIC_RUNTIME "Link lockstep::cuda programs with the static CUDA runtime" OFF)
 endif()
-# Both components are imported targets, in lockstep's build tree as in the installed package, so a
-# consumer's own install(EXPORT) of a target that links them is accepted.
+# Both components are global imported targets, in lockstep's build tree as in the installed
+# package: a consumer's own install(EXPORT) of a target linking them is accepted, and a project
+# that adds lockstep with add_subdirectory sees them in its own directories.
 if(LOCKSTEP_HAS_CUDA AND NOT TARGET lockstep::cuda)
-  add_library(lockstep::cuda INTERFACE IMPORTED)
+  add_library(lockstep::cuda INTERFACE IMPORTED GLOBAL)
   if(LOCKSTEP_CUDA_STATIC_RUNTIME)
     target_link_libraries(lockstep::cuda INTERFACE lockstep::lockstep CUDA::cudart_static CUDA::cublas CUDA::cublasLt)
   else()
@@ -33,7 +34,7 @@ if(LOCKSTEP_HAS_CUDA AND NOT TARGET lockstep::cuda)
   find_package(NCCL QUIET)
   if(NCCL_FOUND)
     set(LOCKSTEP_HAS_NCCL ON)
-    add_library(lockstep::nccl INTERFACE IMPORTED)
+    add_library(lockstep::nccl INTERFACE IMPORTED GLOBAL)
     target_link_libraries(lockstep::nccl INTERFACE lockstep::cuda NCCL::NCCL)
     target_compile_definitions(lockstep::nccl INTERFACE LOCKSTEP_HAS_NCCL=1)
   endif()

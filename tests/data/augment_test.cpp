@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -275,9 +276,16 @@ TEST_CASE("augment: bad options are refused when the stage is made or applied") 
   CHECK_THROWS_AS((void)rows_of(two, 0, 1), lockstep::config_error);  // 2 values for 3 channels
   const auto zero = ld::indexed(t, C, H, W) | ld::normalize({0}, {0}) | ld::batched(2);
   CHECK_THROWS_AS((void)rows_of(zero, 0, 1), lockstep::config_error);
-  // A subnormal standard deviation is > 0, and its reciprocal is infinite: every value would be +-inf or NaN.
-  const auto tiny = ld::indexed(t, C, H, W) | ld::normalize({0}, {1e-39f}) | ld::batched(2);
-  CHECK_THROWS_WITH_AS((void)rows_of(tiny, 0, 1), doctest::Contains("whose reciprocal is finite, got 1.00000022e-39"), lockstep::config_error);
+  // A subnormal standard deviation is > 0, and its reciprocal is infinite (1e-39) or near the
+  // float's limit (1e-38: values away from the mean would be +-inf).
+  for (const auto& [sd, shown] : {std::pair{1e-39f, "1.00000022e-39"}, std::pair{1e-38f, "9.99999935e-39"}}) {
+    const auto tiny = ld::indexed(t, C, H, W) | ld::normalize({0}, {sd}) | ld::batched(2);
+    CHECK_THROWS_WITH_AS((void)rows_of(tiny, 0, 1),
+                         doctest::Contains(("of at least 1.17549435e-38 (the smallest normal float), got " + std::string(shown)).c_str()),
+                         lockstep::config_error);
+  }
+  const auto least = ld::indexed(t, C, H, W) | ld::normalize({0}, {std::numeric_limits<float>::min()}) | ld::batched(2);
+  CHECK_NOTHROW((void)rows_of(least, 0, 1));
   auto f = std::make_shared<ld::table>();
   f->rows = 2;
   f->width = 2;

@@ -106,6 +106,7 @@ TEST_CASE("repeat(k) keeps every repetition of a source whose epochs differ, an 
   CHECK_THROWS_WITH_AS(collect(varying | ld::repeat(k), 2), doctest::Contains("repeat(9223372036854775808): epoch 2"),
                        lockstep::config_error);
   CHECK(collect(varying | ld::repeat(2) | ld::take(3), top / 2 - 1).size() <= 3);  // last upstream epoch top - 2
+  CHECK_NOTHROW(collect(varying | ld::repeat(2) | ld::take(3), top / 2));            // last upstream epoch top: the edge
   CHECK_THROWS_AS(collect(varying | ld::repeat(2), top / 2 + 1), lockstep::config_error);
   CHECK(collect(varying | ld::repeat(1), top).size() == top % 3);
 }

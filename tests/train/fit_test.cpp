@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -131,10 +132,11 @@ TEST_CASE("fit, evaluate and train_step refuse a loss option out of range before
   ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
   auto m = s.replicate<net>(ls::seed{5});
   const auto before = params_of(m);
-  for (const float bad : {2.0f, -0.5f, std::numeric_limits<float>::quiet_NaN()}) {
+  for (const auto& [bad, shown] : {std::pair{2.0f, "2"}, std::pair{-0.5f, "-0.5"}, std::pair{-1e-9f, "-9.99999972e-10"},
+                                   std::pair{std::numeric_limits<float>::quiet_NaN(), "nan"}}) {
     CAPTURE(bad);
     const ls::softmax_cross_entropy loss{.label_smoothing = bad};
-    const std::string named = "label_smoothing must be in [0, 1), got " + std::to_string(bad);
+    const std::string named = "label_smoothing must be in [0, 1), got " + std::string(shown);
     // not a replica_error from inside a replica, and not only where a shard has rows
     CHECK_THROWS_WITH_AS(ls::fit(s, m, ls::sgd{.lr = 0.1f}, loss, pipeline(30, 10), {.epochs = 1, .quiet = true}),
                          doctest::Contains(named.c_str()), ls::config_error);
@@ -227,10 +229,10 @@ TEST_CASE("fit: one early_stopping callback given to several fits starts each af
     CHECK(hb.stopped_early);
   }
   const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
-  for (const double bad : {-0.5, -1e-12, inf, nan}) {
+  for (const auto& [bad, shown] : {std::pair{-0.5, "-0.5"}, std::pair{-1e-12, "-1e-12"}, std::pair{inf, "inf"}, std::pair{nan, "nan"}}) {
     CAPTURE(bad);
     CHECK_THROWS_WITH_AS(ls::early_stopping({.min_delta = bad}),
-                         doctest::Contains(("min_delta is " + std::to_string(bad) + "; it must be finite and >= 0").c_str()),
+                         doctest::Contains(("min_delta is " + std::string(shown) + "; it must be finite and >= 0").c_str()),
                          ls::config_error);
   }
   CHECK_NOTHROW(ls::early_stopping({.min_delta = 0.0}));

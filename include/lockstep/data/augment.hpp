@@ -304,7 +304,8 @@ inline image_stage center_crop(std::uint32_t height, std::uint32_t width) {
 /// Per-channel normalisation when the rows are converted to float: channel c becomes
 /// (v × scale − mean[c]) × (1 / stddev[c]) (1 / stddev rounded to float once). One value each
 /// applies to every channel. @throws config_error (at the stage or when applied) unless the
-/// counts match the source's channels and every stddev is finite and > 0.
+/// counts match the source's channels and every stddev is finite and at least the smallest normal
+/// float (a smaller one's reciprocal is infinite or near the float's limit).
 inline normalize_stage normalize(std::vector<float> mean, std::vector<float> stddev) {
   if (mean.empty() || mean.size() != stddev.size())
     throw config_error("lockstep::data::normalize: give as many means as standard deviations (at least one)");

@@ -24,6 +24,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <memory_resource>
 #include <mutex>
@@ -381,10 +382,12 @@ public:
     r->inv_std_.assign(c, 1.0f);
     for (std::size_t k = 0; k < c; ++k) {
       const float s = stdev[mean.size() == 1 ? 0 : k];
-      if (!(s > 0.0f) || !std::isfinite(s) || !std::isfinite(1.0f / s) || !std::isfinite(mean[mean.size() == 1 ? 0 : k]))
+      // below the smallest normal float, 1 / s is infinite or so near the limit that values
+      // away from the mean become +-inf
+      if (!(s >= std::numeric_limits<float>::min()) || !std::isfinite(s) || !std::isfinite(mean[mean.size() == 1 ? 0 : k]))
         throw config_error("lockstep::data::normalize: channel " + std::to_string(k) +
-                           " needs a finite mean and a standard deviation > 0 whose reciprocal is finite, got " +
-                           lockstep::detail::option_value(s));
+                           " needs a finite mean and a finite standard deviation of at least 1.17549435e-38 (the "
+                           "smallest normal float), got " + lockstep::detail::option_value(s));
       r->mean_[k] = mean[mean.size() == 1 ? 0 : k];
       r->inv_std_[k] = 1.0f / s;
     }

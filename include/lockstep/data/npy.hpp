@@ -219,9 +219,10 @@ public:
   void read(void* dst, std::size_t n, std::uint64_t at, const char* what_, std::uint64_t index = npos) const {
     const std::size_t got = pread_full(fd_.get(), dst, n, at);
     if (got == n) return;
+    const int err = errno;  // before the messages' allocations
     const std::string what = index == npos ? std::string(what_) : what_ + (" " + std::to_string(index));
     const std::string head = "lockstep::data::npy: " + path_ + ": byte offset " + std::to_string(at) + ": ";
-    if (got == static_cast<std::size_t>(-1)) throw data_error(head + "cannot read " + what + " (" + std::strerror(errno) + ")");
+    if (got == static_cast<std::size_t>(-1)) throw data_error(head + "cannot read " + what + " (" + std::strerror(err) + ")");
     throw data_error(head + what + " is truncated (" + std::to_string(got) + " of " + std::to_string(n) +
                      " bytes): the file has shrunk since it was opened");
   }

@@ -441,6 +441,7 @@ struct repeat_closure : closure<repeat_closure> {
 };
 /// Repeats the upstream `times` times: epoch e of the result is upstream epochs e*times ..
 /// e*times + times-1 in a row (so a shuffle before repeat reshuffles every repetition).
+/// @throws config_error (when epoch e starts) if e*times + times-1 passes 2^64 - 1.
 inline repeat_closure repeat(std::uint64_t times) { return {{}, times}; }
 /// Repeats forever: epoch e is upstream epochs (e << 32) + 0, 1, 2, ... (stops if one is empty).
 inline repeat_closure repeat() { return {{}, std::nullopt}; }

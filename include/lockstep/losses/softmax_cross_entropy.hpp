@@ -78,11 +78,11 @@ struct softmax_cross_entropy {
   void check() const {
     if (!(label_smoothing >= 0.0f && label_smoothing < 1.0f))
       throw config_error("lockstep::softmax_cross_entropy: label_smoothing must be in [0, 1), got " +
-                         std::to_string(label_smoothing));
+                         detail::option_value(label_smoothing));
   }
-  /// The exact bits of label_smoothing, as text (compared across the workers of a fit).
+  /// The exact bits of label_smoothing, as text (compared across the workers of a fit; -0 as +0).
   [[nodiscard]] std::string hyperparameters() const {
-    return "label_smoothing=" + std::to_string(std::bit_cast<std::uint32_t>(label_smoothing));
+    return "label_smoothing=" + std::to_string(std::bit_cast<std::uint32_t>(label_smoothing == 0.0f ? 0.0f : label_smoothing));
   }
 
   /// Sum of the losses of the rows of logits a.out against a.target.labels and the number of

@@ -225,7 +225,7 @@ inline void check_monitored(monitored m, const epoch_stats& s) {
 /// @throws config_error when min_delta is negative or not finite.
 inline callback early_stopping(early_stopping_options o = {}) {
   if (!detail::finite_nonnegative(o.min_delta))
-    throw config_error("lockstep::early_stopping: min_delta is " + std::to_string(o.min_delta) +
+    throw config_error("lockstep::early_stopping: min_delta is " + detail::option_value(o.min_delta) +
                        "; it must be finite and >= 0 (a negative one counts a worse metric as an improvement)");
   struct state {
     double best = std::numeric_limits<double>::quiet_NaN();

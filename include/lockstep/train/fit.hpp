@@ -562,7 +562,7 @@ public:
     ctl.base_lr = base_lr;
     lr = base_lr;
     if (!finite_nonnegative(base_lr))  // a user optimiser's check may allow it
-      throw config_error("lockstep::fit: the optimiser's lr is " + std::to_string(base_lr) +
+      throw config_error("lockstep::fit: the optimiser's lr is " + option_value(base_lr) +
                          "; it must be finite and >= 0");
     if (!o.checkpoint_dir.empty()) {
       ckpt_.emplace(o.checkpoint_dir, o.keep_checkpoints);
@@ -844,8 +844,8 @@ public:
     const float r = rate_at(step);
     if (!finite_nonnegative(r))
       throw config_error("lockstep::fit: the learning rate of update " + std::to_string(step + 1) + " is " +
-                         std::to_string(r) + " (the optimiser's lr " + std::to_string(ctl.base_lr) + " x factor " +
-                         std::to_string(ctl.lr_factor) + ", through the schedules); it must be finite and >= 0");
+                         option_value(r) + " (the optimiser's lr " + option_value(ctl.base_lr) + " x factor " +
+                         option_value(ctl.lr_factor) + ", through the schedules); it must be finite and >= 0");
     lr = r;
     return lr;
   }
@@ -857,7 +857,7 @@ public:
   void check_factor() const {
     if (!finite_nonnegative(ctl.lr_factor))
       throw config_error("lockstep::fit: a callback set training_control::lr_factor to " +
-                         std::to_string(ctl.lr_factor) + " (after " + std::to_string(ctl.step) +
+                         option_value(ctl.lr_factor) + " (after " + std::to_string(ctl.step) +
                          " updates); it must be finite and >= 0");
   }
 
@@ -932,7 +932,8 @@ std::uint64_t model_seed(const M& m, const fit_options& o) {
 inline collective_plan start_plan(bool failed, const fit_options& o, double lr, std::string_view hyperparameters,
                                   std::string_view loss_options, std::uint64_t seed, const checkpoint_state* ck,
                                   std::uint64_t model_step) {
-  const auto exact = [](double x) { return std::to_string(std::bit_cast<std::uint64_t>(x)); };  // hashed
+  // hashed; -0 as +0 (they act alike, so workers holding one and the other agree)
+  const auto exact = [](double x) { return std::to_string(std::bit_cast<std::uint64_t>(x == 0 ? 0.0 : x)); };
   const auto given = [](bool b) -> std::uint64_t { return b ? 1 : 0; };
   // The parameters of the checkpoint to resume, as bytes (hashed; none without one).
   const std::string_view resumed =

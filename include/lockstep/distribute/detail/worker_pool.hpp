@@ -45,14 +45,18 @@ public:
       std::size_t r = 1;
       try {
         for (; r < n_; ++r) threads_.emplace_back([this, r] { loop(r); });
-      } catch (const std::system_error& e) {
+      } catch (...) {
         // The threads already started are stopped and joined: a vector of joinable threads
         // destroyed here would terminate the process.
         stop_.store(true, std::memory_order_release);
         hub_.notify();
         for (auto& t : threads_) t.join();
-        throw config_error("lockstep: cannot start the thread of replica " + std::to_string(r) + " of " +
-                           std::to_string(n_) + " (" + e.what() + ")");
+        try {
+          throw;
+        } catch (const std::system_error& e) {
+          throw config_error("lockstep: cannot start the thread of replica " + std::to_string(r) + " of " +
+                             std::to_string(n_) + " (" + e.what() + ")");
+        }
       }
     }
   }
