@@ -132,8 +132,10 @@ TEST_CASE("fit, evaluate and train_step refuse a loss option out of range before
   ls::mirrored<ls::cpu<0>, ls::cpu<1>> s;
   auto m = s.replicate<net>(ls::seed{5});
   const auto before = params_of(m);
-  for (const auto& [bad, shown] : {std::pair{2.0f, "2"}, std::pair{-0.5f, "-0.5"}, std::pair{-1e-9f, "-9.99999972e-10"},
-                                   std::pair{std::numeric_limits<float>::quiet_NaN(), "nan"}}) {
+  for (const auto& c : {std::pair{2.0f, "2"}, std::pair{-0.5f, "-0.5"}, std::pair{-1e-9f, "-9.99999972e-10"},
+                        std::pair{std::numeric_limits<float>::quiet_NaN(), "nan"}}) {
+    const float bad = c.first;
+    const char* const shown = c.second;  // as the message prints it
     CAPTURE(bad);
     const ls::softmax_cross_entropy loss{.label_smoothing = bad};
     const std::string named = "label_smoothing must be in [0, 1), got " + std::string(shown);
@@ -229,7 +231,9 @@ TEST_CASE("fit: one early_stopping callback given to several fits starts each af
     CHECK(hb.stopped_early);
   }
   const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
-  for (const auto& [bad, shown] : {std::pair{-0.5, "-0.5"}, std::pair{-1e-12, "-1e-12"}, std::pair{inf, "inf"}, std::pair{nan, "nan"}}) {
+  for (const auto& c : {std::pair{-0.5, "-0.5"}, std::pair{-1e-12, "-1e-12"}, std::pair{inf, "inf"}, std::pair{nan, "nan"}}) {
+    const double bad = c.first;
+    const char* const shown = c.second;  // as the message prints it
     CAPTURE(bad);
     CHECK_THROWS_WITH_AS(ls::early_stopping({.min_delta = bad}),
                          doctest::Contains(("min_delta is " + std::string(shown) + "; it must be finite and >= 0").c_str()),
