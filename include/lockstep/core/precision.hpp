@@ -78,12 +78,11 @@ constexpr std::string_view precision_name(compute_precision p) noexcept {
 /// double) keeps meaning "every number in that type".
 template <class P>
 struct precision_traits {
-  static_assert(std::is_floating_point_v<P>,
-                "lockstep: replicate<Net, P>: P is a parameter type (float, double) or a precision policy "
-                "(lockstep::fp32, lockstep::tf32, lockstep::mixed<lockstep::bf16>, lockstep::mixed<lockstep::fp16>); "
-                "bf16 and fp16 alone are formats, not policies: write lockstep::mixed<lockstep::bf16>");
   using value_type = std::conditional_t<std::is_floating_point_v<P>, P, float>;  ///< the buffers' element type
   static constexpr compute_precision precision = compute_precision::fp32;         ///< computes in value_type
+  /// False for a P that is neither a parameter type nor a policy (a format such as bf16 alone):
+  /// replicate refuses it in its body, so the one error names the fix.
+  static constexpr bool known = std::is_floating_point_v<P>;
 };
 
 /// The traits of a policy type: fp32 buffers, GEMMs computing in `Precision`.
@@ -91,6 +90,7 @@ template <compute_precision Precision>
 struct policy_traits {
   using value_type = float;                                  ///< fp32 masters
   static constexpr compute_precision precision = Precision;  ///< what the GEMMs of opted-in layers compute in
+  static constexpr bool known = true;                        ///< a policy
 };
 /// fp32: the default policy.
 template <>

@@ -245,6 +245,10 @@ public:
   template <class Net, class P = float>
   [[nodiscard]] model_type<Net, precision_value_t<P>> replicate(lockstep::seed s) {
     [[maybe_unused]] const backend::caller_scope_t<context_type> keep;  // the caller's device stays current
+    static_assert(precision_traits<P>::known,
+                  "lockstep: replicate<Net, P>: P is a parameter type (float, double) or a precision policy "
+                  "(lockstep::fp32, lockstep::tf32, lockstep::mixed<lockstep::bf16>, lockstep::mixed<lockstep::fp16>); "
+                  "bf16 and fp16 alone are formats, not policies: write lockstep::mixed<lockstep::bf16>");
     using T = precision_value_t<P>;
     constexpr compute_precision precision = precision_traits<P>::precision;
     static_assert(precision != compute_precision::tf32 || is_gpu_v<Kind>,
